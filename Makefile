@@ -1,0 +1,41 @@
+# The two commands of a new user: `make demo` and `make test`. Both start from nothing:
+# they create .venv with the machine's python3 (3.11+), install tandem and its test
+# dependencies, and build the agent jar and the native probe.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tandem-installed
+PYTEST_ARGS ?=
+
+.PHONY: all venv build test test-fast demo bench readme-picture clean
+
+all: build
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Rebuild the jar and the probe extension in the tree (editable install): cheap, always run.
+build: $(STAMP)
+	$(PY) setup.py -q jar >/dev/null
+	$(PY) setup.py -q build_ext --inplace >/dev/null
+
+test: build
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && { echo "no tests ran"; exit 1; }; exit $$rc
+
+test-fast: build
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: build
+	$(VENV)/bin/tandem demo
+
+bench: build
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m bench
+
+clean:
+	rm -rf build dist *.egg-info engine/_java/*.jar engine/probe/*.so .pytest_cache

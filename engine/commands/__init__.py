@@ -1,0 +1,50 @@
+"""The `tandem` command line: one module per command, registered here.
+
+Command modules import only typer and the standard library at module level, so that
+`tandem --help` stays fast; heavy libraries (JPype, numba, pandas) load inside commands.
+"""
+from __future__ import annotations
+
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="tandem",
+    help="JVM pauses and CPython GIL states on one clock.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+
+@app.callback()
+def _root() -> None:
+    """JVM pauses and CPython GIL states on one clock."""
+
+
+# Each module exposes `register(app)`. Order here is the order in `tandem --help`.
+_COMMAND_MODULES = ["pauses", "doctor"]
+
+
+def _register_all() -> None:
+    import importlib
+
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f"engine.commands.{name}").register(app)
+
+
+def main() -> None:
+    from engine.errors import TandemError
+
+    _register_all()
+    try:
+        app()
+    except TandemError as err:
+        print(f"tandem: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("tandem: interrupted", file=sys.stderr)
+        sys.exit(130)
