@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "read_pauses": "engine.ingest.jfr",
-    "read_gil": "engine.ring.gil",
+    "read_gil": "engine.ingest.gil",
     "analyze": "engine.analysis",
     "TandemError": "engine.errors",
 }
