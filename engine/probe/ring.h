@@ -1,0 +1,46 @@
+/* Producer side of the tandem shared-memory ring (layout: docs/ring.md).
+ *
+ * Contract between the ring (engine/probe/ring.c, transport) and the GIL hooks
+ * (engine/probe/hooks*.c, capture). The hooks only ever call tandem_ring_emit_gil on the
+ * hot path; everything else happens at start/stop.
+ */
+#ifndef TANDEM_RING_H
+#define TANDEM_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* GIL event kinds stamped by the probe (values are part of the on-disk format). */
+enum tandem_gil_event {
+    TANDEM_GIL_DROP = 1,          /* drop_gil entry: the thread releases the GIL          */
+    TANDEM_GIL_TAKE_REQUEST = 2,  /* take_gil entry: the thread asks for the GIL back     */
+    TANDEM_GIL_TAKE_ACQUIRED = 3, /* take_gil return: the thread holds the GIL again      */
+    TANDEM_GIL_SAMPLE_HELD = 4,   /* sampling backend: `tid` was seen holding the GIL     */
+    TANDEM_GIL_SAMPLE_FREE = 5,   /* sampling backend: nobody held the GIL at this instant */
+};
+
+typedef struct tandem_ring tandem_ring;
+
+typedef struct {
+    uint32_t capacity;            /* number of records; a power of two                    */
+    const char *python_version;   /* e.g. "3.12.1", copied into the header                */
+    const char *backend;          /* probe backend that produces into this ring            */
+} tandem_ring_options;
+
+/* Create PATH (mode 0600, O_EXCL) sized for the options, map it, fill the header.
+ * Returns NULL and writes a one-line reason into err on failure. */
+tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt, char *err, size_t errlen);
+
+/* Hot path, any thread: never blocks, never allocates, never takes a lock.
+ * When the ring is full the event is dropped and counted in the header. */
+void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint64_t mono_ns);
+
+/* Start a native thread (no GIL) that appends committed records, in order, to EVENTS_PATH
+ * every PERIOD_US microseconds, so a small ring loses nothing to a slow reader and a
+ * SIGKILLed process leaves a file readable up to the last drained record. */
+int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t period_us, char *err, size_t errlen);
+
+/* Stop the drain thread after a last drain, flush, unmap. The ring file stays. */
+void tandem_ring_close(tandem_ring *ring);
+
+#endif
