@@ -1,0 +1,90 @@
+"""A small "inference server" in the shape of the services tandem is for.
+
+Python request threads do numpy work (GIL released inside BLAS), some pure-Python work
+(GIL held) and call into an embedded JVM through JPype (GIL released for the call); Java
+threads allocate so that the collector runs; a "gc-trigger" thread calls System.gc() at
+known moments and writes the monotonic bracket of each call to a markers file, which is
+the ground truth the end-to-end tests check the analysis against.
+
+The JVM is started with plain `jpype.startJVM`, like any user program: under
+`tandem record` the agent arrives through JAVA_TOOL_OPTIONS, with no change to this file.
+
+    python -m engine.demo.workload --seconds 20 --markers markers.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+
+def _request_loop(stop: threading.Event, score, rng_seed: int, counts: list[int], slot: int) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(rng_seed)
+    weights = rng.standard_normal((256, 256))
+    while not stop.is_set():
+        batch = rng.standard_normal((64, 256))
+        hidden = np.tanh(batch @ weights)  # numpy: GIL released inside the matrix product
+        features = [float(x) for x in hidden[0, :64]]  # pure Python: GIL held
+        score(features)  # JPype call into Java: GIL released for the call
+        time.sleep(0.002)  # waiting on "I/O"
+        counts[slot] += 1
+
+
+def _gc_trigger_loop(stop: threading.Event, system, period_s: float, markers: list[dict]) -> None:
+    while not stop.wait(period_s):
+        before = time.monotonic_ns()
+        system.gc()
+        after = time.monotonic_ns()
+        markers.append({"tid": threading.get_native_id(), "before_ns": before, "after_ns": after})
+
+
+def run(seconds: float, request_threads: int, gc_period_s: float, markers_path: Path | None) -> dict:
+    import jpype
+
+    from engine.jvm import agent_jar
+
+    jpype.startJVM(classpath=[str(agent_jar())], convertStrings=False)
+    allocator = jpype.JClass("tandem.demo.Allocator")
+    system = jpype.JClass("java.lang.System")
+    score = allocator.score
+    allocator.start(2, 200)
+
+    stop = threading.Event()
+    counts = [0] * request_threads
+    markers: list[dict] = []
+    threads = [
+        threading.Thread(target=_request_loop, args=(stop, lambda f: score(jpype.JArray(jpype.JDouble)(f)), i, counts, i), name=f"request-{i}")
+        for i in range(request_threads)
+    ]
+    threads.append(threading.Thread(target=_gc_trigger_loop, args=(stop, system, gc_period_s, markers), name="gc-trigger"))
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    allocator.stop()
+    result = {"requests": sum(counts), "gc_markers": markers, "allocated_bytes": int(allocator.allocatedBytes())}
+    if markers_path is not None:
+        markers_path.write_text(json.dumps(result))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--request-threads", type=int, default=3)
+    parser.add_argument("--gc-period", type=float, default=2.0, help="seconds between System.gc() calls")
+    parser.add_argument("--markers", type=Path, default=None, help="write System.gc() brackets and counts here (JSON)")
+    args = parser.parse_args(argv)
+    result = run(args.seconds, args.request_threads, args.gc_period, args.markers)
+    print(f"demo workload: {result['requests']} requests, {len(result['gc_markers'])} System.gc() calls, "
+          f"{result['allocated_bytes'] / 2**20:.0f} MiB allocated by Java")
+
+
+if __name__ == "__main__":
+    main()
