@@ -1,0 +1,95 @@
+"""A session directory (docs/session.md) as a list of sources to analyze.
+
+Discovery only: which JVM recordings and which GIL event files a session holds, and what
+their producers said about themselves. Reading them is ingest's job.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.errors import TandemError
+
+
+@dataclass
+class JvmSource:
+    """One JVM of the session: its closed recording, or the chunks left in its repository."""
+
+    directory: Path
+    recordings: list[Path]
+    description: dict = field(default_factory=dict)
+    closed: bool = True  # False: the JVM died before closing (SIGKILL); chunks only
+
+    @property
+    def pid(self) -> int | None:
+        return self.description.get("pid") or _pid_from_name(self.directory.name)
+
+
+@dataclass
+class PythonSource:
+    """One CPython interpreter of the session: its drained GIL events (or live ring)."""
+
+    directory: Path
+    events: Path | None
+    ring: Path | None
+    description: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int | None:
+        return self.description.get("pid") or _pid_from_name(self.directory.name)
+
+
+@dataclass
+class Session:
+    path: Path
+    description: dict
+    jvms: list[JvmSource]
+    pythons: list[PythonSource]
+
+    @classmethod
+    def open(cls, path: Path | str) -> "Session":
+        path = Path(path)
+        if not path.is_dir():
+            raise TandemError(f"{path}: not a session directory (expected the -o directory of `tandem record`)")
+        jvms = [_jvm_source(d) for d in sorted(path.glob("jvm-*")) if d.is_dir()]
+        pythons = [_python_source(d) for d in sorted(path.glob("py-*")) if d.is_dir()]
+        jvms = [j for j in jvms if j.recordings]
+        if not jvms and not pythons:
+            raise TandemError(f"{path}: the session holds no JVM recording and no GIL events (was anything started under `tandem record`?)")
+        return cls(path, _read_json(path / "session.json"), jvms, pythons)
+
+
+def _pid_from_name(name: str) -> int | None:
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise TandemError(f"{path}: unreadable session description ({err})") from None
+
+
+def _jvm_source(directory: Path) -> JvmSource:
+    description = _read_json(directory / "jvm.json")
+    recording = directory / "recording.jfr"
+    if recording.exists() and recording.stat().st_size > 0:
+        return JvmSource(directory, [recording], description, closed=True)
+    # The JVM did not close its recording (killed): what its disk repository holds.
+    chunks = sorted((directory / "repository").rglob("*.jfr"), key=lambda p: p.name)
+    return JvmSource(directory, chunks, description, closed=False)
+
+
+def _python_source(directory: Path) -> PythonSource:
+    events = directory / "gil.events"
+    ring = directory / "gil.ring"
+    return PythonSource(
+        directory,
+        events if events.exists() else None,
+        ring if ring.exists() else None,
+        _read_json(directory / "probe.json"),
+    )
