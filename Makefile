@@ -23,6 +23,7 @@ venv: $(STAMP)
 build: $(STAMP)
 	$(PY) setup.py -q jar >/dev/null
 	$(PY) setup.py -q build_ext --inplace >/dev/null
+	$(PY) -m engine.probe.autostart install >/dev/null  # GIL probe start hook (.pth), see docs/probe.md
 
 test: build
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && { echo "no tests ran"; exit 1; }; exit $$rc

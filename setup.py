@@ -46,6 +46,15 @@ class BuildPyWithJar(build_py):
     def run(self):
         build_jar()
         super().run()
+        self._write_probe_start_hook()
+
+    def _write_probe_start_hook(self):
+        # The GIL probe's process-start hook is a .pth file at the root of site-packages
+        # (coverage.py's pattern); the wheel carries it beside the `engine` package.
+        sys.path.insert(0, str(ROOT))
+        from engine.probe.autostart import PTH_LINE, PTH_NAME
+
+        Path(self.build_lib, PTH_NAME).write_text(PTH_LINE)
 
 
 if __name__ == "__main__" and sys.argv[-1:] == ["jar"]:

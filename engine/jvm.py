@@ -81,8 +81,11 @@ def _without_tandem_agent(options: str) -> str:
     return " ".join(tok for tok in options.split() if "tandem-agent" not in tok)
 
 
-def start_jvm():
-    """Start (once) and return the jpype module with the JVM running."""
+def start_jvm(extra_options: tuple[str, ...] = ()):
+    """Start (once) and return the jpype module with the JVM running.
+
+    `extra_options` (JVM flags) apply only if this call is the one that starts the JVM.
+    """
     import jpype
 
     if not jpype.isJVMStarted():
@@ -96,6 +99,7 @@ def start_jvm():
                 "-Xshare:auto",
                 "-XX:+UseSerialGC",
                 "-Xss4m",
+                *extra_options,
                 classpath=[str(agent_jar())],
                 convertStrings=False,
             )

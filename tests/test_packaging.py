@@ -40,6 +40,7 @@ def test_wheel_ships_agent_jar_and_probe(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "engine/_java/tandem-agent.jar" in names
     assert any(n.startswith("engine/probe/_probe.") and n.endswith(".so") for n in names), names
+    assert "tandem-probe-autostart.pth" in names  # GIL probe start hook for `tandem record`
     jar = zipfile.ZipFile(zipfile.ZipFile(wheel).open("engine/_java/tandem-agent.jar"))
     manifest = jar.read("META-INF/MANIFEST.MF").decode()
     assert "Premain-Class: tandem.agent.Agent" in manifest

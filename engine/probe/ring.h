@@ -1,8 +1,16 @@
-/* Producer side of the tandem shared-memory ring (layout: docs/ring.md).
+/* Producer side of the tandem shared-memory ring (layout and protocol: docs/ring.md).
  *
  * Contract between the ring (engine/probe/ring.c, transport) and the GIL hooks
  * (engine/probe/hooks*.c, capture). The hooks only ever call tandem_ring_emit_gil on the
  * hot path; everything else happens at start/stop.
+ *
+ * Threads: tandem_ring_emit_gil may be called from any number of threads at once.
+ * create / start_drain / stats / close are called from one control thread. close unmaps
+ * the ring: call it only once no thread can still be inside tandem_ring_emit_gil
+ * (uninstall the hooks and let in-flight calls return first).
+ *
+ * fork(): a child process inherits the mapping; emit calls in the child are ignored and
+ * close in the child only unmaps (the child must create its own ring to record).
  */
 #ifndef TANDEM_RING_H
 #define TANDEM_RING_H
@@ -19,13 +27,26 @@ enum tandem_gil_event {
     TANDEM_GIL_SAMPLE_FREE = 5,   /* sampling backend: nobody held the GIL at this instant */
 };
 
+/* Written only by the drain thread into the events file (never into the ring): `aux`
+ * producer events were dropped because the ring was full since the previous marker. */
+#define TANDEM_RING_LOST_MARKER 0xFF01u
+
 typedef struct tandem_ring tandem_ring;
 
 typedef struct {
-    uint32_t capacity;            /* number of records; a power of two                    */
-    const char *python_version;   /* e.g. "3.12.1", copied into the header                */
-    const char *backend;          /* probe backend that produces into this ring            */
+    uint32_t capacity;            /* number of records; a power of two, 2 .. 2^26        */
+    const char *python_version;   /* e.g. "3.12.1", copied into the header (<= 31 bytes)  */
+    const char *backend;          /* probe backend that produces into this ring (<= 31)   */
 } tandem_ring_options;
+
+/* Counters as seen by the control thread (for probe.json and `tandem doctor`). */
+typedef struct {
+    uint64_t claimed;             /* events that got a slot (the ring's head)             */
+    uint64_t dropped;             /* events dropped because the ring was full             */
+    uint64_t drained;             /* records appended to the events file                  */
+    uint64_t drain_lost;          /* records consumed but not written (events file error) */
+    int drain_errno;              /* first write error of the drain thread, 0 if none     */
+} tandem_ring_stats;
 
 /* Create PATH (mode 0600, O_EXCL) sized for the options, map it, fill the header.
  * Returns NULL and writes a one-line reason into err on failure. */
@@ -37,8 +58,13 @@ void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint6
 
 /* Start a native thread (no GIL) that appends committed records, in order, to EVENTS_PATH
  * every PERIOD_US microseconds, so a small ring loses nothing to a slow reader and a
- * SIGKILLed process leaves a file readable up to the last drained record. */
+ * SIGKILLed process leaves a file readable up to the last drained record.
+ * EVENTS_PATH is created 0600 O_EXCL. EVENTS_PATH NULL: the thread only consumes (frees
+ * slots) without writing, for live mode without a file. Returns 0, or -1 with err set. */
 int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t period_us, char *err, size_t errlen);
+
+/* Fill STATS (any time between create and close). */
+void tandem_ring_stats_get(tandem_ring *ring, tandem_ring_stats *stats);
 
 /* Stop the drain thread after a last drain, flush, unmap. The ring file stays. */
 void tandem_ring_close(tandem_ring *ring);

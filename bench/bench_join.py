@@ -1,0 +1,157 @@
+"""Interval join speed: tandem's sweep side by side with DuckDB's IEJoin and ncls on the same data.
+
+Data as in ../shared/notes/join.md: 10 M GIL intervals (sorted starts, 1-200 us long) and
+200 k pauses (0.1-50 ms) over 10^4 s, about 5 M overlapping pairs. Every method must return
+the same pairs. Each figure is the fastest of a few runs after one warm-up run (compilation,
+DuckDB's first-run costs): on shared cores the fastest run is the least disturbed one.
+TANDEM_BENCH_JOIN_SCALE=0.1 shrinks the data for quick checks.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from bench import Row
+
+SPAN_NS = 10**13
+N_GIL = 10_000_000
+N_PAUSES = 200_000
+LONG_FRACTION = 0.01
+LONG_NS = 10**9  # "very long": 1 s, 5,000x the longest ordinary GIL interval
+
+
+def make_data(n_gil: int, n_pauses: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    span = int(SPAN_NS * n_gil / N_GIL)
+    g_start = np.sort(rng.integers(0, span, n_gil))
+    g_end = g_start + rng.integers(1_000, 200_000, n_gil)
+    p_start = np.sort(rng.integers(0, span, n_pauses))
+    p_end = p_start + rng.integers(100_000, 50_000_000, n_pauses)
+    return p_start, p_end, g_start, g_end
+
+
+def with_long_intervals(g_start: np.ndarray, g_end: np.ndarray, seed: int = 1) -> np.ndarray:
+    """GIL ends with 1% of the intervals stretched to LONG_NS (starts unchanged, still sorted)."""
+    rng = np.random.default_rng(seed)
+    stretched = g_end.copy()
+    chosen = rng.choice(g_start.size, int(g_start.size * LONG_FRACTION), replace=False)
+    stretched[chosen] = g_start[chosen] + LONG_NS
+    return stretched
+
+
+def best_time(fn, runs: int = 5) -> tuple[float, object]:
+    result = fn()  # warm-up: numba compilation, DuckDB first-run costs
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), result
+
+
+def race(candidates: dict, rounds: int = 7) -> tuple[dict, dict]:
+    """Fastest time and last result of each candidate, running them in turn for a few rounds."""
+    results = {name: fn() for name, fn in candidates.items()}  # warm-up
+    times = {name: float("inf") for name in candidates}
+    for _ in range(rounds):
+        for name, fn in candidates.items():
+            t0 = time.perf_counter()
+            results[name] = fn()
+            times[name] = min(times[name], time.perf_counter() - t0)
+    return times, results
+
+
+def duckdb_iejoin(p_start, p_end, g_start, g_end):
+    """Returns a function running the overlap join in DuckDB, after checking that it plans an IEJoin."""
+    import duckdb
+    import pyarrow as pa
+
+    con = duckdb.connect()
+    con.register("p", pa.table({"pid": np.arange(p_start.size), "s": p_start, "e": p_end}))
+    con.register("g", pa.table({"gid": np.arange(g_start.size), "s": g_start, "e": g_end}))
+    query = "SELECT p.pid, g.gid FROM p JOIN g ON g.s < p.e AND p.s < g.e"
+    plan = "\n".join(str(row[1]) for row in con.execute("EXPLAIN " + query).fetchall())
+    if "iejoin" not in plan.lower().replace(" ", "").replace("_", ""):  # "IE Join" in DuckDB 2.0
+        raise RuntimeError(f"DuckDB did not plan an IEJoin:\n{plan}")
+
+    def run():
+        table = con.sql(query).to_arrow_table()
+        return table.column(0).to_numpy(), table.column(1).to_numpy()
+
+    return run
+
+
+def ncls_join(p_start, p_end, g_start, g_end):
+    from ncls import NCLS
+
+    pause_ids = np.arange(p_start.size, dtype=np.int64)
+    gil_ids = np.arange(g_start.size, dtype=np.int64)
+
+    def run():
+        index = NCLS(p_start, p_end, pause_ids)
+        gil_rows, pause_rows = index.all_overlaps_both(g_start, g_end, gil_ids)
+        return pause_rows, gil_rows
+
+    return run
+
+
+def same_pairs(a: tuple, b: tuple) -> bool:
+    key_a = np.sort(a[0].astype(np.int64) * (1 << 32) + a[1])
+    key_b = np.sort(b[0].astype(np.int64) * (1 << 32) + b[1])
+    return key_a.size == key_b.size and bool(np.array_equal(key_a, key_b))
+
+
+def main(console) -> list[Row]:
+    from engine.join import overlap_pairs, overlap_totals
+
+    scale = float(os.environ.get("TANDEM_BENCH_JOIN_SCALE", "1"))
+    n_gil, n_pauses = int(N_GIL * scale), int(N_PAUSES * scale)
+    p_start, p_end, g_start, g_end = make_data(n_gil, n_pauses)
+    label = f"{n_gil / 1e6:g} M GIL x {n_pauses / 1e3:g} k pauses"
+
+    long_end = with_long_intervals(g_start, g_end)
+    spanning_end = g_end.copy()
+    spanning_end[0] = g_start[-1] + LONG_NS  # join.md pitfall 1: one interval spanning the whole trace
+    # tandem's variants and the memory-read anchor take turns, so that load from other work on
+    # the shared cores falls on all of them alike.
+    times, results = race({
+        "pairs": lambda: overlap_pairs(p_start, p_end, g_start, g_end),
+        "totals": lambda: overlap_totals(p_start, p_end, g_start, g_end),
+        "read": lambda: (g_start.sum(), g_end.sum()),
+        "long pairs": lambda: overlap_pairs(p_start, p_end, g_start, long_end),
+        "long totals": lambda: overlap_totals(p_start, p_end, g_start, long_end),
+        "spanning pairs": lambda: overlap_pairs(p_start, p_end, g_start, spanning_end),
+    })
+    ours_s, ours = times["pairs"], results["pairs"]
+    totals_s, read_s = times["totals"], times["read"]
+    long_s, long_totals_s, spanning_s = times["long pairs"], times["long totals"], times["spanning pairs"]
+    console.print(f"tandem pairs: {ours_s:.4f} s, {ours[0].size:,} pairs")
+    duck_s, duck = best_time(duckdb_iejoin(p_start, p_end, g_start, g_end), runs=2)
+    console.print(f"DuckDB IEJoin: {duck_s:.4f} s")
+    ncls_s, ncls_pairs = best_time(ncls_join(p_start, p_end, g_start, g_end))
+    console.print(f"ncls: {ncls_s:.4f} s")
+    if not (same_pairs(ours, duck) and same_pairs(ours, ncls_pairs)):
+        raise RuntimeError("tandem, DuckDB and ncls disagree on the pairs")
+    rate = n_gil / totals_s
+    console.print(f"aggregates only: {totals_s:.4f} s = {rate / 1e6:.0f} M intervals/s; numpy sums both columns in {read_s:.4f} s")
+    console.print(f"1% long: pairs {long_s:.4f} s ({results['long pairs'][0].size:,} pairs), aggregates {long_totals_s:.4f} s")
+    console.print(f"one spanning interval: pairs {spanning_s:.4f} s ({results['spanning pairs'][0].size:,} pairs)")
+
+    return [
+        Row("join", f"pairs vs DuckDB IEJoin ({label})", ours_s, duck_s, "s", "<= 1/30x", ours_s * 30 <= duck_s),
+        Row("join", f"pairs vs ncls ({label})", ours_s, ncls_s, "s", "<= 1/5x", ours_s * 5 <= ncls_s),
+        Row(
+            "join",
+            f"aggregates only ({rate / 1e6:.0f} M intervals/s) vs numpy reading both columns",
+            totals_s, read_s, "s", ">= 300 M intervals/s", rate >= 300e6,
+        ),
+        Row("join", "pairs with 1% GIL intervals 1 s long vs without", long_s, ours_s, "s", "<= 2x", long_s <= 2 * ours_s),
+        Row("join", "pairs with one GIL interval spanning everything vs without", spanning_s, ours_s, "s", "<= 2x",
+            spanning_s <= 2 * ours_s),
+        Row(
+            "join", "aggregates with 1% GIL intervals 1 s long vs without",
+            long_totals_s, totals_s, "s", "<= 2x", long_totals_s <= 2 * totals_s,
+        ),
+    ]

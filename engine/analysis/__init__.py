@@ -1,0 +1,194 @@
+"""Correlation: JVM pauses and GIL intervals on one clock, joined into the result tables.
+
+    from engine.analysis import correlate
+    result = correlate(pauses_df, gil_df, slack_ns=50_000_000)
+    result.summary()                     # rich table, returns the summary DataFrame
+    result.timeline(t0, t1, "t.png")     # matplotlib Figure
+    result.write("OUT")                  # the Parquet files of docs/results.md
+
+Input tables and output schemas: docs/results.md. Join semantics: docs/join.md.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.analysis.clock import check_same_clock, clock_facts
+from engine.analysis.gil_state import gil_free_intervals
+from engine.analysis.impact import pause_impact
+from engine.analysis.inputs import read_input_table
+from engine.analysis.summary import summary_table
+from engine.join import check_gil, check_pauses, overlap_frame
+
+RESULT_TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact", "summary")
+
+
+@dataclass
+class Analysis:
+    """The result tables of one correlation (schemas: docs/results.md) and the facts about it."""
+
+    pauses: pd.DataFrame
+    gil: pd.DataFrame
+    gil_free: pd.DataFrame
+    overlaps: pd.DataFrame
+    pause_impact: pd.DataFrame
+    summary_table: pd.DataFrame
+    header: dict = field(default_factory=dict)
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The result tables by file stem (summary included)."""
+        return {name: getattr(self, "summary_table" if name == "summary" else name) for name in RESULT_TABLES}
+
+    def summary(self, console=None, show: bool = True) -> pd.DataFrame:
+        """Print the summary with its header line (rich) unless show=False; return the summary table."""
+        if show:
+            from engine.report.summary import print_summary
+
+            print_summary(self.summary_table, self.header, console=console)
+        return self.summary_table
+
+    def timeline(self, start_ns: int | None = None, end_ns: int | None = None, path: str | os.PathLike | None = None):
+        """A matplotlib Figure of [start_ns, end_ns) (default: everything); saved as PNG if path is given."""
+        from engine.report.timeline import draw_timeline
+
+        return draw_timeline(self, start_ns, end_ns, path)
+
+    def worst_window(self, margin: float = 3.0) -> tuple[int, int]:
+        """[start_ns, end_ns) around the pause that overlapped Python longest (else the longest
+        pause), padded by `margin` times its duration on each side (at least 5 ms)."""
+        impact = self.pause_impact
+        if impact.empty:
+            return int(self.header.get("span_start_ns", 0)), int(self.header.get("span_end_ns", 1))
+        key = "overlap_ns" if int(impact["overlap_ns"].max()) > 0 else "duration_ns"
+        worst = impact.loc[impact[key].idxmax()]
+        pad = max(int(margin * int(worst["duration_ns"])), 5_000_000)
+        return int(worst["start_ns"]) - pad, int(worst["end_ns"]) + pad
+
+    def write(self, out_dir: str | os.PathLike) -> list[Path]:
+        """Write every result table as OUT/<name>.parquet, each atomically; existing results are replaced."""
+        from engine.store import write_table
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        return [
+            write_table(table, out / f"{name}.parquet", {"table": name, "analysis": self.header})
+            for name, table in self.tables().items()
+        ]
+
+
+def _dropped_events(attrs: dict) -> int:
+    processes = attrs.get("processes")
+    if processes:
+        return int(sum(p.get("dropped") or 0 for p in processes))
+    return int(attrs.get("dropped") or 0)
+
+
+def _span(pauses: pd.DataFrame, gil: pd.DataFrame) -> tuple[int, int]:
+    starts = [int(t["start_ns"].min()) for t in (pauses, gil) if len(t)]
+    ends = [int(t["end_ns"].max()) for t in (pauses, gil) if len(t)]
+    return (min(starts), max(ends)) if starts else (0, 0)
+
+
+def correlate(
+    pauses: pd.DataFrame,
+    gil: pd.DataFrame,
+    *,
+    slack_ns: int = 0,
+    offset_ns: int | None = None,
+    pauses_source: str | None = None,
+    gil_source: str | None = None,
+) -> Analysis:
+    """Join a pauses table with a GIL intervals table (both as in docs/results.md, "Input tables").
+
+    offset_ns, when given, is added to every pause time to put the pauses on the GIL
+    table's clock, and overrides the refusal to join tables from different clocks or boots.
+    """
+    pause_clock = clock_facts(pauses.attrs, pauses_source or pauses.attrs.get("source") or "pauses table")
+    gil_clock = clock_facts(gil.attrs, gil_source or gil.attrs.get("source") or "gil table")
+    alignment = check_same_clock(pause_clock, gil_clock, offset_ns)
+    pauses = check_pauses(pauses, pause_clock.source)
+    gil, duplicate_gil_rows = check_gil(gil, gil_clock.source)
+    if offset_ns:
+        pauses["start_ns"] += offset_ns
+        pauses["end_ns"] += offset_ns
+
+    overlaps = overlap_frame(pauses, gil, slack_ns=slack_ns)
+    gil_free = gil_free_intervals(gil)
+    impact = pause_impact(pauses, gil, overlaps, gil_free)
+    span_start, span_end = _span(pauses, gil)
+    jvm_pids = pauses["jvm_pid"].dropna().astype(np.int64).unique() if "jvm_pid" in pauses.columns else []
+    header = {
+        "span_start_ns": span_start,
+        "span_end_ns": span_end,
+        "span_ns": span_end - span_start,
+        "python_pids": sorted(int(p) for p in gil["pid"].unique()),
+        "jvm_pids": sorted(int(p) for p in jvm_pids),
+        "pauses": len(pauses),
+        "gil_intervals": len(gil),
+        "dropped_events": _dropped_events(gil.attrs),
+        "duplicate_gil_rows_dropped": duplicate_gil_rows,
+        "slack_ns": int(slack_ns),
+        "alignment": alignment,
+        "offset_ns": offset_ns,
+        "clock": {"pauses": pause_clock.as_metadata(), "gil": gil_clock.as_metadata()},
+    }
+    return Analysis(
+        pauses=pauses,
+        gil=gil,
+        gil_free=gil_free,
+        overlaps=overlaps,
+        pause_impact=impact,
+        summary_table=summary_table(impact, overlaps, span_end - span_start),
+        header=header,
+    )
+
+
+def analyze(pauses, gil=None, *, slack_ns: int = 0, offset_ns: int | None = None) -> Analysis:
+    """`correlate` from a session directory (`analyze(SESSION)`), or from two tables given as
+    DataFrames, Parquet paths, JFR recordings (pauses) or GIL probe files (gil)."""
+    from engine.analysis.sources import gil_from, pauses_from
+
+    if gil is None:
+        return analyze_session(pauses, slack_ns=slack_ns, offset_ns=offset_ns)
+    pauses_source = gil_source = None
+    if not isinstance(pauses, pd.DataFrame):
+        path = Path(pauses)
+        pauses, pauses_source = pauses_from(jfr=[path]) if path.suffix == ".jfr" else pauses_from(tables=[path])
+    if not isinstance(gil, pd.DataFrame):
+        gil, gil_source = gil_from(paths=[Path(gil)])
+    return correlate(pauses, gil, slack_ns=slack_ns, offset_ns=offset_ns, pauses_source=pauses_source, gil_source=gil_source)
+
+
+def analyze_session(session: str | os.PathLike, *, slack_ns: int = 0, offset_ns: int | None = None) -> Analysis:
+    """Every JVM recording and every GIL events file of a `tandem record` session, correlated."""
+    from engine.analysis.sources import gil_from, pauses_from
+
+    pauses, pauses_source = pauses_from(session=Path(session))
+    gil, gil_source = gil_from(session=Path(session))
+    return correlate(pauses, gil, slack_ns=slack_ns, offset_ns=offset_ns, pauses_source=pauses_source, gil_source=gil_source)
+
+
+def load_results(out_dir: str | os.PathLike) -> Analysis:
+    """An Analysis read back from the Parquet files `Analysis.write` (or `tandem analyze`) wrote."""
+    from engine.errors import TandemError
+    from engine.store import read_table
+
+    out = Path(out_dir)
+    tables = {}
+    for name in RESULT_TABLES:
+        path = out / f"{name}.parquet"
+        if not path.exists():
+            raise TandemError(f"{path}: missing; expected the -o directory of `tandem analyze`")
+        tables[name] = read_table(path)
+    header = tables["summary"].attrs.get("analysis", {})
+    return Analysis(
+        pauses=tables["pauses"], gil=tables["gil"], gil_free=tables["gil_free"], overlaps=tables["overlaps"],
+        pause_impact=tables["pause_impact"], summary_table=tables["summary"], header=header,
+    )
+
+
+__all__ = ["Analysis", "analyze", "analyze_session", "correlate", "load_results"]

@@ -1,0 +1,72 @@
+"""Are the two tables on one clock? Facts from their metadata (df.attrs), and the refusal.
+
+Both sides must be CLOCK_MONOTONIC of the same boot. A table whose metadata says nothing is
+taken as CLOCK_MONOTONIC of this boot (docs/results.md, "Input tables"). Mixing domains or
+boots is refused, naming both sources, unless the caller gives an explicit offset.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engine.errors import TandemError
+
+MONOTONIC = "monotonic"
+
+
+@dataclass(frozen=True)
+class ClockFacts:
+    """What a table's metadata says about its clock (None: not said)."""
+
+    source: str
+    domain: str                  # "monotonic" or "wall"; "monotonic" when not said (assumed)
+    method: str                  # how its times were put on that clock ("assumed" when not said)
+    error_ns: int | None         # worst-case error of its times, when known
+    boot_ids: tuple[str, ...]    # boot ids it names (several processes may each name one)
+
+    def as_metadata(self) -> dict:
+        return asdict(self)
+
+
+def _nested_clock_errors(attrs: dict) -> list[int]:
+    """error_ns of every JVM run of a pauses table (engine.ingest.jfr keeps them per source/run)."""
+    errors = []
+    for source in attrs.get("sources") or []:
+        for run in source.get("runs") or []:
+            error = (run.get("clock") or {}).get("error_ns")
+            if error is not None:
+                errors.append(int(error))
+    return errors
+
+
+def clock_facts(attrs: dict, source: str) -> ClockFacts:
+    """Read clock facts from either producer's metadata keys (JFR ingest, GIL ingest, or plain keys)."""
+    clock = attrs.get("clock") if isinstance(attrs.get("clock"), dict) else {}
+    domain = attrs.get("clock_domain") or clock.get("domain") or (attrs.get("clock") if isinstance(attrs.get("clock"), str) else None)
+    method = attrs.get("clock_method") or attrs.get("method") or clock.get("method")
+    error = attrs.get("error_ns", clock.get("error_ns"))
+    errors = _nested_clock_errors(attrs) + ([int(error)] if error is not None else [])
+    boots = {attrs.get("boot_id")} | {p.get("boot_id") for p in attrs.get("processes") or []}
+    return ClockFacts(
+        source=source,
+        domain=str(domain or MONOTONIC),
+        method=str(method or "assumed"),
+        error_ns=max(errors) if errors else None,
+        boot_ids=tuple(sorted(b for b in boots if b)),
+    )
+
+
+def check_same_clock(pauses: ClockFacts, gil: ClockFacts, offset_ns: int | None) -> str:
+    """Refuse two tables that are not on one clock, unless offset_ns is given; return the alignment used."""
+    if offset_ns is not None:
+        return "explicit_offset"
+    problems = [f"{facts.source} is on the {facts.domain} clock" for facts in (pauses, gil) if facts.domain != MONOTONIC]
+    if pauses.boot_ids and gil.boot_ids and not set(pauses.boot_ids) & set(gil.boot_ids):
+        problems.append(
+            f"{pauses.source} is from boot {', '.join(pauses.boot_ids)} and {gil.source} from boot {', '.join(gil.boot_ids)}"
+        )
+    if problems:
+        raise TandemError(
+            f"cannot join {pauses.source} with {gil.source}: {'; '.join(problems)}; both must be CLOCK_MONOTONIC "
+            "of one boot (pass --offset NS to shift the pauses onto the GIL clock yourself)"
+        )
+    return "same_monotonic_clock"

@@ -1,0 +1,79 @@
+"""Turning what a user points `tandem analyze` at into the two input tables.
+
+The inputs, any mix of which can be given: a session directory (`tandem record -o`), JFR
+recordings, GIL probe files (events files, rings, `py-<pid>` directories), and Parquet
+tables of either side brought from elsewhere (docs/results.md, "Input tables").
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from engine.errors import TandemError
+
+
+def pauses_from(session: Path | None = None, jfr: Iterable[Path] = (), tables: Iterable[Path] = ()) -> tuple[pd.DataFrame, str]:
+    """The pauses table of a session's JVMs, of JFR recordings, or of Parquet tables."""
+    from engine.analysis.inputs import read_input_table
+    from engine.ingest.jfr import read_pauses
+
+    recordings, names = list(jfr), [str(p) for p in jfr]
+    if session is not None:
+        from engine.session import Session
+
+        for source in Session.open(session).jvms:
+            recordings.extend(source.recordings)
+        names.append(f"{session} (JVMs)")
+    frames = []
+    if recordings:
+        frames.append(read_pauses(recordings))
+    for table in tables:
+        frames.append(read_input_table(table))
+        names.append(str(table))
+    if not frames:
+        raise TandemError(f"{session}: no JVM recording in this session" if session else "no pauses given (a SESSION, --jfr or --pauses)")
+    return _concat_pauses(frames), ", ".join(names)
+
+
+def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[pd.DataFrame, str]:
+    """The gil table of a session's interpreters, of probe files, or of Parquet tables."""
+    from engine.analysis.inputs import read_input_table
+    from engine.ingest.gil import read_gil
+
+    frames, names = [], []
+    if session is not None:
+        frames.append(read_gil(session))
+        names.append(f"{session} (Python)")
+    for path in paths:
+        frames.append(read_input_table(path) if Path(path).suffix == ".parquet" else read_gil(path))
+        names.append(str(path))
+    if not frames:
+        raise TandemError(f"{session}: no GIL events in this session" if session else "no GIL intervals given (a SESSION or --gil)")
+    return _concat(frames), ", ".join(names)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    if len(frames) == 1:
+        return frames[0]
+    out = pd.concat(frames, ignore_index=True)
+    # Metadata of every part survives as a list of processes/sources; the clock check reads them.
+    out.attrs = {"processes": [p for f in frames for p in f.attrs.get("processes", [f.attrs])]}
+    return out
+
+
+def _concat_pauses(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    if len(frames) == 1:
+        return frames[0]
+    attrs = frames[0].attrs
+    offset = 0
+    renumbered = []
+    for frame in frames:  # pause_id must stay unique across the parts
+        frame = frame.copy()
+        frame["pause_id"] = frame["pause_id"].astype("int64") + offset
+        offset = int(frame["pause_id"].max()) + 1 if len(frame) else offset
+        renumbered.append(frame)
+    out = pd.concat(renumbered, ignore_index=True)
+    out.attrs = dict(attrs)
+    return out

@@ -1,0 +1,1 @@
+"""JFR ticks to CLOCK_MONOTONIC: chunk headers (`chunks`) and the alignment methods (`align`)."""

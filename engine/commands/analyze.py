@@ -1,0 +1,53 @@
+"""`tandem analyze`: correlate a pauses table with a GIL intervals table into Parquet results."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+_UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+def parse_duration_ns(text: str) -> int:
+    """'50ms', '1.5s', '200us', '700ns' or a bare integer of ns, as int ns."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(ns|us|µs|ms|s)?\s*", text)
+    if not match:
+        raise typer.BadParameter(f"{text!r} is not a duration (e.g. 50ms, 1.5s, 200us, 700ns)")
+    number, unit = match.groups()
+    return round(float(number) * _UNITS_NS[unit or "ns"])
+
+
+def analyze(
+    session: Optional[Path] = typer.Argument(None, help="A session directory written by `tandem record` / `tandem live`."),
+    out: Path = typer.Option(..., "-o", "--out", help="Directory for the result tables (replaced if present)."),
+    jfr: List[Path] = typer.Option([], "--jfr", help="JFR recording(s) of the JVM side (repeatable)."),
+    gil: List[Path] = typer.Option([], "--gil", help="GIL probe file(s) or Parquet GIL tables (repeatable)."),
+    pauses: List[Path] = typer.Option([], "--pauses", help="Parquet table(s) of JVM pauses (docs/results.md)."),
+    slack: str = typer.Option("0", "--slack", help="Also report near misses within this duration, e.g. 50ms."),
+    offset: Optional[int] = typer.Option(None, "--offset", help="ns added to pause times to put them on the GIL clock; "
+                                                        "overrides the same-clock check."),
+) -> None:
+    """Find which JVM pauses hit which Python threads; write OUT/*.parquet and print the summary.
+
+    Give a SESSION, or the two sides separately: --jfr/--pauses for the JVM, --gil for Python.
+    """
+    from engine.analysis import correlate
+    from engine.analysis.sources import gil_from, pauses_from
+    from engine.errors import TandemError
+
+    if session is None and not (jfr or pauses) and not gil:
+        raise TandemError("nothing to analyze: give a SESSION directory, or --jfr/--pauses and --gil")
+    slack_ns = parse_duration_ns(slack)
+    pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
+    gil_df, gil_source = gil_from(session if not gil else None, gil)
+    result = correlate(pauses_df, gil_df, slack_ns=slack_ns, offset_ns=offset,
+                       pauses_source=pauses_source, gil_source=gil_source)
+    result.write(out)
+    result.summary()
+    typer.echo(f"results in {out}/: {', '.join(f'{name}.parquet' for name in result.tables())}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("analyze")(analyze)

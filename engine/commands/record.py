@@ -1,0 +1,64 @@
+"""`tandem record -o SESSION -- <command ...>`: run a command with every JVM and CPython it starts recording."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def record(
+    command: List[str] = typer.Argument(..., metavar="-- COMMAND...", help="The command to run, after `--`."),
+    output: Path = typer.Option(..., "-o", "--output", help="Session directory to create (must not exist or be empty)."),
+    settings: Optional[Path] = typer.Option(None, "--settings", help="A .jfc file to start from instead of the JDK's default settings."),
+    event: List[str] = typer.Option([], "--event", help="Extra JFR event setting, NAME or NAME#setting=value (repeatable)."),
+) -> None:
+    """Run COMMAND; every JVM it starts records JFR pauses into SESSION (and every CPython its GIL states)."""
+    import shlex
+
+    from rich.console import Console
+
+    from engine import jvm
+    from engine.errors import TandemError
+    from engine.record import launch, session as sessions, summary
+
+    if settings is not None and not settings.is_file():
+        raise TandemError(f"{settings}: settings file not found")
+    jar = jvm.agent_jar()
+    directory = Path(output).expanduser().absolute()
+    options = launch.agent_options(directory, settings.absolute() if settings else None, event)
+    env = launch.recording_environment(directory, jar, options)
+    sessions.create_session(directory, {
+        "kind": "record",
+        "command": shlex.join(command),
+        "argv": list(command),
+        "cwd": str(Path.cwd()),
+        "agent_options": options,
+        "java_tool_options": env["JAVA_TOOL_OPTIONS"],
+    })
+
+    console = Console(stderr=True)  # stdout belongs to the command
+    console.print(f"[dim]tandem: recording `{shlex.join(command)}` into {directory}[/dim]")
+    try:
+        pid, exit_code = launch.run_forwarding_signals(command, env)
+    except TandemError:
+        sessions.finish_session(directory, exit_code=None, error="command did not start")
+        raise
+    sessions.finish_session(directory, pid=pid, exit_code=exit_code)
+
+    with console.status("reading what was captured") as status:
+        try:
+            jfr_tool = jvm.jdk_tool("jfr")
+        except TandemError:
+            jfr_tool = None
+        captures = summary.collect(directory, jfr_tool, status)
+    summary.print_summary(console, directory, captures)
+    console.print(f"[dim]tandem: `{command[0]}` exited with {exit_code}[/dim]")
+    raise typer.Exit(exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "record",
+        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+    )(record)

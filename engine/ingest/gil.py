@@ -1,0 +1,224 @@
+"""GIL events -> intervals: the `gil` table (issue 4).
+
+    read_gil(path) -> DataFrame[pid, tid, thread_name, state, start_ns, end_ns]
+
+`state` is 'released' (the thread runs without the GIL: native code, I/O, a JPype call
+into Java) or 'waiting' (it asked for the GIL and has not got it yet). Times are
+CLOCK_MONOTONIC nanoseconds. Per thread, in the order the thread stamped them:
+
+    DROP -> next TAKE_REQUEST         released
+    DROP -> TAKE_ACQUIRED             released (no request stamped in between)
+    TAKE_REQUEST -> TAKE_ACQUIRED     waiting
+
+Any other succession (an event lost to a full ring, a thread that ended after its last
+DROP) yields no interval. Sampling-backend records (SAMPLE_HELD/SAMPLE_FREE: who holds
+the GIL at each change seen) are turned into DROP/TAKE_ACQUIRED first, so their intervals
+are as coarse as the sampling period and never 'waiting'.
+
+`gil_free_gaps` gives the global gaps when no thread holds the GIL; `gil_holds` the
+per-thread holding intervals.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.errors import TandemError
+from engine.ring.layout import GIL_DROP, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
+
+COLUMNS = ["pid", "tid", "thread_name", "state", "start_ns", "end_ns"]
+STATES = ["released", "waiting"]
+
+
+def sampling_to_events(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Holder changes seen by the sampling backend -> per-thread DROP / TAKE_ACQUIRED.
+
+    Each SAMPLE_HELD(t) or SAMPLE_FREE record ends the previous holder's hold (a DROP for
+    it at that sample) and, for SAMPLE_HELD, starts t's (a TAKE_ACQUIRED)."""
+    order = np.argsort(mono_ns, kind="stable")
+    mono_ns, tid, kind = mono_ns[order], tid[order], kind[order]
+    holder = np.where(kind == GIL_SAMPLE_HELD, tid, 0).astype(np.int64)
+    previous = np.concatenate([[0], holder[:-1]])
+    changed = holder != previous
+    drops = changed & (previous != 0)
+    takes = changed & (holder != 0)
+    out_t = np.concatenate([mono_ns[drops], mono_ns[takes]])
+    out_tid = np.concatenate([previous[drops], holder[takes]])
+    out_kind = np.concatenate([np.full(drops.sum(), GIL_DROP), np.full(takes.sum(), GIL_TAKE_ACQUIRED)])
+    # A drop and a take at the same sample: the drop comes first.
+    order = np.lexsort((out_kind != GIL_DROP, out_t))
+    return out_t[order].astype(np.int64), out_tid[order].astype(np.int64), out_kind[order].astype(np.int64)
+
+
+def _by_thread(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray):
+    """Events grouped by thread, each thread's in production order (stable sort)."""
+    order = np.argsort(tid, kind="stable")
+    return mono_ns[order].astype(np.int64), tid[order].astype(np.int64), kind[order].astype(np.int64)
+
+
+def events_to_intervals(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray, pid: int = 0) -> pd.DataFrame:
+    """Released/waiting intervals from GIL events (arrays of equal length, production order).
+
+    Returns the gil table without thread names (column thread_name all missing)."""
+    mono_ns, tid, kind = np.asarray(mono_ns), np.asarray(tid), np.asarray(kind)
+    sampled = np.isin(kind, (GIL_SAMPLE_HELD, GIL_SAMPLE_FREE))
+    if sampled.any():
+        s_t, s_tid, s_kind = sampling_to_events(mono_ns[sampled], tid[sampled], kind[sampled])
+        mono_ns = np.concatenate([mono_ns[~sampled], s_t])
+        tid = np.concatenate([tid[~sampled], s_tid])
+        kind = np.concatenate([kind[~sampled], s_kind])
+    t, th, k = _by_thread(mono_ns, tid, kind)
+    same = th[1:] == th[:-1]
+    first, second = k[:-1], k[1:]
+    released = same & (first == GIL_DROP) & ((second == GIL_TAKE_REQUEST) | (second == GIL_TAKE_ACQUIRED))
+    waiting = same & (first == GIL_TAKE_REQUEST) & (second == GIL_TAKE_ACQUIRED)
+    keep = released | waiting
+    state = np.where(released[keep], 0, 1)
+    df = pd.DataFrame(
+        {
+            "pid": np.full(int(keep.sum()), pid, dtype=np.int64),
+            "tid": th[:-1][keep],
+            "thread_name": pd.array([pd.NA] * int(keep.sum()), dtype="string"),
+            "state": pd.Categorical.from_codes(state, categories=STATES),
+            "start_ns": t[:-1][keep],
+            "end_ns": t[1:][keep],
+        }
+    )
+    return df.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
+
+
+def gil_holds(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray) -> pd.DataFrame:
+    """Per-thread holding intervals: TAKE_ACQUIRED -> next DROP of the same thread
+    (columns tid, start_ns, end_ns)."""
+    mono_ns, tid, kind = np.asarray(mono_ns), np.asarray(tid), np.asarray(kind)
+    sampled = np.isin(kind, (GIL_SAMPLE_HELD, GIL_SAMPLE_FREE))
+    if sampled.any():
+        mono_ns, tid, kind = sampling_to_events(mono_ns[sampled], tid[sampled], kind[sampled])
+    t, th, k = _by_thread(mono_ns, tid, kind)
+    pair = (th[1:] == th[:-1]) & (k[:-1] == GIL_TAKE_ACQUIRED) & (k[1:] == GIL_DROP)
+    return pd.DataFrame({"tid": th[:-1][pair], "start_ns": t[:-1][pair], "end_ns": t[1:][pair]}).sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def gil_free_gaps(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray) -> pd.DataFrame:
+    """Global gaps when no thread holds the GIL (start_ns, end_ns), between the first and the
+    last event: the complement of the union of every thread's holding intervals."""
+    holds = gil_holds(mono_ns, tid, kind)
+    if len(mono_ns) == 0:
+        return pd.DataFrame({"start_ns": np.array([], np.int64), "end_ns": np.array([], np.int64)})
+    lo, hi = int(np.min(mono_ns)), int(np.max(mono_ns))
+    starts, ends = holds["start_ns"].to_numpy(), holds["end_ns"].to_numpy()
+    if len(starts):
+        # Union of the holds (sorted by start): a new block begins where a start lies beyond
+        # every end seen so far; a block ends at the running maximum of ends before the next.
+        running_end = np.maximum.accumulate(ends)
+        new_block = np.concatenate([[True], starts[1:] > running_end[:-1]])
+        first_of_block = np.flatnonzero(new_block)
+        block_starts = starts[first_of_block]
+        block_ends = running_end[np.concatenate([first_of_block[1:] - 1, [len(starts) - 1]])]
+    else:
+        block_starts = block_ends = np.array([], np.int64)
+    gap_starts = np.concatenate([[lo], block_ends])
+    gap_ends = np.concatenate([block_starts, [hi]])
+    keep = gap_ends > gap_starts
+    return pd.DataFrame({"start_ns": gap_starts[keep].astype(np.int64), "end_ns": gap_ends[keep].astype(np.int64)})
+
+
+# ---- files ---------------------------------------------------------------------------------
+
+
+def _events_files(path: Path) -> list[Path]:
+    """The events files of a file, a py-<pid> directory or a session directory."""
+    if path.is_file():
+        return [path]
+    if (path / "gil.events").exists():
+        return [path / "gil.events"]
+    found = sorted(path.glob("py-*/gil.events"))
+    if found:
+        return found
+    raise TandemError(f"{path}: no GIL events here (expected an events file, a py-<pid> directory or a session)")
+
+
+def _description(path: Path) -> dict:
+    """probe.json (session layout) or FILE.json (engine.probe.start(FILE)), if present."""
+    if path.name in ("gil.events", "gil.ring"):
+        meta = path.parent / "probe.json"
+    else:
+        base = path.name[: -len(".ring")] if path.name.endswith(".ring") else path.name
+        meta = path.with_name(base + ".json")
+    return json.loads(meta.read_text()) if meta.exists() else {}
+
+
+def _thread_names(path: Path, meta: dict) -> dict[int, str]:
+    """tid -> name: probe.json's (written at stop) updated by the side file the probe
+    appends to as threads start (threads.jsonl / FILE.threads.jsonl), which survives a
+    process that never stopped the probe. A line cut short by SIGKILL is skipped."""
+    names = {int(k): v for k, v in meta.get("thread_names", {}).items()}
+    if path.name in ("gil.events", "gil.ring"):
+        side = path.parent / "threads.jsonl"
+    else:
+        base = path.name[: -len(".ring")] if path.name.endswith(".ring") else path.name
+        side = path.with_name(base + ".threads.jsonl")
+    if side.exists():
+        for line in side.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+                names[int(entry["tid"])] = str(entry["name"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return names
+
+
+def _load(path: Path):
+    """(header, records, lost, closed) of a drained events file or of a ring file. A ring
+    holds only its last `capacity` records (older ones went to the events file): read the
+    events file for a whole recording."""
+    from engine.ring.reader import read_events, read_ring
+
+    if path.name.endswith(".ring"):
+        header, records, missed = read_ring(path)
+        return header, records, int(header.dropped), bool(header.closed)
+    events = read_events(path)
+    return events.header, events.records, int(events.lost), bool(events.closed)
+
+
+def read_gil(path: str | os.PathLike) -> pd.DataFrame:
+    """The gil table of an events file, a ring file (the records it still holds), a
+    py-<pid> directory or a whole session (events files preferred over rings).
+
+    df.attrs: `processes` (one dict per process: pid, python_version, backend, misses,
+    boot_id, dropped, drain_lost, closed, events), and for a single process the same keys
+    at the top level. `dropped` counts events lost to a full ring."""
+    frames, processes = [], []
+    for events_path in _events_files(Path(path)):
+        header, records, lost, closed = _load(events_path)
+        meta = _description(events_path)
+        pid = int(header.producer_pid)
+        df = events_to_intervals(records["mono_ns"], records["tid"], records["kind"], pid=pid)
+        names = _thread_names(events_path, meta)
+        if names:
+            df["thread_name"] = df["tid"].map(names).astype("string")
+        frames.append(df)
+        processes.append(
+            {
+                "pid": pid,
+                "python_version": header.runtime_version,
+                "backend": header.backend,
+                "misses": meta.get("misses"),
+                "boot_id": header.boot_id,
+                "dropped": lost,
+                "drain_lost": int(header.drain_lost),
+                "closed": closed,
+                "events": int(len(records)),
+            }
+        )
+    df = pd.concat(frames, ignore_index=True) if frames else events_to_intervals(np.array([]), np.array([]), np.array([]))
+    df["state"] = pd.Categorical(df["state"], categories=STATES)
+    df["thread_name"] = df["thread_name"].astype("string")
+    df.attrs["processes"] = processes
+    if len(processes) == 1:
+        df.attrs.update({k: v for k, v in processes[0].items()})
+    return df

@@ -1,0 +1,384 @@
+"""JFR recordings to one table of JVM stop-the-world intervals (schema: docs/pauses.md).
+
+Per file: the chunk headers are read here (engine.clock.chunks) to refuse what jdk.jfr
+cannot read and to find the complete chunks; each JVM run of the file is read by the Java
+class `tandem.ingest.PauseReader`, which returns whole columns; ticks are then put on
+CLOCK_MONOTONIC (or the wall clock) by engine.clock.align.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.clock import align
+from engine.clock.chunks import Chunk, ChunkScan, scan_chunks, split_runs
+from engine.errors import TandemError, TandemWarning
+
+KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
+# The JFR event types each kind comes from (for witnesses such as `jfr print --events`).
+PAUSE_EVENT_TYPES = (
+    "jdk.SafepointBegin", "jdk.SafepointEnd", "jdk.ExecuteVMOperation", "jdk.GCPhasePause",
+    "jdk.GarbageCollection", "jdk.Compilation", "jdk.Deoptimization",
+)
+SCHEMA = "tandem.pauses"
+SCHEMA_VERSION = 1
+# Files above this size get a progress bar (when the caller asks for progress).
+PROGRESS_MIN_BYTES = 16 << 20
+
+_JAVA_NULL = np.iinfo(np.int64).min
+
+
+def read_pauses(
+    paths: str | Path | Iterable[str | Path], *, progress=None, jvm_options: tuple[str, ...] = ()
+) -> pd.DataFrame:
+    """Reads one or more JFR recordings into one table of pause intervals.
+
+    Returns a DataFrame with the columns of docs/pauses.md, sorted by `start_ns`, and
+    `df.attrs` holding the metadata (sources, JVMs, clock domain, method, offset, error).
+    `progress`: a rich Console to draw a progress bar on for large files, or None.
+    `jvm_options`: JVM flags, used only if this call is the one that starts the JVM.
+    Raises TandemError for files that cannot be read; warns (TandemWarning) when a
+    truncated file lost data.
+    """
+    path_list = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    if not path_list:
+        raise TandemError("no recording given")
+    scans = [scan_chunks(p) for p in path_list]  # refuse bad files before starting the JVM
+    for scan in scans:
+        if scan.lost_bytes:
+            warnings.warn(_lost_message(scan), TandemWarning, stacklevel=2)
+
+    frames, sources = [], []
+    with _Progress(progress, sum(s.complete_bytes for s in scans)) as bar:
+        for scan in scans:
+            file_frames, source_meta = _read_file(scan, bar, jvm_options)
+            frames.extend(file_frames)
+            sources.append(source_meta)
+
+    table = pd.concat(frames, ignore_index=True) if frames else _empty_table()
+    table = table.sort_values(["start_ns", "end_ns"], kind="stable", ignore_index=True)
+    table.insert(0, "pause_id", np.arange(len(table), dtype=np.int64))
+    table.attrs = _table_metadata(sources)
+    return table
+
+
+def _lost_message(scan: ChunkScan) -> str:
+    return (
+        f"{scan.path}: truncated or unfinished recording: the last {scan.lost_bytes} of "
+        f"{scan.file_size} bytes ({100 * scan.lost_bytes / scan.file_size:.1f}%) are not a complete chunk "
+        f"and were skipped; {len(scan.chunks)} complete chunk(s) read"
+    )
+
+
+# ---------------------------------------------------------------- one file
+
+
+def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) -> tuple[list[pd.DataFrame], dict]:
+    runs = split_runs(scan.chunks)
+    jvm_json = _agent_description(scan.path)
+    frames, run_meta = [], []
+    for run in runs:
+        if len(runs) == 1 and scan.lost_bytes == 0:
+            reader = _run_java_reader(scan.path, scan.path, run, bar, jvm_options)
+        else:
+            # jdk.jfr reads a path, not a byte range: hand it a copy of this run's complete
+            # chunks (only for truncated files and files holding several JVM runs).
+            with tempfile.TemporaryDirectory(prefix="tandem-ingest-") as tmpdir:
+                copy = _copy_chunks(scan.path, run, Path(tmpdir) / f"run{run[0].index}.jfr")
+                reader = _run_java_reader(scan.path, copy, run, bar, jvm_options)
+        if int(reader.eventsSeen()) == 0:
+            # jdk.jfr's EventStream swallows parse errors and just stops: say so rather than
+            # return an empty table as if the JVM had never paused.
+            warnings.warn(
+                f"{scan.path}: jdk.jfr found no events at all in chunks {run[0].index}-{run[-1].index}: "
+                "the recording is damaged (or was made with every JVM event disabled)",
+                TandemWarning, stacklevel=4,
+            )
+        frame, meta = _run_table(scan, run, reader, jvm_json)
+        frames.append(frame)
+        run_meta.append(meta)
+    source = {
+        "source": str(scan.path),
+        "jfr_format": scan.format_version,
+        "file_bytes": scan.file_size,
+        "chunks": len(scan.chunks),
+        "lost_bytes": scan.lost_bytes,
+        "runs": run_meta,
+    }
+    return frames, source
+
+
+def _copy_chunks(path: Path, run: list[Chunk], dest: Path) -> Path:
+    start, end = run[0].offset, run[-1].offset + run[-1].size
+    with open(path, "rb") as src, open(dest, "wb") as out:
+        src.seek(start)
+        remaining = end - start
+        while remaining:
+            block = src.read(min(remaining, 8 << 20))
+            if not block:
+                break
+            out.write(block)
+            remaining -= len(block)
+    return dest
+
+
+def _agent_description(path: Path) -> dict:
+    """The tandem agent's jvm.json for this recording (docs/session.md), if any.
+
+    It sits beside `recording.jfr`, or, for a chunk of the JVM's disk repository (all that
+    survives a SIGKILL), beside the `repository/` folder that holds the chunk.
+    """
+    folders = [path.parent]
+    if "repository" in path.parent.parts:
+        parts = path.parent.parts
+        folders.append(Path(*parts[: len(parts) - parts[::-1].index("repository") - 1]))
+    for folder in folders:
+        try:
+            return json.loads((folder / "jvm.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def _run_java_reader(path: Path, java_path: Path, run: list[Chunk], bar: "_Progress", jvm_options: tuple[str, ...] = ()):
+    """Runs tandem.ingest.PauseReader on `java_path`, converting Java exceptions to TandemError."""
+    from engine import jvm
+
+    jpype = jvm.start_jvm(extra_options=jvm_options)
+    reader = jpype.JClass("tandem.ingest.PauseReader")()
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            reader.readFile(str(java_path))
+        except BaseException as err:  # re-raised in the calling thread
+            failure.append(err)
+
+    size = run[-1].offset + run[-1].size - run[0].offset
+    if bar.enabled:
+        # JPype releases the GIL inside Java, so this thread can draw progress meanwhile.
+        worker = threading.Thread(target=work, name="tandem-jfr-reader", daemon=True)
+        worker.start()
+        first, last = run[0].start_ticks, run[-1].end_ticks
+        while worker.is_alive():
+            worker.join(0.1)
+            seen = int(reader.progressTicks)
+            if seen != _JAVA_NULL and last > first:
+                bar.set_fraction(size, min(1.0, max(0.0, (seen - first) / (last - first))))
+        bar.done(size)
+    else:
+        work()
+    if failure:
+        err = failure[0]
+        if isinstance(err, jpype.JException):
+            message = str(err.getMessage() or err.getClass().getSimpleName())
+            raise TandemError(f"{path}: jdk.jfr cannot read this recording: {message}") from None
+        raise err
+    return reader
+
+
+# ---------------------------------------------------------------- Java columns to a DataFrame
+
+
+def _run_table(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> tuple[pd.DataFrame, dict]:
+    tps = run[0].ticks_per_second
+    os_name = _os_name(_jstr(reader.osVersion()) or _jstr(reader.jvmVersion()))
+    boot_id = _current_boot_id()
+    same_boot = None if not (jvm_json.get("boot_id") and boot_id) else jvm_json["boot_id"] == boot_id
+    alignment = align.choose_alignment(
+        run,
+        os_name=os_name,
+        fast_time=int(reader.fastTimeEnabled()),
+        sync_ticks=_longs(reader.syncTicks()),
+        sync_mono=_longs(reader.syncMonotonicNanos()),
+        same_boot=same_boot,
+    )
+    pid = int(reader.jvmPid())
+    if pid == _JAVA_NULL:
+        pid = jvm_json.get("pid")
+
+    n = int(reader.size())
+    dictionary = [str(s) for s in reader.dictionary()]
+    start_ticks = _longs(reader.startTicks())
+    duration_ns = align.tickspan_to_ns(_longs(reader.endTicks()) - start_ticks, tps)
+    start_ns = align.ticks_to_domain_ns(start_ticks, run, alignment)
+    ttsp_ticks = _longs(reader.timeToSafepointTicks())
+    ttsp = np.where(ttsp_ticks == _JAVA_NULL, _JAVA_NULL, align.tickspan_to_ns(np.where(ttsp_ticks == _JAVA_NULL, 0, ttsp_ticks), tps))
+    at_safepoint = _ints(reader.atSafepoint())
+    first_index = run[0].index
+
+    frame = pd.DataFrame({
+        "kind": _strings(KINDS, reader.kind()),
+        "name": _strings(dictionary, reader.name()),
+        "start_ns": start_ns,
+        "end_ns": start_ns + duration_ns,
+        "duration_ns": duration_ns,
+        "safepoint_id": _nullable(_longs(reader.safepointId())),
+        "gc_id": _nullable(_longs(reader.gcId())),
+        "cause": _strings(dictionary, reader.cause()),
+        "os_thread_id": _nullable(_longs(reader.osThreadId())),
+        "jvm_pid": pd.array([pid] * n, dtype="Int64"),
+        "time_to_safepoint_ns": _nullable(ttsp),
+        "operation": _strings(dictionary, reader.operation()),
+        "collector": _strings(dictionary, reader.collector()),
+        "compiler": _strings(dictionary, reader.compiler()),
+        "total_threads": _nullable(_longs(reader.totalThreads())),
+        "jni_critical_threads": _nullable(_longs(reader.jniCriticalThreads())),
+        "sum_of_pauses_ns": _nullable(_longs(reader.sumOfPausesNanos())),
+        "longest_pause_ns": _nullable(_longs(reader.longestPauseNanos())),
+        "unmatched": _ints(reader.unmatched()).astype(bool),
+        "at_safepoint": pd.arrays.BooleanArray(at_safepoint == 1, mask=at_safepoint < 0),
+        "chunk": (first_index + align.chunk_of_ticks(start_ticks, run)).astype(np.int32),
+        "source": _strings([str(scan.path)], np.zeros(n, np.int32)),
+    })
+    young, old = _jstr(reader.youngCollector()), _jstr(reader.oldCollector())
+    meta = {
+        "chunks": [first_index, run[-1].index],
+        "jvm_name": _jstr(reader.jvmName()),
+        "jvm_version": _jstr(reader.jvmVersion()) or jvm_json.get("vm_version"),
+        "jvm_vendor": _jstr(reader.jvmVendor()) or jvm_json.get("java_vendor"),
+        "jvm_pid": pid,
+        "os": os_name,
+        "collector": "/".join(c for c in (young, old) if c) or None,
+        "ticks_per_second": tps,
+        "fast_time": {1: True, 0: False}.get(int(reader.fastTimeEnabled())),
+        "orphan_safepoint_ends": int(reader.orphanSafepointEnds()),
+        "events_seen": int(reader.eventsSeen()),
+        "clock": alignment.as_metadata(),
+    }
+    return frame, meta
+
+
+def _longs(java_array) -> np.ndarray:
+    # JPype exposes Java primitive arrays through the buffer protocol: one bulk copy out of
+    # the Java heap (JNI Get<Type>ArrayElements), which numpy then views without copying.
+    return np.asarray(java_array, dtype=np.int64)
+
+
+def _ints(java_array) -> np.ndarray:
+    return np.asarray(java_array, dtype=np.int32)
+
+
+def _nullable(values: np.ndarray) -> pd.arrays.IntegerArray:
+    return pd.arrays.IntegerArray(np.asarray(values, dtype=np.int64), mask=values == _JAVA_NULL)
+
+
+def _strings(dictionary, codes) -> pd.api.extensions.ExtensionArray:
+    """A pandas `string` column from int codes into `dictionary` (-1 is null), decoded in Arrow."""
+    import pyarrow as pa
+
+    codes = _ints(codes)
+    encoded = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(list(dictionary), pa.string()))
+    return pd.array(encoded.cast(pa.string()), dtype="string")
+
+
+def _jstr(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def _os_name(os_version: str | None) -> str | None:
+    if not os_version:
+        return None
+    # jdk.OSInformation ("uname: Linux ...", "OS: Windows 10 ..."), or else the JVM's own
+    # version string ("... for linux-amd64 JRE ...").
+    text = os_version.lower()
+    for needle, name in (("windows", "windows"), ("mac os", "macos"), ("darwin", "macos"), ("bsd-", "macos"),
+                         ("linux", "linux")):
+        if needle in text:
+            return name
+    return None
+
+
+def _current_boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _empty_table() -> pd.DataFrame:
+    frame = pd.DataFrame({
+        "kind": pd.array([], dtype="string"), "name": pd.array([], dtype="string"),
+        "start_ns": np.array([], np.int64), "end_ns": np.array([], np.int64), "duration_ns": np.array([], np.int64),
+        "safepoint_id": pd.array([], dtype="Int64"), "gc_id": pd.array([], dtype="Int64"),
+        "cause": pd.array([], dtype="string"), "os_thread_id": pd.array([], dtype="Int64"),
+        "jvm_pid": pd.array([], dtype="Int64"), "time_to_safepoint_ns": pd.array([], dtype="Int64"),
+        "operation": pd.array([], dtype="string"), "collector": pd.array([], dtype="string"),
+        "compiler": pd.array([], dtype="string"), "total_threads": pd.array([], dtype="Int64"),
+        "jni_critical_threads": pd.array([], dtype="Int64"), "sum_of_pauses_ns": pd.array([], dtype="Int64"),
+        "longest_pause_ns": pd.array([], dtype="Int64"), "unmatched": np.array([], bool),
+        "at_safepoint": pd.array([], dtype="boolean"), "chunk": np.array([], np.int32),
+        "source": pd.array([], dtype="string"),
+    })
+    return frame
+
+
+# ---------------------------------------------------------------- metadata
+
+
+def _table_metadata(sources: list[dict]) -> dict:
+    runs = [run for source in sources for run in source["runs"]]
+    domains = sorted({run["clock"]["domain"] for run in runs})
+    if len(domains) > 1:
+        detail = "; ".join(
+            f"{s['source']} is {run['clock']['domain']} ({run['clock']['method']})" for s in sources for run in s["runs"]
+        )
+        raise TandemError(f"cannot put these recordings on one clock: {detail}; read them separately")
+
+    def joined(values) -> str | None:
+        unique = list(dict.fromkeys(str(v) for v in values if v is not None))
+        return ", ".join(unique) if unique else None
+
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "clock_domain": domains[0] if domains else None,
+        "source": joined(s["source"] for s in sources),
+        "jfr_format": joined(s["jfr_format"] for s in sources),
+        "jvm_version": joined(r["jvm_version"] for r in runs),
+        "jvm_vendor": joined(r["jvm_vendor"] for r in runs),
+        "collector": joined(r["collector"] for r in runs),
+        "clock_method": joined(r["clock"]["method"] for r in runs),
+        "sources": sources,
+    }
+
+
+# ---------------------------------------------------------------- progress
+
+
+class _Progress:
+    """A rich progress bar over the bytes of all files, drawn only when asked and worth it."""
+
+    def __init__(self, console, total_bytes: int):
+        self.enabled = console is not None and total_bytes >= PROGRESS_MIN_BYTES
+        self._console = console
+        self._total = total_bytes
+        self._done = 0
+
+    def __enter__(self) -> "_Progress":
+        if self.enabled:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("reading JFR"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                                 console=self._console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("jfr", total=self._total)
+        return self
+
+    def set_fraction(self, run_bytes: int, fraction: float) -> None:
+        self._bar.update(self._task, completed=self._done + int(run_bytes * fraction))
+
+    def done(self, run_bytes: int) -> None:
+        self._done += run_bytes
+        self._bar.update(self._task, completed=self._done)
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self._bar.stop()

@@ -1,0 +1,253 @@
+"""The CPython GIL probe: every GIL hand-over of every thread, on CLOCK_MONOTONIC.
+
+    import engine.probe
+    engine.probe.start("run.gil")     # events -> run.gil, live ring -> run.gil.ring,
+    ...                               # description -> run.gil.json
+    engine.probe.stop()
+
+Standard library only: this module is imported inside interpreters that have none of
+tandem's dependencies (the `.pth` start hook, `python -m engine.probe`, Jep).
+The native part is `engine.probe._probe` (module.c); backends are described in docs/probe.md.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from engine.errors import TandemError
+
+__all__ = ["start", "stop", "status", "backend", "start_session", "check_gil_present", "BACKENDS"]
+
+BACKENDS = ("auto", "precise", "exported", "sampling")
+
+# Where the current recording's description goes (rewritten at stop with final counters).
+_meta_path: Optional[Path] = None
+_session_dir: Optional[Path] = None
+_start_options: dict[str, Any] = {}
+# tid -> thread name, for every thread started through `threading` while recording.
+_thread_names: dict[int, str] = {}
+_names_lock = threading.Lock()
+_meta_lock = threading.Lock()
+_original_set_native_id: Optional[Callable] = None
+
+
+def check_gil_present(gil_disabled_config: Any, is_gil_enabled: Optional[Callable[[], bool]]) -> None:
+    """Raise TandemError when there is no GIL to watch.
+
+    `gil_disabled_config` is `sysconfig.get_config_var("Py_GIL_DISABLED")` (1 on a
+    free-threaded build), `is_gil_enabled` is `sys._is_gil_enabled` where it exists (a
+    free-threaded build may still run with the GIL, e.g. PYTHON_GIL=1, but the probe is
+    not built for that layout either).
+    """
+    if gil_disabled_config:
+        enabled = is_gil_enabled() if is_gil_enabled is not None else False
+        state = "enabled at run time, but this build's GIL is not the one the probe knows" if enabled else "disabled"
+        raise TandemError(f"no GIL to watch: this is a free-threaded build of CPython (GIL {state})")
+
+
+def _native():
+    check_gil_present(sysconfig.get_config_var("Py_GIL_DISABLED"), getattr(sys, "_is_gil_enabled", None))
+    try:
+        from engine.probe import _probe
+    except ImportError as err:
+        raise TandemError(
+            f"the GIL probe is not built for Python {sys.version.split()[0]} ({err}); "
+            "run `make build`, or engine.probe.build.build_probe(python) for another interpreter"
+        ) from None
+    return _probe
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+# tid -> name is also appended, one JSON line per new or renamed thread, to a side file
+# (threads.jsonl / FILE.threads.jsonl) as threads start, so a process that never reaches
+# stop() (SIGKILL, os._exit, a JVM embedding Python with Jep that exits without finalizing
+# it) still leaves the names. One small O_APPEND write per thread start.
+_names_path: Optional[Path] = None
+
+
+def _record_thread_name(thread: threading.Thread) -> None:
+    """Remember tid -> name, and append it to the side file when new or changed."""
+    with _names_lock:
+        if thread.native_id is None or _thread_names.get(thread.native_id) == thread.name:
+            return
+        _thread_names[thread.native_id] = thread.name
+        path = _names_path
+    if path is not None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, (json.dumps({"tid": thread.native_id, "name": thread.name}) + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError:  # a thread start must never fail because of the probe
+            pass
+
+
+def _watch_thread_names() -> None:
+    """Record tid -> name of the threads alive now and of every thread started from now on
+    through `threading` (its _set_native_id runs in the new thread before its target)."""
+    global _original_set_native_id
+    if _original_set_native_id is None and hasattr(threading.Thread, "_set_native_id"):
+        original = threading.Thread._set_native_id
+
+        def _set_native_id(self):
+            original(self)
+            _record_thread_name(self)
+
+        _original_set_native_id = original
+        threading.Thread._set_native_id = _set_native_id
+    for thread in threading.enumerate():
+        _record_thread_name(thread)
+
+
+def _write_meta(state: str, status: dict, final: bool = False) -> None:
+    """Write the description (probe.json / FILE.json); FINAL: the last write of a recording."""
+    global _meta_path
+    for thread in threading.enumerate():  # names may have changed since start
+        _record_thread_name(thread)
+    with _names_lock:
+        names = {str(tid): name for tid, name in _thread_names.items()}
+    with _meta_lock:  # thread starts and stop() may write at the same time
+        if _meta_path is None:  # stopped meanwhile: the closed description stays
+            return
+        meta = {
+            "pid": os.getpid(),
+            "python_version": sys.version.split()[0],
+            "python_executable": sys.executable,
+            "backend": status.get("backend"),
+            "misses": status.get("misses"),
+            "fallback_reasons": status.get("fallback_reasons", ""),
+            "boot_id": _boot_id(),
+            "ring_path": status.get("ring_path"),
+            "events_path": status.get("events_path"),
+            "state": state,
+            "events": status.get("events"),
+            "ring": status.get("ring", {}),
+            "thread_names": names,
+        }
+        tmp = _meta_path.with_name(f"{_meta_path.name}.{threading.get_native_id()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(meta, f, indent=2)
+        os.replace(tmp, _meta_path)
+        if final:
+            _meta_path = None
+
+
+def _start_files(ring: Path, events: Path, meta: Path, names: Path, **options: Any) -> dict:
+    global _meta_path, _names_path
+    probe = _native()
+    for path in (ring, events, names):
+        try:  # the ring creates both exclusively (O_EXCL); starting again overwrites
+            path.unlink()
+        except FileNotFoundError:
+            pass
+    try:
+        status = probe.start(str(ring), str(events), **options)
+    except probe.ProbeError as err:
+        raise TandemError(str(err)) from None
+    _meta_path = meta
+    with _names_lock:
+        _thread_names.clear()  # written again below, into this recording's side file
+        _names_path = names
+    _watch_thread_names()
+    _write_meta("recording", status)
+    atexit.register(stop)
+    return status
+
+
+def start(
+    file: str | os.PathLike,
+    backend: str = "auto",
+    capacity: int = 1 << 18,
+    drain_period_us: int = 10_000,
+    sample_period_us: int = 100,
+) -> dict:
+    """Start recording GIL events of this process into FILE.
+
+    FILE receives the drained events (the ring's record layout, docs/ring.md); the live
+    ring is FILE.ring and the description (pid, version, backend, thread names) FILE.json.
+    backend: "auto" (precise, else exported, else sampling) or one of them by name.
+    Returns the status dict (see status()). Stopped by stop() or at interpreter exit.
+    """
+    if backend not in BACKENDS:
+        raise TandemError(f"unknown GIL probe backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    file = Path(file).absolute()
+    file.parent.mkdir(parents=True, exist_ok=True)
+    options = dict(backend=backend, capacity=capacity, drain_period_us=drain_period_us, sample_period_us=sample_period_us)
+    return _start_files(file.with_name(file.name + ".ring"), file, file.with_name(file.name + ".json"),
+                        file.with_name(file.name + ".threads.jsonl"), **options)
+
+
+def start_session(session: str | os.PathLike, **options: Any) -> dict:
+    """Record into SESSION/py-<pid>/ (gil.ring, gil.events, probe.json; docs/session.md).
+
+    A process forked from this one records into its own py-<pid> directory."""
+    global _session_dir, _start_options
+    directory = Path(session) / f"py-{os.getpid()}"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = _start_files(directory / "gil.ring", directory / "gil.events", directory / "probe.json",
+                          directory / "threads.jsonl", **options)
+    if _session_dir is None:
+        os.register_at_fork(after_in_child=_restart_in_fork_child)
+    _session_dir = Path(session)
+    _start_options = options
+    return status
+
+
+def _restart_in_fork_child() -> None:
+    # The native side already forgot the parent's ring (pthread_atfork); the hooks are still
+    # installed, so this only creates the child's own ring.
+    global _meta_path, _names_path
+    _meta_path = None
+    with _names_lock:
+        _thread_names.clear()
+        _names_path = None
+    if _session_dir is not None:
+        try:
+            start_session(_session_dir, **_start_options)
+        except TandemError as err:
+            print(f"tandem: GIL probe not started in child {os.getpid()}: {err}", file=sys.stderr)
+
+
+def stop() -> dict:
+    """Stop recording (no-op when not recording); returns the final status."""
+    global _names_path
+    try:
+        from engine.probe import _probe
+    except ImportError:
+        return {"backend": "none", "running": False}
+    if not _probe.status()["running"]:
+        return _probe.status()
+    final = _probe.stop()
+    _write_meta("closed", final, final=True)
+    with _names_lock:
+        _names_path = None
+    return final
+
+
+def status() -> dict:
+    """backend, running, events, threads_seen, what the backend misses, ring counters."""
+    return _native().status()
+
+
+def backend() -> Optional[str]:
+    """Name of the backend recording now ("precise", "exported", "sampling"), else None."""
+    try:
+        from engine.probe import _probe
+    except ImportError:
+        return None
+    name = _probe.status()["backend"]
+    return None if name == "none" else name

@@ -1,0 +1,63 @@
+"""Start the GIL probe in every interpreter of a `tandem record` session.
+
+A one-line `.pth` file in site-packages (the pattern of coverage.py's process-start hook)
+runs at interpreter start-up:
+
+    import os; os.environ.get("TANDEM_SESSION") and __import__("engine.probe.autostart").probe.autostart.run()
+
+With TANDEM_SESSION unset this costs one dict lookup (site has already imported os).
+With it set, the probe records into $TANDEM_SESSION/py-<pid>/ (docs/session.md); a
+failure prints one line on stderr and never stops the user's program.
+
+    python -m engine.probe.autostart install [SITE_DIR]   # done by `make build`
+    python -m engine.probe.autostart uninstall [SITE_DIR]
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+PTH_NAME = "tandem-probe-autostart.pth"
+PTH_LINE = (
+    'import os; os.environ.get("TANDEM_SESSION") and '
+    '__import__("engine.probe.autostart").probe.autostart.run()\n'
+)
+
+
+def run() -> None:
+    """Start recording into $TANDEM_SESSION (backend from $TANDEM_PROBE_BACKEND, default auto)."""
+    session = os.environ.get("TANDEM_SESSION")
+    if not session:
+        return
+    try:
+        import engine.probe
+
+        if engine.probe.backend() is None:
+            engine.probe.start_session(session, backend=os.environ.get("TANDEM_PROBE_BACKEND", "auto"))
+    except Exception as err:  # never break the interpreter being observed
+        print(f"tandem: GIL probe not started in pid {os.getpid()}: {err}", file=sys.stderr)
+
+
+def install(site_dir: str | os.PathLike | None = None) -> Path:
+    """Write the .pth hook into SITE_DIR (default: this interpreter's purelib)."""
+    target = Path(site_dir or sysconfig.get_paths()["purelib"]) / PTH_NAME
+    if not target.exists() or target.read_text() != PTH_LINE:
+        target.write_text(PTH_LINE)
+    return target
+
+
+def uninstall(site_dir: str | os.PathLike | None = None) -> None:
+    (Path(site_dir or sysconfig.get_paths()["purelib"]) / PTH_NAME).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    action = sys.argv[1] if len(sys.argv) > 1 else "install"
+    where = sys.argv[2] if len(sys.argv) > 2 else None
+    if action == "install":
+        print(install(where))
+    elif action == "uninstall":
+        uninstall(where)
+    else:
+        sys.exit("usage: python -m engine.probe.autostart install|uninstall [SITE_DIR]")

@@ -1,0 +1,301 @@
+/* GIL hooks: stamps and the precise/exported backends (see hooks.h). */
+#define _GNU_SOURCE
+#include "hooks.h"
+
+#include <dlfcn.h>
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "patch.h"
+#include "symbols.h"
+
+/* ---- per-thread slots --------------------------------------------------------------- */
+
+static __thread tandem_thread_slot *my_slot __attribute__((tls_model("initial-exec")));
+static tandem_thread_slot *_Atomic all_slots;
+static atomic_int threads_seen;      /* threads that stamped at least once              */
+static pthread_key_t slot_key;
+static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
+
+static void release_slot(void *slot) {
+    /* Thread exit: the slot may be reused by a thread started later. */
+    tandem_thread_slot *s = slot;
+    my_slot = NULL;
+    s->free = 1;
+}
+
+static void make_slot_key(void) {
+    pthread_key_create(&slot_key, release_slot);
+}
+
+static tandem_thread_slot *slot_for_this_thread(void) {
+    pthread_once(&slot_key_once, make_slot_key);
+    tandem_thread_slot *s;
+    for (s = atomic_load(&all_slots); s; s = s->next) {
+        int expected = 1;
+        if (s->free && __atomic_compare_exchange_n(&s->free, &expected, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) break;
+    }
+    if (s == NULL) {
+        s = calloc(1, sizeof *s);
+        if (s == NULL) return NULL;
+        tandem_thread_slot *head = atomic_load(&all_slots);
+        do {
+            s->next = head;
+        } while (!atomic_compare_exchange_weak(&all_slots, &head, s));
+    }
+    s->tid = (uint32_t)syscall(SYS_gettid);
+    atomic_fetch_add(&threads_seen, 1);
+    s->in_stamp = 0;
+    my_slot = s;
+    pthread_setspecific(slot_key, s);
+    return s;
+}
+
+/* ---- the stamp ----------------------------------------------------------------------
+ * Stop must know when no thread is still inside tandem_ring_emit_gil for the ring it is
+ * about to close. Each thread raises its own in_stamp flag around the emit (plain stores,
+ * no atomic read-modify-write on the hot path); the stopping thread clears the ring pointer
+ * and then runs membarrier(PRIVATE_EXPEDITED), which puts a full barrier in every running
+ * thread, before it waits for the flags (asymmetric Dekker, as userspace RCU does). Where
+ * membarrier is missing, every stamp pays a fence instead. */
+
+static tandem_ring *volatile active_ring;
+static int membarrier_ready = -1;     /* -1 unknown, 1 usable, 0 not: fence in the stamp */
+
+static inline uint64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid) {
+    s->in_stamp = 1;
+    if (__builtin_expect(membarrier_ready != 1, 0)) __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    else __asm__ volatile("" ::: "memory");
+    tandem_ring *ring = active_ring;
+    if (ring != NULL) {
+        tandem_ring_emit_gil(ring, kind, tid, monotonic_ns());
+        s->events++;
+    }
+    __asm__ volatile("" ::: "memory");
+    s->in_stamp = 0;
+}
+
+void tandem_stamp(uint16_t kind) {
+    tandem_thread_slot *s = my_slot;
+    if (__builtin_expect(s == NULL, 0)) {
+        s = slot_for_this_thread();
+        if (s == NULL) return;
+    }
+    stamp_with(s, kind, s->tid);
+}
+
+void tandem_stamp_for(uint16_t kind, uint32_t tid) {
+    tandem_thread_slot *s = my_slot;
+    if (__builtin_expect(s == NULL, 0)) {
+        s = slot_for_this_thread();
+        if (s == NULL) return;
+    }
+    stamp_with(s, kind, tid);
+}
+
+/* Called before any hook can run (install) and before a ring is set. */
+static void ensure_membarrier(void) {
+    if (membarrier_ready == -1) {
+        membarrier_ready = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+    }
+}
+
+void tandem_hooks_set_ring(tandem_ring *ring) {
+    ensure_membarrier();
+    tandem_ring *old = active_ring;
+    __atomic_store_n(&active_ring, ring, __ATOMIC_SEQ_CST);
+    if (old == NULL) return;
+    if (membarrier_ready == 1) syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+    for (tandem_thread_slot *s = atomic_load(&all_slots); s; s = s->next) {
+        while (s->in_stamp && s != my_slot) sched_yield();
+    }
+}
+
+void tandem_hooks_after_fork_child(void) {
+    active_ring = NULL;               /* the parent's; its drain thread does not exist here */
+    for (tandem_thread_slot *s = atomic_load(&all_slots); s; s = s->next) {
+        s->in_stamp = 0;              /* threads that were mid-stamp do not exist here       */
+        if (s != my_slot) s->free = 1;
+    }
+    if (my_slot) my_slot->tid = (uint32_t)syscall(SYS_gettid);
+}
+
+uint64_t tandem_hooks_events(void) {
+    uint64_t total = 0;
+    for (tandem_thread_slot *s = atomic_load(&all_slots); s; s = s->next) total += s->events;
+    return total;
+}
+
+int tandem_hooks_threads_seen(void) {
+    return atomic_load(&threads_seen);
+}
+
+/* ---- precise backend: inline hooks on take_gil / drop_gil ---------------------------
+ * The replacements are C functions that pass six integer registers through unchanged: the
+ * argument lists differ per version (drop_gil takes 2 or 3 pointer/int arguments: 3.11
+ * runtime ceval + interp ceval + tstate, 3.13 interp + tstate + final_release; take_gil
+ * takes tstate) and clones (.constprop/.isra) may drop some, but all are integer/pointer
+ * arguments in registers, so forwarding all six registers is right for every one of them.
+ * take_gil is called normally (not jumped to) so that its return can be stamped; if it ends
+ * the thread (PyThread_exit_thread during finalization) it never returns, which is fine:
+ * pthread_exit unwinds through this frame using its ordinary unwind tables. */
+
+typedef uintptr_t (*six_register_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t);
+
+static tandem_patch take_patches[TANDEM_MAX_COPIES], drop_patches[TANDEM_MAX_COPIES];
+
+#define TAKE_GIL_HOOK(i)                                                                             \
+    static uintptr_t take_gil_hook_##i(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d, uintptr_t e, \
+                                       uintptr_t f) {                                                \
+        tandem_stamp(TANDEM_GIL_TAKE_REQUEST);                                                       \
+        uintptr_t result = ((six_register_fn)take_patches[i].original)(a, b, c, d, e, f);            \
+        tandem_stamp(TANDEM_GIL_TAKE_ACQUIRED);                                                      \
+        return result;                                                                               \
+    }
+#define DROP_GIL_HOOK(i)                                                                             \
+    static uintptr_t drop_gil_hook_##i(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d, uintptr_t e, \
+                                       uintptr_t f) {                                                \
+        tandem_stamp(TANDEM_GIL_DROP); /* at entry: drop_gil may block in a forced switch */        \
+        return ((six_register_fn)drop_patches[i].original)(a, b, c, d, e, f);                       \
+    }
+TAKE_GIL_HOOK(0) TAKE_GIL_HOOK(1) TAKE_GIL_HOOK(2) TAKE_GIL_HOOK(3)
+DROP_GIL_HOOK(0) DROP_GIL_HOOK(1) DROP_GIL_HOOK(2) DROP_GIL_HOOK(3)
+
+static void *const take_hooks[TANDEM_MAX_COPIES] = {take_gil_hook_0, take_gil_hook_1, take_gil_hook_2, take_gil_hook_3};
+static void *const drop_hooks[TANDEM_MAX_COPIES] = {drop_gil_hook_0, drop_gil_hook_1, drop_gil_hook_2, drop_gil_hook_3};
+
+static int patched_functions;
+
+static void *interpreter_anchor(void) {
+    /* Any exported function of the interpreter: tells which object (libpython or the
+     * executable) to read. dlsym gives the definition itself, never a GOT/PLT entry. */
+    return dlsym(RTLD_DEFAULT, "Py_GetVersion");
+}
+
+static int patch_all(const char *name, tandem_patch *patches, void *const *hooks, char *err, size_t errlen) {
+    tandem_function found[TANDEM_MAX_COPIES];
+    int n = tandem_find_functions(interpreter_anchor(), name, found, TANDEM_MAX_COPIES, err, errlen);
+    if (n < 0) return -1;
+    if (n == 0) {
+        char path[512] = "the interpreter";
+        tandem_object_path(interpreter_anchor(), path, sizeof path);
+        snprintf(err, errlen, "no %s in the symbol table of %s (stripped build?)", name, path);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        char why[200];
+        if (tandem_patch_install(&patches[i], (void *)found[i].address, hooks[i], why, sizeof why) != 0) {
+            for (int j = 0; j < i; j++) tandem_patch_uninstall(&patches[j]);
+            snprintf(err, errlen, "%s: %s", found[i].name, why);
+            return -1;
+        }
+    }
+    return n;
+}
+
+int tandem_hooks_install_precise(char *err, size_t errlen) {
+    ensure_membarrier();
+    /* Decode both before patching either, so a refusal leaves nothing half-installed. */
+    int drops = patch_all("drop_gil", drop_patches, drop_hooks, err, errlen);
+    if (drops < 0) return -1;
+    int takes = patch_all("take_gil", take_patches, take_hooks, err, errlen);
+    if (takes < 0) {
+        for (int i = 0; i < drops; i++) tandem_patch_uninstall(&drop_patches[i]);
+        return -1;
+    }
+    patched_functions = drops + takes;
+    return 0;
+}
+
+/* ---- exported backend: GOT slots of PyEval_SaveThread / PyEval_RestoreThread -------- */
+
+typedef void *(*save_thread_fn)(void);
+typedef void (*restore_thread_fn)(void *);
+static save_thread_fn real_save_thread;
+static restore_thread_fn real_restore_thread;
+
+static void *save_thread_hook(void) {
+    tandem_stamp(TANDEM_GIL_DROP);
+    return real_save_thread();
+}
+
+static void restore_thread_hook(void *tstate) {
+    tandem_stamp(TANDEM_GIL_TAKE_REQUEST);
+    real_restore_thread(tstate);
+    tandem_stamp(TANDEM_GIL_TAKE_ACQUIRED);
+}
+
+#define MAX_GOT_SLOTS 1024
+typedef struct {
+    void **slot;
+    void *old_value;
+    int in_relro;
+} got_patch;
+static got_patch got_patches[MAX_GOT_SLOTS];
+static int got_patch_count;
+
+static void write_slot(void **slot, void *value, int in_relro) {
+    uintptr_t page = (uintptr_t)slot & ~(uintptr_t)4095;
+    if (in_relro) mprotect((void *)page, 4096, PROT_READ | PROT_WRITE);
+    __atomic_store_n(slot, value, __ATOMIC_SEQ_CST);
+    if (in_relro) mprotect((void *)page, 4096, PROT_READ);
+}
+
+typedef struct {
+    void *replacement;
+} got_ctx;
+
+static void patch_slot(void **slot, int in_relro, const char *object, void *ctx) {
+    (void)object;
+    got_ctx *c = ctx;
+    if (got_patch_count >= MAX_GOT_SLOTS || *slot == c->replacement) return;
+    got_patches[got_patch_count++] = (got_patch){slot, *slot, in_relro};
+    write_slot(slot, c->replacement, in_relro);
+}
+
+int tandem_hooks_install_exported(char *err, size_t errlen) {
+    ensure_membarrier();
+    real_save_thread = (save_thread_fn)dlsym(RTLD_DEFAULT, "PyEval_SaveThread");
+    real_restore_thread = (restore_thread_fn)dlsym(RTLD_DEFAULT, "PyEval_RestoreThread");
+    if (!real_save_thread || !real_restore_thread) {
+        snprintf(err, errlen, "PyEval_SaveThread/PyEval_RestoreThread are not exported here");
+        return -1;
+    }
+    got_ctx save_ctx = {(void *)save_thread_hook}, restore_ctx = {(void *)restore_thread_hook};
+    int n = tandem_for_each_got_slot("PyEval_SaveThread", patch_slot, &save_ctx);
+    n += tandem_for_each_got_slot("PyEval_RestoreThread", patch_slot, &restore_ctx);
+    if (n == 0) {
+        snprintf(err, errlen, "no object calls PyEval_SaveThread through a GOT slot (static or -fno-semantic-interposition build)");
+        return -1;
+    }
+    return 0;
+}
+
+void tandem_hooks_uninstall(void) {
+    for (int i = 0; i < TANDEM_MAX_COPIES; i++) {
+        tandem_patch_uninstall(&take_patches[i]);
+        tandem_patch_uninstall(&drop_patches[i]);
+    }
+    patched_functions = 0;
+    for (int i = got_patch_count - 1; i >= 0; i--) write_slot(got_patches[i].slot, got_patches[i].old_value, got_patches[i].in_relro);
+    got_patch_count = 0;
+}
+
+int tandem_hooks_patched_sites(void) {
+    return patched_functions + got_patch_count;
+}

@@ -1,0 +1,110 @@
+"""Running the user's command so that everything it starts records into the session.
+
+JVMs pick the agent up from JAVA_TOOL_OPTIONS (every JVM start honours it, embedded ones
+too: JPype's startJVM, JNI hosts); CPython interpreters start the GIL probe when
+TANDEM_SESSION is set (the probe's start-up hook). docs/session.md is the contract.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.errors import TandemError
+
+SESSION_VARIABLE = "TANDEM_SESSION"
+# NAME, or NAME#setting=value, as `jfr configure` takes them (e.g. jdk.ObjectAllocationSample#throttle=100/s).
+_EVENT_SETTING = re.compile(r"^[A-Za-z_][\w.$]*(#\w+=[^,;\"']+)?$")
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def agent_options(session: Path, settings: Path | str | None = None, events: Sequence[str] = (),
+                  duration_s: float | None = None) -> str:
+    """The option string after `tandem-agent.jar=` (parsed by java-agent's AgentOptions)."""
+    _check_option_path("session directory", session)
+    parts = [f"session={session}"]
+    if settings:
+        _check_option_path("settings file", settings)
+        parts.append(f"settings={settings}")
+    for event in events:
+        if not _EVENT_SETTING.match(event):
+            raise TandemError(f"--event {event!r}: expected NAME or NAME#setting=value, e.g. jdk.SafepointBegin#threshold=0ms")
+    if events:
+        parts.append("events=" + ";".join(events))
+    if duration_s is not None:
+        parts.append(f"duration={duration_s:g}")
+    return ",".join(parts)
+
+
+def java_tool_options(existing: str | None, jar: Path, options: str) -> str:
+    """JAVA_TOOL_OPTIONS with the agent appended to what the user already had."""
+    if "=" in str(jar) or '"' in str(jar):
+        raise TandemError(f"{jar}: the agent jar's path must not contain '=' or '\"'; reinstall tandem elsewhere")
+    agent = f"-javaagent:{jar}={options}"
+    if any(ch.isspace() for ch in agent):
+        # The JVM splits JAVA_TOOL_OPTIONS at white space but honours double quotes.
+        agent = f'"{agent}"'
+    return f"{existing.strip()} {agent}" if existing and existing.strip() else agent
+
+
+def recording_environment(session: Path, jar: Path, options: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["JAVA_TOOL_OPTIONS"] = java_tool_options(env.get("JAVA_TOOL_OPTIONS"), jar, options)
+    env[SESSION_VARIABLE] = str(session)
+    return env
+
+
+def run_forwarding_signals(argv: Sequence[str], env: dict[str, str]) -> tuple[int, int]:
+    """Runs argv with our stdin/stdout/stderr; returns (pid, exit code as a shell reports it).
+
+    SIGTERM and SIGHUP sent to tandem are passed to the command. So is SIGINT, except when
+    it came from the terminal: then the terminal already sent it to the whole foreground
+    process group, the command included, and a second one would cut its clean-up short.
+    """
+    try:
+        child = subprocess.Popen(list(argv), env=env)
+    except FileNotFoundError:
+        raise TandemError(f"{argv[0]}: command not found") from None
+    except PermissionError:
+        raise TandemError(f"{argv[0]}: permission denied") from None
+
+    def forward(signum, _frame):
+        if signum == signal.SIGINT and _in_terminal_foreground():
+            return
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
+    try:
+        returncode = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    # A command killed by signal N exits, as a shell says, with 128 + N.
+    return child.pid, returncode if returncode >= 0 else 128 - returncode
+
+
+def _in_terminal_foreground() -> bool:
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _check_option_path(what: str, path: Path | str) -> None:
+    # The agent's options are comma-separated key=value pairs and JAVA_TOOL_OPTIONS is quoted
+    # with double quotes: paths holding these characters cannot be passed through.
+    bad = sorted(set(str(path)) & {",", '"', "'", ";"})
+    if bad:
+        raise TandemError(f"{path}: a {what} path must not contain {' '.join(bad)} (the agent's options are comma-separated)")

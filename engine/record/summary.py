@@ -1,0 +1,131 @@
+"""What a session captured, per process: files, sizes, and JFR event counts."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The event types a user of tandem looks for first; the rest are summed up as "events".
+KEY_EVENTS = {
+    "jdk.SafepointEnd": "safepoints",
+    "jdk.GCPhasePause": "GC pauses",
+    "tandem.ClockSync": "syncs",
+}
+_SUMMARY_LINE = re.compile(r"^\s*(\S+)\s+(\d+)\s+\d+\s*$")
+
+
+@dataclass
+class ProcessCapture:
+    kind: str  # "jvm" or "python"
+    directory: Path
+    description: dict
+    files: list[Path]
+    event_counts: dict[str, int] = field(default_factory=dict)
+    problem: str | None = None
+
+    @property
+    def pid(self) -> str:
+        return self.directory.name.split("-", 1)[-1]
+
+    @property
+    def state(self) -> str:
+        if self.kind == "python":
+            return "probe"
+        return self.description.get("state", "no agent")
+
+
+def jfr_event_counts(jfr_tool: Path, files: list[Path]) -> tuple[dict[str, int], str | None]:
+    """Event counts per type over `files`, read by the JDK's `jfr summary` (an independent reader)."""
+    counts: dict[str, int] = {}
+    # The jfr tool is a JVM: under an outer `tandem record` it would record itself.
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_TOOL_OPTIONS"}
+    for file in files:
+        run = subprocess.run([str(jfr_tool), "summary", str(file)], capture_output=True, text=True, env=env)
+        if run.returncode != 0:
+            return counts, (run.stderr.strip().splitlines() or ["jfr summary failed"])[-1]
+        for line in run.stdout.splitlines():
+            match = _SUMMARY_LINE.match(line)
+            if match:
+                counts[match.group(1)] = counts.get(match.group(1), 0) + int(match.group(2))
+    return counts, None
+
+
+def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCapture]:
+    """Every jvm-*/ and py-*/ of the session. `status`: a rich Status to narrate slow steps."""
+    captures = []
+    for directory in sorted(session.glob("jvm-*")):
+        description = _read_json(directory / "jvm.json")
+        recording = directory / "recording.jfr"
+        if recording.is_file():
+            files = [recording]
+        else:  # the JVM died before closing: what its disk repository holds
+            files = sorted((directory / "repository").rglob("*.jfr"))
+        capture = ProcessCapture("jvm", directory, description, files)
+        agent_error = agent_error_line(directory)
+        if agent_error:
+            capture.problem = agent_error
+        elif not description:
+            capture.problem = "no jvm.json: the agent did not start (see the JVM's stderr for `tandem-agent:`)"
+        if files and jfr_tool is not None:
+            if status is not None:
+                status.update(f"counting JFR events of {directory.name}")
+            capture.event_counts, unreadable = jfr_event_counts(jfr_tool, files)
+            capture.problem = capture.problem or unreadable
+        captures.append(capture)
+    for directory in sorted(session.glob("py-*")):
+        files = sorted(p for p in directory.iterdir() if p.is_file())
+        captures.append(ProcessCapture("python", directory, _read_json(directory / "probe.json"), files))
+    return captures
+
+
+def print_summary(console, session: Path, captures: list[ProcessCapture]) -> None:
+    """A table of processes and event counts, then the files, one per line (paths are long)."""
+    from rich.table import Table
+
+    if not captures:
+        console.print(f"[yellow]nothing was captured in {session}: no JVM and no Python interpreter recorded[/yellow]")
+        return
+    table = Table(title=f"captured in {session}", title_justify="left")
+    table.add_column("process", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("size", justify="right", no_wrap=True)
+    for column in (*KEY_EVENTS.values(), "events"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for capture in captures:
+        size = _size(sum(f.stat().st_size for f in capture.files)) if capture.files else "-"
+        counts = capture.event_counts
+        numbers = [str(counts.get(name, 0)) if counts else "-" for name in KEY_EVENTS]
+        numbers.append(str(sum(counts.values())) if counts else "-")
+        table.add_row(capture.directory.name, capture.state, size, *numbers)
+    console.print(table)
+    for capture in captures:
+        for file in capture.files:
+            console.print(f"  {file.relative_to(session)} [dim]({_size(file.stat().st_size)})[/dim]", highlight=False)
+        if capture.problem:
+            console.print(f"[yellow]{capture.directory.name}: {capture.problem}[/yellow]")
+
+
+def agent_error_line(jvm_dir: Path) -> str | None:
+    """What the agent left in agent-error.txt when it could not record (docs/session.md)."""
+    try:
+        return (jvm_dir / "agent-error.txt").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _size(size: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"

@@ -1,0 +1,116 @@
+package tandem.agent;
+
+import java.io.FileInputStream;
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.nio.file.FileAlreadyExistsException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.stream.Stream;
+
+/**
+ * Hard links to the chunk files of JFR's disk repository, so that JFR's clean-up at exit
+ * (it deletes the repository) cannot take the data when its own dump fails.
+ *
+ * It does fail in practice: JPype's shutdown interrupts every non-daemon thread, JFR's
+ * shutdown hook among them, and an interrupted FileChannel closes; a plain
+ * -XX:StartFlightRecording:filename=... under JPype wrote an empty file in 2 of 3 runs.
+ * A link shares the chunk's inode, so it also sees JFR finish the last chunk in place.
+ * Concatenated chunk files are a valid recording (JFR's own dump is that concatenation).
+ */
+final class ChunkKeeper {
+    private final Path repository;
+    private final Path kept;
+    private boolean linksUnsupported;
+
+    ChunkKeeper(Path repository, Path kept) {
+        this.repository = repository;
+        this.kept = kept;
+    }
+
+    /** Links every chunk not linked yet. Cheap; called once a second and at exit. */
+    synchronized void keepNewChunks() {
+        if (linksUnsupported) {
+            return;
+        }
+        for (Path chunk : chunksIn(repository)) {
+            try {
+                Files.createDirectories(kept);
+                Files.createLink(kept.resolve(chunk.getFileName()), chunk);
+            } catch (FileAlreadyExistsException known) {
+                // linked before
+            } catch (UnsupportedOperationException | IOException e) {
+                if (Files.exists(chunk)) { // else JFR removed it meanwhile, nothing lost
+                    linksUnsupported = true;
+                    Agent.warn("cannot keep links to JFR chunks in " + kept + " (" + Agent.describe(e) + "); "
+                            + "the recording depends on JFR's own dump at exit");
+                    return;
+                }
+            }
+        }
+    }
+
+    /** True once JFR has removed its chunk files (its shutdown clean-up ran). */
+    boolean repositoryCleared() {
+        return chunksIn(repository).isEmpty();
+    }
+
+    boolean hasChunks() {
+        return !chunksIn(kept).isEmpty();
+    }
+
+    /**
+     * Writes the kept chunks, in order, as one recording. A plain read/write loop on purpose:
+     * FileChannel (and InputStream.transferTo, which uses it between files on JDK 21+) gives
+     * up when the thread is interrupted, as JPype does to every thread at shutdown.
+     */
+    synchronized void writeRecording(Path destination) throws IOException {
+        Path tmp = destination.resolveSibling(destination.getFileName() + ".tmp");
+        byte[] buffer = new byte[1 << 16];
+        try (OutputStream out = new FileOutputStream(tmp.toFile())) {
+            for (Path chunk : chunksIn(kept)) {
+                try (InputStream in = new FileInputStream(chunk.toFile())) {
+                    for (int n = in.read(buffer); n >= 0; n = in.read(buffer)) {
+                        out.write(buffer, 0, n);
+                    }
+                }
+            }
+        }
+        Files.move(tmp, destination, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
+    }
+
+    synchronized void discard() {
+        for (Path chunk : chunksIn(kept)) {
+            try {
+                Files.deleteIfExists(chunk);
+            } catch (IOException ignored) {
+                // a leftover link only costs disk space
+            }
+        }
+        try {
+            Files.deleteIfExists(kept);
+        } catch (IOException ignored) {
+            // not empty: someone else's file
+        }
+    }
+
+    /** The .jfr files under `directory` (JFR puts them one level down), sorted: names are start times. */
+    private static List<Path> chunksIn(Path directory) {
+        List<Path> chunks = new ArrayList<>();
+        if (!Files.isDirectory(directory)) {
+            return chunks;
+        }
+        try (Stream<Path> files = Files.walk(directory, 2)) {
+            files.filter(p -> p.getFileName().toString().endsWith(".jfr") && Files.isRegularFile(p)).forEach(chunks::add);
+        } catch (IOException | RuntimeException e) {
+            // JFR deleting files while we look: what we saw is enough
+        }
+        chunks.sort((a, b) -> a.getFileName().toString().compareTo(b.getFileName().toString()));
+        return chunks;
+    }
+}

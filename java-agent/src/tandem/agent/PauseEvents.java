@@ -1,0 +1,102 @@
+package tandem.agent;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.text.ParseException;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import jdk.jfr.Configuration;
+
+/**
+ * The one place that decides which JFR events tandem records and how. Every output (the
+ * disk recording today, the live RecordingStream later) takes its settings from
+ * {@link #settings}, so both see the same events.
+ *
+ * Layers, later ones win: the base (.jfc given with settings=, else the JDK's "default"),
+ * then the pause events tandem needs (default.jfc records safepoints only above 10 ms and
+ * SafepointEnd not at all; see shared/notes/jfr.md), then the user's events=.
+ */
+final class PauseEvents {
+    private PauseEvents() {}
+
+    /** Events that make up a stop-the-world interval, recorded whatever their length. */
+    static final List<String> ZERO_THRESHOLD = List.of(
+            "jdk.SafepointBegin",
+            "jdk.SafepointStateSynchronization",
+            "jdk.SafepointEnd",
+            "jdk.ExecuteVMOperation",
+            "jdk.GCPhasePause",
+            "jdk.GCPhasePauseLevel1",
+            "jdk.GCPhasePauseLevel2",
+            "jdk.GCPhasePauseLevel3",
+            "jdk.GCPhasePauseLevel4",
+            "jdk.GarbageCollection",
+            "jdk.YoungGarbageCollection",
+            "jdk.OldGarbageCollection",
+            "tandem.ClockSync");
+
+    private static final Pattern TIMESPAN_WITHOUT_SPACE = Pattern.compile("(\\d+)(ns|us|ms|s|m|h|d)");
+
+    static Map<String, String> settings(String base, List<String> userEvents) throws IOException, ParseException {
+        Map<String, String> settings = new LinkedHashMap<>(baseConfiguration(base).getSettings());
+        for (String event : ZERO_THRESHOLD) {
+            settings.put(event + "#enabled", "true");
+            settings.put(event + "#threshold", "0 ms");
+        }
+        settings.put("tandem.ClockSync#stackTrace", "false");
+        settings.put("tandem.ClockSync#period", "everyChunk"); // plus the agent's own once a second
+        // Tells ingest whether ticks are the OS clock or the TSC (and at which frequency).
+        settings.put("jdk.CPUTimeStampCounter#enabled", "true");
+        settings.put("jdk.CPUTimeStampCounter#period", "beginChunk");
+        for (String event : userEvents) {
+            addUserEvent(settings, event);
+        }
+        return settings;
+    }
+
+    /** "jdk.X" enables jdk.X; "jdk.X#threshold=0ms" sets one setting and enables jdk.X; "jdk.X#enabled=false" disables it. */
+    private static void addUserEvent(Map<String, String> settings, String event) {
+        int hash = event.indexOf('#');
+        String name = hash < 0 ? event : event.substring(0, hash);
+        if (name.isEmpty() || name.contains("=")) {
+            throw new IllegalArgumentException("event setting '" + event + "' is not NAME or NAME#setting=value");
+        }
+        if (hash >= 0) {
+            String setting = event.substring(hash + 1);
+            int eq = setting.indexOf('=');
+            if (eq <= 0) {
+                throw new IllegalArgumentException("event setting '" + event + "' is not NAME#setting=value");
+            }
+            String key = setting.substring(0, eq).strip();
+            String value = setting.substring(eq + 1).strip();
+            Matcher timespan = TIMESPAN_WITHOUT_SPACE.matcher(value);
+            if (timespan.matches()) {
+                // JDK 17's parser wants "0 ms"; users write "0ms" as in `jfr configure`.
+                value = timespan.group(1) + " " + timespan.group(2);
+            }
+            settings.put(name + "#" + key, value);
+            if (key.equals("enabled")) {
+                return;
+            }
+        }
+        settings.put(name + "#enabled", "true");
+    }
+
+    private static Configuration baseConfiguration(String base) throws IOException, ParseException {
+        if (base == null || base.isEmpty()) {
+            return Configuration.getConfiguration("default");
+        }
+        Path file = Path.of(base);
+        if (Files.isRegularFile(file)) {
+            return Configuration.create(file);
+        }
+        if (!base.contains("/") && !base.endsWith(".jfc")) {
+            return Configuration.getConfiguration(base); // a JDK configuration name: "profile"
+        }
+        throw new IllegalArgumentException("settings file " + base + " not found");
+    }
+}

@@ -1,0 +1,241 @@
+package tandem.agent;
+
+import java.lang.instrument.Instrumentation;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
+import java.time.Instant;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import jdk.jfr.Recording;
+import jdk.jfr.RecordingState;
+
+/**
+ * The disk output of the agent: one JFR recording into SESSION/jvm-&lt;pid&gt;/ (layout in
+ * docs/session.md). Its disk repository lives in the session too, so a JVM killed with
+ * SIGKILL leaves its chunks there; every other exit (normal, System.exit, SIGTERM) runs
+ * the shutdown hooks, which write recording.jfr.
+ */
+final class SessionRecording {
+    private static final long CLOCK_SYNC_PERIOD_MILLIS = 1000;
+    // JFR writes the whole recording at exit; large ones take seconds.
+    private static final long WAIT_FOR_JFR_HOOK_MILLIS = 30_000;
+
+    /** One session per JVM at a time; a new attach may start one once the last has closed. */
+    private static SessionRecording current;
+
+    private final AgentOptions options;
+    private final String mode;
+    private final Instrumentation inst;
+    private final Path directory;
+    private final Path recordingFile;
+    private final Path unfinishedRecordingFile;
+    private final Path repository;
+    private final ChunkKeeper chunkKeeper;
+    private final Map<String, Object> description = new LinkedHashMap<>();
+    private Recording recording;
+    private Thread clockSync;
+    private Thread shutdownHook;
+    private boolean closed;
+
+    private SessionRecording(AgentOptions options, String mode, Instrumentation inst) {
+        this.options = options;
+        this.mode = mode;
+        this.inst = inst;
+        this.directory = options.session.resolve("jvm-" + ProcessHandle.current().pid());
+        this.recordingFile = directory.resolve("recording.jfr");
+        // JFR creates its destination empty at once; the final name appears only when complete.
+        this.unfinishedRecordingFile = directory.resolve("recording.jfr.part");
+        this.repository = directory.resolve("repository");
+        this.chunkKeeper = new ChunkKeeper(repository, directory.resolve(".chunks"));
+    }
+
+    static void start(AgentOptions options, String mode, Instrumentation inst) throws Exception {
+        synchronized (SessionRecording.class) {
+            if (current != null && !current.isClosed()) {
+                throw new IllegalStateException("already recording into " + current.directory);
+            }
+            SessionRecording session = new SessionRecording(options, mode, inst);
+            session.begin();
+            current = session;
+        }
+    }
+
+    private void begin() throws Exception {
+        Map<String, String> settings = PauseEvents.settings(options.settings, options.events); // bad input: no files
+        Files.createDirectories(repository);
+        JfrRepository.use(repository, inst);
+        ClockSyncEvent.registerChunkHook();
+
+        recording = new Recording(settings);
+        recording.setName("tandem");
+        recording.setToDisk(true);
+        recording.setDestination(unfinishedRecordingFile);
+        // At JVM exit JFR's own shutdown hook writes the destination (see close()).
+        recording.setDumpOnExit(true);
+
+        long monotonicBefore = System.nanoTime();
+        Instant wall = Instant.now();
+        long monotonicAfter = System.nanoTime();
+        recording.start(); // the first clock sync comes from beginChunk
+        chunkKeeper.keepNewChunks();
+
+        describeJvm(monotonicBefore + (monotonicAfter - monotonicBefore) / 2, wall);
+        writeDescription("recording");
+
+        shutdownHook = new Thread(() -> close("jvm exit", true), "tandem-agent-shutdown");
+        Runtime.getRuntime().addShutdownHook(shutdownHook);
+        clockSync = daemon("tandem-clock-sync", this::commitClockSyncEverySecond);
+        clockSync.start();
+        if (options.durationSeconds > 0) {
+            daemon("tandem-duration", this::closeAfterDuration).start();
+        }
+    }
+
+    private void commitClockSyncEverySecond() {
+        try {
+            while (!Thread.currentThread().isInterrupted()) {
+                Thread.sleep(CLOCK_SYNC_PERIOD_MILLIS);
+                ClockSyncEvent.commitNow();
+                chunkKeeper.keepNewChunks();
+            }
+        } catch (InterruptedException stopped) {
+            // close() stops us
+        }
+    }
+
+    private void closeAfterDuration() {
+        try {
+            Thread.sleep((long) (options.durationSeconds * 1000));
+        } catch (InterruptedException e) {
+            return;
+        }
+        close("duration " + options.durationSeconds + " s", false);
+        try {
+            Runtime.getRuntime().removeShutdownHook(shutdownHook);
+        } catch (IllegalStateException shuttingDown) {
+            // the hook runs anyway and finds us closed
+        }
+    }
+
+    private synchronized boolean isClosed() {
+        return closed;
+    }
+
+    /**
+     * Ends the session once: recording.jfr written, jvm.json "closed".
+     *
+     * At JVM exit JFR's own shutdown hook runs concurrently with ours, stops every recording
+     * and then deletes the disk repository; stopping ours from here would race that deletion
+     * (the dump then misses its chunks). So at exit JFR's hook writes the destination
+     * (dumpOnExit) and this one waits for it; if that dump fails, the chunks kept by
+     * {@link ChunkKeeper} become the recording.
+     */
+    private void close(String reason, boolean atJvmExit) {
+        synchronized (this) {
+            if (closed) {
+                return;
+            }
+            closed = true;
+        }
+        try {
+            clockSync.interrupt();
+            if (!atJvmExit) {
+                recording.stop(); // writes the destination; the last clock sync comes from endChunk
+                recording.close();
+                Files.move(unfinishedRecordingFile, recordingFile, StandardCopyOption.REPLACE_EXISTING,
+                        StandardCopyOption.ATOMIC_MOVE);
+            } else {
+                chunkKeeper.keepNewChunks();
+                if (jfrWroteTheRecordingAtExit()) {
+                    Files.move(unfinishedRecordingFile, recordingFile, StandardCopyOption.REPLACE_EXISTING,
+                            StandardCopyOption.ATOMIC_MOVE);
+                } else if (chunkKeeper.hasChunks()) {
+                    chunkKeeper.writeRecording(recordingFile);
+                    Files.deleteIfExists(unfinishedRecordingFile);
+                    description.put("written_from", "kept chunks (JFR's own dump at exit failed)");
+                } else {
+                    throw new IllegalStateException("JFR wrote no recording and no chunk was kept");
+                }
+            }
+            chunkKeeper.discard();
+            description.put("stop_reason", reason);
+            description.put("end_monotonic_ns", System.nanoTime());
+            writeDescription("closed");
+        } catch (Throwable t) {
+            Agent.warn("could not close the recording in " + directory + ": " + Agent.describe(t));
+        }
+    }
+
+    /**
+     * Waits for JFR's shutdown hook: true once it wrote and closed our recording, false once
+     * it gave up (stopped the recording and cleared the repository without closing it).
+     * Interrupts do not end the wait (JPype interrupts every thread at shutdown).
+     */
+    private boolean jfrWroteTheRecordingAtExit() {
+        long deadline = System.nanoTime() + WAIT_FOR_JFR_HOOK_MILLIS * 1_000_000;
+        boolean interrupted = false;
+        try {
+            while (System.nanoTime() < deadline) {
+                RecordingState state = recording.getState();
+                if (state == RecordingState.CLOSED) {
+                    return true;
+                }
+                if (state != RecordingState.RUNNING && chunkKeeper.repositoryCleared()) {
+                    return false;
+                }
+                try {
+                    Thread.sleep(5);
+                } catch (InterruptedException e) {
+                    interrupted = true;
+                }
+            }
+            return recording.getState() == RecordingState.CLOSED;
+        } finally {
+            if (interrupted) {
+                Thread.currentThread().interrupt();
+            }
+        }
+    }
+
+    private void describeJvm(long startMonotonicNanos, Instant startWall) {
+        description.put("pid", ProcessHandle.current().pid());
+        description.put("java_version", System.getProperty("java.version"));
+        description.put("java_vendor", System.getProperty("java.vendor"));
+        description.put("vm_name", System.getProperty("java.vm.name"));
+        description.put("vm_version", System.getProperty("java.vm.version"));
+        description.put("start_monotonic_ns", startMonotonicNanos);
+        description.put("start_wall_ns", startWall.getEpochSecond() * 1_000_000_000L + startWall.getNano());
+        description.put("boot_id", firstLine("/proc/sys/kernel/random/boot_id"));
+        // Not InetAddress.getLocalHost(): it may wait on DNS, and the agent must not block the JVM.
+        String hostname = firstLine("/proc/sys/kernel/hostname");
+        description.put("hostname", hostname != null ? hostname : System.getenv("HOSTNAME"));
+        description.put("mode", mode);
+        description.put("options", options.raw);
+        description.put("settings", options.settings != null ? options.settings : "default");
+        description.put("events", options.events);
+        description.put("duration_s", options.durationSeconds > 0 ? options.durationSeconds : null);
+        description.put("recording", directory.relativize(recordingFile).toString());
+        description.put("repository", directory.relativize(repository).toString());
+    }
+
+    private void writeDescription(String state) throws java.io.IOException {
+        description.put("state", state);
+        Json.writeAtomically(directory.resolve("jvm.json"), description);
+    }
+
+    private static String firstLine(String file) {
+        try {
+            return Files.readString(Path.of(file), StandardCharsets.UTF_8).strip();
+        } catch (Exception e) {
+            return null;
+        }
+    }
+
+    private static Thread daemon(String name, Runnable body) {
+        Thread thread = new Thread(body, name);
+        thread.setDaemon(true);
+        return thread;
+    }
+}

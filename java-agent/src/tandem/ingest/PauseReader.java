@@ -1,0 +1,496 @@
+package tandem.ingest;
+
+import java.io.IOException;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+import jdk.jfr.consumer.EventStream;
+import jdk.jfr.consumer.RecordedClass;
+import jdk.jfr.consumer.RecordedEvent;
+import jdk.jfr.consumer.RecordedMethod;
+import jdk.jfr.consumer.RecordedThread;
+
+/**
+ * Reads the stop-the-world events of one JFR file (one JVM run) into flat columns.
+ *
+ * <p>Python calls {@link #read} once per file; all per-event work (filtering, matching
+ * SafepointBegin/End by safepointId, joining GC names and causes by gcId) happens here so
+ * that Python receives whole primitive arrays, never one call per event. Times are RAW
+ * ticks ({@code getLong("startTime")}), converted to nanoseconds by Python with the chunk
+ * headers, because the JDK's own Instant conversion uses the first chunk's header for
+ * every chunk of a file.
+ *
+ * <p>Only the event types in {@link #EVENT_TYPES} are subscribed: the parser skips
+ * everything else, which is what makes this fast.
+ */
+public final class PauseReader {
+    /** Marks a null in the long columns (no real id, tick or count takes this value). */
+    public static final long NULL = Long.MIN_VALUE;
+
+    public static final int KIND_SAFEPOINT = 0;
+    public static final int KIND_GC_PAUSE = 1;
+    public static final int KIND_GC = 2;
+    public static final int KIND_VM_OPERATION = 3;
+    public static final int KIND_COMPILATION = 4;
+    public static final int KIND_DEOPTIMIZATION = 5;
+    /** Names of the kind codes, indexed by code. */
+    public static final String[] KINDS = {"safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization"};
+
+    /** The event name of tandem's clock-sync event (docs/session.md) and its one field. */
+    public static final String CLOCK_SYNC = "tandem.ClockSync";
+    public static final String CLOCK_SYNC_FIELD = "monotonicNanos";
+
+    /** Every event type this reader subscribes to; the rest of the file is skipped. */
+    public static final String[] EVENT_TYPES = {
+        "jdk.SafepointBegin", "jdk.SafepointEnd", "jdk.ExecuteVMOperation", "jdk.GCPhasePause",
+        "jdk.GarbageCollection", "jdk.Compilation", "jdk.Deoptimization",
+        "jdk.JVMInformation", "jdk.OSInformation", "jdk.GCConfiguration", "jdk.CPUTimeStampCounter",
+        "jdk.InitialSystemProperty", CLOCK_SYNC,
+    };
+
+    // ---- the result: one row per pause-like interval, columns as whole arrays ----
+    private final Rows rows = new Rows();
+    private final Dictionary strings = new Dictionary();
+
+    // ---- clock-sync samples: raw start ticks and System.nanoTime() of each tandem.ClockSync ----
+    private final LongList syncTicks = new LongList();
+    private final LongList syncMonotonicNanos = new LongList();
+
+    // ---- what the recording says about its JVM (first value seen wins) ----
+    private String jvmName;
+    private String jvmVersion;
+    private String jvmVendor;
+    private String osVersion;
+    private String youngCollector;
+    private String oldCollector;
+    private long jvmPid = NULL;
+    private long jvmStartMillis = NULL;
+    private int fastTimeEnabled = -1;
+
+    // ---- matching state: filled in any order, resolved in finish() ----
+    private final Map<Long, Integer> safepointRowById = new HashMap<>();
+    private final Map<Long, Long> safepointEndTicksById = new HashMap<>();
+    private final Map<Long, Integer> safepointOperationById = new HashMap<>();
+    private final List<long[]> safepointOperationsWithoutBegin = new ArrayList<>();
+    private final Map<Long, int[]> collectionNameAndCauseByGcId = new HashMap<>();
+    private int orphanSafepointEnds;
+    private long eventsSeen;
+
+    /** Highest start tick dispatched so far; polled from another thread to draw progress. */
+    public volatile long progressTicks = NULL;
+
+    /** Reads one JFR file; throws IOException (or a RuntimeException from jdk.jfr) on bad input. */
+    public static PauseReader read(String path) throws IOException {
+        PauseReader reader = new PauseReader();
+        reader.readFile(path);
+        return reader;
+    }
+
+    /** Reads into this (already constructed) reader, so that another thread can poll progress. */
+    public void readFile(String path) throws IOException {
+        try (EventStream stream = EventStream.openFile(Path.of(path))) {
+            // Matching is order-independent (finish() resolves it), so skip the JDK's sort.
+            stream.setOrdered(false);
+            subscribe(stream, "jdk.SafepointBegin", this::onSafepointBegin);
+            subscribe(stream, "jdk.SafepointEnd", this::onSafepointEnd);
+            subscribe(stream, "jdk.ExecuteVMOperation", this::onVmOperation);
+            subscribe(stream, "jdk.GCPhasePause", this::onGcPhasePause);
+            subscribe(stream, "jdk.GarbageCollection", this::onGarbageCollection);
+            subscribe(stream, "jdk.Compilation", this::onCompilation);
+            subscribe(stream, "jdk.Deoptimization", this::onDeoptimization);
+            subscribe(stream, "jdk.JVMInformation", this::onJvmInformation);
+            subscribe(stream, "jdk.OSInformation", e -> osVersion = firstNonNull(osVersion, stringField(e, "osVersion")));
+            subscribe(stream, "jdk.GCConfiguration", this::onGcConfiguration);
+            subscribe(stream, "jdk.CPUTimeStampCounter", this::onTimeStampCounter);
+            subscribe(stream, "jdk.InitialSystemProperty", this::onSystemProperty);
+            subscribe(stream, CLOCK_SYNC, this::onClockSync);
+            stream.start();
+        }
+        finish();
+    }
+
+    /** Subscribes one event type, counting what jdk.jfr delivers (see {@link #eventsSeen()}). */
+    private void subscribe(EventStream stream, String type, java.util.function.Consumer<RecordedEvent> handler) {
+        stream.onEvent(type, e -> {
+            eventsSeen++;
+            handler.accept(e);
+        });
+    }
+
+    // ---------------------------------------------------------------- handlers
+
+    private void onSafepointBegin(RecordedEvent e) {
+        long start = e.getLong("startTime");
+        long id = longField(e, "safepointId");
+        int row = rows.add(KIND_SAFEPOINT, start, start + e.getLong("duration"), osThreadId(e));
+        rows.safepointId.set(row, id);
+        rows.timeToSafepointTicks.set(row, e.getLong("duration"));
+        rows.totalThreads.set(row, longField(e, "totalThreadCount"));
+        rows.jniCriticalThreads.set(row, longField(e, "jniCriticalThreadCount"));
+        rows.name.set(row, strings.code("safepoint"));
+        // Unmatched until its End is seen (the recording may stop mid-pause).
+        rows.unmatched.set(row, 1);
+        if (id != NULL) {
+            safepointRowById.put(id, row);
+        }
+        progress(start);
+    }
+
+    private void onSafepointEnd(RecordedEvent e) {
+        long id = longField(e, "safepointId");
+        if (id != NULL) {
+            safepointEndTicksById.put(id, e.getLong("startTime") + e.getLong("duration"));
+        }
+    }
+
+    private void onVmOperation(RecordedEvent e) {
+        long id = longField(e, "safepointId");
+        int operation = strings.code(stringField(e, "operation"));
+        boolean atSafepoint = e.hasField("safepoint") && e.getBoolean("safepoint");
+        if (atSafepoint) {
+            // Part of a safepoint row; kept aside in case that safepoint's Begin is not recorded.
+            if (id != NULL) {
+                safepointOperationById.put(id, operation);
+            }
+            long start = e.getLong("startTime");
+            safepointOperationsWithoutBegin.add(new long[] {id, start, start + e.getLong("duration"), osThreadId(e), operation});
+            return;
+        }
+        long start = e.getLong("startTime");
+        int row = rows.add(KIND_VM_OPERATION, start, start + e.getLong("duration"), osThreadId(e));
+        rows.name.set(row, operation);
+        rows.operation.set(row, operation);
+        rows.safepointId.set(row, id);
+        rows.atSafepoint.set(row, 0);
+        progress(start);
+    }
+
+    private void onGcPhasePause(RecordedEvent e) {
+        long start = e.getLong("startTime");
+        int row = rows.add(KIND_GC_PAUSE, start, start + e.getLong("duration"), osThreadId(e));
+        rows.gcId.set(row, longField(e, "gcId"));
+        rows.name.set(row, strings.code(stringField(e, "name")));
+        progress(start);
+    }
+
+    private void onGarbageCollection(RecordedEvent e) {
+        long start = e.getLong("startTime");
+        long gcId = longField(e, "gcId");
+        int name = strings.code(stringField(e, "name"));
+        int cause = strings.code(stringField(e, "cause"));
+        int row = rows.add(KIND_GC, start, start + e.getLong("duration"), osThreadId(e));
+        rows.gcId.set(row, gcId);
+        rows.name.set(row, name);
+        rows.collector.set(row, name);
+        rows.cause.set(row, cause);
+        // Timespans may be ticks or nanoseconds depending on the JDK that wrote the file:
+        // getDuration() applies the field's own unit.
+        rows.sumOfPausesNanos.set(row, durationNanos(e, "sumOfPauses"));
+        rows.longestPauseNanos.set(row, durationNanos(e, "longestPause"));
+        if (gcId != NULL) {
+            collectionNameAndCauseByGcId.put(gcId, new int[] {name, cause});
+        }
+        progress(start);
+    }
+
+    private void onCompilation(RecordedEvent e) {
+        long start = e.getLong("startTime");
+        int row = rows.add(KIND_COMPILATION, start, start + e.getLong("duration"), osThreadId(e));
+        rows.name.set(row, strings.code(methodName(e, "method")));
+        String compiler = stringField(e, "compiler");
+        if (compiler != null && e.hasField("compileLevel")) {
+            compiler = compiler + " level " + e.getLong("compileLevel");
+        }
+        rows.compiler.set(row, strings.code(compiler));
+        progress(start);
+    }
+
+    private void onDeoptimization(RecordedEvent e) {
+        long start = e.getLong("startTime");
+        long duration = e.hasField("duration") ? e.getLong("duration") : 0;
+        int row = rows.add(KIND_DEOPTIMIZATION, start, start + duration, osThreadId(e));
+        rows.name.set(row, strings.code(methodName(e, "method")));
+        rows.cause.set(row, strings.code(stringField(e, "reason")));
+        rows.operation.set(row, strings.code(stringField(e, "action")));
+        progress(start);
+    }
+
+    private void onJvmInformation(RecordedEvent e) {
+        jvmName = firstNonNull(jvmName, stringField(e, "jvmName"));
+        jvmVersion = firstNonNull(jvmVersion, stringField(e, "jvmVersion"));
+        if (jvmPid == NULL) {
+            jvmPid = longField(e, "pid");
+        }
+        if (jvmStartMillis == NULL && e.hasField("jvmStartTime")) {
+            jvmStartMillis = e.getInstant("jvmStartTime").toEpochMilli();
+        }
+    }
+
+    private void onGcConfiguration(RecordedEvent e) {
+        youngCollector = firstNonNull(youngCollector, stringField(e, "youngCollector"));
+        oldCollector = firstNonNull(oldCollector, stringField(e, "oldCollector"));
+    }
+
+    private void onTimeStampCounter(RecordedEvent e) {
+        if (fastTimeEnabled < 0 && e.hasField("fastTimeEnabled")) {
+            fastTimeEnabled = e.getBoolean("fastTimeEnabled") ? 1 : 0;
+        }
+    }
+
+    private void onSystemProperty(RecordedEvent e) {
+        if (jvmVendor == null && "java.vm.vendor".equals(stringField(e, "key"))) {
+            jvmVendor = stringField(e, "value");
+        }
+    }
+
+    private void onClockSync(RecordedEvent e) {
+        if (e.hasField(CLOCK_SYNC_FIELD)) {
+            syncTicks.add(e.getLong("startTime"));
+            syncMonotonicNanos.add(e.getLong(CLOCK_SYNC_FIELD));
+        }
+    }
+
+    // ---------------------------------------------------------------- matching
+
+    /** Resolves what needed events seen in any order: safepoint ends, operations, GC names. */
+    private void finish() {
+        for (int row = 0; row < rows.size; row++) {
+            int kind = rows.kind.get(row);
+            if (kind == KIND_SAFEPOINT) {
+                long id = rows.safepointId.get(row);
+                Long end = safepointEndTicksById.remove(id);
+                if (end != null) {
+                    rows.endTicks.set(row, end);
+                    rows.unmatched.set(row, 0);
+                }
+                Integer operation = safepointOperationById.get(id);
+                if (operation != null) {
+                    rows.operation.set(row, operation);
+                    rows.name.set(row, operation);
+                }
+            } else if (kind == KIND_GC_PAUSE) {
+                int[] nameAndCause = collectionNameAndCauseByGcId.get(rows.gcId.get(row));
+                if (nameAndCause != null) {
+                    rows.collector.set(row, nameAndCause[0]);
+                    rows.cause.set(row, nameAndCause[1]);
+                }
+            }
+        }
+        orphanSafepointEnds = safepointEndTicksById.size();
+        // A VM operation at a safepoint whose Begin was not recorded (e.g. default.jfc keeps
+        // Begins only above 10 ms) is still a real stop-the-world interval: keep it.
+        for (long[] op : safepointOperationsWithoutBegin) {
+            if (op[0] != NULL && safepointRowById.containsKey(op[0])) {
+                continue;
+            }
+            int row = rows.add(KIND_VM_OPERATION, op[1], op[2], op[3]);
+            rows.safepointId.set(row, op[0]);
+            rows.name.set(row, (int) op[4]);
+            rows.operation.set(row, (int) op[4]);
+            rows.atSafepoint.set(row, 1);
+        }
+        safepointOperationsWithoutBegin.clear();
+        rows.trim();
+    }
+
+    // ---------------------------------------------------------------- field helpers
+
+    private void progress(long ticks) {
+        if (ticks > progressTicks) {
+            progressTicks = ticks;
+        }
+    }
+
+    private static long osThreadId(RecordedEvent e) {
+        RecordedThread thread = e.getThread();
+        return thread == null ? NULL : thread.getOSThreadId();
+    }
+
+    private static long longField(RecordedEvent e, String name) {
+        return e.hasField(name) ? e.getLong(name) : NULL;
+    }
+
+    private static long durationNanos(RecordedEvent e, String name) {
+        return e.hasField(name) ? e.getDuration(name).toNanos() : NULL;
+    }
+
+    private static String stringField(RecordedEvent e, String name) {
+        if (!e.hasField(name)) {
+            return null;
+        }
+        Object value = e.getValue(name);
+        return value == null ? null : value.toString();
+    }
+
+    private static String methodName(RecordedEvent e, String name) {
+        if (!e.hasField(name)) {
+            return null;
+        }
+        RecordedMethod method = e.getValue(name);
+        if (method == null) {
+            return null;
+        }
+        RecordedClass type = method.getType();
+        return (type == null ? "?" : type.getName().replace('/', '.')) + "." + method.getName();
+    }
+
+    private static String firstNonNull(String current, String candidate) {
+        return current != null ? current : candidate;
+    }
+
+    // ---------------------------------------------------------------- results, read by Python
+
+    public int size() { return rows.size; }
+    public int[] kind() { return rows.kind.array; }
+    public long[] startTicks() { return rows.startTicks.array; }
+    public long[] endTicks() { return rows.endTicks.array; }
+    public long[] osThreadId() { return rows.osThreadId.array; }
+    public long[] safepointId() { return rows.safepointId.array; }
+    public long[] gcId() { return rows.gcId.array; }
+    public long[] timeToSafepointTicks() { return rows.timeToSafepointTicks.array; }
+    public long[] totalThreads() { return rows.totalThreads.array; }
+    public long[] jniCriticalThreads() { return rows.jniCriticalThreads.array; }
+    public long[] sumOfPausesNanos() { return rows.sumOfPausesNanos.array; }
+    public long[] longestPauseNanos() { return rows.longestPauseNanos.array; }
+    public int[] name() { return rows.name.array; }
+    public int[] cause() { return rows.cause.array; }
+    public int[] operation() { return rows.operation.array; }
+    public int[] collector() { return rows.collector.array; }
+    public int[] compiler() { return rows.compiler.array; }
+    public int[] unmatched() { return rows.unmatched.array; }
+    public int[] atSafepoint() { return rows.atSafepoint.array; }
+    /** The strings that the int columns above index (-1 is null). */
+    public String[] dictionary() { return strings.toArray(); }
+
+    public long[] syncTicks() { return syncTicks.toArray(); }
+    public long[] syncMonotonicNanos() { return syncMonotonicNanos.toArray(); }
+
+    public String jvmName() { return jvmName; }
+    public String jvmVersion() { return jvmVersion; }
+    public String jvmVendor() { return jvmVendor; }
+    public String osVersion() { return osVersion; }
+    public String youngCollector() { return youngCollector; }
+    public String oldCollector() { return oldCollector; }
+    public long jvmPid() { return jvmPid; }
+    public long jvmStartMillis() { return jvmStartMillis; }
+    /** 1 if JFR used the CPU's TSC ("fast time"), 0 if the OS clock, -1 if not recorded. */
+    public int fastTimeEnabled() { return fastTimeEnabled; }
+    /** SafepointEnd events whose Begin is not in the file (the recording started mid-pause). */
+    public int orphanSafepointEnds() { return orphanSafepointEnds; }
+    /**
+     * Events of the subscribed types delivered by jdk.jfr. Zero for a file HotSpot wrote means
+     * damage: jdk.jfr's EventStream swallows parse errors (IOException) and simply stops.
+     */
+    public long eventsSeen() { return eventsSeen; }
+
+    // ---------------------------------------------------------------- growable columns
+
+    /** All row columns, grown together; ids and ticks default to NULL, codes to -1. */
+    private static final class Rows {
+        int size;
+        final IntList kind = new IntList(-1);
+        final LongList startTicks = new LongList();
+        final LongList endTicks = new LongList();
+        final LongList osThreadId = new LongList();
+        final LongList safepointId = new LongList();
+        final LongList gcId = new LongList();
+        final LongList timeToSafepointTicks = new LongList();
+        final LongList totalThreads = new LongList();
+        final LongList jniCriticalThreads = new LongList();
+        final LongList sumOfPausesNanos = new LongList();
+        final LongList longestPauseNanos = new LongList();
+        final IntList name = new IntList(-1);
+        final IntList cause = new IntList(-1);
+        final IntList operation = new IntList(-1);
+        final IntList collector = new IntList(-1);
+        final IntList compiler = new IntList(-1);
+        final IntList unmatched = new IntList(0);
+        final IntList atSafepoint = new IntList(-1);
+        private final LongList[] longs = {startTicks, endTicks, osThreadId, safepointId, gcId, timeToSafepointTicks,
+            totalThreads, jniCriticalThreads, sumOfPausesNanos, longestPauseNanos};
+        private final IntList[] ints = {kind, name, cause, operation, collector, compiler, unmatched, atSafepoint};
+
+        int add(int kindCode, long start, long end, long thread) {
+            for (LongList column : longs) {
+                column.add(NULL);
+            }
+            for (IntList column : ints) {
+                column.add(column.fill);
+            }
+            int row = size++;
+            kind.set(row, kindCode);
+            startTicks.set(row, start);
+            endTicks.set(row, end);
+            osThreadId.set(row, thread);
+            return row;
+        }
+
+        void trim() {
+            for (LongList column : longs) {
+                column.array = column.toArray();
+            }
+            for (IntList column : ints) {
+                column.array = column.toArray();
+            }
+        }
+    }
+
+    private static final class LongList {
+        long[] array = new long[1024];
+        int size;
+
+        void add(long value) {
+            if (size == array.length) {
+                array = java.util.Arrays.copyOf(array, size * 2);
+            }
+            array[size++] = value;
+        }
+
+        long get(int i) { return array[i]; }
+        void set(int i, long value) { array[i] = value; }
+        long[] toArray() { return java.util.Arrays.copyOf(array, size); }
+    }
+
+    private static final class IntList {
+        final int fill;
+        int[] array = new int[1024];
+        int size;
+
+        IntList(int fill) { this.fill = fill; }
+
+        void add(int value) {
+            if (size == array.length) {
+                array = java.util.Arrays.copyOf(array, size * 2);
+            }
+            array[size++] = value;
+        }
+
+        int get(int i) { return array[i]; }
+        void set(int i, int value) { array[i] = value; }
+        int[] toArray() { return java.util.Arrays.copyOf(array, size); }
+    }
+
+    /** Strings to dense int codes; null is -1. */
+    private static final class Dictionary {
+        private final Map<String, Integer> codes = new HashMap<>();
+        private final List<String> values = new ArrayList<>();
+
+        int code(String value) {
+            if (value == null) {
+                return -1;
+            }
+            Integer code = codes.get(value);
+            if (code == null) {
+                code = values.size();
+                codes.put(value, code);
+                values.add(value);
+            }
+            return code;
+        }
+
+        String[] toArray() { return values.toArray(new String[0]); }
+    }
+}

@@ -1,0 +1,273 @@
+"""correlate(): pause_impact, gil_free and summary against independent computations; clocks; files.
+
+The witness for pause_impact and gil_free is a point model: with small integer times, the
+state of every thread is evaluated at each nanosecond x (standing for [x, x+1)) by brute
+force, straight from the definitions in docs/results.md, sharing no code with the engine.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.analysis import analyze, correlate
+from engine.errors import TandemError
+from engine.store import read_table, write_table
+from test_join_witness import canonical, duckdb_overlaps, gil_frame, pauses_frame
+
+WHOLE_VM = {"safepoint", "gc_pause"}
+
+
+def random_scenario(seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Two processes, a few threads each with mostly disjoint intervals (and some malformed overlaps)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for pid in (7, 8):
+        for tid in rng.choice(np.arange(100, 110), rng.integers(1, 4), replace=False):
+            t = int(rng.integers(0, 100))
+            for _ in range(rng.integers(1, 12)):
+                t += int(rng.integers(0, 30))
+                length = int(rng.integers(0, 40))
+                rows.append((pid, int(tid), str(rng.choice(["released", "waiting"])), t, t + length))
+                t += length
+            if rng.random() < 0.3 and rows:  # a malformed source: one thread's intervals overlap
+                pid_, tid_, state, s, e = rows[-1]
+                rows.append((pid_, tid_, "released", max(0, s - 5), e + 3))
+    tids = sorted({r[1] for r in rows})
+    pauses = []
+    for _ in range(rng.integers(3, 15)):
+        s = int(rng.integers(0, 500))
+        pauses.append((s, s + int(rng.integers(0, 80))))
+    kinds = [str(rng.choice(["safepoint", "gc_pause", "vm_operation", "deoptimization"])) for _ in pauses]
+    owners = [int(rng.choice(tids)) if rng.random() < 0.5 else None for _ in pauses]
+    return pauses_frame(pauses, kinds=kinds, os_thread_ids=owners), gil_frame(rows)
+
+
+def point_model(pauses: pd.DataFrame, gil: pd.DataFrame):
+    """Per-nanosecond truth: (gil_free points per pid, pause_impact columns computed by brute force)."""
+    gil = gil[gil.end_ns > gil.start_ns]
+    horizon = int(max(gil.end_ns.max(), pauses.end_ns.max())) + 1
+    x = np.arange(horizon)
+    covered, alive = {}, {}
+    for (pid, tid), rows in gil.groupby(["pid", "tid"]):
+        covered[pid, tid] = np.zeros(horizon, bool)
+        for s, e in zip(rows.start_ns, rows.end_ns):
+            covered[pid, tid][s:e] = True
+        alive[pid, tid] = (x >= rows.start_ns.min()) & (x < rows.end_ns.max())
+    holding = {key: alive[key] & ~covered[key] for key in covered}
+    free = {}
+    for pid in gil.pid.unique():
+        keys = [k for k in covered if k[0] == pid]
+        span = (x >= min(alive[k].argmax() for k in keys)) & (x < max(horizon - alive[k][::-1].argmax() for k in keys))
+        free[pid] = span & ~np.logical_or.reduce([holding[k] for k in keys])
+    jvm_threads = set(pauses.os_thread_id.dropna().astype(int))
+    impact = []
+    for p in pauses.itertuples():
+        inside = (x >= p.start_ns) & (x < p.end_ns)
+        holders = [k for k in holding if (holding[k] & inside).any()]
+        stopped = [tid for _, tid in holders
+                   if (not pd.isna(p.os_thread_id) and tid == p.os_thread_id) or (p.kind in WHOLE_VM and tid in jvm_threads)]
+        impact.append({
+            "pause_id": p.pause_id,
+            "overlap_ns": int((inside & np.logical_or.reduce(list(covered.values()))).sum()),
+            "threads_holding": len(holders),
+            "gil_free_ns": int(sum((inside & f).sum() for f in free.values())),
+            "amplifying_tid": min(stopped) if stopped else pd.NA,
+        })
+    return free, pd.DataFrame(impact)
+
+
+def duckdb_thread_columns(pauses: pd.DataFrame, gil: pd.DataFrame, slack_ns: int) -> pd.DataFrame:
+    """threads_released/waiting, released_ns/waiting_ns and near_misses per pause, in SQL."""
+    con = duckdb.connect()
+    con.register("o", duckdb_overlaps(pauses, gil, slack_ns))
+    con.register("p", pauses[["pause_id"]])
+    return con.execute("""
+        SELECT p.pause_id,
+          count(DISTINCT (o.pid, o.tid)) FILTER (WHERE NOT near_miss AND state = 'released') AS threads_released,
+          coalesce(sum(overlap_ns) FILTER (WHERE NOT near_miss AND state = 'released'), 0) AS released_ns,
+          count(DISTINCT (o.pid, o.tid)) FILTER (WHERE NOT near_miss AND state = 'waiting') AS threads_waiting,
+          coalesce(sum(overlap_ns) FILTER (WHERE NOT near_miss AND state = 'waiting'), 0) AS waiting_ns,
+          count(o.pause_id) FILTER (WHERE near_miss) AS near_misses
+        FROM p LEFT JOIN o USING (pause_id) GROUP BY p.pause_id ORDER BY p.pause_id
+    """).df()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pause_impact_and_gil_free_equal_the_point_model(seed):
+    pauses, gil = random_scenario(seed)
+    result = correlate(pauses, gil, slack_ns=10)
+    free, truth = point_model(pauses, gil)
+    for pid, points in free.items():
+        mine = result.gil_free[result.gil_free.pid == pid]
+        drawn = np.zeros(points.size, bool)
+        for s, e in zip(mine.start_ns, mine.end_ns):
+            drawn[s:e] = True
+        assert (drawn == points).all(), f"gil_free of pid {pid}"
+    impact = result.pause_impact.sort_values("pause_id").reset_index(drop=True)
+    truth = truth.sort_values("pause_id").reset_index(drop=True)
+    for column in ("overlap_ns", "threads_holding", "gil_free_ns"):
+        assert impact[column].tolist() == truth[column].tolist(), column
+    assert impact.amplifying_tid.astype(object).where(impact.amplifying_tid.notna(), None).tolist() == \
+        truth.amplifying_tid.astype(object).where(truth.amplifying_tid.notna(), None).tolist()
+    assert (impact.amplified == impact.amplifying_tid.notna()).all()
+    assert (impact.hit_python == (impact.overlap_ns > 0)).all()
+    checked_gil = result.gil  # duplicates dropped, as the engine saw it
+    sql = duckdb_thread_columns(pauses, checked_gil, 10)
+    for column in ("threads_released", "released_ns", "threads_waiting", "waiting_ns", "near_misses"):
+        assert impact[column].tolist() == sql[column].astype(np.int64).tolist(), column
+    pd.testing.assert_frame_equal(canonical(result.overlaps), canonical(duckdb_overlaps(pauses, checked_gil, 10)))
+
+
+def test_a_hand_built_story():
+    """A GC pause while thread 1 is in Java (released) and thread 2 holds the GIL and is stopped."""
+    pauses = pauses_frame([(1_000, 3_000), (5_000, 5_500)], kinds=["gc_pause", "vm_operation"],
+                          names=["G1 Young", "System.gc"], os_thread_ids=[None, 2])
+    gil = gil_frame([
+        (9, 1, "released", 500, 3_500),    # across the whole GC pause
+        (9, 2, "waiting", 0, 100),         # thread 2 lives from 0 ...
+        (9, 2, "released", 2_500, 2_600),  # ... holds the GIL around this ...
+        (9, 2, "waiting", 5_900, 6_000),   # ... and through the second pause, until 6,000
+        (9, 3, "waiting", 1_500, 2_000),   # another thread, waiting (for thread 2)
+    ])
+    result = correlate(pauses, gil)
+    gc, op = result.pause_impact.itertuples(index=False)
+    assert (gc.threads_released, gc.released_ns, gc.threads_waiting, gc.waiting_ns) == (2, 2_100, 1, 500)
+    assert gc.overlap_ns == 2_000 and gc.hit_python
+    assert gc.threads_holding == 1  # thread 2; thread 3 lives 1,500-2,000 but only waits
+    # thread 2 is a JVM thread (os_thread_id of the System.gc operation) and a GC pause stops the VM:
+    assert gc.amplifying_tid == 2 and gc.amplified
+    assert (op.hit_python, op.threads_holding, op.amplifying_tid, op.amplified) == (False, 1, 2, True)
+    # Nobody holds the GIL while thread 2 waits alone (0-100, 5,900-6,000) and while threads 1 and 2
+    # are both released (2,500-2,600): only the last lies in the GC pause.
+    assert result.gil_free[["start_ns", "end_ns"]].values.tolist() == [[0, 100], [2_500, 2_600], [5_900, 6_000]]
+    assert (gc.gil_free_ns, gc.gil_free, op.gil_free_ns) == (100, True, 0)
+    summary = result.summary_table.set_index("name")
+    assert summary.loc["G1 Young", "pauses_hit"] == 1 and summary.loc["System.gc", "pauses_hit"] == 0
+    assert summary.loc["G1 Young", "threads_affected"] == 3
+
+
+def test_summary_equals_sql_over_pause_impact():
+    pauses, gil = random_scenario(3)
+    pauses = pd.concat([pauses, pauses_frame([(s, s + 30) for s in range(0, 400, 37)], kinds=["gc_pause"] * 11,
+                                             names=["G1 Young"] * 11).assign(pause_id=lambda f: f.pause_id + 1000)],
+                       ignore_index=True)
+    result = correlate(pauses, gil, slack_ns=5)
+    span_ns = result.header["span_ns"]
+    con = duckdb.connect()
+    con.register("i", result.pause_impact.astype({"kind": object, "name": object}))
+    con.register("o", result.overlaps.astype({"state": object}))
+    sql = con.execute(f"""
+        SELECT kind, name, count(*) AS pauses, count(*) FILTER (WHERE hit_python) AS pauses_hit,
+               count(*) FILTER (WHERE hit_python) / ({span_ns} / 3.6e12) AS hits_per_hour,
+               avg(overlap_ns / 1e6) FILTER (WHERE hit_python) AS mean_overlap_ms,
+               quantile_cont(overlap_ns / 1e6, 0.5) FILTER (WHERE hit_python) AS p50_overlap_ms,
+               quantile_cont(overlap_ns / 1e6, 0.99) FILTER (WHERE hit_python) AS p99_overlap_ms,
+               max(overlap_ns / 1e6) FILTER (WHERE hit_python) AS max_overlap_ms,
+               coalesce(sum(overlap_ns / 1e6) FILTER (WHERE hit_python), 0) AS total_overlap_ms,
+               (SELECT count(DISTINCT (o.pid, o.tid)) FROM o JOIN i AS j USING (pause_id)
+                 WHERE NOT o.near_miss AND j.kind = i.kind AND j.name = i.name) AS threads_affected,
+               count(*) FILTER (WHERE near_misses > 0 AND NOT hit_python) AS pauses_near_miss,
+               count(*) FILTER (WHERE amplified) AS pauses_amplified
+        FROM i GROUP BY kind, name ORDER BY kind, name
+    """).df()
+    ours = result.summary_table.sort_values(["kind", "name"]).reset_index(drop=True)
+    assert ours.pauses_hit.sum() > 0
+    assert list(ours.columns) == list(sql.columns)
+    for column in sql.columns:
+        if column in ("kind", "name"):
+            assert ours[column].tolist() == sql[column].tolist()
+        else:
+            np.testing.assert_allclose(ours[column].to_numpy(float), sql[column].to_numpy(float), rtol=1e-9,
+                                       err_msg=column)
+
+
+def test_refuses_tables_from_different_clocks_unless_given_an_offset():
+    pauses = pauses_frame([(100, 200)])
+    gil = gil_frame([(1, 1, "released", 150, 160)])
+    pauses.attrs = {"clock_domain": "wall", "clock_method": "chunk_header_wall", "source": "a.jfr"}
+    with pytest.raises(TandemError, match=r"cannot join a\.jfr with gil table: a\.jfr is on the wall clock"):
+        correlate(pauses, gil)
+    pauses.attrs = {"boot_id": "boot-A", "source": "a.jfr"}
+    gil.attrs = {"processes": [{"pid": 1, "boot_id": "boot-B"}]}
+    with pytest.raises(TandemError, match="a.jfr is from boot boot-A and g.parquet from boot boot-B"):
+        correlate(pauses, gil, gil_source="g.parquet")
+    shifted = correlate(pauses, gil, offset_ns=-90)
+    assert shifted.header["alignment"] == "explicit_offset"
+    assert len(shifted.overlaps) == 0  # [10, 110) no longer meets [150, 160)
+    assert shifted.pauses[["start_ns", "end_ns"]].values.tolist() == [[10, 110]]
+    gil.attrs = {"processes": [{"pid": 1, "boot_id": "boot-A"}], "dropped": 3}
+    same = correlate(pauses, gil)
+    assert same.header["alignment"] == "same_monotonic_clock" and len(same.overlaps) == 1
+
+
+def test_bad_tables_give_one_line_naming_the_file(tmp_path):
+    pauses = pauses_frame([(0, 10)])
+    with pytest.raises(TandemError, match="^p.parquet: missing column 'tid'"):
+        correlate(pauses, gil_frame([(1, 1, "released", 0, 5)]).drop(columns="tid"), gil_source="p.parquet")
+    with pytest.raises(TandemError, match="ends before it starts"):
+        correlate(pauses_frame([(10, 0)]), gil_frame([]))
+    with pytest.raises(TandemError, match="state' has value 'holding'"):
+        correlate(pauses, gil_frame([(1, 1, "holding", 0, 5)]))
+    with pytest.raises(TandemError, match="must be integers"):
+        correlate(pauses.astype({"start_ns": float}), gil_frame([]))
+    with pytest.raises(TandemError, match="no such file"):
+        analyze(tmp_path / "missing.parquet", tmp_path / "g.parquet")
+
+
+def test_write_is_replaced_on_rerun_and_carries_the_alignment(tmp_path):
+    pauses, gil = random_scenario(5)
+    pauses.attrs = {"clock_domain": "monotonic", "clock_method": "clock_sync", "sources": [{"runs": [{"clock": {"error_ns": 1234}}]}]}
+    first = correlate(pauses, gil)
+    first.write(tmp_path)
+    second = correlate(pauses.iloc[:2], gil, slack_ns=7)
+    paths = second.write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.parquet" for n in second.tables())
+    assert sorted(paths) == sorted(tmp_path.iterdir())
+    for name, table in second.tables().items():
+        back = read_table(tmp_path / f"{name}.parquet")
+        assert len(back) == len(table), name
+        assert back.attrs["analysis"]["clock"]["pauses"]["method"] == "clock_sync"
+        assert back.attrs["analysis"]["clock"]["pauses"]["error_ns"] == 1234
+        assert back.attrs["analysis"]["slack_ns"] == 7
+    pd.testing.assert_frame_equal(read_table(tmp_path / "overlaps.parquet"), second.overlaps, check_dtype=False)
+
+
+def test_timeline_draws_a_png(tmp_path):
+    from matplotlib.image import imread
+
+    pauses, gil = random_scenario(1)
+    result = correlate(pauses, gil)
+    figure = result.timeline(path=tmp_path / "t.png")
+    image = imread(tmp_path / "t.png")
+    assert figure.get_axes() and image.shape[0] > 200 and image.shape[1] > 800
+    colors = {tuple(c) for c in (image[..., :3].reshape(-1, 3) * 255).round().astype(int)}
+    assert (44, 160, 44) in colors  # released (green) is drawn
+    assert (214, 39, 40) in colors or (31, 119, 180) in colors  # a GC pause or a safepoint is drawn
+    assert len(colors) > 20
+    with pytest.raises(ValueError, match="empty window"):
+        result.timeline(10, 10)
+
+
+def test_the_command_writes_results_and_prints_the_summary(tmp_path):
+    pauses, gil = random_scenario(2)
+    write_table(pauses, tmp_path / "p.parquet", {})
+    write_table(gil, tmp_path / "g.parquet", {})
+    tandem = Path(sys.executable).parent / "tandem"
+    run = subprocess.run([str(tandem), "analyze", "--pauses", str(tmp_path / "p.parquet"), "--gil",
+                          str(tmp_path / "g.parquet"), "-o", str(tmp_path / "out"), "--slack", "5ns"],
+                         capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    printed = " ".join(run.stdout.split())
+    assert "JVM pauses that hit Python" in printed and "near misses within 5 ns" in printed
+    assert read_table(tmp_path / "out" / "overlaps.parquet").slack_ns.max() <= 5
+    bad = subprocess.run([str(tandem), "analyze", "--pauses", str(tmp_path / "g.parquet"), "--gil",
+                          str(tmp_path / "g.parquet"), "-o", str(tmp_path / "out")], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == f"tandem: error: {tmp_path / 'g.parquet'}: missing column 'pause_id' " \
+                                 "(needs pause_id, kind, name, start_ns, end_ns)"

@@ -1,0 +1,387 @@
+"""GIL probe capture (issue 4): real interpreters (3.11, 3.12, 3.13), real threads.
+
+Each test runs tests/probe_workloads.py in the target interpreter with the probe built for
+it (engine.probe.build) and checks the recorded intervals against independent witnesses
+taken inside the workload: threading.get_native_id() and time.monotonic_ns() brackets.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import TandemError
+from engine.ingest.gil import events_to_intervals, gil_free_gaps, gil_holds, read_gil
+from engine.probe import check_gil_present
+from engine.probe.build import probe_env
+from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
+from engine.ring.reader import read_events
+
+from conftest import REPO, python_params
+
+WORKLOADS = Path(__file__).resolve().parent / "probe_workloads.py"
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+MS = 1_000_000
+
+
+def run_workload(python: Path, workload: str, backend: str, tmp_path: Path, env: dict | None = None):
+    """Run WORKLOAD under the probe in PYTHON; returns (witness dict, EventsFile, gil table)."""
+    events_file = tmp_path / f"{workload}-{backend}.gil"
+    env = env if env is not None else probe_env(python)
+    proc = subprocess.run([str(python), str(WORKLOADS), workload, str(events_file), backend],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    witness = json.loads(proc.stdout.strip().splitlines()[-1])
+    return witness, read_events(events_file), read_gil(events_file)
+
+
+def assert_matches_sleeps(released, brackets) -> None:
+    """Fifty released intervals of 10 ms: each inside the monotonic_ns() bracket of its own
+    time.sleep(0.010) call and within 0.5 ms of it. The sleep itself may overrun 10 ms when
+    the shared machine is busy; the bracket is the witness of how long it really took."""
+    assert len(released) == len(brackets) == 50
+    durations = (released.end_ns - released.start_ns).to_numpy()
+    assert np.all(durations >= 10 * MS), durations
+    assert abs(np.median(durations) - 10 * MS) <= 0.5 * MS, durations
+    for (before, after), (start, end) in zip(brackets, released[["start_ns", "end_ns"]].to_numpy()):
+        assert before <= start < end <= after
+        assert (after - before) - (end - start) <= 0.5 * MS, (after - before, end - start)
+
+
+def thread_kinds(events, tid: int) -> np.ndarray:
+    return events.records["kind"][events.records["tid"] == tid]
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_sleeping_thread_releases_the_gil_for_each_sleep(python, tmp_path):
+    witness, events, df = run_workload(python, "sleeper", "auto", tmp_path)
+    assert witness["status"]["backend"] == "precise"
+    assert events.lost == 0
+    tid = witness["tid"]
+    first, last = witness["brackets"][0][0], witness["brackets"][-1][1]
+    mine = df[(df.tid == tid) & (df.state == "released") & (df.start_ns >= first) & (df.end_ns <= last)]
+    assert_matches_sleeps(mine, witness["brackets"])
+    assert set(mine.thread_name) == {"sleeper"}
+    assert (mine.pid == df.attrs["pid"]).all()
+    assert df.attrs["backend"] == "precise"
+    assert df.attrs["python_version"].rsplit(".", 1)[0] == python.name.removeprefix("python")
+    # nobody holds the GIL while the sleeper sleeps and the main thread waits in join():
+    # the global free gaps cover the sleeper's released intervals (but for the odd wake-up
+    # of the main thread on a loaded machine)
+    records = events.records
+    gaps = gil_free_gaps(records["mono_ns"], records["tid"], records["kind"])
+    covered = sum(
+        max(0, min(end, g_end) - max(start, g_start))
+        for start, end in mine[["start_ns", "end_ns"]].to_numpy()
+        for g_start, g_end in gaps[["start_ns", "end_ns"]].to_numpy()
+    )
+    assert covered >= 0.95 * (mine.end_ns - mine.start_ns).sum()
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_cpu_bound_threads_forced_switches(python, tmp_path):
+    witness, events, df = run_workload(python, "spinners", "auto", tmp_path)
+    records = events.records
+    assert events.lost == 0
+    tids = list(witness["tids"].values())
+    for tid in tids:
+        kinds = thread_kinds(events, tid)
+        # after the first acquire: acquire, drop, request, acquire, drop, ... and nothing else
+        start = int(np.argmax(kinds == GIL_TAKE_ACQUIRED))
+        body = kinds[start:]
+        expected = np.resize(np.array([GIL_TAKE_ACQUIRED, GIL_DROP, GIL_TAKE_REQUEST]), len(body))
+        assert np.array_equal(body, expected), body[:20]
+        released = df[(df.tid == tid) & (df.state == "released")]
+        waiting = df[(df.tid == tid) & (df.state == "waiting")]
+        # 0.4 s at a 1 ms switch interval would give ~200; on a loaded 2-core machine the
+        # waiting thread is often scheduled late (switches every ~10 ms seen at load 8)
+        assert len(released) >= 8 and len(waiting) >= 8
+    # at no instant two holders (holds as stamped lie inside the real holds, one clock)
+    holds = gil_holds(records["mono_ns"], records["tid"], records["kind"])
+    assert len(holds) >= 16
+    assert np.all(holds.start_ns.to_numpy()[1:] >= holds.end_ns.to_numpy()[:-1])
+    # a forced switch: one thread's release is followed by the other's acquire
+    spin_holds = holds[holds.tid.isin(tids)]
+    assert (spin_holds.tid.to_numpy()[1:] != spin_holds.tid.to_numpy()[:-1]).sum() >= 16
+
+
+@pytest.mark.parametrize("python", python_params())
+@pytest.mark.parametrize("backend", ["exported", "sampling"])
+def test_fallback_backends_forced(python, backend, tmp_path):
+    if backend == "exported":
+        witness, events, df = run_workload(python, "sleeper", backend, tmp_path)
+        assert witness["status"]["backend"] == "exported"
+        mine = df[(df.tid == witness["tid"]) & (df.state == "released")]
+        first, last = witness["brackets"][0][0], witness["brackets"][-1][1]
+        mine = mine[(mine.start_ns >= first) & (mine.end_ns <= last)]
+        assert_matches_sleeps(mine, witness["brackets"])
+        # what it misses (docs/probe.md): forced switches between CPU-bound threads
+        witness, events, df = run_workload(python, "spinners", backend, tmp_path)
+        both_spinning = (max(b[0] for b in witness["brackets"].values()), min(b[1] for b in witness["brackets"].values()))
+        spin = df[df.tid.isin(list(witness["tids"].values())) & (df.start_ns >= both_spinning[0])
+                  & (df.end_ns <= both_spinning[1])]
+        assert len(spin) == 0  # while both spin, the precise backend sees a switch every ~1-10 ms
+    else:
+        witness, events, df = run_workload(python, "spinners", backend, tmp_path)
+        assert witness["status"]["backend"] == "sampling" and witness["status"]["samples"] > 100
+        tids = list(witness["tids"].values())
+        for tid in tids:
+            released = df[(df.tid == tid) & (df.state == "released")]
+            assert len(released) >= 10
+        assert set(df.state) <= {"released"}  # sampling cannot see waiting
+        holds = gil_holds(events.records["mono_ns"], events.records["tid"], events.records["kind"])
+        spin_holds = holds[holds.tid.isin(tids)]
+        durations = (spin_holds.end_ns - spin_holds.start_ns).to_numpy()
+        # holds last about one switch interval (1 ms; ~10 ms seen on a loaded 2-core machine,
+        # where the waiting thread is scheduled late), seen at a 100 us sampling period
+        assert 0.3 * MS <= np.median(durations) <= 20 * MS, np.median(durations)
+        assert np.all(holds.start_ns.to_numpy()[1:] >= holds.end_ns.to_numpy()[:-1])
+
+
+@pytest.mark.skipif(not VENV_PYTHON.exists(), reason="JPype is installed in the 3.11 venv only")
+def test_jpype_call_into_java_releases_the_gil(tmp_path):
+    pytest.importorskip("jpype")
+    witness, events, df = run_workload(VENV_PYTHON, "jpype_sleep", "auto", tmp_path, env=_venv_env())
+    before, after = witness["bracket"]
+    mine = df[(df.tid == witness["tid"]) & (df.state == "released") & (df.start_ns >= before) & (df.end_ns <= after)]
+    assert (mine.end_ns - mine.start_ns).max() >= 20 * MS
+
+
+def _venv_env() -> dict:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # the venv's editable install has the in-tree extension
+    return env
+
+
+def test_free_threaded_build_is_refused_with_one_line():
+    check_gil_present(None, None)  # a GIL build
+    check_gil_present(0, lambda: True)
+    for runtime in (lambda: False, lambda: True, None):
+        with pytest.raises(TandemError, match="^no GIL to watch: this is a free-threaded build") as err:
+            check_gil_present(1, runtime)
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_real_interpreters_are_not_free_threaded(python):
+    from engine.probe.build import describe_interpreter
+
+    assert describe_interpreter(python)["gil_disabled"] is False  # so no 3.13t to test the refusal on
+
+
+def test_events_to_intervals_pairs_per_thread():
+    # thread 7: drop, request, acquire; thread 8 (interleaved): drop then acquire (no request)
+    t = np.array([100, 105, 110, 120, 150, 170])
+    tid = np.array([7, 8, 7, 7, 8, 7])
+    kind = np.array([GIL_DROP, GIL_DROP, GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED, GIL_TAKE_ACQUIRED, GIL_DROP])
+    df = events_to_intervals(t, tid, kind, pid=42)
+    got = sorted(zip(df.tid, df.state.astype(str), df.start_ns, df.end_ns))
+    assert got == [(7, "released", 100, 110), (7, "waiting", 110, 120), (8, "released", 105, 150)]
+    gaps = gil_free_gaps(t, tid, kind)
+    # holds: 7 [120, 170], 8 [150, ...no drop]: free from the first event to 120
+    assert list(zip(gaps.start_ns, gaps.end_ns)) == [(100, 120)]
+
+
+def test_decoder_lengths_match_objdump_on_real_prologues():
+    """Our length decoder against objdump on the first instructions of the real functions."""
+    from engine.probe import _probe
+
+    checked = 0
+    for libpython in sorted(Path("/root/.pyenv/versions").glob("3.1[123].*/lib/libpython3.*.so.1.0")):
+        symbols = subprocess.run(["nm", str(libpython)], capture_output=True, text=True).stdout
+        for name in ("take_gil", "drop_gil", "PyEval_SaveThread", "PyEval_RestoreThread"):
+            address = next(int(line.split()[0], 16) for line in symbols.splitlines() if line.endswith(" " + name))
+            dump = subprocess.run(["objdump", "-d", "--insn-width=16", f"--start-address={address}",
+                                   f"--stop-address={address + 40}", str(libpython)], capture_output=True, text=True).stdout
+            for line in dump.splitlines():
+                parts = line.split("\t")
+                if len(parts) < 3 or not parts[0].strip().endswith(":"):
+                    continue
+                if int(parts[0].strip().rstrip(":"), 16) >= address + 12:
+                    break  # the hook moves at most the first few instructions
+                code = bytes.fromhex(parts[1].replace(" ", ""))
+                position_dependent = "rip" in parts[2] or parts[2].startswith(("j", "call", "ret"))
+                if position_dependent:  # the hook stops here: what follows is never moved
+                    with pytest.raises(ValueError):
+                        _probe._insn_length(code + bytes(16))
+                    checked += 1
+                    break
+                else:
+                    assert _probe._insn_length(code + bytes(16)) == len(code), parts[2]
+                checked += 1
+    if checked == 0:
+        pytest.skip("no pyenv libpython to compare with")
+    assert checked >= 12
+
+
+def test_decoder_refuses_what_it_cannot_relocate():
+    from engine.probe import _probe
+
+    assert _probe._insn_length(bytes.fromhex("f30f1efa")) == 4      # endbr64
+    assert _probe._insn_length(bytes.fromhex("4883ec18")) == 4      # sub $0x18,%rsp
+    for code, why in [("488b05" + "00" * 4, "RIP-relative"), ("e8" + "00" * 4, "branch or call"),
+                      ("7405", "branch or call"), ("0f0b", "not known")]:
+        with pytest.raises(ValueError, match=why):
+            _probe._insn_length(bytes.fromhex(code))
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_probe_finds_take_gil_in_symtab(python, tmp_path):
+    code = ("import json; from engine.probe import _probe; "
+            "print(json.dumps([(n, hex(a)) for n, a, _ in _probe._find_function('take_gil') + _probe._find_function('drop_gil')]))")
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=probe_env(python), check=True, cwd=tmp_path)
+    names = sorted(n for n, _ in json.loads(out.stdout))
+    assert names == ["drop_gil", "take_gil"]
+
+
+def test_python_m_engine_probe_runs_the_script(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import sys, time\nassert __name__ == '__main__'\nprint(' '.join(sys.argv))\n"
+                      "time.sleep(0.02)\nsys.exit(3)\n")
+    out = tmp_path / "run.gil"
+    proc = subprocess.run([sys.executable, "-m", "engine.probe", "-o", str(out), "--", str(script), "a", "b"],
+                          capture_output=True, text=True, env=_venv_env(), cwd=REPO)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.strip() == f"{script} a b"
+    df = read_gil(out)
+    main = df[(df.state == "released") & ((df.end_ns - df.start_ns) >= 20 * MS)]
+    assert len(main) == 1 and main.thread_name.iloc[0] == "MainThread"
+    meta = json.loads((tmp_path / "run.gil.json").read_text())
+    assert meta["state"] == "closed" and meta["backend"] == "precise"
+
+
+def test_session_autostart_and_fork(tmp_path):
+    """TANDEM_SESSION set: the .pth hook starts the probe; a forked child records on its own."""
+    pth = Path(subprocess.run([str(VENV_PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()) / "tandem-probe-autostart.pth"
+    if not pth.exists():
+        pytest.skip("the .pth start hook is installed by `make build`")
+    code = ("import os, time, threading, engine.probe\n"
+            "assert engine.probe.backend() == 'precise'\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    time.sleep(0.03); engine.probe.stop(); os._exit(0)\n"
+            "os.waitpid(pid, 0); time.sleep(0.02)\n"
+            "print(pid)\n")
+    env = _venv_env() | {"TANDEM_SESSION": str(tmp_path)}
+    proc = subprocess.run([str(VENV_PYTHON), "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    child = int(proc.stdout.strip())
+    df = read_gil(tmp_path)
+    pids = {p["pid"] for p in df.attrs["processes"]}
+    assert child in pids and len(pids) == 2  # the parent and its forked child, each its own py-<pid>
+    child_sleep = df[(df.pid == child) & ((df.end_ns - df.start_ns) >= 30 * MS)]
+    assert len(child_sleep) == 1 and child_sleep.tid.iloc[0] == child
+    for sub in tmp_path.glob("py-*"):
+        assert (sub / "gil.ring").stat().st_mode & 0o777 == 0o600
+
+
+def test_unset_session_variable_starts_nothing():
+    proc = subprocess.run([str(VENV_PYTHON), "-c", "import sys; print('engine.probe' in sys.modules)"],
+                          capture_output=True, text=True, env=_venv_env())
+    assert proc.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_start_stop_cycles_under_load_and_exit_with_daemon_threads(python, tmp_path):
+    """Hooks installed and removed while threads hammer take_gil/drop_gil; then the
+    interpreter exits with daemon threads blocked in take_gil inside the hook (CPython ends
+    them with pthread_exit from take_gil, unwinding through the hook's frame)."""
+    code = f"""
+import atexit, os, threading, time, engine.probe
+fd = os.open({str(WORKLOADS)!r}, os.O_RDONLY)
+stop = False
+def hammer():
+    while not stop:
+        os.lseek(fd, 0, os.SEEK_CUR)
+def spin():
+    x = 0
+    while True:
+        x += 1
+threads = [threading.Thread(target=hammer) for _ in range(3)]
+for t in threads: t.start()
+for i in range(25):
+    engine.probe.start({str(tmp_path)!r} + f"/cycle-{{i}}.gil")
+    time.sleep(0.002)
+    engine.probe.stop()
+stop = True
+for t in threads: t.join()
+for _ in range(3):
+    threading.Thread(target=spin, daemon=True).start()
+    threading.Thread(target=hammer, daemon=True).start()
+stop = False
+engine.probe.start({str(tmp_path)!r} + "/exit.gil")
+atexit.unregister(engine.probe.stop)  # keep the hooks in place through finalization
+time.sleep(0.05)
+print("exiting", flush=True)
+"""
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=probe_env(python),
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "exiting"
+    for i in range(25):
+        events = read_events(tmp_path / f"cycle-{i}.gil")
+        assert events.closed and len(events.records) > 0
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_probe_imports_without_tandem_dependencies(python, tmp_path):
+    """engine.probe must start in an interpreter that has none of tandem's dependencies."""
+    code = ("import sys, engine.probe; engine.probe.start('run.gil'); engine.probe.stop(); "
+            "print(sorted(m for m in ('numpy', 'pandas', 'pyarrow', 'typer', 'jpype') if m in sys.modules))")
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=probe_env(python),
+                         cwd=tmp_path, check=True)
+    assert out.stdout.strip() == "[]"
+    assert read_gil(tmp_path / "run.gil.ring").attrs["backend"] == "precise"  # the ring file reads too
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_session_start_hook_through_pythonpath(python, tmp_path):
+    """An interpreter without tandem installed gets the probe through probe_env's PYTHONPATH;
+    with TANDEM_SESSION set its sitecustomize hook starts recording into py-<pid>/, and a
+    user's own sitecustomize further down sys.path still runs."""
+    user_site = tmp_path / "user"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("import builtins\nbuiltins.USER_SITECUSTOMIZE = True\n")
+    env = probe_env(python)
+    env["PYTHONPATH"] += os.pathsep + str(user_site)
+    env["TANDEM_SESSION"] = str(tmp_path / "session")
+    code = "import time, engine.probe; print(engine.probe.backend(), USER_SITECUSTOMIZE); time.sleep(0.02)"
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["precise", "True"]
+    df = read_gil(tmp_path / "session")
+    assert len(df.attrs["processes"]) == 1 and df.attrs["closed"]
+    assert ((df.end_ns - df.start_ns) >= 20 * MS).sum() == 1
+
+
+@pytest.mark.skipif(not (VENV_PYTHON.parent / "jep").exists(), reason="jep is not installed in the venv (pip install jep)")
+def test_interpreter_embedded_in_java_with_jep(tmp_path):
+    """A CPython embedded in a JVM by Jep starts the probe under TANDEM_SESSION (the
+    sitecustomize hook of probe_env) and records a thread's 30 ms sleep; Jep's JVM exits
+    without finalizing Python, so the events file is what the drain thread wrote (as after
+    SIGKILL) and the thread names are those flushed while threads started."""
+    script = tmp_path / "embedded.py"
+    script.write_text("import os, threading, time\n"
+                      "t = threading.Thread(target=time.sleep, args=(0.03,), name='jep-sleeper')\n"
+                      "t.start(); t.join(); time.sleep(0.15)\n"
+                      "print('pid', os.getpid(), t.native_id, flush=True)\n")
+    site_packages = subprocess.run([str(VENV_PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    env = probe_env(VENV_PYTHON, base=_venv_env())
+    env["PYTHONPATH"] += os.pathsep + site_packages  # Jep's interpreter does not see the venv by itself
+    env["TANDEM_SESSION"] = str(tmp_path / "session")
+    proc = subprocess.run([str(VENV_PYTHON.parent / "jep"), str(script)], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Error in sitecustomize" not in proc.stderr
+    _, pid, sleeper = proc.stdout.split()
+    df = read_gil(tmp_path / "session")
+    assert df.attrs["pid"] == int(pid)
+    sleep = df[(df.tid == int(sleeper)) & (df.state == "released") & ((df.end_ns - df.start_ns) >= 30 * MS)]
+    assert len(sleep) == 1 and sleep.thread_name.iloc[0] == "jep-sleeper"

@@ -1,0 +1,274 @@
+"""The shared-memory ring (issue 4, "The ring"): real pthreads producing through ring.c,
+real processes tailing and SIGKILLed, read back with engine.ring.
+
+Producers are the self-test entry points of the probe extension (engine/probe/ring_selftest.c):
+thread t emits, for i = 0, 1, 2, ...: tid = t, mono_ns = (t << 40) | i, kind = 1 + i % 5,
+so every record proves on its own that it is not torn and where it belongs.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import python_params
+from engine.errors import TandemError
+from engine.ring import GIL_RECORD_DTYPE, LOST_MARKER, RingTailer, current_boot_id, read_events, read_ring
+
+probe = pytest.importorskip("engine.probe._probe", reason="native probe not built (make build)")
+
+LOW_40_BITS = np.uint64((1 << 40) - 1)
+
+
+def check_records(records: np.ndarray, threads: int, events_per_thread: int | None = None) -> dict[int, np.ndarray]:
+    """Assert every record is intact and each thread's records are in order; return i per thread.
+
+    With EVENTS_PER_THREAD (a lossless run) each thread's counters must be exactly 0..n-1.
+    """
+    tid = records["tid"].astype(np.uint64)
+    counter = records["mono_ns"] & LOW_40_BITS
+    torn = (records["mono_ns"] >> np.uint64(40) != tid) | (records["kind"] != 1 + counter % np.uint64(5))
+    assert not torn.any(), f"{int(torn.sum())} torn records, first {records[torn][:3]}"
+    assert set(np.unique(tid).tolist()) <= set(range(1, threads + 1))
+    per_thread = {}
+    for t in range(1, threads + 1):
+        mine = counter[tid == t]
+        assert (np.diff(mine.astype(np.int64)) > 0).all(), f"thread {t}: records out of order"
+        if events_per_thread is not None:
+            assert np.array_equal(mine, np.arange(events_per_thread, dtype=np.uint64)), f"thread {t}: records missing"
+        per_thread[t] = mine
+    return per_thread
+
+
+def producer_process(ring: Path, events: Path | None, threads: int, events_per_thread: int, capacity: int,
+                     drain_period_us: int, burst: int = 0, pause_us: int = 0) -> subprocess.Popen:
+    """A separate Python process producing into a new ring through ring.c."""
+    code = textwrap.dedent(
+        f"""
+        from engine.probe import _probe
+        _probe._ring_stress({str(ring)!r}, {str(events) if events else None!r}, {threads}, {events_per_thread},
+                            {capacity}, {drain_period_us}, {burst}, {pause_us})
+        """
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"producer exited early: {proc.stderr.read().decode()}"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.002)
+
+
+def test_events_file_round_trip(tmp_path):
+    ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
+    # Paced (500 events, then 200 us asleep) into a 1M-slot ring drained every ms: it cannot
+    # fill even if the busy 2-core machine starves the drain thread for 100 ms.
+    result = probe._ring_stress(str(ring), str(events), 2, 100_000, 1 << 20, 1000, 500, 200)
+    got = read_events(events)
+    assert got.closed and got.trailing_bytes == 0
+    assert got.lost == 0 and len(got.records) == result["produced"] == 200_000
+    check_records(got.records, threads=2, events_per_thread=100_000)
+    assert np.array_equal(got.records["seq"], np.arange(1, 200_001, dtype=np.uint64))
+    h = got.header
+    assert (h.producer_pid, h.backend, h.clock_id) == (os.getpid(), "selftest", 1)
+    assert h.runtime_version == ".".join(map(str, sys.version_info[:3]))
+    assert h.boot_id == current_boot_id() and h.same_boot()
+    assert h.head == 200_000 and h.dropped == 0
+    # The (realtime, monotonic) pair was taken together, a moment before the records.
+    assert h.sync_uncertainty_ns < 1_000_000
+    assert abs(h.sync_realtime_ns - time.time_ns()) < 60e9
+    assert h.sync_monotonic_ns < time.monotonic_ns()
+    for path in (ring, events):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_overflow_fast_producer_slow_drain_counts_every_event(tmp_path):
+    """A 64-slot ring drained every 20 ms under two unthrottled producers: most events are
+    dropped, yet received + dropped == produced exactly, in the events file and the ring."""
+    ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
+    result = probe._ring_stress(str(ring), str(events), 2, 300_000, 64, 20_000)
+    got = read_events(events)
+    assert got.lost > 0, "the ring never overflowed: the test proves nothing"
+    assert len(got.records) + got.lost == result["produced"] == 600_000
+    assert got.header.dropped == got.lost and got.header.head == len(got.records)
+    check_records(got.records, threads=2)
+    # The ring itself: the drain consumed everything, the last 64 positions are still there.
+    header, last, missed = read_ring(ring)
+    assert header.head == len(got.records) and header.dropped == got.lost
+    assert len(last) + missed == header.head and len(last) == min(64, header.head)
+    assert np.array_equal(last, got.records[-len(last):])
+
+
+def test_ring_without_consumer_keeps_first_capacity_events(tmp_path):
+    ring = tmp_path / "gil.ring"
+    probe._ring_stress(str(ring), None, 3, 10_000, 1024, 0)
+    header, records, missed = read_ring(ring)
+    assert (header.head, header.dropped, missed) == (1024, 30_000 - 1024, 0)
+    assert len(records) == 1024 and header.closed
+    check_records(records, threads=3)
+
+
+@pytest.mark.parametrize("tailer_nap_s", [0.0, 0.02], ids=["keeps-up", "falls-behind"])
+def test_tailer_in_another_process_never_sees_a_torn_record(tmp_path, tailer_nap_s):
+    """Producer process: 2 threads through a 4096-slot ring, drained to a file. This process
+    tails the ring concurrently. Whatever the tailer's pace, every record it gets is intact,
+    each thread's records arrive in order, and received + missed + dropped == produced."""
+    ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
+    threads, per_thread = 2, 200_000
+    proc = producer_process(ring, events, threads, per_thread, 4096, 1000, burst=200, pause_us=50)
+    wait_for_file(ring, proc)
+    batches = []
+    with RingTailer(ring) as tail:
+        while True:
+            done = tail.closed_by_producer
+            batches.append(tail.poll())
+            if done and tail.position == tail.head:
+                break
+            time.sleep(tailer_nap_s or 0.0005)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+        received = np.concatenate(batches)
+        check_records(received, threads)
+        assert len(received) == tail.received
+        assert tail.received + tail.missed == tail.head
+        assert tail.received + tail.missed + tail.dropped == threads * per_thread
+        if tailer_nap_s:
+            assert tail.missed > 0, "the tailer never fell behind: the test proves nothing"
+    got = read_events(events)
+    assert len(got.records) + got.lost == threads * per_thread
+    # What the tailer received is exactly the drained records at the same positions.
+    # (the events file holds every position from 0, so position p is its record p).
+    assert np.array_equal(got.records[received["seq"].astype(np.int64) - 1], received)
+
+
+def test_sigkill_leaves_events_file_readable_up_to_last_drain(tmp_path):
+    ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
+    proc = producer_process(ring, events, 2, 10**9, 4096, 2000, burst=100, pause_us=100)
+    try:
+        wait_for_file(events, proc)
+        time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # also when the wait failed: never leave it running
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    got = read_events(events)
+    assert not got.closed
+    assert len(got.records) > 1000
+    check_records(got.records, threads=2)
+    with RingTailer(ring) as tail:
+        assert not tail.closed_by_producer
+        check_records(tail.poll(producer_gone=True), threads=2)
+        # Everything drained was claimed; the ring holds the newest positions, and a slot
+        # claimed but never committed (killed mid-emit) is counted, not waited for.
+        assert len(got.records) <= tail.head and got.lost <= tail.dropped
+        assert tail.received + tail.missed == tail.head
+
+    # A kill in the middle of a write(2) leaves part of a record: whole records only.
+    cut = tmp_path / "cut.events"
+    data = events.read_bytes()
+    cut.write_bytes(data[: 4096 + 32 * 500 + 17])
+    os.chmod(cut, 0o600)
+    partial = read_events(cut)
+    markers = np.frombuffer(data[4096 : 4096 + 32 * 500], dtype=GIL_RECORD_DTYPE)["kind"] == LOST_MARKER
+    assert len(partial.records) == 500 - int(markers.sum())
+    assert partial.trailing_bytes == 17
+    assert np.array_equal(partial.records, got.records[: len(partial.records)])
+
+
+def test_create_refuses_existing_files_and_bad_capacity(tmp_path):
+    ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
+    probe._ring_stress(str(ring), str(events), 1, 10, 16, 1000)
+    with pytest.raises(OSError, match="gil.ring: cannot create: File exists"):
+        probe._ring_stress(str(ring), None, 1, 10, 16, 1000)
+    with pytest.raises(OSError, match="gil.events: cannot create: File exists"):
+        probe._ring_stress(str(tmp_path / "other.ring"), str(events), 1, 10, 16, 1000)
+    with pytest.raises(OSError, match="capacity 1000 is not a power of two"):
+        probe._ring_stress(str(tmp_path / "third.ring"), None, 1, 10, 1000, 1000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gil.events", "gil.ring", "other.ring"]
+
+
+def test_reader_refuses_files_others_can_write_and_wrong_kinds(tmp_path):
+    ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
+    probe._ring_stress(str(ring), str(events), 1, 10, 16, 1000)
+    with pytest.raises(TandemError, match="gil.events: is a tandem events file, expected a ring file"):
+        RingTailer(events)
+    with pytest.raises(TandemError, match="gil.ring: is a tandem ring file, expected a events file"):
+        read_events(ring)
+    os.chmod(ring, 0o666)
+    with pytest.raises(TandemError, match="writable by group or others"):
+        RingTailer(ring)
+    with pytest.raises(TandemError, match="cannot open events"):
+        read_events(tmp_path / "missing.events")
+
+
+def test_other_boot_is_detectable(tmp_path):
+    ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
+    probe._ring_stress(str(ring), str(events), 1, 10, 16, 1000)
+    data = bytearray(events.read_bytes())
+    data[64:100] = b"00000000-0000-4000-8000-000000000000"
+    events.write_bytes(bytes(data))
+    got = read_events(events)
+    assert got.header.boot_id == "00000000-0000-4000-8000-000000000000"
+    assert not got.header.same_boot()
+
+
+def test_tailer_refuses_a_head_that_goes_backwards(tmp_path):
+    """A ring rewritten under a live tailer (hostile or reused file) is an error, not garbage."""
+    import mmap
+
+    ring = tmp_path / "gil.ring"
+    probe._ring_stress(str(ring), None, 1, 100, 64, 0)
+    with open(ring, "r+b") as f, mmap.mmap(f.fileno(), 0) as writable:
+        with pytest.raises(TandemError, match="ring head went from 64 to 3"):
+            with RingTailer(ring) as tail:
+                assert len(tail.poll()) == 64
+                writable[1024:1032] = (3).to_bytes(8, "little")
+                tail.poll()
+
+
+def test_drain_write_error_keeps_whole_batches_and_counts_the_rest(tmp_path):
+    """The events file hits a real write limit (RLIMIT_FSIZE, like a full disk): the file
+    keeps whole drained batches, the producers keep running, and the final header counts
+    every record that could not be written."""
+    ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
+    limit = 4096 + 32 * 3000 + 5  # not a record boundary: a batch is cut mid-record
+    code = textwrap.dedent(
+        f"""
+        import resource, signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # get EFBIG from write(2), not a signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+        from engine.probe import _probe
+        _probe._ring_stress({str(ring)!r}, {str(events)!r}, 2, 20_000, 1024, 1000, 100, 100)
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    got = read_events(events)
+    assert got.closed and got.trailing_bytes == 0
+    assert got.header.drain_lost > 0 and events.stat().st_size <= limit
+    assert len(got.records) + got.header.drain_lost == got.header.head
+    assert got.header.head + got.header.dropped == 40_000
+    check_records(got.records, threads=2)
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_ring_in_each_cpython(tmp_path, python):
+    """The ring built into the probe for CPython 3.11, 3.12 and 3.13, producing in that
+    interpreter; read back here."""
+    from engine.probe.build import describe_interpreter, probe_env
+
+    ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
+    code = f"from engine.probe import _probe; _probe._ring_stress({str(ring)!r}, {str(events)!r}, 2, 50_000, 4096, 1000, 100, 50)"
+    # (cwd elsewhere: with -c the current directory comes first on sys.path, before the build)
+    subprocess.run([str(python), "-c", code], check=True, timeout=300, env=probe_env(python), cwd=tmp_path)
+    got = read_events(events)
+    assert got.header.runtime_version == describe_interpreter(python)["version"]
+    assert got.closed and len(got.records) + got.lost == 100_000
+    check_records(got.records, threads=2)

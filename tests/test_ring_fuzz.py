@@ -1,0 +1,223 @@
+"""Fuzzing the ring readers: random bytes, random header and record mutations, truncations.
+
+Every input must give either a clean TandemError or a result that satisfies the format's
+invariants; a crash (SIGBUS/SIGSEGV kills pytest), a hang (pytest-timeout) or any other
+exception fails the test.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from engine.errors import TandemError
+from engine.ring import PAUSE_RECORD_DTYPE, RingTailer, read_events
+from engine.ring.layout import HEADER_SIZE, MAX_POSITION, OFFSET_DROPPED, OFFSET_HEAD, OFFSET_STATE
+
+probe = pytest.importorskip("engine.probe._probe", reason="native probe not built (make build)")
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory) -> dict[str, bytes]:
+    """A real events file with LOST markers and a real ring, both closed."""
+    d = tmp_path_factory.mktemp("ring-fuzz")
+    probe._ring_stress(str(d / "gil.ring"), str(d / "gil.events"), 2, 20_000, 256, 5000)
+    events = (d / "gil.events").read_bytes()
+    ring = (d / "gil.ring").read_bytes()
+    assert read_events(d / "gil.events").lost > 0  # markers present, so they get fuzzed too
+    return {"events": events, "ring": ring}
+
+
+def write_temp(data: bytes) -> Path:
+    fd, name = tempfile.mkstemp(prefix="tandem-fuzz-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return Path(name)
+
+
+def check_events_file(data: bytes) -> None:
+    path = write_temp(data)
+    try:
+        got = read_events(path)
+    except TandemError as e:
+        assert str(path) in str(e) and "\n" not in str(e)
+        event("events: rejected")
+        return
+    finally:
+        path.unlink()
+    event("events: accepted")
+    assert got.records.dtype == got.header.record_dtype
+    assert len(got.records) <= (len(data) - HEADER_SIZE) // got.header.record_size
+    assert 0 <= got.trailing_bytes < got.header.record_size
+    assert got.lost >= 0 and got.produced >= len(got.records)
+
+
+def check_ring_file(data: bytes, polls: list[int]) -> None:
+    path = write_temp(data)
+    try:
+        try:
+            tail = RingTailer(path)
+        except TandemError as e:
+            assert str(path) in str(e) and "\n" not in str(e)
+            event("ring: rejected at open")
+            return
+        with tail:
+            for i, limit in enumerate(polls):
+                try:
+                    batch = tail.poll(limit, producer_gone=i % 2 == 1)
+                except TandemError as e:
+                    assert str(path) in str(e)
+                    event("ring: rejected at poll")
+                    return
+                assert len(batch) <= min(limit, tail.header.capacity)
+                assert batch.dtype == tail.header.record_dtype
+                # Whatever the file says, a returned record sits at the position it claims.
+                assert tail.received + tail.missed == tail.position <= tail.head < MAX_POSITION
+        event("ring: accepted")
+    finally:
+        path.unlink()
+
+
+def mutate(data: bytes, edits: list[tuple[int, int]]) -> bytes:
+    out = bytearray(data)
+    for offset, value in edits:
+        out[offset % len(out)] = value
+    return bytes(out)
+
+
+header_offsets = st.integers(0, HEADER_SIZE - 1)
+any_offsets = st.integers(0, 1 << 20)
+edits = st.lists(st.tuples(st.one_of(header_offsets, any_offsets), st.integers(0, 255)), min_size=1, max_size=8)
+counter_values = st.one_of(st.integers(0, 1 << 20), st.integers(0, (1 << 64) - 1))
+
+
+@FUZZ
+@given(data=st.binary(max_size=9000))
+def test_random_bytes_as_events_file(data):
+    check_events_file(data)
+
+
+@FUZZ
+@given(data=st.binary(max_size=9000), polls=st.lists(st.integers(0, 600), min_size=1, max_size=3))
+def test_random_bytes_as_ring_file(data, polls):
+    check_ring_file(data, polls)
+
+
+@FUZZ
+@given(edits=edits, cut=st.one_of(st.none(), st.integers(0, 1 << 20)))
+def test_mutated_events_file(samples, edits, cut):
+    data = mutate(samples["events"], edits)
+    check_events_file(data if cut is None else data[:cut])
+
+
+@FUZZ
+@given(edits=edits, cut=st.one_of(st.none(), st.integers(0, 1 << 16)),
+       polls=st.lists(st.integers(0, 600), min_size=1, max_size=3))
+def test_mutated_ring_file(samples, edits, cut, polls):
+    data = mutate(samples["ring"], edits)
+    check_ring_file(data if cut is None else data[:cut], polls)
+
+
+@FUZZ
+@given(head=counter_values, dropped=counter_values, state=st.integers(0, (1 << 32) - 1),
+       seq_edits=st.lists(st.tuples(st.integers(0, 255), counter_values), max_size=6),
+       polls=st.lists(st.integers(0, 600), min_size=1, max_size=3))
+def test_hostile_ring_counters_and_commit_words(samples, head, dropped, state, seq_edits, polls):
+    """The fields a live reader re-reads on every poll, set to anything."""
+    out = bytearray(samples["ring"])
+    out[OFFSET_HEAD:OFFSET_HEAD + 8] = head.to_bytes(8, "little")
+    out[OFFSET_DROPPED:OFFSET_DROPPED + 8] = dropped.to_bytes(8, "little")
+    out[OFFSET_STATE:OFFSET_STATE + 4] = state.to_bytes(4, "little")
+    for slot, value in seq_edits:
+        at = HEADER_SIZE + 32 * slot
+        out[at:at + 8] = value.to_bytes(8, "little")
+    check_ring_file(bytes(out), polls)
+
+
+def test_unmodified_samples_are_valid(samples):
+    """The fuzz inputs start from files the readers accept (else the fuzzing is hollow)."""
+    path = write_temp(samples["ring"])
+    try:
+        with RingTailer(path) as tail:
+            assert len(tail.poll()) == 256
+    finally:
+        path.unlink()
+    path = write_temp(samples["events"])
+    try:
+        assert read_events(path).produced == 40_000
+    finally:
+        path.unlink()
+
+
+def pause_events_file(events_sample: bytes, names: list[bytes], body: bytes) -> bytes:
+    """The layout of a JVM-pause events file (record type 2), as the Java agent will write it:
+    the sample's header with type 2 / 64-byte records and a name table, then BODY."""
+    header = bytearray(events_sample[:HEADER_SIZE])
+    header[20:24] = (2).to_bytes(4, "little")
+    header[24:28] = (64).to_bytes(4, "little")
+    header[OFFSET_STATE:OFFSET_STATE + 4] = bytes(4)  # not closed: counters not checked
+    table = b"".join(n + b"\0" for n in names)
+    header[2048:2052] = len(table).to_bytes(4, "little")
+    header[2112:2112 + len(table)] = table
+    return bytes(header) + body
+
+
+def test_pause_records_and_names_decode(samples):
+    records = np.zeros(3, dtype=PAUSE_RECORD_DTYPE)
+    records["seq"] = [1, 2, 3]
+    records["start_ns"] = [100, 200, 300]
+    records["end_ns"] = [150, 260, 390]
+    records["kind"] = [1, 2, 1]
+    records["id"] = [7, 8, 9]
+    records["name_code"] = [1, 1 + len("G1 Young"), 0]
+    data = pause_events_file(samples["events"], [b"G1 Young", "Pause Rémark".encode()], records.tobytes())
+    path = write_temp(data)
+    try:
+        got = read_events(path)
+    finally:
+        path.unlink()
+    assert got.header.record_dtype == PAUSE_RECORD_DTYPE
+    assert got.header.names == {1: "G1 Young", 10: "Pause Rémark"}
+    assert np.array_equal(got.records, records)
+
+
+@FUZZ
+@given(names=st.lists(st.binary(max_size=40), max_size=5), body=st.binary(max_size=2000))
+def test_random_pause_files(samples, names, body):
+    check_events_file(pause_events_file(samples["events"], names, body))
+
+
+def test_tailing_a_pause_ring_wraps_and_counts_overwritten(samples):
+    """A ring of pause records as the Java agent will lay it out: 16 slots, 20 positions
+    claimed, so positions 0-3 were overwritten and 4-19 sit in slots 4..15, 0..3."""
+    capacity, head = 16, 20
+    header = bytearray(samples["ring"][:HEADER_SIZE])
+    header[20:24] = (2).to_bytes(4, "little")
+    header[24:28] = (64).to_bytes(4, "little")
+    header[28:32] = capacity.to_bytes(4, "little")
+    header[OFFSET_HEAD:OFFSET_HEAD + 8] = head.to_bytes(8, "little")
+    header[OFFSET_DROPPED:OFFSET_DROPPED + 8] = (5).to_bytes(8, "little")
+    slots = np.zeros(capacity, dtype=PAUSE_RECORD_DTYPE)
+    positions = np.arange(head - capacity, head)
+    slots_of = positions % capacity
+    slots["seq"][slots_of] = positions + 1
+    slots["start_ns"][slots_of] = positions * 1000
+    slots["end_ns"][slots_of] = positions * 1000 + 500
+    slots["kind"][slots_of] = 1 + positions % 2
+    path = write_temp(bytes(header) + slots.tobytes())
+    try:
+        with RingTailer(path) as tail:
+            got = tail.poll()
+            assert (tail.received, tail.missed, tail.dropped) == (16, 4, 5)
+            assert np.array_equal(got["seq"], positions + 1)
+            assert np.array_equal(got["end_ns"] - got["start_ns"], np.full(16, 500))
+            assert len(tail.poll()) == 0
+    finally:
+        path.unlink()
