@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tandem-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test test-fast demo bench readme-picture clean
+.PHONY: all venv build test test-fast demo bench notebook readme-picture clean
 
 all: build
 
@@ -37,6 +37,15 @@ demo: build
 bench: build
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m bench
+
+# Opens notebooks/explore.ipynb on the results of `make demo` (demo-out/results).
+notebook: build
+	$(PY) -m pip install -q -e '.[notebook]'
+	cd notebooks && TANDEM_RESULTS=$(CURDIR)/demo-out/results ../$(VENV)/bin/jupyter lab explore.ipynb
+
+# The README's picture: the demo's timeline around its worst pause.
+readme-picture: demo
+	cp demo-out/timeline.png docs/timeline.png
 
 clean:
 	rm -rf build dist *.egg-info engine/_java/*.jar engine/probe/*.so .pytest_cache

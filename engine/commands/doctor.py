@@ -4,6 +4,53 @@ from __future__ import annotations
 import typer
 
 
+def _tick_source() -> str:
+    """What JFR's ticks will be here, and how tandem pins them to CLOCK_MONOTONIC."""
+    from pathlib import Path
+
+    flags = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    try:
+        clocksource = Path("/sys/devices/system/clocksource/clocksource0/current_clocksource").read_text().strip()
+    except OSError:
+        clocksource = "unknown"
+    invariant = {"constant_tsc", "nonstop_tsc"} <= flags
+    tsc = "invariant TSC" if invariant else "no invariant TSC"
+    return (f"kernel clocksource {clocksource}, {tsc}; JFR ticks are CLOCK_MONOTONIC unless the JVM enables fast "
+            f"(TSC) time{' (possible here)' if invariant else ''}; the agent's tandem.ClockSync events pin either kind")
+
+
+def _probe_rows() -> list[tuple[str, str]]:
+    """The GIL probe backends for this interpreter: which `auto` picks and what each can miss."""
+    import sys
+    import sysconfig
+
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return [("GIL probe", f"[red]Python {sys.version.split()[0]} is free-threaded: no GIL to watch[/red]")]
+    try:
+        from engine.probe import _probe
+    except ImportError as err:
+        return [("GIL probe", f"[red]native probe not built for Python {sys.version.split()[0]}: {err}[/red]")]
+    try:
+        precise = all(_probe._find_function(name) for name in ("take_gil", "drop_gil"))
+    except Exception:
+        precise = False
+    rows = []
+    for name, misses in _probe.backends().items():
+        usable = precise if name == "precise" else True
+        mark = "[green]available[/green]" if usable else "[yellow]not here (take_gil/drop_gil not in .symtab)[/yellow]"
+        rows.append((f"probe backend {name}", f"{mark}; misses: {misses}"))
+    auto = "precise" if precise else "exported"
+    rows.insert(0, ("GIL probe", f"Python {sys.version.split()[0]}: `auto` picks [bold]{auto}[/bold]"))
+    return rows
+
+
 def doctor() -> None:
     """Show the JDK, the JFR tick source and the GIL probe backends available here."""
     from rich.console import Console
@@ -14,12 +61,16 @@ def doctor() -> None:
 
     table = Table(title="tandem doctor", show_header=True)
     table.add_column("check")
-    table.add_column("result")
+    table.add_column("result", overflow="fold")
     try:
         home = jvm.find_java_home()
-        table.add_row("JDK", f"{home} (Java {jvm.java_version(home)})")
+        table.add_row("JDK", f"{home} (Java {jvm.java_version(home)}); jfr, attach: {'yes' if (home / 'bin' / 'jfr').exists() else 'no'}")
+        table.add_row("agent jar", str(jvm.agent_jar()))
     except TandemError as err:
         table.add_row("JDK", f"[red]{err}[/red]")
+    table.add_row("JFR ticks", _tick_source())
+    for check, result in _probe_rows():
+        table.add_row(check, result)
     Console().print(table)
 
 

@@ -219,6 +219,8 @@ def read_gil(path: str | os.PathLike) -> pd.DataFrame:
     df["state"] = pd.Categorical(df["state"], categories=STATES)
     df["thread_name"] = df["thread_name"].astype("string")
     df.attrs["processes"] = processes
+    # The probe stamps with clock_gettime(CLOCK_MONOTONIC) itself: no conversion, no error.
+    df.attrs["clock"] = {"domain": "monotonic", "method": "clock_gettime(CLOCK_MONOTONIC)", "error_ns": 0}
     if len(processes) == 1:
         df.attrs.update({k: v for k, v in processes[0].items()})
     return df

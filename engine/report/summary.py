@@ -33,9 +33,24 @@ def header_line(header: dict) -> str:
 
 
 def _cell(value) -> str:
+    """At most about 5 characters: the table must fit an 80-column terminal."""
     if isinstance(value, float):
-        return "-" if math.isnan(value) else f"{value:.3g}"
+        if math.isnan(value):
+            return "-"
+        if value >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
     return str(value)
+
+
+def _rate(value: float) -> str:
+    for suffix, size in (("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g}{suffix}"
+    return _cell(float(value))
+
+
+MAX_ROWS_WITHOUT_HITS = 5
 
 
 def summary_rich_table(summary: pd.DataFrame, header: dict | None = None):
@@ -43,21 +58,33 @@ def summary_rich_table(summary: pd.DataFrame, header: dict | None = None):
     from rich import box
     from rich.table import Table
 
-    # Light borders: 13 columns must stay readable in an 80-column terminal.
-    table = Table(title="JVM pauses that hit Python", box=box.SIMPLE_HEAD, pad_edge=False)
+    header = header or {}
     labels = {
-        "kind": "kind", "name": "name", "pauses": "pauses", "pauses_hit": "hit Python", "hits_per_hour": "hits/h",
-        "mean_overlap_ms": "mean ms", "p50_overlap_ms": "p50 ms", "p99_overlap_ms": "p99 ms",
-        "max_overlap_ms": "max ms", "total_overlap_ms": "total ms", "threads_affected": "threads",
-        "pauses_near_miss": "near misses", "pauses_amplified": "amplified",
+        "pauses": "pauses", "pauses_hit": "hit", "hits_per_hour": "hits/h",
+        "mean_overlap_ms": "mean", "p50_overlap_ms": "p50", "p99_overlap_ms": "p99",
+        "max_overlap_ms": "max", "total_overlap_ms": "total", "threads_affected": "thr",
     }
-    for column, label in labels.items():
-        if column in ("kind", "name"):
-            table.add_column(label, overflow="fold", min_width=8)
-        else:
-            table.add_column(label, justify="right")
-    for row in summary.itertuples(index=False):
-        table.add_row(*(_cell(getattr(row, column)) for column in labels))
+    # Columns that can only be zero in this analysis are left out rather than printed empty.
+    if header.get("slack_ns"):
+        labels["pauses_near_miss"] = "near"
+    if "pauses_amplified" in summary and int(summary["pauses_amplified"].sum()) > 0:
+        labels["pauses_amplified"] = "ampl"
+    table = Table(title="JVM pauses that hit Python (overlap times in ms)", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True,
+                  caption="hit: pauses overlapping a released or waiting Python thread; thr: threads affected")
+    table.add_column("kind: name", overflow="fold", min_width=22, max_width=34)
+    for label in labels.values():
+        table.add_column(label, justify="right")
+    hit = summary[summary["pauses_hit"] > 0]
+    missed = summary[summary["pauses_hit"] == 0]
+    for row in pd.concat([hit, missed.head(MAX_ROWS_WITHOUT_HITS)]).itertuples(index=False):
+        cells = [_rate(value) if column == "hits_per_hour" else _cell(value) for column, value in
+                 ((column, getattr(row, column)) for column in labels)]
+        table.add_row(f"{row.kind}: {row.name}", *cells)
+    if len(missed) > MAX_ROWS_WITHOUT_HITS:
+        rest = missed.iloc[MAX_ROWS_WITHOUT_HITS:]
+        table.add_row(f"... {len(rest)} more that never hit Python", str(int(rest["pauses"].sum())), "0",
+                      *([""] * (len(labels) - 2)), style="dim")
     return table
 
 
