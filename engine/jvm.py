@@ -76,9 +76,16 @@ def _libjvm(home: Path) -> Path:
 
 
 def _without_tandem_agent(options: str) -> str:
+    """JAVA_TOOL_OPTIONS without tandem's -javaagent (which may be quoted: paths with spaces)."""
     # Under `tandem record`, JAVA_TOOL_OPTIONS carries our agent so that the user's JVMs
     # record; tandem's own ingest JVM must not record itself.
-    return " ".join(tok for tok in options.split() if "tandem-agent" not in tok)
+    import shlex
+
+    try:
+        tokens = shlex.split(options)
+    except ValueError:  # unbalanced quotes: the JVM would not parse it either; keep it as is
+        return options
+    return shlex.join(tok for tok in tokens if "tandem-agent" not in tok)
 
 
 def start_jvm(extra_options: tuple[str, ...] = ()):

@@ -52,7 +52,18 @@ def draw_timeline(analysis, start_ns: int | None = None, end_ns: int | None = No
     threads = sorted({(int(p), int(t)) for p, t in zip(gil["pid"], gil["tid"])},
                      key=lambda key: (-hits.get(key, 0), key))[:MAX_THREAD_LANES]
     pids = sorted({pid for pid, _ in threads})
-    lanes = ["JVM pauses"] + [f"GIL free (pid {pid})" for pid in pids] + [f"pid {p} tid {t}" for p, t in threads]
+    # One lane per pause kind: a GC pause sits inside its safepoint, inside its collection.
+    kinds = [k for k in KIND_COLORS if k in set(pauses["kind"])] + sorted(set(pauses["kind"]) - set(KIND_COLORS))
+    names = {}
+    if "thread_name" in gil:
+        named = gil.dropna(subset=["thread_name"]).drop_duplicates(["pid", "tid"])
+        names = {(int(p), int(t)): str(n) for p, t, n in zip(named["pid"], named["tid"], named["thread_name"])}
+
+    def thread_label(pid: int, tid: int) -> str:
+        who = f"{names[(pid, tid)]} ({tid})" if (pid, tid) in names else f"tid {tid}"
+        return who if len(pids) == 1 else f"pid {pid} {who}"
+
+    lanes = [f"JVM {kind}" for kind in kinds] + [f"GIL free (pid {pid})" for pid in pids] + [thread_label(p, t) for p, t in threads]
 
     fig = Figure(figsize=(12, 1.2 + 0.35 * len(lanes)), dpi=100)
     ax = fig.add_subplot()
@@ -64,11 +75,11 @@ def draw_timeline(analysis, start_ns: int | None = None, end_ns: int | None = No
             ax.broken_barh(_bars(frame, start_ns, start_ns, end_ns), (y[label] - height / 2, height), **style)
 
     for kind, group in pauses.groupby("kind"):
-        lane("JVM pauses", group, facecolors=KIND_COLORS.get(kind, "#7f7f7f"), edgecolor="none")
+        lane(f"JVM {kind}", group, facecolors=KIND_COLORS.get(kind, "#7f7f7f"), edgecolor="none")
     for pid in pids:
         lane(f"GIL free (pid {pid})", free[free["pid"] == pid], facecolors="#17becf", edgecolor="none")
     for pid, tid in threads:
-        label = f"pid {pid} tid {tid}"
+        label = thread_label(pid, tid)
         mine = gil[(gil["pid"] == pid) & (gil["tid"] == tid)]
         life = pd.DataFrame({"start_ns": [mine["start_ns"].min()], "end_ns": [mine["end_ns"].max()]})
         lane(label, life, facecolors=HOLDING_COLOR, edgecolor="none")
