@@ -17,7 +17,16 @@ from hypothesis import strategies as st
 
 from engine.errors import TandemError
 from engine.ring import PAUSE_RECORD_DTYPE, RingTailer, read_events
-from engine.ring.layout import HEADER_SIZE, MAX_POSITION, OFFSET_DROPPED, OFFSET_HEAD, OFFSET_STATE
+from engine.ring.layout import (
+    HEADER_SIZE,
+    LANE_OFFSET_DROPPED,
+    LANE_OFFSET_HEAD,
+    LANE_OFFSET_TAIL,
+    MAX_POSITION,
+    OFFSET_STATE,
+    lane_offset,
+    records_offset_for,
+)
 
 probe = pytest.importorskip("engine.probe._probe", reason="native probe not built (make build)")
 
@@ -26,9 +35,10 @@ FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCh
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory) -> dict[str, bytes]:
-    """A real events file with LOST markers and a real ring, both closed."""
+    """A real events file with LOST markers and a real ring, both closed: 4 lanes of 64
+    slots, two producer threads."""
     d = tmp_path_factory.mktemp("ring-fuzz")
-    probe._ring_stress(str(d / "gil.ring"), str(d / "gil.events"), 2, 20_000, 256, 5000)
+    probe._ring_stress(str(d / "gil.ring"), str(d / "gil.events"), 2, 20_000, 256, 5000, lanes=4)
     events = (d / "gil.events").read_bytes()
     ring = (d / "gil.ring").read_bytes()
     assert read_events(d / "gil.events").lost > 0  # markers present, so they get fuzzed too
@@ -54,9 +64,11 @@ def check_events_file(data: bytes) -> None:
         path.unlink()
     event("events: accepted")
     assert got.records.dtype == got.header.record_dtype
-    assert len(got.records) <= (len(data) - HEADER_SIZE) // got.header.record_size
+    assert len(got.records) <= (len(data) - got.header.records_offset) // got.header.record_size
     assert 0 <= got.trailing_bytes < got.header.record_size
     assert got.lost >= 0 and got.produced >= len(got.records)
+    assert sum(got.lane_records) == len(got.records) and sum(got.lane_lost) == got.lost
+    assert (got.records["lane"] < got.header.lane_count).all()
 
 
 def check_ring_file(data: bytes, polls: list[int]) -> None:
@@ -78,8 +90,9 @@ def check_ring_file(data: bytes, polls: list[int]) -> None:
                     return
                 assert len(batch) <= min(limit, tail.header.capacity)
                 assert batch.dtype == tail.header.record_dtype
-                # Whatever the file says, a returned record sits at the position it claims.
-                assert tail.received + tail.missed == tail.position <= tail.head < MAX_POSITION
+                # Whatever the file says, per lane: received + missed == position <= head.
+                for lane in range(tail.header.lane_count):
+                    assert tail.lane_received[lane] + tail.lane_missed[lane] == tail.lane_position[lane] <= tail.lane_head[lane] < MAX_POSITION
         event("ring: accepted")
     finally:
         path.unlink()
@@ -93,8 +106,9 @@ def mutate(data: bytes, edits: list[tuple[int, int]]) -> bytes:
 
 
 header_offsets = st.integers(0, HEADER_SIZE - 1)
+lane_table_offsets = st.integers(HEADER_SIZE, 2 * HEADER_SIZE - 1)
 any_offsets = st.integers(0, 1 << 20)
-edits = st.lists(st.tuples(st.one_of(header_offsets, any_offsets), st.integers(0, 255)), min_size=1, max_size=8)
+edits = st.lists(st.tuples(st.one_of(header_offsets, lane_table_offsets, any_offsets), st.integers(0, 255)), min_size=1, max_size=8)
 counter_values = st.one_of(st.integers(0, 1 << 20), st.integers(0, (1 << 64) - 1))
 
 
@@ -126,19 +140,41 @@ def test_mutated_ring_file(samples, edits, cut, polls):
 
 
 @FUZZ
-@given(head=counter_values, dropped=counter_values, state=st.integers(0, (1 << 32) - 1),
+@given(lane_counters=st.lists(st.tuples(st.integers(0, 3), st.sampled_from([LANE_OFFSET_HEAD, LANE_OFFSET_TAIL, LANE_OFFSET_DROPPED]),
+                                        counter_values), min_size=1, max_size=6),
+       state=st.integers(0, (1 << 32) - 1),
        seq_edits=st.lists(st.tuples(st.integers(0, 255), counter_values), max_size=6),
        polls=st.lists(st.integers(0, 600), min_size=1, max_size=3))
-def test_hostile_ring_counters_and_commit_words(samples, head, dropped, state, seq_edits, polls):
-    """The fields a live reader re-reads on every poll, set to anything."""
+def test_hostile_ring_counters_and_commit_words(samples, lane_counters, state, seq_edits, polls):
+    """The fields a live reader re-reads on every poll (every lane's head, tail, dropped,
+    every slot's commit word), set to anything."""
     out = bytearray(samples["ring"])
-    out[OFFSET_HEAD:OFFSET_HEAD + 8] = head.to_bytes(8, "little")
-    out[OFFSET_DROPPED:OFFSET_DROPPED + 8] = dropped.to_bytes(8, "little")
+    for lane, field, value in lane_counters:
+        at = lane_offset(lane) + field
+        out[at:at + 8] = value.to_bytes(8, "little")
     out[OFFSET_STATE:OFFSET_STATE + 4] = state.to_bytes(4, "little")
     for slot, value in seq_edits:
-        at = HEADER_SIZE + 32 * slot
+        at = records_offset_for(4) + 32 * slot
         out[at:at + 8] = value.to_bytes(8, "little")
     check_ring_file(bytes(out), polls)
+
+
+@FUZZ
+@given(lane_count=st.sampled_from([0, 1, 2, 3, 64, 128, 1 << 31]), lane_capacity=st.sampled_from([0, 1, 2, 64, 1 << 26, 1 << 27]),
+       records_offset=st.sampled_from([0, 4096, 8192, 16384, 36864, 1 << 40]),
+       polls=st.lists(st.integers(0, 600), min_size=1, max_size=2))
+def test_hostile_lane_geometry(samples, lane_count, lane_capacity, records_offset, polls):
+    """Lane count, lane capacity and records offset that disagree with each other or with
+    the file size: a one-line error, never a read outside the mapping."""
+    for kind in ("ring", "events"):
+        out = bytearray(samples[kind])
+        out[168:172] = lane_count.to_bytes(4, "little")
+        out[28:32] = lane_capacity.to_bytes(4, "little")
+        out[176:184] = records_offset.to_bytes(8, "little")
+        if kind == "ring":
+            check_ring_file(bytes(out), polls)
+        else:
+            check_events_file(bytes(out))
 
 
 def test_unmodified_samples_are_valid(samples):
@@ -146,7 +182,9 @@ def test_unmodified_samples_are_valid(samples):
     path = write_temp(samples["ring"])
     try:
         with RingTailer(path) as tail:
-            assert len(tail.poll()) == 256
+            assert tail.header.lane_count == 4
+            got = tail.poll()
+            assert len(got) == 64 * len(set(got["lane"].tolist())) and 0 not in set(got["lane"].tolist())
     finally:
         path.unlink()
     path = write_temp(samples["events"])
@@ -156,12 +194,22 @@ def test_unmodified_samples_are_valid(samples):
         path.unlink()
 
 
-def pause_events_file(events_sample: bytes, names: list[bytes], body: bytes) -> bytes:
-    """The layout of a JVM-pause events file (record type 2), as the Java agent will write it:
-    the sample's header with type 2 / 64-byte records and a name table, then BODY."""
-    header = bytearray(events_sample[:HEADER_SIZE])
+def pause_header(sample: bytes, lane_capacity: int) -> bytearray:
+    """The layout of a JVM-pause file (record type 2) as the Java agent will write it: one
+    lane (lane 0, written by one thread), so the lane table is one page."""
+    header = bytearray(sample[:HEADER_SIZE]) + bytearray(HEADER_SIZE)
     header[20:24] = (2).to_bytes(4, "little")
     header[24:28] = (64).to_bytes(4, "little")
+    header[28:32] = lane_capacity.to_bytes(4, "little")
+    header[168:172] = (1).to_bytes(4, "little")
+    header[176:184] = records_offset_for(1).to_bytes(8, "little")
+    return header
+
+
+def pause_events_file(events_sample: bytes, names: list[bytes], body: bytes) -> bytes:
+    """A JVM-pause events file: the sample's header made type 2 / 64-byte records / one
+    lane, with a name table, then BODY."""
+    header = pause_header(events_sample, 64)
     header[OFFSET_STATE:OFFSET_STATE + 4] = bytes(4)  # not closed: counters not checked
     table = b"".join(n + b"\0" for n in names)
     header[2048:2052] = len(table).to_bytes(4, "little")
@@ -175,6 +223,7 @@ def test_pause_records_and_names_decode(samples):
     records["start_ns"] = [100, 200, 300]
     records["end_ns"] = [150, 260, 390]
     records["kind"] = [1, 2, 1]
+    records["lane"] = 0
     records["id"] = [7, 8, 9]
     records["name_code"] = [1, 1 + len("G1 Young"), 0]
     data = pause_events_file(samples["events"], [b"G1 Young", "Pause Rémark".encode()], records.tobytes())
@@ -198,12 +247,9 @@ def test_tailing_a_pause_ring_wraps_and_counts_overwritten(samples):
     """A ring of pause records as the Java agent will lay it out: 16 slots, 20 positions
     claimed, so positions 0-3 were overwritten and 4-19 sit in slots 4..15, 0..3."""
     capacity, head = 16, 20
-    header = bytearray(samples["ring"][:HEADER_SIZE])
-    header[20:24] = (2).to_bytes(4, "little")
-    header[24:28] = (64).to_bytes(4, "little")
-    header[28:32] = capacity.to_bytes(4, "little")
-    header[OFFSET_HEAD:OFFSET_HEAD + 8] = head.to_bytes(8, "little")
-    header[OFFSET_DROPPED:OFFSET_DROPPED + 8] = (5).to_bytes(8, "little")
+    header = pause_header(samples["ring"], capacity)
+    header[lane_offset(0) + LANE_OFFSET_HEAD:lane_offset(0) + LANE_OFFSET_HEAD + 8] = head.to_bytes(8, "little")
+    header[lane_offset(0) + LANE_OFFSET_DROPPED:lane_offset(0) + LANE_OFFSET_DROPPED + 8] = (5).to_bytes(8, "little")
     slots = np.zeros(capacity, dtype=PAUSE_RECORD_DTYPE)
     positions = np.arange(head - capacity, head)
     slots_of = positions % capacity

@@ -3,13 +3,14 @@
 A JFR file is a sequence of chunks, each with its own 68-byte big-endian header
 (docs/pauses.md, "Chunks"). Reading the headers here lets ingest refuse what jdk.jfr
 cannot read (not JFR, format 1.0) with a clear message, find the complete chunks of a
-truncated file, and convert each chunk's raw ticks with that chunk's own clock pair.
+truncated file, find the flushed part of an unfinished chunk (a killed JVM's last
+repository chunk), and convert each chunk's raw ticks with that chunk's own clock pair.
 """
 from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import TandemError
@@ -19,6 +20,14 @@ HEADER_SIZE = 68
 # magic, major, minor, chunkSize, constantPoolOffset, metadataOffset, startNanos,
 # durationNanos, startTicks, ticksPerSecond, fileState (byte 64: 0 = finished)
 _HEADER = struct.Struct(">4sHHqqqqqqqB")
+# Byte 64 of a chunk header: HotSpot's chunk "generation". 0 once the chunk is closed;
+# while it is open, 1..254, bumped at every flush (about once a second, JDK 14+), when the
+# header's size, constant-pool and metadata offsets and duration are rewritten to describe
+# the data flushed so far; 255 while that rewrite is under way (the other fields still
+# describe the previous flush then: the guard byte is written first, the fields after).
+FILE_STATE_OFFSET = 64
+FILE_STATE_FINISHED = 0
+FILE_STATE_UPDATING = 255
 
 # The JVM writes its own description as plain text into the recording; format 1.0 files
 # cannot be parsed by jdk.jfr, but this string still tells the user which JDK made them.
@@ -38,6 +47,13 @@ class Chunk:
     ticks_per_second: int
     major: int
     minor: int
+    # False: the JVM never closed this chunk (killed, or still recording). Its header then
+    # describes the last flush: `size` ends there, `duration_nanos` is the time up to it.
+    finished: bool = True
+    file_state: int = FILE_STATE_FINISHED
+    # The header's bytes as scanned (unfinished chunks only): a live JVM rewrites the header
+    # at its next flush, so a copy of the chunk must carry the header that matches its size.
+    header: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def end_ticks(self) -> int:
@@ -51,11 +67,16 @@ class ChunkScan:
     path: Path
     file_size: int
     chunks: list[Chunk]
-    lost_bytes: int          # bytes after the last complete chunk (truncated or still being written)
+    lost_bytes: int          # bytes after the last usable chunk data (truncated, or written after the last flush)
 
     @property
     def complete_bytes(self) -> int:
         return self.file_size - self.lost_bytes
+
+    @property
+    def unfinished(self) -> Chunk | None:
+        """The last chunk, if the JVM never closed it: read up to its last flush."""
+        return self.chunks[-1] if self.chunks and not self.chunks[-1].finished else None
 
     @property
     def format_version(self) -> str:
@@ -86,20 +107,34 @@ def _scan(path: Path, f, file_size: int) -> ChunkScan:
 
     chunks: list[Chunk] = []
     offset = 0
+    never_flushed = False
     while offset + HEADER_SIZE <= file_size:
         f.seek(offset)
-        fields = _HEADER.unpack(f.read(_HEADER.size))
+        raw = f.read(HEADER_SIZE)
+        fields = _HEADER.unpack(raw[: _HEADER.size])
         magic, major, minor, size, _cp, metadata, start_nanos, duration, start_ticks, tps, state = fields
         if magic != MAGIC or major != 2:
             if not chunks:
                 raise TandemError(f"{path}: not a JFR recording (bad chunk header at byte 0)")
             break  # garbage after the last chunk: counted as lost below
-        complete = size >= HEADER_SIZE and offset + size <= file_size and metadata > 0 and state == 0
-        if not complete or tps <= 0:
+        # A closed chunk (state 0), or an open one that was flushed at least once (metadata
+        # written): either way its declared size must fit in the file.
+        usable = size >= HEADER_SIZE and offset + size <= file_size and metadata > 0
+        if not usable or tps <= 0:
+            never_flushed = state != FILE_STATE_FINISHED and metadata <= 0
             break
-        chunks.append(Chunk(len(chunks), offset, size, start_nanos, duration, start_ticks, tps, major, minor))
+        finished = state == FILE_STATE_FINISHED
+        chunks.append(Chunk(len(chunks), offset, size, start_nanos, duration, start_ticks, tps, major, minor,
+                            finished, state, b"" if finished else raw))
         offset += size
+        if not finished:
+            break  # JFR writes one chunk at a time: what follows an open chunk's last flush is its unflushed tail
     if not chunks:
+        if never_flushed:
+            raise TandemError(
+                f"{path}: unfinished JFR chunk that was never flushed (the JVM stopped or was killed within "
+                f"about a second of starting to record): no event in its {file_size} bytes can be read"
+            )
         raise TandemError(
             f"{path}: truncated or unfinished JFR recording: not one complete chunk in {file_size} bytes"
         )

@@ -36,9 +36,27 @@ def _register_all() -> None:
         importlib.import_module(f"engine.commands.{name}").register(app)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """TandemWarnings (something was lost or approximated) as one line, like errors."""
+    from engine.errors import TandemWarning
+
+    if issubclass(category, TandemWarning):
+        print(f"tandem: warning: {message}", file=sys.stderr)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
 def main() -> None:
+    import warnings
+
     from engine.errors import TandemError
 
+    from engine.errors import TandemWarning
+
+    global _default_showwarning
+    _default_showwarning = warnings.showwarning
+    warnings.showwarning = _show_warning
+    warnings.simplefilter("always", TandemWarning)  # each loss is worth its own line
     _register_all()
     try:
         app()

@@ -13,12 +13,8 @@ def pauses(
     out: Path = typer.Option(..., "--out", "-o", help="Output directory; the table goes to OUT/pauses.parquet."),
 ) -> None:
     """Read JFR recordings into OUT/pauses.parquet (schema: docs/pauses.md) and summarise them."""
-    import sys
-    import warnings
-
     from rich.console import Console
 
-    from engine.errors import TandemWarning
     from engine.ingest.jfr import read_pauses
     from engine.store import write_table
 
@@ -28,14 +24,7 @@ def pauses(
     # 1.1-1.6 s vs 1.7-2.8 s); beyond that, C2's faster code pays back its compile time.
     total_bytes = sum(p.stat().st_size for p in recordings if p.is_file())
     jvm_options = ("-XX:TieredStopAtLevel=1",) if total_bytes < _C1_ONLY_BELOW_BYTES else ()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", TandemWarning)
-        table = read_pauses(recordings, progress=err_console, jvm_options=jvm_options)
-    for warning in caught:
-        if issubclass(warning.category, TandemWarning):
-            print(f"tandem: warning: {warning.message}", file=sys.stderr)
-        else:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    table = read_pauses(recordings, progress=err_console, jvm_options=jvm_options)  # warnings: see main()
     target = write_table(table, out / "pauses.parquet")
     _print_summary(Console(), table, target)
 

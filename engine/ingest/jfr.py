@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from engine.clock import align
-from engine.clock.chunks import Chunk, ChunkScan, scan_chunks, split_runs
+from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET, Chunk, ChunkScan, scan_chunks, split_runs
 from engine.errors import TandemError, TandemWarning
 
 KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
@@ -52,7 +53,9 @@ def read_pauses(
         raise TandemError("no recording given")
     scans = [scan_chunks(p) for p in path_list]  # refuse bad files before starting the JVM
     for scan in scans:
-        if scan.lost_bytes:
+        if scan.unfinished is not None:
+            warnings.warn(_unfinished_message(scan), TandemWarning, stacklevel=2)
+        elif scan.lost_bytes:
             warnings.warn(_lost_message(scan), TandemWarning, stacklevel=2)
 
     frames, sources = [], []
@@ -77,6 +80,46 @@ def _lost_message(scan: ChunkScan) -> str:
     )
 
 
+def _unfinished_message(scan: ChunkScan) -> str:
+    chunk = scan.unfinished
+    flushed_to = chunk.start_nanos + chunk.duration_nanos
+    clock = time.strftime("%H:%M:%S", time.gmtime(flushed_to // 1_000_000_000))
+    tail = (
+        f"the {scan.lost_bytes} bytes written after that flush ({100 * scan.lost_bytes / scan.file_size:.1f}% of the file)"
+        if scan.lost_bytes else "nothing on disk after that flush"
+    )
+    died_by = _session_end_wall_ns(scan.path)
+    if died_by is not None and died_by >= flushed_to:
+        unflushed = f"at most {(died_by - flushed_to) / 1e9:.2f} s of events never flushed (its session ended then)"
+    else:
+        unflushed = "whatever the JVM had not flushed yet (JFR flushes about once a second)"
+    earlier = f"; {len(scan.chunks) - 1} earlier finished chunk(s) read too" if len(scan.chunks) > 1 else ""
+    return (
+        f"{scan.path}: unfinished chunk (the JVM was killed or is still recording): recovered "
+        f"{chunk.size} bytes, {chunk.duration_nanos / 1e9:.1f} s of events up to its last flush "
+        f"({clock} UTC); lost {tail} and {unflushed}{earlier}"
+    )
+
+
+def _session_end_wall_ns(path: Path) -> int | None:
+    """When `tandem record` saw its command end, if this chunk's JVM was that command.
+
+    SESSION/session.json's `end_wall_ns` (docs/session.md) bounds when a killed JVM died
+    only if the JVM is the command's own process (a child JVM could outlive the command).
+    """
+    jvm_json = _agent_description(path)
+    if "repository" not in path.parent.parts or not jvm_json.get("pid"):
+        return None
+    parts = path.parent.parts
+    jvm_dir = Path(*parts[: len(parts) - parts[::-1].index("repository") - 1])
+    try:
+        session = json.loads((jvm_dir.parent / "session.json").read_text())
+    except (OSError, ValueError):
+        return None
+    end = session.get("end_wall_ns")
+    return int(end) if isinstance(end, int) and session.get("pid") == jvm_json["pid"] else None
+
+
 # ---------------------------------------------------------------- one file
 
 
@@ -85,11 +128,12 @@ def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) 
     jvm_json = _agent_description(scan.path)
     frames, run_meta = [], []
     for run in runs:
-        if len(runs) == 1 and scan.lost_bytes == 0:
+        if len(runs) == 1 and scan.lost_bytes == 0 and scan.unfinished is None:
             reader = _run_java_reader(scan.path, scan.path, run, bar, jvm_options)
         else:
-            # jdk.jfr reads a path, not a byte range: hand it a copy of this run's complete
-            # chunks (only for truncated files and files holding several JVM runs).
+            # jdk.jfr reads a path, not a byte range: hand it a copy of this run's usable
+            # chunks (only for truncated or unfinished files and files holding several JVM
+            # runs), an unfinished chunk cut at its last flush and marked finished.
             with tempfile.TemporaryDirectory(prefix="tandem-ingest-") as tmpdir:
                 copy = _copy_chunks(scan.path, run, Path(tmpdir) / f"run{run[0].index}.jfr")
                 reader = _run_java_reader(scan.path, copy, run, bar, jvm_options)
@@ -116,6 +160,14 @@ def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) 
 
 
 def _copy_chunks(path: Path, run: list[Chunk], dest: Path) -> Path:
+    """Copies the bytes of `run`'s chunks to `dest`; an unfinished chunk ends at its last flush.
+
+    An unfinished chunk (file state != 0: a killed JVM's last repository chunk) is a valid
+    chunk up to the size its header gives, which HotSpot rewrites at every flush together
+    with the constant-pool and metadata offsets. Left unfinished, jdk.jfr's EventStream waits
+    forever for the JVM to write more (and JDK 21+'s RecordingFile refuses it), so the copy's
+    file state is set to 0 ("finished"): jdk.jfr then reads it as a closed chunk of that size.
+    """
     start, end = run[0].offset, run[-1].offset + run[-1].size
     with open(path, "rb") as src, open(dest, "wb") as out:
         src.seek(start)
@@ -126,6 +178,15 @@ def _copy_chunks(path: Path, run: list[Chunk], dest: Path) -> Path:
                 break
             out.write(block)
             remaining -= len(block)
+        if remaining:
+            raise TandemError(f"{path}: the file shrank while being read")
+        for chunk in run:
+            if not chunk.finished:
+                # The header as scanned (a live JVM may have flushed again since), marked finished.
+                header = bytearray(chunk.header)
+                header[FILE_STATE_OFFSET] = FILE_STATE_FINISHED
+                out.seek(chunk.offset - start)
+                out.write(header)
     return dest
 
 
@@ -147,6 +208,16 @@ def _agent_description(path: Path) -> dict:
     return {}
 
 
+# The reading guard: far above jdk.jfr's real speed (tens of MB/s on the pause types alone,
+# the notes on reading speed), so only a reader that waits for data ever reaches it.
+READ_TIMEOUT_BASE_S = 120.0
+READ_TIMEOUT_MIN_BYTES_PER_S = 1 << 20
+
+
+def _read_timeout_s(size: int) -> float:
+    return READ_TIMEOUT_BASE_S + size / READ_TIMEOUT_MIN_BYTES_PER_S
+
+
 def _run_java_reader(path: Path, java_path: Path, run: list[Chunk], bar: "_Progress", jvm_options: tuple[str, ...] = ()):
     """Runs tandem.ingest.PauseReader on `java_path`, converting Java exceptions to TandemError."""
     from engine import jvm
@@ -162,19 +233,28 @@ def _run_java_reader(path: Path, java_path: Path, run: list[Chunk], bar: "_Progr
             failure.append(err)
 
     size = run[-1].offset + run[-1].size - run[0].offset
-    if bar.enabled:
-        # JPype releases the GIL inside Java, so this thread can draw progress meanwhile.
-        worker = threading.Thread(target=work, name="tandem-jfr-reader", daemon=True)
-        worker.start()
-        first, last = run[0].start_ticks, run[-1].end_ticks
-        while worker.is_alive():
-            worker.join(0.1)
+    # JPype releases the GIL inside Java, so this thread can draw progress and watch the
+    # clock meanwhile: jdk.jfr waits forever on a chunk it believes is still being written,
+    # and ingest must never hang (it only hands jdk.jfr finished chunks; this is the guard).
+    worker = threading.Thread(target=work, name="tandem-jfr-reader", daemon=True)
+    worker.start()
+    deadline = time.monotonic() + _read_timeout_s(size)
+    first, last = run[0].start_ticks, run[-1].end_ticks
+    while worker.is_alive():
+        worker.join(0.1)
+        if bar.enabled:
             seen = int(reader.progressTicks)
             if seen != _JAVA_NULL and last > first:
                 bar.set_fraction(size, min(1.0, max(0.0, (seen - first) / (last - first))))
+        if worker.is_alive() and time.monotonic() > deadline:
+            reader.abort()
+            worker.join(5)
+            raise TandemError(
+                f"{path}: jdk.jfr did not finish reading {size} bytes in {_read_timeout_s(size):.0f} s "
+                "(waiting for data that a live JVM has not written yet?); reading was stopped"
+            )
+    if bar.enabled:
         bar.done(size)
-    else:
-        work()
     if failure:
         err = failure[0]
         if isinstance(err, jpype.JException):

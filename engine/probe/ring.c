@@ -1,12 +1,17 @@
-/* The tandem shared-memory ring, producer side (layout and protocol: docs/ring.md).
+/* The tandem shared-memory ring, producer side (layout and protocol: docs/ring.md, v2).
  *
- * One file, mapped MAP_SHARED: a 4096-byte header page, then `capacity` fixed-size records.
- * Producers (any thread) claim a position with a CAS on `head`, but only while the ring
- * is not full (head - tail < capacity); otherwise they count a drop. A claimed slot is
- * published by storing its sequence word (position + 1) with release semantics. The one
- * consumer, the drain thread, copies committed slots in position order to the events file
- * and then advances `tail` with release semantics, which hands the slots back to producers.
- * External readers only read (they never move `tail`), so they can never stall producers.
+ * One file, mapped MAP_SHARED: a 4096-byte header page, a lane table (512 bytes per lane,
+ * padded to a page), then `lanes` rings of `lane_capacity` fixed-size records each.
+ *
+ * Lane 0 is shared: any thread may produce into it by claiming a position with a CAS on
+ * the lane's head (the version 1 protocol). Lanes 1 .. lanes-1 are private: a thread takes
+ * one on its first emit (cached in initial-exec TLS) and is its only producer, so an emit
+ * there is plain stores plus release stores (plain moves on x86-64), no locked
+ * instruction. Every slot is committed by a release store of its sequence word
+ * (position + 1); a private lane then publishes its head too. The one consumer, the drain
+ * thread, copies each lane's committed slots in position order to the events file and
+ * advances that lane's tail with release semantics, which hands the slots back.
+ * External readers only read, so they can never stall producers.
  */
 #define _GNU_SOURCE
 #include "ring.h"
@@ -21,6 +26,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,7 +34,7 @@
 /* ---- On-disk layout (docs/ring.md, "Header"); every multi-byte field little-endian. ---- */
 
 #define RING_MAGIC "TNDMRING"
-#define RING_VERSION 1u
+#define RING_VERSION 2u
 #define RING_HEADER_SIZE 4096u
 #define RING_FILE_KIND_RING 1u
 #define RING_FILE_KIND_EVENTS 2u
@@ -37,6 +43,10 @@
 #define RING_CLOCK_MONOTONIC 1u
 #define RING_MIN_CAPACITY 2u
 #define RING_MAX_CAPACITY (1u << 26)
+#define RING_MAX_LANES 64u
+#define RING_AUTO_LANE_SLOTS 16384u
+#define RING_LANE_STRIDE 512u
+#define RING_MIN_DRAIN_US 100u
 
 #define RING_STATE_DRAINING 1u /* a drain thread consumes this ring */
 #define RING_STATE_CLOSED 2u   /* the producer closed the ring (no more records) */
@@ -48,7 +58,7 @@
 #define OFF_FILE_KIND 16
 #define OFF_RECORD_TYPE 20
 #define OFF_RECORD_SIZE 24
-#define OFF_CAPACITY 28
+#define OFF_LANE_CAPACITY 28
 #define OFF_PRODUCER_PID 32
 #define OFF_CLOCK_ID 36
 #define OFF_SYNC_REALTIME 40
@@ -60,36 +70,55 @@
 #define LEN_RUNTIME_VERSION 32
 #define OFF_BACKEND 136         /* char[32] */
 #define LEN_BACKEND 32
-/* Live counters, each alone in a 128-byte block so producers hammering `head` do not
- * invalidate the line the drain thread writes (`tail`) and vice versa (adjacent-line
- * prefetch pairs 64-byte lines, hence 128). */
-#define OFF_HEAD 1024
-#define OFF_TAIL 1152
-#define OFF_DROPPED 1280
+#define OFF_LANE_COUNT 168      /* u32 */
+#define OFF_LANE_STRIDE 172     /* u32, 512 */
+#define OFF_RECORDS_OFFSET 176  /* u64: 4096 + lane table rounded up to 4096 */
+/* Whole-file state (the per-lane counters are in the lane table). */
 #define OFF_STATE 1408      /* u32 RING_STATE_* bits */
-#define OFF_DRAIN_LOST 1416 /* u64, meaningful in a closed events file */
+#define OFF_DRAIN_LOST 1416 /* u64, meaningful in a closed events file: sum over the lanes */
 #define OFF_NAMES_USED 2048 /* u32 + name table up to the page end (pause records; unused here) */
+
+/* One lane's counters: 512 bytes, each producer- or consumer-written word alone in a
+ * 128-byte block (adjacent-line prefetch pairs 64-byte lines, hence 128). */
+typedef struct {
+    _Atomic uint64_t head;    /* +0: positions claimed (shared lane) / committed (private) */
+    unsigned char pad0[120];
+    _Atomic uint64_t tail;    /* +128: positions consumed by the drain thread              */
+    unsigned char pad1[120];
+    _Atomic uint64_t dropped; /* +256: events dropped because the lane was full            */
+    unsigned char pad2[120];
+    _Atomic uint32_t owner;   /* +384: tid of the thread owning a private lane, 0 = free   */
+    uint32_t reserved;        /* +388 */
+    uint64_t drain_lost;      /* +392: events file only: records consumed, not written     */
+    unsigned char pad3[112];
+} ring_lane;
 
 /* GIL record (record_type 1, 32 bytes). */
 typedef struct {
-    _Atomic uint64_t seq; /* 0 = no committed record; position + 1 = committed record */
+    _Atomic uint64_t seq; /* 0 = no committed record; lane position + 1 = committed record */
     uint64_t mono_ns;
     uint32_t tid;
     uint16_t kind;
-    uint16_t flags;
-    uint64_t aux; /* 0 for GIL events; count of lost events in a LOST marker */
+    uint16_t lane;        /* index of the lane the record was produced into */
+    uint64_t aux;         /* 0 for GIL events; count of lost events in a LOST marker */
 } ring_gil_record;
 
+_Static_assert(sizeof(ring_lane) == RING_LANE_STRIDE, "a lane's counters take 512 bytes");
 _Static_assert(sizeof(ring_gil_record) == RING_GIL_RECORD_SIZE, "GIL record is 32 bytes");
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the ring layout is little-endian");
 
 struct tandem_ring {
-    unsigned char *base; /* the whole mapping: header page + records */
+    unsigned char *base; /* the whole mapping: header page + lane table + records */
     size_t map_len;
-    ring_gil_record *records;
-    uint64_t capacity;
+    ring_lane *lanes;
+    ring_gil_record *records; /* lane l's slots: records[l * lane_capacity ...] */
+    uint32_t lane_count;
+    uint64_t lane_capacity;
     uint64_t mask;
+    size_t records_offset;
+    uint64_t id;              /* unique per ring in this process: the TLS lane cache's key */
     unsigned fork_generation; /* value of fork_generation when created; differs in a fork child */
+    struct tandem_ring *next_live; /* list of open rings (guarded by live_mutex) */
     char path[4096];
 
     /* Drain thread state (owned by the control thread until started, then shared). */
@@ -101,26 +130,56 @@ struct tandem_ring {
     uint32_t period_us;
     int events_fd;             /* -1: consume without writing */
     int events_failed;         /* a write failed: records are no longer appended */
-    off_t events_size;         /* bytes of the events file: header + whole batches */
-    unsigned char events_header[RING_HEADER_SIZE];
+    off_t events_size;         /* bytes of the events file: header + lane table + whole batches */
+    unsigned char *events_header; /* records_offset bytes: header page + lane table */
     _Atomic uint64_t drained;
     _Atomic uint64_t drain_lost;
     _Atomic int drain_errno;
-    uint64_t dropped_reported; /* drops already written as LOST markers (drain thread only) */
+    uint64_t dropped_reported[RING_MAX_LANES]; /* drops already written as LOST markers */
+    uint64_t lane_drain_lost[RING_MAX_LANES];
 };
 
 /* Bumped in the child after fork(): rings created in the parent are then ignored there. */
 static _Atomic unsigned fork_generation;
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t next_ring_id = 1;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_key_t lane_key; /* non-NULL value: this thread may own lanes (release at exit) */
+static pthread_mutex_t live_mutex = PTHREAD_MUTEX_INITIALIZER;
+static tandem_ring *live_rings;
 
-static void on_fork_child(void) { atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed); }
-static void register_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+/* The calling thread's lane in the ring it last produced into. */
+typedef struct {
+    uint64_t ring_id;          /* 0: none */
+    ring_lane *lane;
+    ring_gil_record *slots;    /* the lane's first slot */
+    uint64_t capacity;         /* lane capacity (slots) */
+    uint64_t tail_cache;       /* the lane's tail as last read: head - tail_cache >= real use */
+    uint32_t shared_events;    /* events into the shared lane since the last look for a free lane */
+    uint16_t lane_index;
+    uint16_t shared;           /* no private lane was free: producing into lane 0 */
+} lane_cache;
 
-static inline _Atomic uint64_t *header_u64(unsigned char *base, size_t off) { return (_Atomic uint64_t *)(base + off); }
-static inline _Atomic uint32_t *header_u32(unsigned char *base, size_t off) { return (_Atomic uint32_t *)(base + off); }
+static __thread lane_cache my_lane __attribute__((tls_model("initial-exec")));
+
+static void on_fork_prepare(void) { pthread_mutex_lock(&live_mutex); }
+static void on_fork_parent(void) { pthread_mutex_unlock(&live_mutex); }
+static void on_fork_child(void) {
+    atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&live_mutex);
+}
+
+static void release_lanes(void *unused);
+
+static void init_once(void) {
+    pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
+    pthread_key_create(&lane_key, release_lanes);
+}
+
+static inline unsigned current_generation(void) { return atomic_load_explicit(&fork_generation, memory_order_relaxed); }
 
 static void put_u32(unsigned char *base, size_t off, uint32_t v) { memcpy(base + off, &v, 4); }
 static void put_u64(unsigned char *base, size_t off, uint64_t v) { memcpy(base + off, &v, 8); }
+static inline _Atomic uint32_t *header_u32(unsigned char *base, size_t off) { return (_Atomic uint32_t *)(base + off); }
 
 static uint64_t clock_ns(clockid_t id) {
     struct timespec ts;
@@ -163,7 +222,8 @@ static void read_boot_id(unsigned char dst[LEN_BOOT_ID]) {
     copy_text(dst, LEN_BOOT_ID, text);
 }
 
-static void fill_header(unsigned char *h, const tandem_ring_options *opt) {
+static void fill_header(unsigned char *h, const tandem_ring_options *opt, uint32_t lanes, uint32_t lane_capacity,
+                        size_t records_offset) {
     memset(h, 0, RING_HEADER_SIZE);
     memcpy(h + OFF_MAGIC, RING_MAGIC, 8);
     put_u32(h, OFF_VERSION, RING_VERSION);
@@ -171,7 +231,7 @@ static void fill_header(unsigned char *h, const tandem_ring_options *opt) {
     put_u32(h, OFF_FILE_KIND, RING_FILE_KIND_RING);
     put_u32(h, OFF_RECORD_TYPE, RING_RECORD_TYPE_GIL);
     put_u32(h, OFF_RECORD_SIZE, RING_GIL_RECORD_SIZE);
-    put_u32(h, OFF_CAPACITY, opt->capacity);
+    put_u32(h, OFF_LANE_CAPACITY, lane_capacity);
     put_u32(h, OFF_PRODUCER_PID, (uint32_t)getpid());
     put_u32(h, OFF_CLOCK_ID, RING_CLOCK_MONOTONIC);
     uint64_t real = 0, mono = 0, uncertainty = 0;
@@ -182,6 +242,9 @@ static void fill_header(unsigned char *h, const tandem_ring_options *opt) {
     read_boot_id(h + OFF_BOOT_ID);
     copy_text(h + OFF_RUNTIME_VERSION, LEN_RUNTIME_VERSION, opt->python_version);
     copy_text(h + OFF_BACKEND, LEN_BACKEND, opt->backend);
+    put_u32(h, OFF_LANE_COUNT, lanes);
+    put_u32(h, OFF_LANE_STRIDE, RING_LANE_STRIDE);
+    put_u64(h, OFF_RECORDS_OFFSET, records_offset);
 }
 
 /* Map a fresh, zero-filled file of MAP_LEN bytes at BUILD_PATH. Returns NULL with err set. */
@@ -212,13 +275,30 @@ static unsigned char *create_mapping(const char *build_path, const char *path, s
     return base;
 }
 
+static size_t records_offset_for(uint32_t lanes) {
+    size_t table = (size_t)lanes * RING_LANE_STRIDE;
+    return RING_HEADER_SIZE + (table + 4095u) / 4096u * 4096u;
+}
+
 tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt, char *err, size_t errlen) {
-    pthread_once(&atfork_once, register_atfork);
+    pthread_once(&once, init_once);
     uint32_t cap = opt ? opt->capacity : 0;
     if (cap < RING_MIN_CAPACITY || cap > RING_MAX_CAPACITY || (cap & (cap - 1)) != 0) {
         snprintf(err, errlen, "ring %s: capacity %u is not a power of two in [%u, %u]", path, cap, RING_MIN_CAPACITY, RING_MAX_CAPACITY);
         return NULL;
     }
+    uint32_t lanes = opt->lanes;
+    if (lanes == 0) {
+        lanes = cap / RING_AUTO_LANE_SLOTS;
+        if (lanes < 1) lanes = 1;
+        if (lanes > RING_MAX_LANES) lanes = RING_MAX_LANES;
+    }
+    if (lanes > RING_MAX_LANES || (lanes & (lanes - 1)) != 0 || cap / lanes < RING_MIN_CAPACITY) {
+        snprintf(err, errlen, "ring %s: %u lanes: not a power of two in [1, %u] leaving >= %u slots per lane of %u", path, lanes,
+                 RING_MAX_LANES, RING_MIN_CAPACITY, cap);
+        return NULL;
+    }
+    uint32_t lane_cap = cap / lanes;
     char build_path[sizeof(((tandem_ring *)0)->path) + 32];
     if (strlen(path) >= sizeof(((tandem_ring *)0)->path)) {
         snprintf(err, errlen, "ring path too long: %.60s...", path);
@@ -231,30 +311,39 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
     /* Built under a private name and linked into place complete, so a reader never sees a
      * ring without its header; link() fails if PATH exists, like O_EXCL. */
     snprintf(build_path, sizeof build_path, "%s.building-%d", path, (int)getpid());
-    size_t map_len = RING_HEADER_SIZE + (size_t)cap * RING_GIL_RECORD_SIZE;
+    size_t records_offset = records_offset_for(lanes);
+    size_t map_len = records_offset + (size_t)cap * RING_GIL_RECORD_SIZE;
     unsigned char *base = create_mapping(build_path, path, map_len, err, errlen);
     tandem_ring *ring = base ? calloc(1, sizeof *ring) : NULL;
-    if (base && !ring) snprintf(err, errlen, "ring %s: out of memory", path);
-    if (ring) {
-        /* The file is zero-filled: every slot's seq is 0 = empty, the counters are 0. */
-        fill_header(base, opt);
+    unsigned char *events_header = ring ? calloc(1, records_offset) : NULL;
+    if (base && (!ring || !events_header)) snprintf(err, errlen, "ring %s: out of memory", path);
+    if (ring && events_header) {
+        /* The file is zero-filled: every slot's seq is 0 = empty, every lane's counters 0
+         * and owner 0 = free. */
+        fill_header(base, opt, lanes, lane_cap, records_offset);
         if (link(build_path, path) != 0) {
             snprintf(err, errlen, "ring %s: cannot create: %s", path, strerror(errno));
-            free(ring);
-            ring = NULL;
+            free(events_header);
+            events_header = NULL;
         }
     }
     unlink(build_path);
-    if (!ring) {
+    if (!events_header) {
+        free(ring);
         if (base) munmap(base, map_len);
         return NULL;
     }
     ring->base = base;
     ring->map_len = map_len;
-    ring->records = (ring_gil_record *)(base + RING_HEADER_SIZE);
-    ring->capacity = cap;
-    ring->mask = cap - 1;
-    ring->fork_generation = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+    ring->lanes = (ring_lane *)(base + RING_HEADER_SIZE);
+    ring->records = (ring_gil_record *)(base + records_offset);
+    ring->lane_count = lanes;
+    ring->lane_capacity = lane_cap;
+    ring->mask = lane_cap - 1;
+    ring->records_offset = records_offset;
+    ring->events_header = events_header;
+    ring->id = atomic_fetch_add_explicit(&next_ring_id, 1, memory_order_relaxed);
+    ring->fork_generation = current_generation();
     ring->events_fd = -1;
     snprintf(ring->path, sizeof ring->path, "%s", path);
     pthread_mutex_init(&ring->drain_mutex, NULL);
@@ -263,34 +352,117 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&ring->drain_cond, &ca);
     pthread_condattr_destroy(&ca);
+    pthread_mutex_lock(&live_mutex);
+    ring->next_live = live_rings;
+    live_rings = ring;
+    pthread_mutex_unlock(&live_mutex);
     return ring;
 }
 
-void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint64_t mono_ns) {
-    if (__builtin_expect(ring->fork_generation != atomic_load_explicit(&fork_generation, memory_order_relaxed), 0))
-        return; /* a fork child writing into the parent's ring would corrupt its positions */
-    _Atomic uint64_t *head = header_u64(ring->base, OFF_HEAD);
-    _Atomic uint64_t *tail = header_u64(ring->base, OFF_TAIL);
-    uint64_t pos = atomic_load_explicit(head, memory_order_relaxed);
+/* ---- Producers -------------------------------------------------------------------------- */
+
+/* Thread exit (pthread key destructor): give back every private lane this thread owns in
+ * the open rings of this process. The release CAS orders the thread's last head store
+ * before the next owner's acquire of the lane. */
+static void release_lanes(void *unused) {
+    (void)unused;
+    uint32_t me = (uint32_t)syscall(SYS_gettid);
+    unsigned gen = current_generation();
+    pthread_mutex_lock(&live_mutex);
+    for (tandem_ring *r = live_rings; r; r = r->next_live) {
+        if (r->fork_generation != gen) continue;
+        for (uint32_t l = 1; l < r->lane_count; l++) {
+            uint32_t expected = me;
+            atomic_compare_exchange_strong_explicit(&r->lanes[l].owner, &expected, 0, memory_order_release, memory_order_relaxed);
+        }
+    }
+    pthread_mutex_unlock(&live_mutex);
+    my_lane.ring_id = 0;
+}
+
+/* Cold path: the first emit of this thread into RING (or a retry from the shared lane).
+ * Takes the private lane this thread already owns in RING, else a free one, else lane 0. */
+static __attribute__((noinline)) void take_lane(tandem_ring *ring, lane_cache *c) {
+    uint32_t me = (uint32_t)syscall(SYS_gettid);
+    uint32_t found = 0;
+    for (uint32_t l = 1; l < ring->lane_count && !found; l++)
+        if (atomic_load_explicit(&ring->lanes[l].owner, memory_order_acquire) == me) found = l;
+    for (uint32_t l = 1; l < ring->lane_count && !found; l++) {
+        uint32_t expected = 0;
+        /* acquire pairs with the previous owner's release at its exit: its head is ours now. */
+        if (atomic_load_explicit(&ring->lanes[l].owner, memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_strong_explicit(&ring->lanes[l].owner, &expected, me, memory_order_acquire, memory_order_relaxed))
+            found = l;
+    }
+    c->ring_id = ring->id;
+    c->lane_index = (uint16_t)found;
+    c->lane = &ring->lanes[found];
+    c->slots = &ring->records[(size_t)found * ring->lane_capacity];
+    c->capacity = ring->lane_capacity;
+    c->tail_cache = atomic_load_explicit(&c->lane->tail, memory_order_acquire);
+    c->shared = found == 0;
+    c->shared_events = 0;
+    if (found) pthread_setspecific(lane_key, (void *)1); /* so release_lanes runs at exit */
+}
+
+/* Lane 0, any number of producers: the version 1 protocol (CAS claim, commit by seq). */
+static __attribute__((noinline)) void emit_shared(tandem_ring *ring, lane_cache *c, uint16_t event, uint32_t tid, uint64_t mono_ns) {
+    ring_lane *lane = &ring->lanes[0];
+    /* Now and then look again for a private lane (threads holding them may have exited). */
+    if (++c->shared_events >= 65536u && ring->lane_count > 1) c->ring_id = 0;
+    uint64_t pos = atomic_load_explicit(&lane->head, memory_order_relaxed);
     for (;;) {
         /* acquire pairs with the drain thread's release store of tail: its reads of the
          * slot's previous record happen before our writes below. */
-        uint64_t consumed = atomic_load_explicit(tail, memory_order_acquire);
+        uint64_t consumed = atomic_load_explicit(&lane->tail, memory_order_acquire);
         if (__builtin_expect(pos < consumed, 0)) { /* our pos is stale (tail was read later) */
-            pos = atomic_load_explicit(head, memory_order_relaxed);
+            pos = atomic_load_explicit(&lane->head, memory_order_relaxed);
             continue;
         }
-        if (__builtin_expect(pos - consumed >= ring->capacity, 0)) {
-            /* Full: dropping (not overwriting) keeps offline recording lossless up to the
-             * drain's pace, and counts exactly what was lost. */
-            atomic_fetch_add_explicit(header_u64(ring->base, OFF_DROPPED), 1, memory_order_relaxed);
+        if (__builtin_expect(pos - consumed >= ring->lane_capacity, 0)) {
+            atomic_fetch_add_explicit(&lane->dropped, 1, memory_order_relaxed);
             return;
         }
         /* relaxed: the CAS only has to make the claim unique; publication is via seq. */
-        if (atomic_compare_exchange_weak_explicit(head, &pos, pos + 1, memory_order_relaxed, memory_order_relaxed))
+        if (atomic_compare_exchange_weak_explicit(&lane->head, &pos, pos + 1, memory_order_relaxed, memory_order_relaxed))
             break;
     }
     ring_gil_record *slot = &ring->records[pos & ring->mask];
+    atomic_store_explicit(&slot->seq, 0, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    slot->mono_ns = mono_ns;
+    slot->tid = tid;
+    slot->kind = event;
+    slot->lane = 0;
+    slot->aux = 0;
+    atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
+}
+
+void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint64_t mono_ns) {
+    if (__builtin_expect(ring->fork_generation != current_generation(), 0))
+        return; /* a fork child writing into the parent's ring would corrupt its positions */
+    lane_cache *c = &my_lane;
+    if (__builtin_expect(c->ring_id != ring->id, 0)) take_lane(ring, c);
+    if (__builtin_expect(c->shared, 0)) {
+        emit_shared(ring, c, event, tid, mono_ns);
+        return;
+    }
+    /* Private lane: we are its only producer, so head is ours to read plainly. */
+    ring_lane *lane = c->lane;
+    uint64_t pos = atomic_load_explicit(&lane->head, memory_order_relaxed);
+    if (__builtin_expect(pos - c->tail_cache >= c->capacity, 0)) {
+        /* Looks full by the cached tail: read the real one (acquire pairs with the drain's
+         * release store: its reads of the slot's old record happen before our writes). */
+        c->tail_cache = atomic_load_explicit(&lane->tail, memory_order_acquire);
+        if (pos - c->tail_cache >= c->capacity) {
+            /* Full: dropping (not overwriting) keeps offline recording lossless up to the
+             * drain's pace, and counts exactly what was lost. Only we write `dropped`. */
+            atomic_store_explicit(&lane->dropped, atomic_load_explicit(&lane->dropped, memory_order_relaxed) + 1,
+                                  memory_order_release);
+            return;
+        }
+    }
+    ring_gil_record *slot = &c->slots[pos & (c->capacity - 1)];
     /* Seqlock writer side, for external readers that may still be copying this slot's
      * previous record: mark the slot empty, then a release fence so the mark is visible
      * before any of the new field values (on x86-64 both compile to plain stores). */
@@ -299,10 +471,11 @@ void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint6
     slot->mono_ns = mono_ns;
     slot->tid = tid;
     slot->kind = event;
-    slot->flags = 0;
+    slot->lane = c->lane_index;
     slot->aux = 0;
-    /* Publish: release makes the fields visible to whoever acquires seq == pos + 1. */
+    /* Commit the slot, then publish the lane's new head (both plain moves on x86-64). */
     atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
+    atomic_store_explicit(&lane->head, pos + 1, memory_order_release);
 }
 
 /* ---- Drain thread ------------------------------------------------------------------- */
@@ -310,7 +483,7 @@ void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint6
 /* write(2) all of IOV (restarting on EINTR and short writes). Returns 0 or an errno. */
 static int write_all(int fd, struct iovec *iov, int iovcnt) {
     while (iovcnt > 0) {
-        ssize_t n = writev(fd, iov, iovcnt);
+        ssize_t n = writev(fd, iov, iovcnt > 1024 ? 1024 : iovcnt);
         if (n < 0) {
             if (errno == EINTR) continue;
             return errno;
@@ -329,75 +502,96 @@ static int write_all(int fd, struct iovec *iov, int iovcnt) {
     return 0;
 }
 
-/* One pass: copy the committed records from tail on (in position order, stopping at the
- * first slot still being written) to the events file, add a LOST marker for new drops,
- * then hand the slots back by advancing tail. Drain thread only (and close, after join). */
-static void drain_once(tandem_ring *ring) {
-    _Atomic uint64_t *tail = header_u64(ring->base, OFF_TAIL);
-    uint64_t start = atomic_load_explicit(tail, memory_order_relaxed); /* only we write it */
-    uint64_t head = atomic_load_explicit(header_u64(ring->base, OFF_HEAD), memory_order_relaxed);
-    uint64_t end = start;
-    /* acquire on seq pairs with the producer's release store: the fields are complete. */
-    while (end < head && atomic_load_explicit(&ring->records[end & ring->mask].seq, memory_order_acquire) == end + 1)
-        end++;
-
-    uint64_t dropped = atomic_load_explicit(header_u64(ring->base, OFF_DROPPED), memory_order_relaxed);
-    ring_gil_record lost = {0};
-    int with_marker = dropped != ring->dropped_reported;
-    if (with_marker) {
-        lost.mono_ns = clock_ns(CLOCK_MONOTONIC);
-        lost.kind = TANDEM_RING_LOST_MARKER;
-        lost.aux = dropped - ring->dropped_reported;
+/* One pass over every lane: copy the committed records from the lane's tail on (in
+ * position order, stopping at the first slot still being written) to the events file, a
+ * LOST marker after them for the lane's new drops, then hand the slots back by advancing
+ * each lane's tail. Returns the largest backlog found (slots in use in one lane).
+ * Drain thread only (and close, after join). */
+static uint64_t drain_once(tandem_ring *ring) {
+    struct iovec iov[RING_MAX_LANES * 3];
+    ring_gil_record lost[RING_MAX_LANES];
+    uint64_t start[RING_MAX_LANES], end[RING_MAX_LANES];
+    int n = 0;
+    uint64_t total = 0, backlog = 0;
+    for (uint32_t l = 0; l < ring->lane_count; l++) {
+        ring_lane *lane = &ring->lanes[l];
+        ring_gil_record *slots = &ring->records[(size_t)l * ring->lane_capacity];
+        uint64_t s = atomic_load_explicit(&lane->tail, memory_order_relaxed); /* only we write it */
+        uint64_t head = atomic_load_explicit(&lane->head, memory_order_acquire);
+        uint64_t e = s;
+        /* acquire on seq pairs with the producer's release store: the fields are complete. */
+        while (e < head && atomic_load_explicit(&slots[e & ring->mask].seq, memory_order_acquire) == e + 1) e++;
+        start[l] = s;
+        end[l] = e;
+        if (head - s > backlog) backlog = head - s;
+        uint64_t count = e - s;
+        total += count;
+        if (count) {
+            uint64_t first = s & ring->mask;
+            uint64_t until_wrap = ring->lane_capacity - first;
+            uint64_t part1 = count < until_wrap ? count : until_wrap;
+            iov[n++] = (struct iovec){&slots[first], part1 * RING_GIL_RECORD_SIZE};
+            if (count > part1) iov[n++] = (struct iovec){&slots[0], (count - part1) * RING_GIL_RECORD_SIZE};
+        }
+        uint64_t dropped = atomic_load_explicit(&lane->dropped, memory_order_acquire);
+        if (dropped != ring->dropped_reported[l]) {
+            ring_gil_record *m = &lost[l];
+            memset(m, 0, sizeof *m);
+            m->mono_ns = clock_ns(CLOCK_MONOTONIC);
+            m->kind = TANDEM_RING_LOST_MARKER;
+            m->lane = (uint16_t)l;
+            m->aux = dropped - ring->dropped_reported[l];
+            iov[n++] = (struct iovec){m, sizeof *m};
+            ring->dropped_reported[l] = dropped;
+        }
     }
-    if (end == start && !with_marker) return;
-
-    uint64_t count = end - start;
+    if (n == 0) return backlog;
     if (ring->events_fd >= 0 && !ring->events_failed) {
-        struct iovec iov[3];
-        int n = 0;
-        uint64_t first = start & ring->mask;
-        uint64_t until_wrap = ring->capacity - first;
-        uint64_t part1 = count < until_wrap ? count : until_wrap;
-        if (part1) iov[n++] = (struct iovec){&ring->records[first], part1 * RING_GIL_RECORD_SIZE};
-        if (count > part1) iov[n++] = (struct iovec){&ring->records[0], (count - part1) * RING_GIL_RECORD_SIZE};
-        if (with_marker) iov[n++] = (struct iovec){&lost, sizeof lost};
         off_t batch_bytes = 0;
         for (int i = 0; i < n; i++) batch_bytes += (off_t)iov[i].iov_len;
         int rc = write_all(ring->events_fd, iov, n); /* (advances iov on short writes) */
         if (rc != 0) {
             /* Disk full or the like: cut a partly written batch off (the file keeps whole
-             * batches only), then keep consuming, else every later event would be dropped,
+             * passes only), then keep consuming, else every later event would be dropped,
              * but write no more records: they are counted as drain_lost, and close still
              * writes the final header. */
             atomic_store_explicit(&ring->drain_errno, rc, memory_order_relaxed);
             ring->events_failed = 1;
             if (ftruncate(ring->events_fd, ring->events_size) != 0) { /* the reader drops a cut record */ }
-            atomic_fetch_add_explicit(&ring->drain_lost, count, memory_order_relaxed);
+            for (uint32_t l = 0; l < ring->lane_count; l++) ring->lane_drain_lost[l] += end[l] - start[l];
+            atomic_fetch_add_explicit(&ring->drain_lost, total, memory_order_relaxed);
         } else {
             ring->events_size += batch_bytes;
-            atomic_fetch_add_explicit(&ring->drained, count, memory_order_relaxed);
+            atomic_fetch_add_explicit(&ring->drained, total, memory_order_relaxed);
         }
     } else if (ring->events_failed) {
-        atomic_fetch_add_explicit(&ring->drain_lost, count, memory_order_relaxed);
+        for (uint32_t l = 0; l < ring->lane_count; l++) ring->lane_drain_lost[l] += end[l] - start[l];
+        atomic_fetch_add_explicit(&ring->drain_lost, total, memory_order_relaxed);
     }
-    ring->dropped_reported = dropped;
     /* release: our reads of the slots above happen before a producer reuses them. */
-    atomic_store_explicit(tail, end, memory_order_release);
+    for (uint32_t l = 0; l < ring->lane_count; l++)
+        if (end[l] != start[l]) atomic_store_explicit(&ring->lanes[l].tail, end[l], memory_order_release);
+    return backlog;
 }
 
 static void *drain_main(void *arg) {
     tandem_ring *ring = arg;
+    uint32_t wait_us = ring->period_us;
     pthread_mutex_lock(&ring->drain_mutex);
     while (!ring->drain_stop) {
         struct timespec deadline;
         clock_gettime(CLOCK_MONOTONIC, &deadline);
-        uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)ring->period_us * 1000u;
+        uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)wait_us * 1000u;
         deadline.tv_sec += (time_t)(ns / 1000000000u);
         deadline.tv_nsec = (long)(ns % 1000000000u);
         pthread_cond_timedwait(&ring->drain_cond, &ring->drain_mutex, &deadline);
         if (ring->drain_stop) break;
         pthread_mutex_unlock(&ring->drain_mutex);
-        drain_once(ring);
+        uint64_t backlog = drain_once(ring);
+        /* A lane over a quarter full at wake-up: come back sooner (down to 100 us); an
+         * idle ring: back to the configured period. Producers never wake the drain. */
+        if (backlog * 4 > ring->lane_capacity) wait_us = wait_us / 2 > RING_MIN_DRAIN_US ? wait_us / 2 : RING_MIN_DRAIN_US;
+        else if (backlog * 16 < ring->lane_capacity) wait_us = wait_us * 2 < ring->period_us ? wait_us * 2 : ring->period_us;
         pthread_mutex_lock(&ring->drain_mutex);
     }
     pthread_mutex_unlock(&ring->drain_mutex);
@@ -409,7 +603,7 @@ int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t
         snprintf(err, errlen, "ring %s: drain already started", ring->path);
         return -1;
     }
-    if (period_us < 100 || period_us > 10000000) {
+    if (period_us < RING_MIN_DRAIN_US || period_us > 10000000) {
         snprintf(err, errlen, "ring %s: drain period %u us is outside [100, 10000000]", ring->path, period_us);
         return -1;
     }
@@ -422,11 +616,13 @@ int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t
             return -1;
         }
         /* The events file stands alone: it starts with a copy of the ring's header page
-         * (file_kind = events, counters 0 until close writes the final ones). */
+         * (file_kind = events, state 0) and a zero lane table until close writes the final
+         * counters, so records start at the same records_offset as in the ring. */
+        memset(ring->events_header, 0, ring->records_offset);
         memcpy(ring->events_header, ring->base, RING_HEADER_SIZE);
-        memset(ring->events_header + OFF_HEAD, 0, RING_HEADER_SIZE - OFF_HEAD);
+        put_u32(ring->events_header, OFF_STATE, 0);
         put_u32(ring->events_header, OFF_FILE_KIND, RING_FILE_KIND_EVENTS);
-        struct iovec iov = {ring->events_header, RING_HEADER_SIZE};
+        struct iovec iov = {ring->events_header, ring->records_offset};
         int rc = write_all(fd, &iov, 1);
         if (rc != 0) {
             snprintf(err, errlen, "events file %s: cannot write header: %s", events_path, strerror(rc));
@@ -435,7 +631,7 @@ int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t
             return -1;
         }
         ring->events_fd = fd;
-        ring->events_size = RING_HEADER_SIZE;
+        ring->events_size = (off_t)ring->records_offset;
     }
     ring->drain_stop = 0;
     atomic_fetch_or_explicit(header_u32(ring->base, OFF_STATE), RING_STATE_DRAINING, memory_order_relaxed);
@@ -459,8 +655,13 @@ int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t
 }
 
 void tandem_ring_stats_get(tandem_ring *ring, tandem_ring_stats *stats) {
-    stats->claimed = atomic_load_explicit(header_u64(ring->base, OFF_HEAD), memory_order_relaxed);
-    stats->dropped = atomic_load_explicit(header_u64(ring->base, OFF_DROPPED), memory_order_relaxed);
+    uint64_t claimed = 0, dropped = 0;
+    for (uint32_t l = 0; l < ring->lane_count; l++) {
+        claimed += atomic_load_explicit(&ring->lanes[l].head, memory_order_relaxed);
+        dropped += atomic_load_explicit(&ring->lanes[l].dropped, memory_order_relaxed);
+    }
+    stats->claimed = claimed;
+    stats->dropped = dropped;
     stats->drained = atomic_load_explicit(&ring->drained, memory_order_relaxed);
     stats->drain_lost = atomic_load_explicit(&ring->drain_lost, memory_order_relaxed);
     stats->drain_errno = atomic_load_explicit(&ring->drain_errno, memory_order_relaxed);
@@ -468,7 +669,7 @@ void tandem_ring_stats_get(tandem_ring *ring, tandem_ring_stats *stats) {
 
 void tandem_ring_close(tandem_ring *ring) {
     if (!ring) return;
-    int in_fork_child = ring->fork_generation != atomic_load_explicit(&fork_generation, memory_order_relaxed);
+    int in_fork_child = ring->fork_generation != current_generation();
     if (!in_fork_child) {
         if (ring->drain_started) {
             pthread_mutex_lock(&ring->drain_mutex);
@@ -478,15 +679,24 @@ void tandem_ring_close(tandem_ring *ring) {
             pthread_join(ring->drain_thread, NULL);
             drain_once(ring); /* the last records, now that no thread emits any more */
             if (ring->events_fd >= 0) {
-                /* Final counters (and name table) in the events file's header: a reader can
-                 * then check records + lost == claimed + dropped for a clean recording. */
-                put_u64(ring->events_header, OFF_HEAD, atomic_load(header_u64(ring->base, OFF_HEAD)));
-                put_u64(ring->events_header, OFF_TAIL, atomic_load(header_u64(ring->base, OFF_TAIL)));
-                put_u64(ring->events_header, OFF_DROPPED, atomic_load(header_u64(ring->base, OFF_DROPPED)));
-                put_u64(ring->events_header, OFF_DRAIN_LOST, atomic_load(&ring->drain_lost));
-                put_u32(ring->events_header, OFF_STATE, RING_STATE_CLOSED);
-                memcpy(ring->events_header + OFF_NAMES_USED, ring->base + OFF_NAMES_USED, RING_HEADER_SIZE - OFF_NAMES_USED);
-                if (pwrite(ring->events_fd, ring->events_header + OFF_HEAD, RING_HEADER_SIZE - OFF_HEAD, OFF_HEAD) < 0)
+                /* Final counters (lane table, name table) in the events file's header: a
+                 * reader can then check, per lane, records + lost == head + dropped. */
+                unsigned char *h = ring->events_header;
+                put_u64(h, OFF_DRAIN_LOST, atomic_load(&ring->drain_lost));
+                put_u32(h, OFF_STATE, RING_STATE_CLOSED);
+                memcpy(h + OFF_NAMES_USED, ring->base + OFF_NAMES_USED, RING_HEADER_SIZE - OFF_NAMES_USED);
+                for (uint32_t l = 0; l < ring->lane_count; l++) {
+                    size_t off = RING_HEADER_SIZE + (size_t)l * RING_LANE_STRIDE;
+                    put_u64(h, off + 0, atomic_load(&ring->lanes[l].head));
+                    put_u64(h, off + 128, atomic_load(&ring->lanes[l].tail));
+                    put_u64(h, off + 256, atomic_load(&ring->lanes[l].dropped));
+                    put_u32(h, off + 384, atomic_load(&ring->lanes[l].owner));
+                    put_u64(h, off + 392, ring->lane_drain_lost[l]);
+                }
+                /* Lane table first, state last: a reader seeing `closed` sees the counters. */
+                size_t table = ring->records_offset - RING_HEADER_SIZE;
+                if (pwrite(ring->events_fd, h + RING_HEADER_SIZE, table, RING_HEADER_SIZE) < 0 ||
+                    pwrite(ring->events_fd, h + 1024, RING_HEADER_SIZE - 1024, 1024) < 0)
                     atomic_store(&ring->drain_errno, errno);
                 close(ring->events_fd);
             }
@@ -494,8 +704,17 @@ void tandem_ring_close(tandem_ring *ring) {
         atomic_fetch_and_explicit(header_u32(ring->base, OFF_STATE), ~RING_STATE_DRAINING, memory_order_relaxed);
         atomic_fetch_or_explicit(header_u32(ring->base, OFF_STATE), RING_STATE_CLOSED, memory_order_release);
     }
+    pthread_mutex_lock(&live_mutex);
+    for (tandem_ring **p = &live_rings; *p; p = &(*p)->next_live) {
+        if (*p == ring) {
+            *p = ring->next_live;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&live_mutex);
     munmap(ring->base, ring->map_len);
     pthread_mutex_destroy(&ring->drain_mutex);
     pthread_cond_destroy(&ring->drain_cond);
+    free(ring->events_header);
     free(ring);
 }

@@ -4,10 +4,14 @@
  * (engine/probe/hooks*.c, capture). The hooks only ever call tandem_ring_emit_gil on the
  * hot path; everything else happens at start/stop.
  *
- * Threads: tandem_ring_emit_gil may be called from any number of threads at once.
- * create / start_drain / stats / close are called from one control thread. close unmaps
- * the ring: call it only once no thread can still be inside tandem_ring_emit_gil
- * (uninstall the hooks and let in-flight calls return first).
+ * Threads: tandem_ring_emit_gil may be called from any number of threads at once. Format
+ * v2 gives each producer thread its own lane (a single-producer ring: no locked
+ * instruction on the hot path); the first emit of a thread into a ring takes a free lane
+ * (cold path, once), later ones find it in a thread-local cache. Threads beyond the
+ * ring's lanes share lane 0 (compare-and-swap claim). A lane is given back when its
+ * thread exits. create / start_drain / stats / close are called from one control thread.
+ * close unmaps the ring: call it only once no thread can still be inside
+ * tandem_ring_emit_gil (uninstall the hooks and let in-flight calls return first).
  *
  * fork(): a child process inherits the mapping; emit calls in the child are ignored and
  * close in the child only unmaps (the child must create its own ring to record).
@@ -28,21 +32,28 @@ enum tandem_gil_event {
 };
 
 /* Written only by the drain thread into the events file (never into the ring): `aux`
- * producer events were dropped because the ring was full since the previous marker. */
+ * producer events were dropped because lane `lane` was full since that lane's previous
+ * marker. */
 #define TANDEM_RING_LOST_MARKER 0xFF01u
 
 typedef struct tandem_ring tandem_ring;
 
 typedef struct {
-    uint32_t capacity;            /* number of records; a power of two, 2 .. 2^26        */
+    uint32_t capacity;            /* record slots in all lanes together; a power of two,
+                                   * 2 .. 2^26 (the memory budget: capacity * 32 bytes)   */
     const char *python_version;   /* e.g. "3.12.1", copied into the header (<= 31 bytes)  */
     const char *backend;          /* probe backend that produces into this ring (<= 31)   */
+    uint32_t lanes;               /* lanes, a power of two in [1, 64] with capacity/lanes
+                                   * >= 2; lane 0 is the shared one, so lanes - 1 threads
+                                   * get a private lane. 0 = automatic:
+                                   * clamp(capacity / 16384, 1, 64) (lanes of >= 16384
+                                   * slots). 1 = one shared lane (the v1 protocol).       */
 } tandem_ring_options;
 
 /* Counters as seen by the control thread (for probe.json and `tandem doctor`). */
 typedef struct {
-    uint64_t claimed;             /* events that got a slot (the ring's head)             */
-    uint64_t dropped;             /* events dropped because the ring was full             */
+    uint64_t claimed;             /* events that got a slot (sum of the lanes' heads)     */
+    uint64_t dropped;             /* events dropped because their lane was full (sum)     */
     uint64_t drained;             /* records appended to the events file                  */
     uint64_t drain_lost;          /* records consumed but not written (events file error) */
     int drain_errno;              /* first write error of the drain thread, 0 if none     */
@@ -52,13 +63,19 @@ typedef struct {
  * Returns NULL and writes a one-line reason into err on failure. */
 tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt, char *err, size_t errlen);
 
-/* Hot path, any thread: never blocks, never allocates, never takes a lock.
- * When the ring is full the event is dropped and counted in the header. */
+/* Hot path, any thread: never blocks, never allocates, never takes a lock; on a private
+ * lane no locked instruction either. When the thread's lane is full the event is dropped
+ * and counted in that lane. Cold path: the first call of a thread for a ring takes a lane
+ * (one gettid system call, a scan of the lane table with a CAS, pthread_setspecific, which
+ * glibc may satisfy with a calloc the first time in a thread), and a thread on the shared
+ * lane does so again every 65536 events. */
 void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint64_t mono_ns);
 
-/* Start a native thread (no GIL) that appends committed records, in order, to EVENTS_PATH
- * every PERIOD_US microseconds, so a small ring loses nothing to a slow reader and a
- * SIGKILLed process leaves a file readable up to the last drained record.
+/* Start a native thread (no GIL) that appends committed records, each lane's in order, to
+ * EVENTS_PATH every PERIOD_US microseconds (more often, down to 100 us, while a lane is
+ * more than a quarter full when it wakes), so a small ring loses nothing to a slow reader
+ * and a SIGKILLed process leaves a file readable up to the last drained record. Lanes
+ * interleave in the file (a batch per lane per pass): order is per lane, i.e. per thread.
  * EVENTS_PATH is created 0600 O_EXCL. EVENTS_PATH NULL: the thread only consumes (frees
  * slots) without writing, for live mode without a file. Returns 0, or -1 with err set. */
 int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t period_us, char *err, size_t errlen);

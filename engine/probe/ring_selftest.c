@@ -53,19 +53,19 @@ static void *stress_main(void *arg) {
 
 static PyObject *ring_stress(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"ring_path", "events_path", "threads", "events_per_thread", "capacity",
-                             "drain_period_us", "burst", "pause_us", NULL};
+                             "drain_period_us", "burst", "pause_us", "lanes", "waves", NULL};
     const char *ring_path, *events_path = NULL;
-    unsigned int threads, capacity, drain_period_us, pause_us = 0;
+    unsigned int threads, capacity, drain_period_us, pause_us = 0, lanes = 0, waves = 1;
     unsigned long long events_per_thread, burst = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "szIKII|KI", kwlist, &ring_path, &events_path, &threads,
-                                     &events_per_thread, &capacity, &drain_period_us, &burst, &pause_us))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "szIKII|KIII", kwlist, &ring_path, &events_path, &threads,
+                                     &events_per_thread, &capacity, &drain_period_us, &burst, &pause_us, &lanes, &waves))
         return NULL;
-    if (threads < 1 || threads > SELFTEST_MAX_THREADS) {
-        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d]", SELFTEST_MAX_THREADS);
+    if (threads < 1 || threads > SELFTEST_MAX_THREADS || waves < 1 || waves > 64) {
+        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], waves in [1, 64]", SELFTEST_MAX_THREADS);
         return NULL;
     }
     char err[512] = {0};
-    tandem_ring_options opt = {.capacity = capacity, .python_version = PY_VERSION, .backend = "selftest"};
+    tandem_ring_options opt = {.capacity = capacity, .python_version = PY_VERSION, .backend = "selftest", .lanes = lanes};
     tandem_ring *ring = tandem_ring_create(ring_path, &opt, err, sizeof err);
     if (!ring) return PyErr_Format(PyExc_OSError, "%s", err);
     /* drain_period_us 0: no consumer at all, so everything beyond `capacity` is dropped. */
@@ -78,15 +78,20 @@ static PyObject *ring_stress(PyObject *self, PyObject *args, PyObject *kwargs) {
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, threads);
     uint64_t t0 = 0, t1 = 0;
-    unsigned started = 0;
+    unsigned started = threads;
     Py_BEGIN_ALLOW_THREADS
     t0 = now_ns();
-    for (unsigned t = 0; t < threads; t++) {
-        workers[t] = (stress_worker){ring, t + 1, events_per_thread, burst, pause_us, &start};
-        if (pthread_create(&tids[t], NULL, stress_main, &workers[t]) != 0) break;
-        started++;
+    /* WAVES: the threads run WAVES times in turn, each wave's threads new (numbered
+     * wave * threads + 1 ...) and started once the previous wave has exited. */
+    for (unsigned wave = 0; wave < waves && started == threads; wave++) {
+        started = 0;
+        for (unsigned t = 0; t < threads; t++) {
+            workers[t] = (stress_worker){ring, wave * threads + t + 1, events_per_thread, burst, pause_us, &start};
+            if (pthread_create(&tids[t], NULL, stress_main, &workers[t]) != 0) break;
+            started++;
+        }
+        for (unsigned t = 0; t < started; t++) pthread_join(tids[t], NULL);
     }
-    for (unsigned t = 0; t < started; t++) pthread_join(tids[t], NULL);
     t1 = now_ns();
     Py_END_ALLOW_THREADS
     pthread_barrier_destroy(&start);
@@ -100,7 +105,7 @@ static PyObject *ring_stress(PyObject *self, PyObject *args, PyObject *kwargs) {
     tandem_ring_close(ring);
     Py_END_ALLOW_THREADS
     /* The counters a test checks are in the files; it checks them against this count. */
-    return Py_BuildValue("{s:K,s:K}", "produced", (unsigned long long)threads * events_per_thread, "elapsed_ns",
+    return Py_BuildValue("{s:K,s:K}", "produced", (unsigned long long)threads * waves * events_per_thread, "elapsed_ns",
                          (unsigned long long)(t1 - t0));
 }
 
@@ -155,19 +160,19 @@ static void *bench_main(void *arg) {
 }
 
 static PyObject *ring_bench(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"ring_path", "threads", "events_per_thread", "capacity", "drain_period_us", NULL};
+    static char *kwlist[] = {"ring_path", "threads", "events_per_thread", "capacity", "drain_period_us", "lanes", NULL};
     const char *ring_path;
-    unsigned int threads, capacity, drain_period_us = 1000;
+    unsigned int threads, capacity, drain_period_us = 1000, lanes = 0;
     unsigned long long events;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sIKI|I", kwlist, &ring_path, &threads, &events, &capacity,
-                                     &drain_period_us))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sIKI|II", kwlist, &ring_path, &threads, &events, &capacity,
+                                     &drain_period_us, &lanes))
         return NULL;
     if (threads < 1 || threads > SELFTEST_MAX_THREADS || events == 0) {
         PyErr_Format(PyExc_ValueError, "threads must be in [1, %d] and events_per_thread > 0", SELFTEST_MAX_THREADS);
         return NULL;
     }
     char err[512] = {0};
-    tandem_ring_options opt = {.capacity = capacity, .python_version = PY_VERSION, .backend = "bench"};
+    tandem_ring_options opt = {.capacity = capacity, .python_version = PY_VERSION, .backend = "bench", .lanes = lanes};
     tandem_ring *ring = tandem_ring_create(ring_path, &opt, err, sizeof err);
     if (!ring) return PyErr_Format(PyExc_OSError, "%s", err);
     if (tandem_ring_start_drain(ring, NULL, drain_period_us, err, sizeof err) != 0) {
@@ -205,13 +210,16 @@ static PyObject *ring_bench(PyObject *self, PyObject *args, PyObject *kwargs) {
 
 PyMethodDef tandem_ring_selftest_methods[] = {
     {"_ring_stress", (PyCFunction)(void (*)(void))ring_stress, METH_VARARGS | METH_KEYWORDS,
-     "_ring_stress(ring_path, events_path, threads, events_per_thread, capacity, drain_period_us, burst=0, pause_us=0)\n"
-     "Test only: THREADS pthreads emit self-checking records into a new ring; drain to EVENTS_PATH\n"
-     "(None: consume only; drain_period_us 0: no drain). Returns {'produced', 'elapsed_ns'}."},
+     "_ring_stress(ring_path, events_path, threads, events_per_thread, capacity, drain_period_us, burst=0, pause_us=0, lanes=0, waves=1)\n"
+     "Test only: THREADS pthreads emit self-checking records into a new ring of CAPACITY slots in\n"
+     "LANES lanes (0: automatic); drain to EVENTS_PATH (None: consume only; drain_period_us 0: no\n"
+     "drain). WAVES: that many successive sets of THREADS new threads (lanes get reused).\n"
+     "Returns {'produced', 'elapsed_ns'}."},
     {"_ring_bench", (PyCFunction)(void (*)(void))ring_bench, METH_VARARGS | METH_KEYWORDS,
-     "_ring_bench(ring_path, threads, events_per_thread, capacity, drain_period_us=1000)\n"
+     "_ring_bench(ring_path, threads, events_per_thread, capacity, drain_period_us=1000, lanes=0)\n"
      "Benchmark: per-thread ns of a bare clock_gettime loop (anchor) and of a full stamp\n"
      "(clock_gettime + cached tid + tandem_ring_emit_gil), threads running at once, in\n"
-     "alternating blocks; each kind's fastest block."},
+     "alternating blocks; each kind's fastest block. lanes=1: every thread on the shared lane\n"
+     "(CAS claim, the format-v1 protocol), for comparison."},
     {NULL, NULL, 0, NULL},
 };

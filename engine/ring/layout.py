@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +15,13 @@ import numpy as np
 from engine.errors import TandemError
 
 MAGIC = b"TNDMRING"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 4096
-MIN_CAPACITY = 2
-MAX_CAPACITY = 1 << 26
+MIN_CAPACITY = 2           # slots per lane
+MAX_CAPACITY = 1 << 26     # slots in all lanes together
+MAX_LANES = 64
+LANE_STRIDE = 512          # bytes of one lane's counters in the lane table
+PAGE = 4096
 CLOCK_MONOTONIC = 1
 # Positions beyond this are not produced by any real producer (2^62 events at 1 GHz is
 # 146 years) and would make position arithmetic wrap: treated as corruption.
@@ -40,13 +43,14 @@ GIL_TAKE_REQUEST = 2
 GIL_TAKE_ACQUIRED = 3
 GIL_SAMPLE_HELD = 4
 GIL_SAMPLE_FREE = 5
-# Events files only: `aux` events were dropped by producers since the previous marker.
+# Events files only: `aux` events were dropped in lane `lane` since that lane's previous marker.
 LOST_MARKER = 0xFF01
 
 # Every record starts with the same 32 bytes; a pause record extends them to 64.
+# `seq` is the record's position in its lane + 1; `lane` the lane it was produced into.
 GIL_RECORD_DTYPE = np.dtype(
     {
-        "names": ["seq", "mono_ns", "tid", "kind", "flags", "aux"],
+        "names": ["seq", "mono_ns", "tid", "kind", "lane", "aux"],
         "formats": ["<u8", "<u8", "<u4", "<u2", "<u2", "<u8"],
         "offsets": [0, 8, 16, 20, 22, 24],
         "itemsize": 32,
@@ -54,7 +58,7 @@ GIL_RECORD_DTYPE = np.dtype(
 )
 PAUSE_RECORD_DTYPE = np.dtype(
     {
-        "names": ["seq", "start_ns", "tid", "kind", "flags", "aux", "end_ns", "id", "name_code"],
+        "names": ["seq", "start_ns", "tid", "kind", "lane", "aux", "end_ns", "id", "name_code"],
         "formats": ["<u8", "<u8", "<u4", "<u2", "<u2", "<u8", "<u8", "<u8", "<u4"],
         "offsets": [0, 8, 16, 20, 22, 24, 32, 40, 48],
         "itemsize": 64,
@@ -62,12 +66,38 @@ PAUSE_RECORD_DTYPE = np.dtype(
 )
 RECORD_DTYPES = {RECORD_TYPE_GIL: GIL_RECORD_DTYPE, RECORD_TYPE_PAUSE: PAUSE_RECORD_DTYPE}
 
-# Live counters (offsets are part of the format; each in its own 128-byte block).
-OFFSET_HEAD = 1024
-OFFSET_TAIL = 1152
-OFFSET_DROPPED = 1280
+# Header fields new in version 2: the lane table follows the header page.
+OFFSET_LANE_CAPACITY = 28
+OFFSET_LANE_COUNT = 168
+OFFSET_LANE_STRIDE = 172
+OFFSET_RECORDS = 176
 OFFSET_STATE = 1408
 OFFSET_DRAIN_LOST = 1416
+# One lane's counters, at HEADER_SIZE + lane * LANE_STRIDE; each written word alone in a
+# 128-byte block.
+LANE_OFFSET_HEAD = 0
+LANE_OFFSET_TAIL = 128
+LANE_OFFSET_DROPPED = 256
+LANE_OFFSET_OWNER = 384
+LANE_OFFSET_DRAIN_LOST = 392
+LANE_DTYPE = np.dtype(
+    {
+        "names": ["head", "tail", "dropped", "owner", "drain_lost"],
+        "formats": ["<u8", "<u8", "<u8", "<u4", "<u8"],
+        "offsets": [LANE_OFFSET_HEAD, LANE_OFFSET_TAIL, LANE_OFFSET_DROPPED, LANE_OFFSET_OWNER, LANE_OFFSET_DRAIN_LOST],
+        "itemsize": LANE_STRIDE,
+    }
+)
+
+
+def lane_offset(lane: int) -> int:
+    """Byte offset of LANE's counters in a ring or events file."""
+    return HEADER_SIZE + lane * LANE_STRIDE
+
+
+def records_offset_for(lane_count: int) -> int:
+    """Where records start: the header page, then the lane table rounded up to a page."""
+    return HEADER_SIZE + -(-lane_count * LANE_STRIDE // PAGE) * PAGE
 # Name table for pause records: u32 bytes used at 2048, strings from 2112 to the page end.
 OFFSET_NAMES_USED = 2048
 OFFSET_NAMES = 2112
@@ -75,22 +105,22 @@ OFFSET_NAMES = 2112
 HEADER_DTYPE = np.dtype(
     {
         "names": [
-            "magic", "version", "header_size", "file_kind", "record_type", "record_size", "capacity",
+            "magic", "version", "header_size", "file_kind", "record_type", "record_size", "lane_capacity",
             "producer_pid", "clock_id", "sync_realtime_ns", "sync_monotonic_ns", "sync_uncertainty_ns",
-            "boot_id", "runtime_version", "backend",
-            "head", "tail", "dropped", "state", "drain_lost", "names_used",
+            "boot_id", "runtime_version", "backend", "lane_count", "lane_stride", "records_offset",
+            "state", "drain_lost", "names_used",
         ],
         "formats": [
             "S8", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4",
             "<u4", "<u4", "<u8", "<u8", "<u8",
-            "V40", "V32", "V32",
-            "<u8", "<u8", "<u8", "<u4", "<u8", "<u4",
+            "V40", "V32", "V32", "<u4", "<u4", "<u8",
+            "<u4", "<u8", "<u4",
         ],
         "offsets": [
-            0, 8, 12, 16, 20, 24, 28,
+            0, 8, 12, 16, 20, 24, OFFSET_LANE_CAPACITY,
             32, 36, 40, 48, 56,
-            64, 104, 136,
-            OFFSET_HEAD, OFFSET_TAIL, OFFSET_DROPPED, OFFSET_STATE, OFFSET_DRAIN_LOST, OFFSET_NAMES_USED,
+            64, 104, 136, OFFSET_LANE_COUNT, OFFSET_LANE_STRIDE, OFFSET_RECORDS,
+            OFFSET_STATE, OFFSET_DRAIN_LOST, OFFSET_NAMES_USED,
         ],
         "itemsize": HEADER_SIZE,
     }
@@ -107,7 +137,9 @@ class RingHeader:
     file_kind: int            # FILE_KIND_RING or FILE_KIND_EVENTS
     record_type: int          # RECORD_TYPE_GIL or RECORD_TYPE_PAUSE
     record_size: int
-    capacity: int             # records in the ring (an events file keeps its ring's)
+    lane_count: int           # lanes (lane 0 shared, 1.. private to one thread each)
+    lane_capacity: int        # slots per lane (an events file keeps its ring's)
+    records_offset: int       # where records start (after the header page and lane table)
     producer_pid: int
     clock_id: int             # always 1 = CLOCK_MONOTONIC
     sync_realtime_ns: int     # CLOCK_REALTIME read between two CLOCK_MONOTONIC reads...
@@ -116,12 +148,18 @@ class RingHeader:
     boot_id: str | None       # /proc/sys/kernel/random/boot_id of the producer's boot
     runtime_version: str      # Python (or JVM) version of the producer
     backend: str              # probe backend that produced the records
-    head: int                 # positions claimed by producers (records ever committed or in flight)
-    tail: int                 # positions consumed by the drain thread
-    dropped: int              # events dropped by producers because the ring was full
+    lanes: np.ndarray = field(compare=False)  # LANE_DTYPE per lane (head, tail, dropped, owner, drain_lost), as read
+    head: int                 # sum of the lanes' heads: positions claimed (or committed)
+    tail: int                 # sum of the lanes' tails: positions consumed by the drain thread
+    dropped: int              # sum over the lanes: events dropped because their lane was full
     state: int                # STATE_* bits
     drain_lost: int           # records consumed but not written (events file write error)
     names: dict[int, str]     # name_code -> name, for pause records
+
+    @property
+    def capacity(self) -> int:
+        """Record slots in all lanes together."""
+        return self.lane_count * self.lane_capacity
 
     @property
     def record_dtype(self) -> np.dtype:
@@ -181,8 +219,19 @@ def _names(header_page: bytes, used: int, path: Path) -> dict[int, str]:
     return names
 
 
+def records_offset_of(page: bytes) -> int:
+    """The records offset a header page claims (unchecked; parse_header checks it), so a
+    reader knows how many bytes to hand to parse_header. 0 if the page is too short."""
+    if len(page) < OFFSET_RECORDS + 8:
+        return 0
+    return min(int.from_bytes(page[OFFSET_RECORDS:OFFSET_RECORDS + 8], "little"), 1 << 20)
+
+
 def parse_header(page: bytes, path: Path, expected_kind: int) -> RingHeader:
-    """Validate the first HEADER_SIZE bytes of a ring or events file and decode them."""
+    """Validate the header page and lane table of a ring or events file and decode them.
+
+    PAGE holds the file's first bytes: at least up to its records offset (header page +
+    lane table), else the file is reported truncated."""
     path = Path(path)
     kind_name = FILE_KIND_NAMES[expected_kind]
     if len(page) < HEADER_SIZE:
@@ -204,9 +253,20 @@ def parse_header(page: bytes, path: Path, expected_kind: int) -> RingHeader:
     record_size = int(h["record_size"])
     if record_size != RECORD_DTYPES[record_type].itemsize:
         raise TandemError(f"{path}: record size {record_size} for record type {record_type}, expected {RECORD_DTYPES[record_type].itemsize} (corrupt file)")
-    capacity = int(h["capacity"])
-    if not (MIN_CAPACITY <= capacity <= MAX_CAPACITY) or capacity & (capacity - 1):
-        raise TandemError(f"{path}: capacity {capacity} is not a power of two in [{MIN_CAPACITY}, {MAX_CAPACITY}] (corrupt file)")
+    lane_capacity, lane_count = int(h["lane_capacity"]), int(h["lane_count"])
+    if not (MIN_CAPACITY <= lane_capacity <= MAX_CAPACITY) or lane_capacity & (lane_capacity - 1):
+        raise TandemError(f"{path}: lane capacity {lane_capacity} is not a power of two in [{MIN_CAPACITY}, {MAX_CAPACITY}] (corrupt file)")
+    if not (1 <= lane_count <= MAX_LANES) or lane_count & (lane_count - 1):
+        raise TandemError(f"{path}: lane count {lane_count} is not a power of two in [1, {MAX_LANES}] (corrupt file)")
+    if lane_count * lane_capacity > MAX_CAPACITY:
+        raise TandemError(f"{path}: {lane_count} lanes of {lane_capacity} slots exceed {MAX_CAPACITY} slots (corrupt file)")
+    if int(h["lane_stride"]) != LANE_STRIDE:
+        raise TandemError(f"{path}: lane stride {int(h['lane_stride'])}, expected {LANE_STRIDE} (corrupt file)")
+    records_offset = records_offset_for(lane_count)
+    if int(h["records_offset"]) != records_offset:
+        raise TandemError(f"{path}: records offset {int(h['records_offset'])}, expected {records_offset} for {lane_count} lanes (corrupt file)")
+    if len(page) < records_offset:
+        raise TandemError(f"{path}: {len(page)} bytes, shorter than its {records_offset}-byte header and lane table (truncated)")
     if int(h["clock_id"]) != CLOCK_MONOTONIC:
         raise TandemError(f"{path}: clock id {int(h['clock_id'])}, expected {CLOCK_MONOTONIC} (CLOCK_MONOTONIC)")
     if int(h["producer_pid"]) == 0:
@@ -214,16 +274,22 @@ def parse_header(page: bytes, path: Path, expected_kind: int) -> RingHeader:
     boot_id = _text(bytes(h["boot_id"]), path, "boot_id") or None
     if boot_id is not None and not _BOOT_ID_TEXT.fullmatch(boot_id):
         raise TandemError(f"{path}: boot id {boot_id!r} is not a UUID (corrupt file)")
-    head, tail, dropped = int(h["head"]), int(h["tail"]), int(h["dropped"])
-    for name, value in (("head", head), ("tail", tail), ("dropped", dropped), ("drain_lost", int(h["drain_lost"]))):
-        if value >= MAX_POSITION:
-            raise TandemError(f"{path}: counter {name} = {value} is out of range (corrupt file)")
+    if int(h["drain_lost"]) >= MAX_POSITION:
+        raise TandemError(f"{path}: counter drain_lost = {int(h['drain_lost'])} is out of range (corrupt file)")
+    lanes = np.frombuffer(page, dtype=LANE_DTYPE, count=lane_count, offset=HEADER_SIZE).copy()
+    for name in ("head", "tail", "dropped", "drain_lost"):
+        bad = np.flatnonzero(lanes[name] >= np.uint64(MAX_POSITION))
+        if len(bad):
+            raise TandemError(f"{path}: lane {int(bad[0])} counter {name} = {int(lanes[name][bad[0]])} is out of range (corrupt file)")
+    head, tail, dropped = (sum(int(v) for v in lanes[name]) for name in ("head", "tail", "dropped"))
     return RingHeader(
         path=path,
         file_kind=file_kind,
         record_type=record_type,
         record_size=record_size,
-        capacity=capacity,
+        lane_count=lane_count,
+        lane_capacity=lane_capacity,
+        records_offset=records_offset,
         producer_pid=int(h["producer_pid"]),
         clock_id=int(h["clock_id"]),
         sync_realtime_ns=int(h["sync_realtime_ns"]),
@@ -232,6 +298,7 @@ def parse_header(page: bytes, path: Path, expected_kind: int) -> RingHeader:
         boot_id=str(uuid.UUID(boot_id)) if boot_id else None,
         runtime_version=_text(bytes(h["runtime_version"]), path, "runtime_version"),
         backend=_text(bytes(h["backend"]), path, "backend"),
+        lanes=lanes,
         head=head,
         tail=tail,
         dropped=dropped,

@@ -1,7 +1,12 @@
 """Readers of ring files (live tailing) and drained events files (docs/ring.md).
 
 Both decode records as numpy structured arrays in a few whole-array operations: no
-Python loop runs per record. Both check the file before trusting any of it and raise a
+Python loop runs per record (at most one per lane per poll, or per run of one lane's
+records in an events file chunk, and those are vectorised too).
+
+Order (format v2): records come lane by lane, each lane's in production order. A thread
+produces into one lane, so each thread's records are in its program order; across lanes
+nothing is ordered. Sort by time where a global order is needed: `by_time(records)`. Both check the file before trusting any of it and raise a
 one-line `TandemError` naming the file for anything corrupt, truncated or hostile.
 """
 from __future__ import annotations
@@ -19,14 +24,14 @@ from engine.ring.layout import (
     FILE_KIND_EVENTS,
     FILE_KIND_RING,
     HEADER_SIZE,
+    LANE_DTYPE,
     LOST_MARKER,
     MAX_POSITION,
-    OFFSET_DROPPED,
-    OFFSET_HEAD,
     OFFSET_STATE,
     STATE_CLOSED,
     RingHeader,
     parse_header,
+    records_offset_of,
 )
 
 
@@ -52,7 +57,11 @@ def _open_checked(path: Path, what: str) -> tuple[int, os.stat_result]:
 
 
 def _read_header_page(fd: int, path: Path, size: int, expected_kind: int) -> RingHeader:
+    """The header page and the lane table after it, validated."""
     page = os.pread(fd, HEADER_SIZE, 0) if size else b""
+    end = records_offset_of(page)
+    if end > len(page):
+        page += os.pread(fd, end - len(page), len(page))
     return parse_header(page, path, expected_kind)
 
 
@@ -68,23 +77,43 @@ def _sum_u64(values: np.ndarray) -> int:
     return (high << 32) + low
 
 
+# ---- Order -------------------------------------------------------------------------------
+
+
+def by_time(records: np.ndarray) -> np.ndarray:
+    """RECORDS in time order: stable sort on the time field (`mono_ns`, or `start_ns` for
+    pause records), so records of equal time keep their lane order, and each thread's
+    records (which share a lane) keep their production order."""
+    key = "mono_ns" if "mono_ns" in records.dtype.names else "start_ns"
+    return records[np.argsort(records[key], kind="stable")]
+
+
 # ---- Drained events files -----------------------------------------------------------------
 
 
 @dataclass
 class EventsFile:
-    """A drained events file: its header and its records, in production order."""
+    """A drained events file: its header and its records, each lane's in production order.
+
+    Lanes interleave (the drain appends one batch per lane per pass): use `by_time` for a
+    global order."""
 
     header: RingHeader
     records: np.ndarray       # structured array (header.record_dtype), LOST markers removed
-    lost: int                 # events producers dropped (ring full), summed from LOST markers
+    lost: int                 # events producers dropped (lane full), summed from LOST markers
     trailing_bytes: int       # bytes of a record cut short (SIGKILL mid-write): ignored
     closed: bool              # the producer closed the file (its final counters were checked)
+    lane_records: tuple[int, ...] = ()  # records per lane
+    lane_lost: tuple[int, ...] = ()     # LOST-marker totals per lane
 
     @property
     def produced(self) -> int:
         """Events the producers emitted up to the last drain: recorded + lost."""
         return len(self.records) + self.lost + self.header.drain_lost
+
+    def by_time(self) -> np.ndarray:
+        """The records in time order (see `by_time`)."""
+        return by_time(self.records)
 
 
 # Records are read and checked one chunk at a time, so the checks run on data still in
@@ -98,33 +127,43 @@ def read_events(path: str | os.PathLike) -> EventsFile:
     fd, st = _open_checked(path, "events")
     try:
         header = _read_header_page(fd, path, st.st_size, FILE_KIND_EVENTS)
-        count, trailing = divmod(st.st_size - HEADER_SIZE, header.record_size)
+        count, trailing = divmod(st.st_size - header.records_offset, header.record_size)
         # Read into opaque slots (memcpy-speed copies), checked and viewed as records at the end.
         slots = np.empty(count, dtype=_opaque(header.record_dtype))
         raw = memoryview(slots.view(np.uint8))
         chunk = max(1, CHUNK_BYTES // header.record_size)
-        check = _EventsCheck(path, header.record_dtype, chunk)
+        check = _EventsCheck(path, header.record_dtype, header.lane_count, chunk)
         kept = 0  # records kept so far; LOST markers are squeezed out as we go
         for first in range(0, count, chunk):
             n = min(count - first, chunk)
             into = raw[kept * header.record_size:(kept + n) * header.record_size]
-            _read_exactly(fd, into, HEADER_SIZE + first * header.record_size, path)
+            _read_exactly(fd, into, header.records_offset + first * header.record_size, path)
             kept += check.chunk(slots[kept:kept + n], first)
     finally:
         os.close(fd)
-    records, lost = slots[:kept].view(header.record_dtype), check.lost
+    records = slots[:kept].view(header.record_dtype)
+    lane_records = tuple(int(n) for n in check.records)
+    lane_lost = tuple(check.lost)
+    lost = sum(lane_lost)
     closed = header.closed
     if closed:
-        # A cleanly closed file says what it should hold: every claimed position, minus those
-        # the drain could not write after a write error (drain_lost), and every drop (markers
-        # after such an error were not written either).
+        # A cleanly closed file says what it should hold, lane by lane: every position the
+        # lane's producers claimed, minus those the drain could not write after a write error
+        # (drain_lost), and every drop (markers after such an error were not written either).
+        lanes = header.lanes
+        if sum(int(v) for v in lanes["drain_lost"]) != header.drain_lost:
+            raise TandemError(f"{path}: closed events file: lane drain_lost counters do not add up to the header's {header.drain_lost} (corrupt file)")
         complete = header.drain_lost == 0
-        if len(records) + header.drain_lost != header.head or (lost != header.dropped if complete else lost > header.dropped):
-            raise TandemError(
-                f"{path}: closed events file holds {len(records)} records and {lost} lost, "
-                f"its header says {header.head} claimed, {header.drain_lost} unwritten, {header.dropped} dropped (corrupt file)"
-            )
-    return EventsFile(header=header, records=records, lost=lost, trailing_bytes=trailing, closed=closed)
+        for lane in range(header.lane_count):
+            head, dropped, unwritten = int(lanes["head"][lane]), int(lanes["dropped"][lane]), int(lanes["drain_lost"][lane])
+            got, got_lost = lane_records[lane], lane_lost[lane]
+            if got + unwritten != head or (got_lost != dropped if complete else got_lost > dropped):
+                raise TandemError(
+                    f"{path}: closed events file holds {got} records and {got_lost} lost in lane {lane}, "
+                    f"its header says {head} claimed, {unwritten} unwritten, {dropped} dropped (corrupt file)"
+                )
+    return EventsFile(header=header, records=records, lost=lost, trailing_bytes=trailing, closed=closed,
+                      lane_records=lane_records, lane_lost=lane_lost)
 
 
 def _read_exactly(fd: int, into: memoryview, offset: int, path: Path) -> None:
@@ -139,29 +178,45 @@ def _read_exactly(fd: int, into: memoryview, offset: int, path: Path) -> None:
 class _EventsCheck:
     """Chunk-wise checks of an events file's records, squeezing out LOST markers.
 
-    The drain writes every position from 0 in order, so the records' seq (= position + 1)
-    count 1, 2, 3, ... with no gap; LOST markers (seq 0, kind LOST_MARKER) sit in between.
+    The drain writes every position of every lane from 0 in order (lanes interleaved in
+    batches), so per lane the records' seq (= position in the lane + 1) count 1, 2, 3, ...
+    with no gap; LOST markers (seq 0, kind LOST_MARKER) sit in between.
     """
 
-    def __init__(self, path: Path, record_dtype: np.dtype, chunk_records: int):
+    def __init__(self, path: Path, record_dtype: np.dtype, lane_count: int, chunk_records: int):
         self.path = path
         self.record_dtype = record_dtype
-        self.next_seq = 1
-        self.lost = 0
+        self.lane_count = lane_count
+        self.next_seq = np.ones(lane_count, dtype=np.uint64)   # per lane
+        self.records = np.zeros(lane_count, dtype=np.int64)    # per lane
+        self.lost = [0] * lane_count                           # per lane, exact Python ints
         # Reused per chunk: seq - next_seq must equal 0, 1, 2, ... (no allocation per chunk).
         self._offsets = np.arange(chunk_records, dtype=np.uint64)
         self._relative = np.empty(chunk_records, dtype=np.uint64)
         self._wrong = np.empty(chunk_records, dtype=bool)
+        self._breaks = np.empty(chunk_records, dtype=bool)
+        self._lanes = np.empty(chunk_records, dtype=np.uint16)
 
     def chunk(self, slots: np.ndarray, first_row: int) -> int:
         """Check SLOTS (rows from FIRST_ROW); move the records to its front, markers out.
         Returns how many records it kept."""
         records = slots.view(self.record_dtype)
-        # Fast path, almost every chunk: seq runs on from the previous chunk with no gap.
-        # That also proves there is no marker in it (a marker's seq 0 cannot match).
-        if self._consecutive(records["seq"]):
-            self.next_seq += len(records)
+        lane = records["lane"]
+        # Fast path, almost every chunk: a few runs (one per lane batch of a drain pass), each
+        # seq running on from that lane's previous record with no gap (which also proves there
+        # is no marker: a marker's seq is 0).
+        n = len(records)
+        # (a contiguous copy of the lane column first: numpy compares those much faster)
+        lanes = self._lanes[:n]
+        np.copyto(lanes, lane)
+        breaks = self._breaks[:max(n - 1, 0)]
+        np.not_equal(lanes[1:], lanes[:-1], out=breaks)
+        starts = np.flatnonzero(breaks) + 1
+        if len(starts) < 64 and self._runs_continue(records["seq"], lane, starts):
             return len(records)
+        if (lane >= self.lane_count).any():
+            at = int(np.argmax(lane >= self.lane_count))
+            raise TandemError(f"{self.path}: record near row {first_row + at} names lane {int(lane[at])} of {self.lane_count} (corrupt file)")
         is_marker = records["seq"] == 0
         if is_marker.any():
             markers = records[is_marker]
@@ -169,24 +224,70 @@ class _EventsCheck:
                 raise TandemError(f"{self.path}: a record near row {first_row} has sequence 0 but is not a LOST marker (corrupt file)")
             if (markers["aux"] >= np.uint64(MAX_POSITION)).any():
                 raise TandemError(f"{self.path}: a LOST marker near row {first_row} counts an impossible number of events (corrupt file)")
-            self.lost += _sum_u64(markers["aux"])
+            for marker_lane in np.unique(markers["lane"]).tolist():
+                self.lost[marker_lane] += _sum_u64(markers["aux"][markers["lane"] == marker_lane])
             survivors = slots[~is_marker]  # a copy: safe to write back over slots
             slots[:len(survivors)] = survivors
             records = slots[:len(survivors)].view(self.record_dtype)
-        seq = records["seq"]
-        if not self._consecutive(seq):
-            at = int(np.argmax(self._wrong[:len(seq)]))
-            raise TandemError(
-                f"{self.path}: record with sequence {int(seq[at])} where {self.next_seq + at} was expected, near row {first_row}: "
-                "records are missing or out of order (corrupt file)"
-            )
-        self.next_seq += len(seq)
-        return len(seq)
+        n = len(records)
+        if n == 0:
+            return 0
+        seq, lane = records["seq"], records["lane"]
+        # Runs of one lane's records; inside a run seq steps by exactly 1.
+        new_run = np.empty(n, dtype=bool)
+        new_run[0] = True
+        np.not_equal(lane[1:], lane[:-1], out=new_run[1:])
+        steps_ok = (seq[1:] - seq[:-1]) == np.uint64(1)
+        bad = ~steps_ok & ~new_run[1:]
+        if bad.any():
+            at = int(np.argmax(bad)) + 1
+            self._out_of_order(int(seq[at]), int(seq[at - 1]) + 1, first_row)
+        starts = np.flatnonzero(new_run)
+        run_lane = lane[starts].astype(np.int64)
+        run_first = seq[starts]
+        run_len = np.diff(np.append(starts, n)).astype(np.uint64)
+        # Across runs of the same lane, each run starts where that lane's previous one ended
+        # (or, for its first run in this chunk, where it ended in earlier chunks).
+        order = np.argsort(run_lane, kind="stable")
+        rl, rf, rn = run_lane[order], run_first[order], run_len[order]
+        first_of_lane = np.empty(len(rl), dtype=bool)
+        first_of_lane[0] = True
+        np.not_equal(rl[1:], rl[:-1], out=first_of_lane[1:])
+        expected = np.empty(len(rl), dtype=np.uint64)
+        expected[first_of_lane] = self.next_seq[rl[first_of_lane]]
+        expected[1:][~first_of_lane[1:]] = (rf[:-1] + rn[:-1])[~first_of_lane[1:]]
+        if (rf != expected).any():
+            at = int(np.argmax(rf != expected))
+            self._out_of_order(int(rf[at]), int(expected[at]), first_row)
+        last_of_lane = np.append(first_of_lane[1:], True)
+        self.next_seq[rl[last_of_lane]] = rf[last_of_lane] + rn[last_of_lane]
+        self.records += np.bincount(run_lane, weights=run_len, minlength=self.lane_count).astype(np.int64)
+        return n
 
-    def _consecutive(self, seq: np.ndarray) -> bool:
+    def _runs_continue(self, seq: np.ndarray, lane: np.ndarray, starts: np.ndarray) -> bool:
+        """If every run [a, b) of one lane's records continues that lane's positions, count
+        them and return True; else change nothing and return False (the slow path decides)."""
+        bounds = [0, *starts.tolist(), len(seq)]
+        next_seq = self.next_seq.copy()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            run_lane = int(lane[a])
+            if run_lane >= self.lane_count or not self._consecutive(seq[a:b], next_seq[run_lane]):
+                return False
+            next_seq[run_lane] += np.uint64(b - a)
+        self.records += (next_seq - self.next_seq).astype(np.int64)
+        self.next_seq = next_seq
+        return True
+
+    def _out_of_order(self, found: int, expected: int, first_row: int) -> None:
+        raise TandemError(
+            f"{self.path}: record with sequence {found} where {expected} was expected in its lane, near row {first_row}: "
+            "records are missing or out of order (corrupt file)"
+        )
+
+    def _consecutive(self, seq: np.ndarray, next_seq: np.uint64) -> bool:
         """Whether SEQ is next_seq, next_seq + 1, ... (leaves the mismatches in _wrong)."""
         n = len(seq)
-        np.subtract(seq, np.uint64(self.next_seq), out=self._relative[:n])
+        np.subtract(seq, next_seq, out=self._relative[:n])
         np.not_equal(self._relative[:n], self._offsets[:n], out=self._wrong[:n])
         return not self._wrong[:n].any()
 
@@ -197,11 +298,14 @@ class _EventsCheck:
 class RingTailer:
     """Follow a live ring read-only: `poll()` returns the records committed since the last call.
 
-    The tailer never writes to the ring, so it can never stall a producer; if it falls more
-    than `capacity` records behind, the oldest are overwritten and counted in `missed`.
-    At any time, once a poll has caught up with `head`:
+    The tailer follows every lane on its own. It never writes to the ring, so it can never
+    stall a producer; if it falls more than a lane's capacity behind in a lane, that lane's
+    oldest records are overwritten and counted in `missed`.
+    At any time, once a poll has caught up with every lane's head, per lane and in total:
         received + missed == head            (positions)
         received + missed + dropped == produced events
+    Per-lane figures: `lane_received`, `lane_missed`, `lane_position`, `lane_head`,
+    `lane_dropped` (lists indexed by lane); `received`, `missed`, ... are their sums.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -209,7 +313,8 @@ class RingTailer:
         fd, st = _open_checked(self.path, "ring")
         try:
             self.header = _read_header_page(fd, self.path, st.st_size, FILE_KIND_RING)
-            expected = HEADER_SIZE + self.header.capacity * self.header.record_size
+            h = self.header
+            expected = h.records_offset + h.capacity * h.record_size
             if st.st_size != expected:
                 raise TandemError(f"{self.path}: ring file is {st.st_size} bytes, its header implies {expected} (truncated or corrupt)")
             self._map = mmap.mmap(fd, expected, access=mmap.ACCESS_READ)
@@ -218,24 +323,30 @@ class RingTailer:
             raise
         self._fd = fd
         self._size = expected
-        h = self.header
         # Slots as opaque fixed-size byte strings: numpy copies those with memcpy, while
-        # copying a structured dtype goes field by field (5x slower here).
-        self._slots = np.frombuffer(self._map, dtype=_opaque(h.record_dtype), offset=HEADER_SIZE, count=h.capacity)
+        # copying a structured dtype goes field by field (5x slower here). Lane l's slots
+        # are rows [l * lane_capacity, (l + 1) * lane_capacity).
+        self._slots = np.frombuffer(self._map, dtype=_opaque(h.record_dtype), offset=h.records_offset, count=h.capacity)
         self._seq = self._slots.view(h.record_dtype)["seq"]  # strided view of every slot's commit word
-        self._head = np.frombuffer(self._map, dtype="<u8", offset=OFFSET_HEAD, count=1)
-        self._dropped = np.frombuffer(self._map, dtype="<u8", offset=OFFSET_DROPPED, count=1)
+        self._lanes = np.frombuffer(self._map, dtype=LANE_DTYPE, offset=HEADER_SIZE, count=h.lane_count)
         self._state = np.frombuffer(self._map, dtype="<u4", offset=OFFSET_STATE, count=1)
-        self._chunk = max(1, min(h.capacity, CHUNK_BYTES // h.record_size))
+        self._chunk = max(1, min(h.lane_capacity, CHUNK_BYTES // h.record_size))
         self._seq_before = np.empty(self._chunk, dtype=np.uint64)  # per-chunk scratch, reused
         self._seq_after = np.empty(self._chunk, dtype=np.uint64)
         self._scratch = np.empty(self._chunk, dtype=np.uint64)
         self._one_to_chunk = np.arange(1, self._chunk + 1, dtype=np.uint64)
-        self.position = 0   # next position to read
-        self.received = 0   # records returned by poll()
-        self.missed = 0     # positions overwritten before this tailer read them
-        self.dropped = 0    # producers' drop counter, as of the last poll
-        self.head = 0       # producers' claim counter, as of the last poll
+        n = h.lane_count
+        self.lane_position = [0] * n   # next position to read, per lane
+        self.lane_received = [0] * n   # records returned by poll()
+        self.lane_missed = [0] * n     # positions overwritten before this tailer read them
+        self.lane_dropped = [0] * n    # producers' drop counter, as of the last poll
+        self.lane_head = [0] * n       # producers' claim counter, as of the last poll
+
+    position = property(lambda self: sum(self.lane_position), doc="positions consumed, all lanes")
+    received = property(lambda self: sum(self.lane_received), doc="records returned by poll(), all lanes")
+    missed = property(lambda self: sum(self.lane_missed), doc="positions overwritten before being read, all lanes")
+    dropped = property(lambda self: sum(self.lane_dropped), doc="events dropped by producers (lanes full), as of the last poll")
+    head = property(lambda self: sum(self.lane_head), doc="positions claimed by producers, as of the last poll")
 
     # The tailer owns an fd and a mapping: a context manager closes them deterministically.
     def __enter__(self) -> "RingTailer":
@@ -247,7 +358,7 @@ class RingTailer:
     def close(self) -> None:
         """Unmap and close (the arrays returned by poll() are copies and stay valid)."""
         if self._fd >= 0:
-            self._slots = self._seq = self._head = self._dropped = self._state = None
+            self._slots = self._seq = self._lanes = self._state = None
             try:
                 self._map.close()
             except BufferError:
@@ -262,22 +373,29 @@ class RingTailer:
         """The producer closed the ring: after one more poll there is nothing left to read."""
         return bool(int(self._state[0]) & STATE_CLOSED)
 
-    def _read_head(self) -> int:
-        head = int(self._head[0])
-        if head < self.head or head >= MAX_POSITION:
-            raise TandemError(f"{self.path}: ring head went from {self.head} to {head} (corrupt or reused file)")
-        return head
+    def _read_heads(self) -> np.ndarray:
+        """Every lane's head (one vectorised read), checked: heads only grow."""
+        heads = self._lanes["head"].copy()
+        previous = np.array(self.lane_head, dtype=np.uint64)
+        wrong = (heads < previous) | (heads >= np.uint64(MAX_POSITION))
+        if wrong.any():
+            lane = int(np.argmax(wrong))
+            raise TandemError(f"{self.path}: ring lane {lane} head went from {self.lane_head[lane]} to {int(heads[lane])} (corrupt or reused file)")
+        return heads
 
-    def _slot_ranges(self, first: int, count: int) -> list[slice]:
-        """Slot slices covering positions [first, first + count), count <= capacity."""
-        start = first & (self.header.capacity - 1)
+    def _slot_ranges(self, lane: int, first: int, count: int) -> list[slice]:
+        """Slot slices covering LANE's positions [first, first + count), count <= lane capacity."""
+        capacity = self.header.lane_capacity
+        base = lane * capacity
+        start = first & (capacity - 1)
         end = start + count
-        if end <= self.header.capacity:
-            return [slice(start, end)]
-        return [slice(start, self.header.capacity), slice(0, end - self.header.capacity)]
+        if end <= capacity:
+            return [slice(base + start, base + end)]
+        return [slice(base + start, base + capacity), slice(base, base + end - capacity)]
 
     def poll(self, max_records: int | None = None, *, producer_gone: bool = False) -> np.ndarray:
-        """Records committed since the last poll, in position order (a copy), at most MAX_RECORDS.
+        """Records committed since the last poll (a copy), at most MAX_RECORDS: lane by lane,
+        each lane's in position order (use `by_time` for a global order).
 
         PRODUCER_GONE: the producing process has exited (e.g. SIGKILL), so a position
         claimed but never committed never will be: count it as missed instead of waiting.
@@ -287,37 +405,45 @@ class RingTailer:
         if os.fstat(self._fd).st_size < self._size:
             # Reading a mapping past the end of a shrunken file would raise SIGBUS.
             raise TandemError(f"{self.path}: ring file shrank while mapped (corrupt or reused file)")
-        capacity = self.header.capacity
-        limit = capacity if max_records is None else max(0, min(int(max_records), capacity))
-        head = self._read_head()
-        self.head = head
-        self.dropped = int(self._dropped[0])
-        if head - self.position > capacity:
-            # Slots of these positions were reused by later ones: gone for this tailer.
-            self.missed += head - capacity - self.position
-            self.position = head - capacity
-        count = min(head - self.position, limit)
-        if count <= 0:
-            return np.empty(0, dtype=self.header.record_dtype)
-        # In cache-sized chunks (like read_events), straight into the result, stopping at the
-        # first record not yet committed.
-        out = np.empty(count, dtype=self._slots.dtype)
-        kept = consumed = 0
-        while consumed < count:
-            n = min(self._chunk, count - consumed)
-            got, complete = self._read_committed(out[kept:kept + n], producer_gone)
-            kept += got
-            consumed += n
-            if not complete:
-                break
+        capacity = self.header.lane_capacity
+        limit = self.header.capacity if max_records is None else max(0, min(int(max_records), self.header.capacity))
+        heads = self._read_heads()
+        dropped = self._lanes["dropped"].copy()
+        self.lane_head = [int(v) for v in heads]
+        self.lane_dropped = [int(v) for v in dropped]
+        todo = []  # (lane, positions to read), lanes whose head moved
+        for lane in np.flatnonzero(heads > np.array(self.lane_position, dtype=np.uint64)).tolist():
+            head = self.lane_head[lane]
+            if head - self.lane_position[lane] > capacity:
+                # Slots of these positions were reused by later ones: gone for this tailer.
+                self.lane_missed[lane] += head - capacity - self.lane_position[lane]
+                self.lane_position[lane] = head - capacity
+            count = min(head - self.lane_position[lane], limit)
+            if count > 0:
+                todo.append((lane, count))
+                limit -= count
+        # One result array for every lane, filled in cache-sized chunks (like read_events),
+        # each lane stopping at its first record not yet committed.
+        out = np.empty(sum(count for _, count in todo), dtype=self._slots.dtype)
+        kept = 0
+        for lane, count in todo:
+            consumed = 0
+            while consumed < count:
+                n = min(self._chunk, count - consumed)
+                got, complete = self._read_committed(lane, out[kept:kept + n], producer_gone)
+                kept += got
+                consumed += n
+                if not complete:
+                    break
         return out[:kept].view(self.header.record_dtype)
 
-    def _read_committed(self, dest: np.ndarray, producer_gone: bool) -> tuple[int, bool]:
-        """Copy the intact records among the next len(DEST) positions into DEST, up to the
-        first one not yet committed; advance position and counters.
+    def _read_committed(self, lane: int, dest: np.ndarray, producer_gone: bool) -> tuple[int, bool]:
+        """Copy the intact records among LANE's next len(DEST) positions into DEST, up to the
+        first one not yet committed; advance the lane's position and counters.
         Returns (records copied, whether all len(DEST) positions were consumed)."""
         count = len(dest)
-        ranges = self._slot_ranges(self.position, count)
+        position = self.lane_position[lane]
+        ranges = self._slot_ranges(lane, position, count)
         seq_before, seq_after = self._seq_before[:count], self._seq_after[:count]
         # Seqlock reader, slot by slot but as whole arrays: commit words, then records, then
         # commit words again, each a separate copy so the loads happen in that order (x86-64
@@ -329,7 +455,7 @@ class RingTailer:
                 at += r.stop - r.start
         # Intact: committed for this very position (seq = position + 1) before and after the
         # copy. (The copied record's own seq lies between the two reads: no need to check it.)
-        np.subtract(seq_before, np.uint64(self.position), out=self._scratch[:count])
+        np.subtract(seq_before, np.uint64(position), out=self._scratch[:count])
         intact = self._scratch[:count] == self._one_to_chunk[:count]
         intact &= seq_before == seq_after
         if intact.all():
@@ -337,23 +463,28 @@ class RingTailer:
         else:
             # A slot whose position + capacity was claimed may be mid-overwrite: lost to us.
             # Any other slot not intact is not committed yet: stop there, retry next poll.
-            head_after = self._read_head()
-            positions = np.arange(self.position, self.position + count, dtype=np.uint64)
-            overwritten = positions + np.uint64(self.header.capacity) < np.uint64(head_after)
+            head_after = int(self._read_heads()[lane])
+            positions = np.arange(position, position + count, dtype=np.uint64)
+            # Lane 0 (shared) counts claims in head: q's slot is reused once q + capacity is
+            # claimed. A private lane's head counts commits: its producer rewrites q's slot
+            # while head == q + capacity.
+            reuse_at = np.uint64(head_after + (0 if lane == 0 else 1))
+            overwritten = positions + np.uint64(self.header.lane_capacity) < reuse_at
             pending = ~intact & ~overwritten
             stop = int(np.argmax(pending)) if pending.any() and not producer_gone else count
             survivors = dest[:stop][intact[:stop]]  # a copy: safe to write back over dest
             kept = len(survivors)
             dest[:kept] = survivors
-        self.missed += stop - kept
-        self.received += kept
-        self.position += stop
+        self.lane_missed[lane] += stop - kept
+        self.lane_received[lane] += kept
+        self.lane_position[lane] = position + stop
         return kept, stop == count
 
 
 def read_ring(path: str | os.PathLike) -> tuple[RingHeader, np.ndarray, int]:
     """Everything the ring of an exited producer still holds: (header, records, missed
-    positions), where records + missed == header.head."""
+    positions), where records + missed == header.head (summed over lanes; records lane by
+    lane, each lane's in position order)."""
     with RingTailer(path) as tailer:
         records = tailer.poll(producer_gone=True)
         return tailer.header, records, tailer.missed

@@ -82,6 +82,10 @@ public final class PauseReader {
     /** Highest start tick dispatched so far; polled from another thread to draw progress. */
     public volatile long progressTicks = NULL;
 
+    /** The stream being read, so that {@link #abort} can close it from another thread. */
+    private volatile EventStream stream;
+    private volatile boolean aborted;
+
     /** Reads one JFR file; throws IOException (or a RuntimeException from jdk.jfr) on bad input. */
     public static PauseReader read(String path) throws IOException {
         PauseReader reader = new PauseReader();
@@ -92,6 +96,10 @@ public final class PauseReader {
     /** Reads into this (already constructed) reader, so that another thread can poll progress. */
     public void readFile(String path) throws IOException {
         try (EventStream stream = EventStream.openFile(Path.of(path))) {
+            this.stream = stream;
+            if (aborted) {
+                return;
+            }
             // Matching is order-independent (finish() resolves it), so skip the JDK's sort.
             stream.setOrdered(false);
             subscribe(stream, "jdk.SafepointBegin", this::onSafepointBegin);
@@ -108,9 +116,29 @@ public final class PauseReader {
             subscribe(stream, "jdk.InitialSystemProperty", this::onSystemProperty);
             subscribe(stream, CLOCK_SYNC, this::onClockSync);
             stream.start();
+        } finally {
+            this.stream = null;
+        }
+        if (aborted) {
+            throw new IOException("reading was aborted (jdk.jfr did not finish in time)");
         }
         finish();
     }
+
+    /**
+     * Stops a {@link #readFile} running in another thread: the guard against jdk.jfr waiting
+     * for data that will never come (it waits on a chunk whose header says "not finished").
+     * Ingest hands jdk.jfr only finished chunks, so this is a last resort.
+     */
+    public void abort() {
+        aborted = true;
+        EventStream current = stream;
+        if (current != null) {
+            current.close();
+        }
+    }
+
+    public boolean aborted() { return aborted; }
 
     /** Subscribes one event type, counting what jdk.jfr delivers (see {@link #eventsSeen()}). */
     private void subscribe(EventStream stream, String type, java.util.function.Consumer<RecordedEvent> handler) {
