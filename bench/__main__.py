@@ -8,7 +8,7 @@ from rich.table import Table
 
 
 def main(argv: list[str]) -> int:
-    console = Console()
+    console = Console(width=max(Console().width, 150))  # the results table is wide
     names = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name.startswith("bench_"))
     if argv:
         names = [n for n in names if any(a in n for a in argv)]
