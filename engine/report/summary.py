@@ -71,7 +71,7 @@ def summary_rich_table(summary: pd.DataFrame, header: dict | None = None):
         labels["pauses_amplified"] = "ampl"
     table = Table(title="JVM pauses that hit Python (overlap times in ms)", box=box.SIMPLE_HEAD, pad_edge=False,
                   collapse_padding=True,
-                  caption="hit: pauses overlapping a released or waiting Python thread; thr: threads affected")
+                  caption="hit: pauses overlapping a released or waiting Python thread\nthr: Python threads affected")
     table.add_column("kind: name", overflow="fold", min_width=22, max_width=34)
     for label in labels.values():
         table.add_column(label, justify="right")
