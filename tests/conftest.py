@@ -44,3 +44,14 @@ def python_params():
         else:
             params.append(pytest.param(None, id=f"py{minor}", marks=pytest.mark.skip(reason=f"no python{minor} on this machine")))
     return params
+
+
+def tsc_usable() -> bool:
+    """Whether the GIL probe stamps with the TSC here (invariant TSC and the kernel's
+    clocksource tsc), checked independently of the probe's own check."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+        source = Path("/sys/devices/system/clocksource/clocksource0/current_clocksource").read_text().strip()
+    except (OSError, StopIteration):
+        return False
+    return {"constant_tsc", "nonstop_tsc"} <= set(flags) and source == "tsc"

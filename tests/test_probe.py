@@ -20,9 +20,9 @@ from engine.ingest.gil import events_to_intervals, gil_free_gaps, gil_holds, rea
 from engine.probe import check_gil_present
 from engine.probe.build import probe_env
 from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
-from engine.ring.reader import read_events
+from engine.ring.reader import read_events, read_ring
 
-from conftest import REPO, python_params
+from conftest import REPO, python_params, tsc_usable
 
 WORKLOADS = Path(__file__).resolve().parent / "probe_workloads.py"
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
@@ -61,6 +61,8 @@ def thread_kinds(events, tid: int) -> np.ndarray:
 def test_sleeping_thread_releases_the_gil_for_each_sleep(python, tmp_path):
     witness, events, df = run_workload(python, "sleeper", "auto", tmp_path)
     assert witness["status"]["backend"] == "precise"
+    assert witness["status"]["clock"] == ("tsc" if tsc_usable() else "clock_gettime")  # the default stamp clock
+    assert events.header.clock_id == 1  # drained times are CLOCK_MONOTONIC ns whatever the stamp clock
     assert events.lost == 0
     tid = witness["tid"]
     first, last = witness["brackets"][0][0], witness["brackets"][-1][1]
@@ -81,6 +83,43 @@ def test_sleeping_thread_releases_the_gil_for_each_sleep(python, tmp_path):
         for g_start, g_end in gaps[["start_ns", "end_ns"]].to_numpy()
     )
     assert covered >= 0.95 * (mine.end_ns - mine.start_ns).sum()
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_clock_gettime_fallback_when_forced(python, tmp_path):
+    """TANDEM_PROBE_CLOCK=clock_gettime: the stamps read clock_gettime (no TSC conversion,
+    the live ring says clock_id 1) and the sleeps are recorded as with the TSC."""
+    env = probe_env(python) | {"TANDEM_PROBE_CLOCK": "clock_gettime"}
+    witness, events, df = run_workload(python, "sleeper", "auto", tmp_path, env=env)
+    assert witness["status"]["clock"] == "clock_gettime"
+    assert witness["status"]["clock_reason"] == "clock_gettime requested"
+    ring = read_ring(tmp_path / "sleeper-auto.gil.ring")[0]
+    assert ring.clock_id == 1
+    first, last = witness["brackets"][0][0], witness["brackets"][-1][1]
+    mine = df[(df.tid == witness["tid"]) & (df.state == "released") & (df.start_ns >= first) & (df.end_ns <= last)]
+    assert_matches_sleeps(mine, witness["brackets"])
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_tsc_ring_reads_like_its_events_file(python, tmp_path):
+    """With the TSC clock the live ring holds raw TSC (clock_id 2); read_ring converts it
+    with the ring's calibration table to the same CLOCK_MONOTONIC times the drain wrote into
+    the events file (within the pairs' uncertainty), and a bad clock name is refused."""
+    if not tsc_usable():
+        pytest.skip("no invariant TSC with the tsc clocksource here")
+    witness, events, df = run_workload(python, "sleeper", "auto", tmp_path, env=probe_env(python) | {"TANDEM_PROBE_CLOCK": "tsc"})
+    assert witness["status"]["clock"] == "tsc"
+    header, in_ring, _ = read_ring(tmp_path / "sleeper-auto.gil.ring")
+    assert header.clock_id == 2 and len(in_ring) > 0
+    drained = events.records
+    for lane in np.unique(in_ring["lane"]).tolist():
+        ring_lane, file_lane = in_ring[in_ring["lane"] == lane], drained[drained["lane"] == lane]
+        same = file_lane[np.isin(file_lane["seq"], ring_lane["seq"])]
+        assert np.array_equal(same["seq"], ring_lane["seq"]) and np.array_equal(same["kind"], ring_lane["kind"])
+        assert np.abs(same["mono_ns"].astype(np.int64) - ring_lane["mono_ns"].astype(np.int64)).max() < 2000
+    proc = subprocess.run([str(python), "-c", "import engine.probe; engine.probe.start('x.gil', clock='sundial')"],
+                          capture_output=True, text=True, env=probe_env(python), cwd=tmp_path)
+    assert proc.returncode != 0 and "unknown clock sundial" in proc.stderr
 
 
 @pytest.mark.parametrize("python", python_params())

@@ -18,11 +18,14 @@ from hypothesis import strategies as st
 from engine.errors import TandemError
 from engine.ring import PAUSE_RECORD_DTYPE, RingTailer, read_events
 from engine.ring.layout import (
+    CALIB_SLOTS,
     HEADER_SIZE,
     LANE_OFFSET_DROPPED,
     LANE_OFFSET_HEAD,
     LANE_OFFSET_TAIL,
     MAX_POSITION,
+    OFFSET_CALIB_SEQ,
+    OFFSET_CALIB_TABLE,
     OFFSET_STATE,
     lane_offset,
     records_offset_for,
@@ -265,5 +268,45 @@ def test_tailing_a_pause_ring_wraps_and_counts_overwritten(samples):
             assert np.array_equal(got["seq"], positions + 1)
             assert np.array_equal(got["end_ns"] - got["start_ns"], np.full(16, 500))
             assert len(tail.poll()) == 0
+    finally:
+        path.unlink()
+
+
+@pytest.fixture(scope="module")
+def tsc_ring(tmp_path_factory) -> bytes:
+    """A closed TSC-time ring (clock_id 2) with its calibration table, or a skip."""
+    d = tmp_path_factory.mktemp("ring-fuzz-tsc")
+    try:
+        probe._tsc_selftest(str(d / "tsc.ring"), str(d / "tsc.events"), 3000, 500, 100, 200)
+    except OSError as e:
+        pytest.skip(str(e))
+    return (d / "tsc.ring").read_bytes()
+
+
+calib_offsets = st.integers(OFFSET_CALIB_SEQ, OFFSET_CALIB_TABLE + 16 * CALIB_SLOTS - 1)
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.one_of(calib_offsets, header_offsets), st.integers(0, 255)), min_size=1, max_size=8),
+       words=st.lists(st.tuples(st.integers(0, (OFFSET_CALIB_TABLE + 16 * CALIB_SLOTS - OFFSET_CALIB_SEQ) // 8 - 1), counter_values),
+                      max_size=6),
+       polls=st.lists(st.integers(0, 600), min_size=1, max_size=3))
+def test_hostile_tsc_calibration(tsc_ring, edits, words, polls):
+    """A TSC-time ring whose calibration block (seqlock word, pair count, pairs) says
+    anything: converted records or a one-line error, never a crash or a hang."""
+    out = bytearray(mutate(tsc_ring, edits))
+    for word, value in words:
+        at = OFFSET_CALIB_SEQ + 8 * word
+        out[at:at + 8] = value.to_bytes(8, "little")
+    check_ring_file(bytes(out), polls)
+
+
+def test_tsc_ring_sample_is_valid(tsc_ring):
+    path = write_temp(tsc_ring)
+    try:
+        with RingTailer(path) as tail:
+            assert tail.header.clock_id == 2
+            got = tail.poll()
+            assert len(got) > 0 and (np.diff(got["mono_ns"].astype(np.int64)) >= 0).all()
     finally:
         path.unlink()

@@ -129,6 +129,8 @@ def _write_meta(state: str, status: dict, final: bool = False) -> None:
             "backend": status.get("backend"),
             "misses": status.get("misses"),
             "fallback_reasons": status.get("fallback_reasons", ""),
+            "clock": status.get("clock"),                # stamp clock: "tsc" or "clock_gettime"
+            "clock_reason": status.get("clock_reason", ""),  # why not tsc
             "boot_id": _boot_id(),
             "ring_path": status.get("ring_path"),
             "events_path": status.get("events_path"),
@@ -174,19 +176,24 @@ def start(
     capacity: int = 1 << 18,
     drain_period_us: int = 2_000,  # a private lane (16k slots) fills in ~2 ms at full speed
     sample_period_us: int = 100,
+    clock: str = "auto",
 ) -> dict:
     """Start recording GIL events of this process into FILE.
 
     FILE receives the drained events (the ring's record layout, docs/ring.md); the live
     ring is FILE.ring and the description (pid, version, backend, thread names) FILE.json.
     backend: "auto" (precise, else exported, else sampling) or one of them by name.
+    clock: the stamps' clock: "auto" (TANDEM_PROBE_CLOCK if set, else "tsc" where the TSC
+    is invariant and the kernel's clocksource is tsc), "tsc" (where usable) or
+    "clock_gettime". Recorded times are CLOCK_MONOTONIC ns either way (docs/probe.md).
     Returns the status dict (see status()). Stopped by stop() or at interpreter exit.
     """
     if backend not in BACKENDS:
         raise TandemError(f"unknown GIL probe backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     file = Path(file).absolute()
     file.parent.mkdir(parents=True, exist_ok=True)
-    options = dict(backend=backend, capacity=capacity, drain_period_us=drain_period_us, sample_period_us=sample_period_us)
+    options = dict(backend=backend, capacity=capacity, drain_period_us=drain_period_us, sample_period_us=sample_period_us,
+                   clock=clock)
     return _start_files(file.with_name(file.name + ".ring"), file, file.with_name(file.name + ".json"),
                         file.with_name(file.name + ".threads.jsonl"), **options)
 

@@ -17,6 +17,7 @@
 
 #include "patch.h"
 #include "symbols.h"
+#include "tsc.h"
 
 /* ---- per-thread slots --------------------------------------------------------------- */
 
@@ -71,10 +72,21 @@ static tandem_thread_slot *slot_for_this_thread(void) {
 static tandem_ring *volatile active_ring;
 static int membarrier_ready = -1;     /* -1 unknown, 1 usable, 0 not: fence in the stamp */
 
-static inline uint64_t monotonic_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+/* The stamp's clock, chosen at start (tandem_hooks_set_clock) while no ring is set, so no
+ * stamp is in flight when it changes: 1 = raw TSC (the ring converts it to CLOCK_MONOTONIC
+ * off the hot path), 0 = clock_gettime(CLOCK_MONOTONIC). */
+static int stamp_tsc;
+
+static inline uint64_t stamp_time(void) {
+    return __builtin_expect(stamp_tsc, 1) ? tandem_rdtsc() : tandem_monotonic_ns();
+}
+
+void tandem_hooks_set_clock(int tsc) {
+    stamp_tsc = tsc && TANDEM_HAVE_TSC;
+}
+
+int tandem_hooks_clock_is_tsc(void) {
+    return stamp_tsc;
 }
 
 static inline void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid) {
@@ -83,7 +95,7 @@ static inline void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid
     else __asm__ volatile("" ::: "memory");
     tandem_ring *ring = active_ring;
     if (ring != NULL) {
-        tandem_ring_emit_gil(ring, kind, tid, monotonic_ns());
+        tandem_ring_emit_gil(ring, kind, tid, stamp_time());
         s->events++;
     }
     __asm__ volatile("" ::: "memory");

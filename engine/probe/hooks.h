@@ -30,6 +30,12 @@ void tandem_stamp(uint16_t kind);
 /* Same, with a thread id given by the caller (the sampling thread stamps for others). */
 void tandem_stamp_for(uint16_t kind, uint32_t tid);
 
+/* The stamps' clock: 1 = raw TSC (for a ring created with time_tsc = 1), 0 =
+ * clock_gettime(CLOCK_MONOTONIC). Set it only while no ring is set (before
+ * tandem_hooks_set_ring(ring)), so it matches the ring every stamp goes to. */
+void tandem_hooks_set_clock(int tsc);
+int tandem_hooks_clock_is_tsc(void);
+
 /* Make RING the one the stamps go to (NULL: stop stamping). Detaching waits until no
  * thread is still writing into the old ring, so the caller may close it afterwards. */
 void tandem_hooks_set_ring(tandem_ring *ring);

@@ -1,7 +1,8 @@
 /* Module glue of the GIL probe: engine.probe._probe.
  *
  *   start(ring_path, events_path, backend="auto", capacity=262144, drain_period_us=10000,
- *         sample_period_us=100) -> dict      install a backend, create the ring, drain it
+ *         sample_period_us=100, clock="auto") -> dict
+ *                                           install a backend, create the ring, drain it
  *   stop() -> dict                          uninstall, wait for in-flight stamps, close
  *   status() -> dict                        backend, counters, what the backend can miss
  *   backends() -> dict                      name -> what it can miss
@@ -22,6 +23,7 @@
 #include "ring_selftest.h"
 #include "sampling.h"
 #include "symbols.h"
+#include "tsc.h"
 
 /* The ring engineer's self-test methods, when ring_selftest.c is part of the build. */
 #pragma weak tandem_ring_selftest_methods
@@ -45,6 +47,8 @@ typedef struct {
     char fallback[1024];            /* why better backends were not used                */
     uint32_t sample_period_us;
     uint64_t events_at_start;       /* the hooks' event counter is per process: report deltas */
+    int clock_tsc;                  /* stamps are raw TSC (converted by the ring's drain)  */
+    char clock_reason[200];         /* why not tsc, when clock_gettime is used             */
 } probe_state;
 
 static probe_state probe;
@@ -93,6 +97,12 @@ static PyObject *status_dict(void) {
         "fallback_reasons", probe.fallback,
         "python_version", version);
     if (d == NULL) return NULL;
+    PyObject *clock = Py_BuildValue("s", probe.clock_tsc ? "tsc" : "clock_gettime");
+    PyObject *reason = Py_BuildValue("s", probe.clock_reason);
+    if (clock) PyDict_SetItemString(d, "clock", clock);
+    if (reason) PyDict_SetItemString(d, "clock_reason", reason);
+    Py_XDECREF(clock);
+    Py_XDECREF(reason);
     if (probe.backend && strcmp(probe.backend, "sampling") == 0) {
         PyObject *v = PyLong_FromUnsignedLongLong(tandem_sampling_samples());
         PyDict_SetItemString(d, "samples", v);
@@ -119,11 +129,11 @@ static PyObject *status_dict(void) {
 static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"ring_path", "events_path", "backend", "capacity", "drain_period_us",
-                             "sample_period_us", NULL};
-    const char *ring_path, *events_path, *backend = "auto";
+                             "sample_period_us", "clock", NULL};
+    const char *ring_path, *events_path, *backend = "auto", *clock = "auto";
     unsigned int capacity = 1u << 18, drain_period_us = 10000, sample_period_us = 100;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|sIII:start", kwlist, &ring_path, &events_path, &backend,
-                                     &capacity, &drain_period_us, &sample_period_us))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|sIIIs:start", kwlist, &ring_path, &events_path, &backend,
+                                     &capacity, &drain_period_us, &sample_period_us, &clock))
         return NULL;
 #ifdef Py_GIL_DISABLED
     PyErr_SetString(ProbeError, "no GIL to watch: this is a free-threaded build of CPython");
@@ -137,6 +147,12 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
      * condition variable had a waiter in the parent, so destroying it here would block. */
     probe.ring_from_parent = NULL;
     char err[512] = "";
+    char clock_reason[200];
+    int clock_tsc = tandem_clock_choose(clock, clock_reason, sizeof clock_reason);
+    if (clock_tsc < 0) {
+        PyErr_Format(ProbeError, "cannot start the GIL probe: %s", clock_reason);
+        return NULL;
+    }
     const char *chosen = NULL;
     probe.fallback[0] = '\0';
     if (probe.hooks_installed) {
@@ -159,7 +175,7 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     probe.hooks_installed = strcmp(chosen, "sampling") != 0;
     char version[64];
     python_version(version, sizeof version);
-    tandem_ring_options opt = {capacity, version, chosen};
+    tandem_ring_options opt = {capacity, version, chosen, 0, (uint32_t)clock_tsc};
     tandem_ring *ring = tandem_ring_create(ring_path, &opt, err, sizeof err);
     if (ring == NULL || tandem_ring_start_drain(ring, events_path, drain_period_us, err, sizeof err) != 0) {
         if (ring) tandem_ring_close(ring);
@@ -172,8 +188,11 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     probe.ring = ring;
     probe.backend = chosen;
     probe.sample_period_us = sample_period_us;
+    probe.clock_tsc = clock_tsc;
+    snprintf(probe.clock_reason, sizeof probe.clock_reason, "%s", clock_tsc ? "" : clock_reason);
     snprintf(probe.ring_path, sizeof probe.ring_path, "%s", ring_path);
     snprintf(probe.events_path, sizeof probe.events_path, "%s", events_path);
+    tandem_hooks_set_clock(clock_tsc); /* no ring is set: no stamp is in flight */
     tandem_hooks_set_ring(ring);
     if (strcmp(chosen, "sampling") == 0 && tandem_sampling_start(sample_period_us, err, sizeof err) != 0) {
         tandem_hooks_set_ring(NULL);
@@ -264,30 +283,38 @@ static double elapsed_ns(const struct timespec *a, const struct timespec *b) {
 }
 
 /* Benchmark entry point: (ns per stamp into a scratch ring large enough that no stamp is
- * dropped, ns per bare clock_gettime), measured back to back so that a busy machine slows
- * both alike. Needs the probe stopped. */
+ * dropped, ns per bare clock_gettime, ns per bare rdtsc), measured back to back so that a
+ * busy machine slows all alike. CLOCK: the stamps' clock ("auto", "tsc", "clock_gettime").
+ * Needs the probe stopped. */
 static PyObject *probe_bench_stamp(PyObject *self, PyObject *args) {
     (void)self;
-    const char *ring_path;
+    const char *ring_path, *clock = "auto";
     unsigned int count;
-    if (!PyArg_ParseTuple(args, "sI:_bench_stamp", &ring_path, &count)) return NULL;
+    if (!PyArg_ParseTuple(args, "sI|s:_bench_stamp", &ring_path, &count, &clock)) return NULL;
     if (probe.ring) {
         PyErr_SetString(ProbeError, "stop the probe before _bench_stamp");
         return NULL;
     }
     char err[300];
+    int clock_tsc = tandem_clock_choose(clock, err, sizeof err);
+    if (clock_tsc < 0) {
+        PyErr_SetString(ProbeError, err);
+        return NULL;
+    }
     uint32_t capacity = 2;
-    while (capacity < count && capacity < (1u << 26)) capacity <<= 1;  /* no drop: every stamp writes */
-    tandem_ring_options opt = {capacity, "bench", "bench"};
+    /* No drop, so every timed stamp writes: two lanes (shared + this thread's) each >= count. */
+    while (capacity < 2 * count && capacity < (1u << 26)) capacity <<= 1;
+    tandem_ring_options opt = {capacity, "bench", "bench", 2, (uint32_t)clock_tsc};
     tandem_ring *ring = tandem_ring_create(ring_path, &opt, err, sizeof err);
     if (ring == NULL || tandem_ring_start_drain(ring, NULL, 1000, err, sizeof err) != 0) {
         if (ring) tandem_ring_close(ring);
         PyErr_SetString(ProbeError, err);
         return NULL;
     }
-    struct timespec t0, t1, t2, scratch;
+    struct timespec t0, t1, t2, t3, scratch;
     volatile long sink = 0;
     Py_BEGIN_ALLOW_THREADS
+    tandem_hooks_set_clock(clock_tsc);
     tandem_hooks_set_ring(ring);
     /* Warm-up pass over the whole ring: fault its pages in (a recording reuses them as it
      * wraps), then let the drain free every slot before the timed pass. */
@@ -302,11 +329,13 @@ static PyObject *probe_bench_stamp(PyObject *self, PyObject *args) {
         sink += scratch.tv_nsec;
     }
     clock_gettime(CLOCK_MONOTONIC, &t2);
+    for (unsigned i = 0; i < count; i++) sink += (long)tandem_rdtsc();
+    clock_gettime(CLOCK_MONOTONIC, &t3);
     tandem_hooks_set_ring(NULL);
     tandem_ring_close(ring);
     Py_END_ALLOW_THREADS
     (void)sink;
-    return Py_BuildValue("(dd)", elapsed_ns(&t0, &t1) / count, elapsed_ns(&t1, &t2) / count);
+    return Py_BuildValue("(ddd)", elapsed_ns(&t0, &t1) / count, elapsed_ns(&t1, &t2) / count, elapsed_ns(&t2, &t3) / count);
 }
 
 /* Benchmark entry point: install (True) or remove (False) the precise hooks without any
@@ -345,14 +374,14 @@ static void after_fork_child(void) {
 
 static PyMethodDef probe_methods[] = {
     {"start", (PyCFunction)(void (*)(void))probe_start, METH_VARARGS | METH_KEYWORDS,
-     "start(ring_path, events_path, backend='auto', capacity=262144, drain_period_us=10000, sample_period_us=100)"},
+     "start(ring_path, events_path, backend='auto', capacity=262144, drain_period_us=10000, sample_period_us=100, clock='auto')"},
     {"stop", probe_stop, METH_NOARGS, "Stop recording; returns the final status."},
     {"status", probe_status, METH_NOARGS, "Backend, counters and what the backend can miss."},
     {"backends", probe_backends, METH_NOARGS, "Backend name -> what it can miss."},
     {"_insn_length", probe_insn_length, METH_O, "Test hook: length of a movable prologue instruction."},
     {"_find_function", probe_find_function, METH_O, "Test hook: copies of a function in .symtab."},
     {"_hooks_only", probe_hooks_only, METH_O, "Benchmark: precise hooks on/off without a ring."},
-    {"_bench_stamp", probe_bench_stamp, METH_VARARGS, "Benchmark: (ns per stamp, ns per clock_gettime)."},
+    {"_bench_stamp", probe_bench_stamp, METH_VARARGS, "Benchmark: _bench_stamp(ring_path, count, clock='auto') -> (ns per stamp, ns per clock_gettime, ns per rdtsc)."},
     {NULL, NULL, 0, NULL},
 };
 

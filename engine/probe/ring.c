@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include "ring.h"
+#include "tsc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +42,7 @@
 #define RING_RECORD_TYPE_GIL 1u
 #define RING_GIL_RECORD_SIZE 32u
 #define RING_CLOCK_MONOTONIC 1u
+#define RING_CLOCK_TSC 2u /* ring only: times are TSC ticks, mapped by the calibration table */
 #define RING_MIN_CAPACITY 2u
 #define RING_MAX_CAPACITY (1u << 26)
 #define RING_MAX_LANES 64u
@@ -77,6 +79,16 @@
 #define OFF_STATE 1408      /* u32 RING_STATE_* bits */
 #define OFF_DRAIN_LOST 1416 /* u64, meaningful in a closed events file: sum over the lanes */
 #define OFF_NAMES_USED 2048 /* u32 + name table up to the page end (pause records; unused here) */
+/* TSC calibration (clock_id 2 rings only; zero otherwise and in events files): the drain
+ * thread's (tsc, CLOCK_MONOTONIC ns) pairs, under a seqlock (docs/ring.md, "TSC time"). */
+#define OFF_CALIB_SEQ 512        /* u64: odd while the drain thread writes the block below  */
+#define OFF_CALIB_TOTAL 520      /* u64: pairs written into the table so far               */
+#define OFF_CALIB_FIRST_TSC 528  /* u64: the pair taken when the ring was created...        */
+#define OFF_CALIB_FIRST_MONO 536 /* u64: ...(kept for the life of the ring)                 */
+#define OFF_CALIB_TABLE 576      /* CALIB_SLOTS x (u64 tsc, u64 mono): pair i in slot i % 16 */
+#define CALIB_SLOTS 16
+#define CALIB_MAX_WIDTH_NS 2000 /* a wider (tsc, mono) bracket is not kept as a knot */
+#define OFF_CALIB_END (OFF_CALIB_TABLE + CALIB_SLOTS * 16)
 
 /* One lane's counters: 512 bytes, each producer- or consumer-written word alone in a
  * 128-byte block (adjacent-line prefetch pairs 64-byte lines, hence 128). */
@@ -136,6 +148,14 @@ struct tandem_ring {
     _Atomic uint64_t drain_lost;
     _Atomic int drain_errno;
     uint64_t dropped_reported[RING_MAX_LANES]; /* drops already written as LOST markers */
+    /* TSC time (time_tsc): the creation pair and the last CALIB_SLOTS pairs of the drain
+     * thread (also in the header), and a buffer for converted copies of drained records. */
+    int time_tsc;
+    tandem_tsc_pair calib_first;
+    uint64_t calib_tsc[CALIB_SLOTS], calib_mono[CALIB_SLOTS];
+    uint64_t calib_total;
+    double ns_per_tick;       /* nominal, from the creation pairs: to judge a pair's width */
+    ring_gil_record *converted;
     uint64_t lane_drain_lost[RING_MAX_LANES];
 };
 
@@ -223,7 +243,7 @@ static void read_boot_id(unsigned char dst[LEN_BOOT_ID]) {
 }
 
 static void fill_header(unsigned char *h, const tandem_ring_options *opt, uint32_t lanes, uint32_t lane_capacity,
-                        size_t records_offset) {
+                        size_t records_offset, const tandem_tsc_pair *first, const tandem_tsc_pair *second) {
     memset(h, 0, RING_HEADER_SIZE);
     memcpy(h + OFF_MAGIC, RING_MAGIC, 8);
     put_u32(h, OFF_VERSION, RING_VERSION);
@@ -233,7 +253,14 @@ static void fill_header(unsigned char *h, const tandem_ring_options *opt, uint32
     put_u32(h, OFF_RECORD_SIZE, RING_GIL_RECORD_SIZE);
     put_u32(h, OFF_LANE_CAPACITY, lane_capacity);
     put_u32(h, OFF_PRODUCER_PID, (uint32_t)getpid());
-    put_u32(h, OFF_CLOCK_ID, RING_CLOCK_MONOTONIC);
+    put_u32(h, OFF_CLOCK_ID, first ? RING_CLOCK_TSC : RING_CLOCK_MONOTONIC);
+    if (first) { /* two pairs from the start, so a tailer always has a slope */
+        put_u64(h, OFF_CALIB_FIRST_TSC, first->tsc);
+        put_u64(h, OFF_CALIB_FIRST_MONO, first->mono_ns);
+        put_u64(h, OFF_CALIB_TABLE, second->tsc);
+        put_u64(h, OFF_CALIB_TABLE + 8, second->mono_ns);
+        put_u64(h, OFF_CALIB_TOTAL, 1);
+    }
     uint64_t real = 0, mono = 0, uncertainty = 0;
     clock_pair(&real, &mono, &uncertainty);
     put_u64(h, OFF_SYNC_REALTIME, real);
@@ -313,14 +340,23 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
     snprintf(build_path, sizeof build_path, "%s.building-%d", path, (int)getpid());
     size_t records_offset = records_offset_for(lanes);
     size_t map_len = records_offset + (size_t)cap * RING_GIL_RECORD_SIZE;
+    int time_tsc = opt->time_tsc && TANDEM_HAVE_TSC;
+    tandem_tsc_pair first = {0, 0, 0}, second = {0, 0, 0};
+    if (time_tsc) tandem_tsc_pair_take(&first);
     unsigned char *base = create_mapping(build_path, path, map_len, err, errlen);
+    if (time_tsc) {
+        /* A second pair at least 200 us later (mapping the ring usually takes longer), so
+         * the slope a tailer uses before the drain's first pass is not mostly noise. */
+        while (tandem_monotonic_ns() - first.mono_ns < 200000u) { }
+        tandem_tsc_pair_take(&second);
+    }
     tandem_ring *ring = base ? calloc(1, sizeof *ring) : NULL;
     unsigned char *events_header = ring ? calloc(1, records_offset) : NULL;
     if (base && (!ring || !events_header)) snprintf(err, errlen, "ring %s: out of memory", path);
     if (ring && events_header) {
         /* The file is zero-filled: every slot's seq is 0 = empty, every lane's counters 0
          * and owner 0 = free. */
-        fill_header(base, opt, lanes, lane_cap, records_offset);
+        fill_header(base, opt, lanes, lane_cap, records_offset, time_tsc ? &first : NULL, &second);
         if (link(build_path, path) != 0) {
             snprintf(err, errlen, "ring %s: cannot create: %s", path, strerror(errno));
             free(events_header);
@@ -345,6 +381,12 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
     ring->id = atomic_fetch_add_explicit(&next_ring_id, 1, memory_order_relaxed);
     ring->fork_generation = current_generation();
     ring->events_fd = -1;
+    ring->time_tsc = time_tsc;
+    ring->calib_first = first;
+    ring->calib_tsc[0] = second.tsc;
+    ring->calib_mono[0] = second.mono_ns;
+    ring->calib_total = 1;
+    ring->ns_per_tick = time_tsc ? (double)(second.mono_ns - first.mono_ns) / (double)(second.tsc - first.tsc) : 1.0;
     snprintf(ring->path, sizeof ring->path, "%s", path);
     pthread_mutex_init(&ring->drain_mutex, NULL);
     pthread_condattr_t ca;
@@ -502,6 +544,82 @@ static int write_all(int fd, struct iovec *iov, int iovcnt) {
     return 0;
 }
 
+/* ---- TSC time (docs/ring.md, "TSC time") ------------------------------------------------
+ * Every drain pass of a time_tsc ring takes a (tsc, mono) pair after it has found the
+ * records it will drain, so those were all stamped before the pair. The pairs so far (the
+ * creation pair, then the last CALIB_SLOTS) are the knots of a piecewise-linear map from
+ * TSC to CLOCK_MONOTONIC: a value between two knots is interpolated between them, one
+ * beyond the last (or before the first) knot is extrapolated with the slope over all
+ * knots. */
+
+/* Append PAIR to the calibration table, in the ring struct and under the header's seqlock
+ * (drain thread only). */
+static void calib_push(tandem_ring *ring, const tandem_tsc_pair *pair) {
+    uint64_t last = ring->calib_tsc[(ring->calib_total - 1) % CALIB_SLOTS];
+    if (pair->tsc <= last) return; /* cannot happen with an invariant TSC; keep the map monotonic */
+    /* A pair whose clock_gettime was preempted in all its tries is uncertain by half its
+     * width: skip it (the previous knots still hold), unless the last one kept is older
+     * than a second. */
+    double width_ns = (double)pair->width * ring->ns_per_tick;
+    double since_ns = (double)(pair->tsc - last) * ring->ns_per_tick;
+    if (width_ns > (double)CALIB_MAX_WIDTH_NS && since_ns < 1e9) return;
+    uint64_t slot = ring->calib_total % CALIB_SLOTS;
+    ring->calib_tsc[slot] = pair->tsc;
+    ring->calib_mono[slot] = pair->mono_ns;
+    ring->calib_total++;
+    _Atomic uint64_t *seq = (_Atomic uint64_t *)(ring->base + OFF_CALIB_SEQ);
+    uint64_t s = atomic_load_explicit(seq, memory_order_relaxed);
+    atomic_store_explicit(seq, s + 1, memory_order_relaxed); /* odd: being written */
+    atomic_thread_fence(memory_order_release);
+    _Atomic uint64_t *entry = (_Atomic uint64_t *)(ring->base + OFF_CALIB_TABLE + slot * 16);
+    atomic_store_explicit(&entry[0], pair->tsc, memory_order_relaxed);
+    atomic_store_explicit(&entry[1], pair->mono_ns, memory_order_relaxed);
+    atomic_store_explicit((_Atomic uint64_t *)(ring->base + OFF_CALIB_TOTAL), ring->calib_total, memory_order_relaxed);
+    atomic_store_explicit(seq, s + 2, memory_order_release);
+}
+
+typedef struct {
+    int n;
+    uint64_t tsc[CALIB_SLOTS + 1], mono[CALIB_SLOTS + 1];
+    double slope[CALIB_SLOTS + 1]; /* slope[i]: ns per tick from knot i to i + 1 */
+    double overall;                /* ns per tick from the first knot to the last */
+} tsc_map;
+
+static void tsc_map_build(const tandem_ring *ring, tsc_map *m) {
+    uint64_t kept = ring->calib_total < CALIB_SLOTS ? ring->calib_total : CALIB_SLOTS;
+    m->n = 0;
+    m->tsc[m->n] = ring->calib_first.tsc;
+    m->mono[m->n++] = ring->calib_first.mono_ns;
+    for (uint64_t i = ring->calib_total - kept; i < ring->calib_total; i++) {
+        uint64_t t = ring->calib_tsc[i % CALIB_SLOTS], mono = ring->calib_mono[i % CALIB_SLOTS];
+        if (t <= m->tsc[m->n - 1] || mono < m->mono[m->n - 1]) continue;
+        m->tsc[m->n] = t;
+        m->mono[m->n++] = mono;
+    }
+    for (int i = 0; i + 1 < m->n; i++)
+        m->slope[i] = (double)(m->mono[i + 1] - m->mono[i]) / (double)(m->tsc[i + 1] - m->tsc[i]);
+    m->overall = m->n > 1 ? (double)(m->mono[m->n - 1] - m->mono[0]) / (double)(m->tsc[m->n - 1] - m->tsc[0]) : 1.0;
+}
+
+static inline uint64_t from_knot(uint64_t mono, uint64_t tsc, double slope, uint64_t t) {
+    double delta = (double)(int64_t)(t - tsc) * slope; /* signed: t may lie before the knot */
+    return mono + (uint64_t)(int64_t)(delta < 0 ? delta - 0.5 : delta + 0.5);
+}
+
+static inline uint64_t tsc_map_apply(const tsc_map *m, uint64_t t) {
+    int last = m->n - 1;
+    if (t >= m->tsc[last]) return from_knot(m->mono[last], m->tsc[last], m->overall, t);
+    if (last >= 1 && t >= m->tsc[last - 1]) return from_knot(m->mono[last - 1], m->tsc[last - 1], m->slope[last - 1], t);
+    if (t < m->tsc[0]) return from_knot(m->mono[0], m->tsc[0], m->overall, t);
+    int lo = 0, hi = last; /* m->tsc[lo] <= t < m->tsc[hi] */
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (m->tsc[mid] <= t) lo = mid;
+        else hi = mid;
+    }
+    return from_knot(m->mono[lo], m->tsc[lo], m->slope[lo], t);
+}
+
 /* One pass over every lane: copy the committed records from the lane's tail on (in
  * position order, stopping at the first slot still being written) to the events file, a
  * LOST marker after them for the lane's new drops, then hand the slots back by advancing
@@ -511,6 +629,7 @@ static uint64_t drain_once(tandem_ring *ring) {
     struct iovec iov[RING_MAX_LANES * 3];
     ring_gil_record lost[RING_MAX_LANES];
     uint64_t start[RING_MAX_LANES], end[RING_MAX_LANES];
+    int has_lost[RING_MAX_LANES];
     int n = 0;
     uint64_t total = 0, backlog = 0;
     for (uint32_t l = 0; l < ring->lane_count; l++) {
@@ -524,26 +643,50 @@ static uint64_t drain_once(tandem_ring *ring) {
         start[l] = s;
         end[l] = e;
         if (head - s > backlog) backlog = head - s;
-        uint64_t count = e - s;
-        total += count;
-        if (count) {
-            uint64_t first = s & ring->mask;
-            uint64_t until_wrap = ring->lane_capacity - first;
-            uint64_t part1 = count < until_wrap ? count : until_wrap;
-            iov[n++] = (struct iovec){&slots[first], part1 * RING_GIL_RECORD_SIZE};
-            if (count > part1) iov[n++] = (struct iovec){&slots[0], (count - part1) * RING_GIL_RECORD_SIZE};
-        }
+        total += e - s;
         uint64_t dropped = atomic_load_explicit(&lane->dropped, memory_order_acquire);
-        if (dropped != ring->dropped_reported[l]) {
+        has_lost[l] = dropped != ring->dropped_reported[l];
+        if (has_lost[l]) {
             ring_gil_record *m = &lost[l];
             memset(m, 0, sizeof *m);
             m->mono_ns = clock_ns(CLOCK_MONOTONIC);
             m->kind = TANDEM_RING_LOST_MARKER;
             m->lane = (uint16_t)l;
             m->aux = dropped - ring->dropped_reported[l];
-            iov[n++] = (struct iovec){m, sizeof *m};
             ring->dropped_reported[l] = dropped;
         }
+    }
+    /* TSC time: a pair taken after every record drained in this pass was committed, so
+     * their stamps all lie before it (interpolated, not extrapolated). */
+    tsc_map map = {.n = 0};
+    int convert = ring->time_tsc && ring->converted && ring->events_fd >= 0 && !ring->events_failed;
+    if (ring->time_tsc) {
+        tandem_tsc_pair pair;
+        tandem_tsc_pair_take(&pair);
+        calib_push(ring, &pair);
+        if (convert) tsc_map_build(ring, &map);
+    }
+    uint64_t done = 0; /* records already converted into ring->converted */
+    for (uint32_t l = 0; l < ring->lane_count; l++) {
+        ring_gil_record *slots = &ring->records[(size_t)l * ring->lane_capacity];
+        uint64_t s = start[l], count = end[l] - start[l];
+        if (count) {
+            uint64_t first = s & ring->mask;
+            uint64_t until_wrap = ring->lane_capacity - first;
+            uint64_t part1 = count < until_wrap ? count : until_wrap;
+            if (convert) {
+                ring_gil_record *out = &ring->converted[done];
+                memcpy(out, &slots[first], part1 * RING_GIL_RECORD_SIZE);
+                if (count > part1) memcpy(out + part1, &slots[0], (count - part1) * RING_GIL_RECORD_SIZE);
+                for (uint64_t i = 0; i < count; i++) out[i].mono_ns = tsc_map_apply(&map, out[i].mono_ns);
+                iov[n++] = (struct iovec){out, count * RING_GIL_RECORD_SIZE};
+                done += count;
+            } else {
+                iov[n++] = (struct iovec){&slots[first], part1 * RING_GIL_RECORD_SIZE};
+                if (count > part1) iov[n++] = (struct iovec){&slots[0], (count - part1) * RING_GIL_RECORD_SIZE};
+            }
+        }
+        if (has_lost[l]) iov[n++] = (struct iovec){&lost[l], sizeof lost[l]};
     }
     if (n == 0) return backlog;
     if (ring->events_fd >= 0 && !ring->events_failed) {
@@ -622,6 +765,20 @@ int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t
         memcpy(ring->events_header, ring->base, RING_HEADER_SIZE);
         put_u32(ring->events_header, OFF_STATE, 0);
         put_u32(ring->events_header, OFF_FILE_KIND, RING_FILE_KIND_EVENTS);
+        /* An events file always holds CLOCK_MONOTONIC ns (the drain converts TSC times). */
+        put_u32(ring->events_header, OFF_CLOCK_ID, RING_CLOCK_MONOTONIC);
+        memset(ring->events_header + OFF_CALIB_SEQ, 0, OFF_CALIB_END - OFF_CALIB_SEQ);
+        if (ring->time_tsc) {
+            /* Converted copies of one pass's records: at most every slot. Pages are only
+             * touched as far as the largest pass. */
+            ring->converted = malloc((size_t)ring->lane_count * ring->lane_capacity * RING_GIL_RECORD_SIZE);
+            if (!ring->converted) {
+                snprintf(err, errlen, "events file %s: out of memory for the TSC conversion buffer", events_path);
+                close(fd);
+                unlink(events_path);
+                return -1;
+            }
+        }
         struct iovec iov = {ring->events_header, ring->records_offset};
         int rc = write_all(fd, &iov, 1);
         if (rc != 0) {
@@ -716,5 +873,6 @@ void tandem_ring_close(tandem_ring *ring) {
     pthread_mutex_destroy(&ring->drain_mutex);
     pthread_cond_destroy(&ring->drain_cond);
     free(ring->events_header);
+    free(ring->converted);
     free(ring);
 }

@@ -48,6 +48,11 @@ typedef struct {
                                    * get a private lane. 0 = automatic:
                                    * clamp(capacity / 16384, 1, 64) (lanes of >= 16384
                                    * slots). 1 = one shared lane (the v1 protocol).       */
+    uint32_t time_tsc;            /* 1: producers pass raw TSC ticks as the time (the ring
+                                   * header says clock_id 2 and carries the drain thread's
+                                   * (tsc, CLOCK_MONOTONIC) pairs; the drain converts what it
+                                   * appends to the events file to CLOCK_MONOTONIC ns).
+                                   * 0: CLOCK_MONOTONIC ns (clock_id 1).                   */
 } tandem_ring_options;
 
 /* Counters as seen by the control thread (for probe.json and `tandem doctor`). */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "ring.h"
+#include "tsc.h"
 
 #define SELFTEST_MAX_THREADS 64
 
@@ -208,7 +209,63 @@ static PyObject *ring_bench(PyObject *self, PyObject *args, PyObject *kwargs) {
                          (unsigned long long)stats.claimed, "dropped", (unsigned long long)stats.dropped);
 }
 
+/* ---- _tsc_selftest ------------------------------------------------------------------- */
+
+/* The calling thread stamps EVENTS records with the raw TSC into a new time_tsc ring
+ * drained to EVENTS_PATH, each TSC read bracketed by two clock_gettime(CLOCK_MONOTONIC)
+ * reads, pausing PAUSE_US every BURST events so that many drain passes happen. Returns
+ * {'before': bytes, 'after': bytes} (u64 brackets, in emission order) for a test to compare
+ * with the converted times of the records (tid 1, kind 1 + i % 3, one lane). */
+static PyObject *tsc_selftest(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"ring_path", "events_path", "events", "drain_period_us", "burst", "pause_us", NULL};
+    const char *ring_path, *events_path;
+    unsigned int events, drain_period_us = 1000, burst = 100, pause_us = 100;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ssI|III", kwlist, &ring_path, &events_path, &events, &drain_period_us,
+                                     &burst, &pause_us))
+        return NULL;
+    char err[512] = {0};
+    if (!tandem_tsc_usable(err, sizeof err)) return PyErr_Format(PyExc_OSError, "TSC not usable: %s", err);
+    if (events == 0 || burst == 0) return PyErr_Format(PyExc_ValueError, "events and burst must be > 0");
+    PyObject *before = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)events * 8);
+    PyObject *after = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)events * 8);
+    if (!before || !after) {
+        Py_XDECREF(before);
+        Py_XDECREF(after);
+        return NULL;
+    }
+    uint64_t *b = (uint64_t *)PyBytes_AS_STRING(before), *a = (uint64_t *)PyBytes_AS_STRING(after);
+    /* Two lanes: this thread gets lane 1 of its own. */
+    tandem_ring_options opt = {.capacity = 1u << 16, .python_version = PY_VERSION, .backend = "tsc-selftest", .lanes = 2,
+                               .time_tsc = 1};
+    tandem_ring *ring = tandem_ring_create(ring_path, &opt, err, sizeof err);
+    if (!ring || tandem_ring_start_drain(ring, events_path, drain_period_us, err, sizeof err) != 0) {
+        if (ring) tandem_ring_close(ring);
+        Py_DECREF(before);
+        Py_DECREF(after);
+        return PyErr_Format(PyExc_OSError, "%s", err);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (unsigned i = 0; i < events; i++) {
+        b[i] = tandem_monotonic_ns();
+        uint64_t t = tandem_rdtsc();
+        a[i] = tandem_monotonic_ns();
+        tandem_ring_emit_gil(ring, (uint16_t)(1 + i % 3), 1, t);
+        if ((i + 1) % burst == 0) {
+            struct timespec pause = {0, (long)pause_us * 1000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    tandem_ring_close(ring);
+    Py_END_ALLOW_THREADS
+    PyObject *out = Py_BuildValue("{s:N,s:N}", "before", before, "after", after);
+    return out;
+}
+
 PyMethodDef tandem_ring_selftest_methods[] = {
+    {"_tsc_selftest", (PyCFunction)(void (*)(void))tsc_selftest, METH_VARARGS | METH_KEYWORDS,
+     "_tsc_selftest(ring_path, events_path, events, drain_period_us=1000, burst=100, pause_us=100)\n"
+     "Test only: stamp EVENTS records with the raw TSC into a new TSC-time ring, each TSC read\n"
+     "bracketed by clock_gettime(CLOCK_MONOTONIC); returns {'before', 'after'} (u64 bytes)."},
     {"_ring_stress", (PyCFunction)(void (*)(void))ring_stress, METH_VARARGS | METH_KEYWORDS,
      "_ring_stress(ring_path, events_path, threads, events_per_thread, capacity, drain_period_us, burst=0, pause_us=0, lanes=0, waves=1)\n"
      "Test only: THREADS pthreads emit self-checking records into a new ring of CAPACITY slots in\n"

@@ -23,6 +23,10 @@ MAX_LANES = 64
 LANE_STRIDE = 512          # bytes of one lane's counters in the lane table
 PAGE = 4096
 CLOCK_MONOTONIC = 1
+# Ring files only: the time fields hold raw TSC ticks, mapped to CLOCK_MONOTONIC ns by the
+# header's calibration table (docs/ring.md, "TSC time"). Readers return CLOCK_MONOTONIC ns.
+CLOCK_TSC = 2
+CLOCK_NAMES = {CLOCK_MONOTONIC: "CLOCK_MONOTONIC", CLOCK_TSC: "TSC"}
 # Positions beyond this are not produced by any real producer (2^62 events at 1 GHz is
 # 146 years) and would make position arithmetic wrap: treated as corruption.
 MAX_POSITION = 1 << 62
@@ -98,6 +102,14 @@ def lane_offset(lane: int) -> int:
 def records_offset_for(lane_count: int) -> int:
     """Where records start: the header page, then the lane table rounded up to a page."""
     return HEADER_SIZE + -(-lane_count * LANE_STRIDE // PAGE) * PAGE
+# TSC calibration (clock_id 2 rings): a seqlock word, the pairs written so far, the pair
+# taken at creation, then CALIB_SLOTS (tsc, mono) pairs, pair i in slot i % CALIB_SLOTS.
+OFFSET_CALIB_SEQ = 512
+OFFSET_CALIB_TOTAL = 520
+OFFSET_CALIB_FIRST = 528
+OFFSET_CALIB_TABLE = 576
+CALIB_SLOTS = 16
+CALIB_WORDS = (OFFSET_CALIB_TABLE + CALIB_SLOTS * 16 - OFFSET_CALIB_SEQ) // 8
 # Name table for pause records: u32 bytes used at 2048, strings from 2112 to the page end.
 OFFSET_NAMES_USED = 2048
 OFFSET_NAMES = 2112
@@ -141,7 +153,7 @@ class RingHeader:
     lane_capacity: int        # slots per lane (an events file keeps its ring's)
     records_offset: int       # where records start (after the header page and lane table)
     producer_pid: int
-    clock_id: int             # always 1 = CLOCK_MONOTONIC
+    clock_id: int             # 1 = CLOCK_MONOTONIC; 2 = TSC ticks (rings only; readers convert)
     sync_realtime_ns: int     # CLOCK_REALTIME read between two CLOCK_MONOTONIC reads...
     sync_monotonic_ns: int    # ...whose midpoint this is,
     sync_uncertainty_ns: int  # ...and whose distance this is
@@ -267,8 +279,11 @@ def parse_header(page: bytes, path: Path, expected_kind: int) -> RingHeader:
         raise TandemError(f"{path}: records offset {int(h['records_offset'])}, expected {records_offset} for {lane_count} lanes (corrupt file)")
     if len(page) < records_offset:
         raise TandemError(f"{path}: {len(page)} bytes, shorter than its {records_offset}-byte header and lane table (truncated)")
-    if int(h["clock_id"]) != CLOCK_MONOTONIC:
-        raise TandemError(f"{path}: clock id {int(h['clock_id'])}, expected {CLOCK_MONOTONIC} (CLOCK_MONOTONIC)")
+    clock_id = int(h["clock_id"])
+    allowed = (CLOCK_MONOTONIC, CLOCK_TSC) if expected_kind == FILE_KIND_RING else (CLOCK_MONOTONIC,)
+    if clock_id not in allowed:
+        expected = " or ".join(f"{c} ({CLOCK_NAMES[c]})" for c in allowed)
+        raise TandemError(f"{path}: clock id {clock_id}, expected {expected}")
     if int(h["producer_pid"]) == 0:
         raise TandemError(f"{path}: producer pid is 0 (corrupt file)")
     boot_id = _text(bytes(h["boot_id"]), path, "boot_id") or None

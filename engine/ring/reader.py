@@ -21,12 +21,17 @@ import numpy as np
 
 from engine.errors import TandemError
 from engine.ring.layout import (
+    CALIB_SLOTS,
+    CALIB_WORDS,
+    CLOCK_TSC,
     FILE_KIND_EVENTS,
     FILE_KIND_RING,
     HEADER_SIZE,
     LANE_DTYPE,
     LOST_MARKER,
     MAX_POSITION,
+    OFFSET_CALIB_SEQ,
+    OFFSET_CALIB_TABLE,
     OFFSET_STATE,
     STATE_CLOSED,
     RingHeader,
@@ -292,6 +297,46 @@ class _EventsCheck:
         return not self._wrong[:n].any()
 
 
+# ---- TSC time (clock_id 2 rings) -----------------------------------------------------------
+
+
+def tsc_knots(block: np.ndarray, path: Path, skip_slot: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The (tsc, mono_ns) knots of a ring's calibration block (CALIB_WORDS u64 from
+    OFFSET_CALIB_SEQ, copied consistently), oldest first: the creation pair, then the table's
+    pairs. Pairs that do not increase in both are skipped; fewer than two left is an error."""
+    total = int(block[1])
+    at = (OFFSET_CALIB_TABLE - OFFSET_CALIB_SEQ) // 8
+    table = block[at:at + 2 * CALIB_SLOTS].reshape(CALIB_SLOTS, 2)
+    kept = min(total, CALIB_SLOTS)
+    slots = [(total - kept + i) % CALIB_SLOTS for i in range(kept)]
+    pairs = [(int(block[2]), int(block[3]))] + [(int(table[i, 0]), int(table[i, 1])) for i in slots if i != skip_slot]
+    knots = [pairs[0]]
+    for t, mono in pairs[1:]:
+        if t > knots[-1][0] and mono >= knots[-1][1]:
+            knots.append((t, mono))
+    if len(knots) < 2:
+        raise TandemError(f"{path}: ring's TSC calibration table holds fewer than two usable (tsc, mono) pairs (corrupt file)")
+    return np.array([k[0] for k in knots], dtype=np.uint64), np.array([k[1] for k in knots], dtype=np.uint64)
+
+
+def tsc_to_mono(ticks: np.ndarray, knot_tsc: np.ndarray, knot_mono: np.ndarray) -> np.ndarray:
+    """CLOCK_MONOTONIC ns of TSC values: piecewise linear between the knots, and beyond the
+    first or last knot along the slope from the first to the last (as the drain thread
+    converts, docs/ring.md "TSC time")."""
+    ticks = np.asarray(ticks, dtype=np.uint64)
+    n = len(knot_tsc)
+    with np.errstate(all="ignore"):  # hostile values may overflow: garbage out, never a crash
+        seg_slope = (knot_mono[1:] - knot_mono[:-1]).astype(np.float64) / (knot_tsc[1:] - knot_tsc[:-1]).astype(np.float64)
+        overall = float(int(knot_mono[-1]) - int(knot_mono[0])) / float(int(knot_tsc[-1]) - int(knot_tsc[0]))
+        i = np.searchsorted(knot_tsc, ticks, side="right") - 1
+        inside = (i >= 0) & (i < n - 1)
+        base = np.clip(i, 0, n - 1)
+        slope = np.where(inside, seg_slope[np.clip(i, 0, n - 2)], overall)
+        distance = (ticks - knot_tsc[base]).view(np.int64)  # signed: before the knot is negative
+        step = np.rint(distance * slope).astype(np.int64).view(np.uint64)
+        return knot_mono[base] + step
+
+
 # ---- Live rings ---------------------------------------------------------------------------
 
 
@@ -330,6 +375,9 @@ class RingTailer:
         self._seq = self._slots.view(h.record_dtype)["seq"]  # strided view of every slot's commit word
         self._lanes = np.frombuffer(self._map, dtype=LANE_DTYPE, offset=HEADER_SIZE, count=h.lane_count)
         self._state = np.frombuffer(self._map, dtype="<u4", offset=OFFSET_STATE, count=1)
+        # clock_id 2: times are TSC ticks; poll() converts them with the calibration table.
+        self._calib = (np.frombuffer(self._map, dtype="<u8", offset=OFFSET_CALIB_SEQ, count=CALIB_WORDS)
+                       if h.clock_id == CLOCK_TSC else None)
         self._chunk = max(1, min(h.lane_capacity, CHUNK_BYTES // h.record_size))
         self._seq_before = np.empty(self._chunk, dtype=np.uint64)  # per-chunk scratch, reused
         self._seq_after = np.empty(self._chunk, dtype=np.uint64)
@@ -358,7 +406,7 @@ class RingTailer:
     def close(self) -> None:
         """Unmap and close (the arrays returned by poll() are copies and stay valid)."""
         if self._fd >= 0:
-            self._slots = self._seq = self._lanes = self._state = None
+            self._slots = self._seq = self._lanes = self._state = self._calib = None
             try:
                 self._map.close()
             except BufferError:
@@ -435,7 +483,27 @@ class RingTailer:
                 consumed += n
                 if not complete:
                     break
-        return out[:kept].view(self.header.record_dtype)
+        records = out[:kept].view(self.header.record_dtype)
+        if self._calib is not None and kept:
+            knot_tsc, knot_mono = self._read_calibration(producer_gone)
+            for name in ("mono_ns",) if "mono_ns" in records.dtype.names else ("start_ns", "end_ns"):
+                records[name] = tsc_to_mono(records[name], knot_tsc, knot_mono)
+        return records
+
+    def _read_calibration(self, producer_gone: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The calibration knots, read as a seqlock reader (after the records: the drain's
+        newest pair is then at least as new as their stamps, but for the few stamped since)."""
+        for _ in range(1000):
+            before = int(self._calib[0])
+            block = self._calib.copy()
+            after = int(self._calib[0])
+            if before == after and before % 2 == 0:
+                return tsc_knots(block, self.path)
+            if producer_gone and before == after:
+                # The producer died inside an update: every pair but the one being written
+                # (slot total % CALIB_SLOTS) is whole.
+                return tsc_knots(block, self.path, skip_slot=int(block[1]) % CALIB_SLOTS)
+        raise TandemError(f"{self.path}: ring's TSC calibration table never stopped changing (corrupt file or stalled writer)")
 
     def _read_committed(self, lane: int, dest: np.ndarray, producer_gone: bool) -> tuple[int, bool]:
         """Copy the intact records among LANE's next len(DEST) positions into DEST, up to the
