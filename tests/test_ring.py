@@ -389,8 +389,7 @@ def test_more_threads_than_lanes_share_lane_zero(tmp_path):
 def test_lanes_of_exited_threads_are_reused(tmp_path):
     """Three waves of 3 threads, each wave started after the previous one exited, into 4
     lanes: every thread gets a private lane (the exited threads' lanes are given back and
-    taken again), so lane 0 stays empty, and each private lane holds 3 threads' records one
-    after the other."""
+    taken again), so lane 0 stays empty, and a lane's threads' records never interleave."""
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
     threads, waves, per_thread = 3, 3, 5_000
     probe._ring_stress(str(ring), str(events), threads, per_thread, 1 << 16, 1000, 500, 100, lanes=4, waves=waves)
@@ -400,13 +399,16 @@ def test_lanes_of_exited_threads_are_reused(tmp_path):
     lanes = lanes_of_threads(got.records)
     assert sorted(lanes) == list(range(1, threads * waves + 1))
     assert all(len(v) == 1 and 0 not in v for v in lanes.values())
-    assert list(got.lane_records) == [0] + [waves * per_thread] * 3
+    # 9 threads went through 3 private lanes, so lanes were given back and taken again.
+    # Which lane a thread gets depends on scheduling (on a starved machine a thread may end
+    # before its wave's next one starts and hand its lane on), so only the invariants are
+    # checked: lane 0 unused, and a private lane never has two producers at once.
+    assert got.lane_records[0] == 0 and int(sum(got.lane_records)) == threads * waves * per_thread
     for lane in (1, 2, 3):
-        tids = got.records["tid"][got.records["lane"] == lane]
-        # one thread per wave, each thread's records contiguous and waves in order
-        changes = tids[np.flatnonzero(np.diff(tids.astype(np.int64))) + 1]
-        assert len(changes) == waves - 1
-        assert ((np.concatenate([[tids[0]], changes]) - 1) // threads).tolist() == list(range(waves))
+        tids = got.records["tid"][got.records["lane"] == lane].astype(np.int64)
+        owners = len(np.unique(tids))
+        assert owners >= 1
+        assert np.count_nonzero(np.diff(tids)) == owners - 1, f"threads interleave in lane {lane}"
 
 
 def bracket_error(mono: np.ndarray, before: np.ndarray, after: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ import java.util.List;
  *   settings=/path/x.jfc | profile  optional: base settings instead of the JDK's "default"
  *   events=jdk.X#threshold=0ms;jdk.Y  optional: extra event settings, ';'-separated
  *   duration=30                     optional: stop after this many seconds (attach)
+ *   live=true                       optional: also write pauses into SESSION/jvm-PID/pauses.ring
  * </pre>
  *
  * Values are split at the first '=' only, so an event setting may hold its own '='.
@@ -24,13 +25,16 @@ final class AgentOptions {
     final String settings;
     final List<String> events;
     final double durationSeconds;
+    final boolean live;
 
-    private AgentOptions(String raw, Path session, String settings, List<String> events, double durationSeconds) {
+    private AgentOptions(String raw, Path session, String settings, List<String> events, double durationSeconds,
+                         boolean live) {
         this.raw = raw;
         this.session = session;
         this.settings = settings;
         this.events = events;
         this.durationSeconds = durationSeconds;
+        this.live = live;
     }
 
     static AgentOptions parse(String raw) {
@@ -39,6 +43,7 @@ final class AgentOptions {
         String settings = null;
         List<String> events = new ArrayList<>();
         double duration = 0;
+        boolean live = false;
         for (String pair : text.split(",")) {
             if (pair.isBlank()) {
                 continue;
@@ -73,13 +78,22 @@ final class AgentOptions {
                         throw new IllegalArgumentException("duration=" + value + " must be positive");
                     }
                     break;
+                case "live":
+                    if (value.equalsIgnoreCase("true")) {
+                        live = true;
+                    } else if (value.equalsIgnoreCase("false")) {
+                        live = false;
+                    } else {
+                        throw new IllegalArgumentException("live=" + value + " is not true or false");
+                    }
+                    break;
                 default:
-                    throw new IllegalArgumentException("unknown option '" + key + "' (known: session, settings, events, duration)");
+                    throw new IllegalArgumentException("unknown option '" + key + "' (known: session, settings, events, duration, live)");
             }
         }
         if (session == null) {
             throw new IllegalArgumentException("no session=<directory> in options '" + text + "'");
         }
-        return new AgentOptions(text, session, settings, Collections.unmodifiableList(events), duration);
+        return new AgentOptions(text, session, settings, Collections.unmodifiableList(events), duration, live);
     }
 }

@@ -18,6 +18,10 @@ import jdk.jfr.StackTrace;
 @Description("System.nanoTime() read between begin() and end(); pairs JFR ticks with CLOCK_MONOTONIC")
 @StackTrace(false)
 public final class ClockSyncEvent extends Event {
+    /** The event's name and its one field, as readers look them up. */
+    static final String NAME = "tandem.ClockSync";
+    static final String FIELD = "monotonicNanos";
+
     @Label("Monotonic nanos")
     @Description("System.nanoTime() (CLOCK_MONOTONIC on Linux) taken between begin() and end()")
     public long monotonicNanos;

@@ -35,6 +35,7 @@ final class SessionRecording {
     private final ChunkKeeper chunkKeeper;
     private final Map<String, Object> description = new LinkedHashMap<>();
     private Recording recording;
+    private LivePauses live;
     private Thread clockSync;
     private Thread shutdownHook;
     private boolean closed;
@@ -82,6 +83,9 @@ final class SessionRecording {
         chunkKeeper.keepNewChunks();
 
         describeJvm(monotonicBefore + (monotonicAfter - monotonicBefore) / 2, wall);
+        if (options.live) {
+            startLive(settings);
+        }
         writeDescription("recording");
 
         shutdownHook = new Thread(() -> close("jvm exit", true), "tandem-agent-shutdown");
@@ -90,6 +94,34 @@ final class SessionRecording {
         clockSync.start();
         if (options.durationSeconds > 0) {
             daemon("tandem-duration", this::closeAfterDuration).start();
+        }
+    }
+
+    /** The second output (live=true): a failure costs the live ring, never the disk recording. */
+    private void startLive(Map<String, String> settings) {
+        try {
+            live = LivePauses.start(directory, settings);
+            Map<String, Object> about = new LinkedHashMap<>();
+            about.put("ring", directory.relativize(live.ringPath()).toString());
+            about.put("backend", LivePauses.BACKEND);
+            about.put("capacity", LivePauses.capacity());
+            description.put("live", about);
+        } catch (Throwable t) {
+            String reason = "live output off: " + Agent.describe(t);
+            Agent.warn(reason);
+            description.put("live_error", reason);
+        }
+    }
+
+    /** Ends the live output first, so its ring is closed after its last events. */
+    private void closeLive() {
+        if (live == null) {
+            return;
+        }
+        try {
+            description.put("live", live.close());
+        } catch (Throwable t) {
+            Agent.warn("could not close the live ring: " + Agent.describe(t));
         }
     }
 
@@ -141,6 +173,10 @@ final class SessionRecording {
         }
         try {
             clockSync.interrupt();
+            if (atJvmExit) {
+                chunkKeeper.keepNewChunks(); // before JFR's own hook can clear the repository
+            }
+            closeLive();
             if (!atJvmExit) {
                 recording.stop(); // writes the destination; the last clock sync comes from endChunk
                 recording.close();

@@ -1,0 +1,375 @@
+package tandem.agent;
+
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayDeque;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.function.Consumer;
+import jdk.jfr.consumer.RecordedEvent;
+import jdk.jfr.consumer.RecordedThread;
+import jdk.jfr.consumer.RecordingStream;
+
+/**
+ * The agent's live output (option {@code live=true}): a {@link RecordingStream} with the
+ * disk recording's settings ({@link PauseEvents}) whose callbacks turn the pause events into
+ * records of {@code SESSION/jvm-<pid>/pauses.ring} ({@link PauseRing}, docs/ring.md).
+ *
+ * <p>Every callback runs on the stream's one thread, which is therefore the ring's one
+ * writer. Kinds, as in docs/pauses.md: safepoint (SafepointBegin matched with SafepointEnd
+ * by safepointId; named by the ExecuteVMOperation at that safepoint), gc_pause
+ * (GCPhasePause), gc (GarbageCollection), vm_operation (ExecuteVMOperation not at a
+ * safepoint).
+ *
+ * <p>Clock: events carry raw JFR ticks ({@code getLong("startTime")}). The stream also
+ * delivers {@code tandem.ClockSync} (ticks paired with System.nanoTime, i.e.
+ * CLOCK_MONOTONIC) and {@code jdk.CPUTimeStampCounter} (ticks per second):
+ * {@code mono = sync.mono + (ticks - sync.ticks) * 1e9 / ticksPerSecond}, with the tightest of
+ * the last few sync points. Pauses seen before the first sync point wait for it.
+ */
+final class LivePauses {
+    static final String RING_FILE = "pauses.ring";
+    static final String BACKEND = "jfr-stream";
+    /** 16384 records (1 MiB): many seconds of pauses even on ZGC, several JFR flushes. */
+    static final int CAPACITY = 1 << 14;
+    private static final int MAX_PENDING = 1 << 16;
+    private static final int MAX_OPEN_SAFEPOINTS = 4096;
+    private static final int SYNC_WINDOW = 8;
+    private static final long CLOSE_WAIT_MILLIS = 2500;
+    private static final long NULL = Long.MIN_VALUE;
+
+    private final PauseRing ring;
+    private final RecordingStream stream;
+
+    // ---- clock (stream thread; read at close under the lock) ----
+    private double nanosPerTick = Double.NaN;
+    private String ticksSource = "unknown";
+    private final ArrayDeque<long[]> syncs = new ArrayDeque<>(); // {ticks, mono, widthTicks}
+    private long[] chosenSync;
+    private long syncSamples;
+    private long worstChosenWidthNs;
+    private long lastSyncMono = NULL;
+
+    // ---- matching ----
+    private final LinkedHashMap<Long, long[]> openSafepoints = new LinkedHashMap<>(); // id -> {start, beginEnd, tid}
+    private final LinkedHashMap<Long, String> safepointOperations = new LinkedHashMap<>();
+    private final ArrayDeque<Object[]> pending = new ArrayDeque<>(); // before the clock is known
+    private long orphanEnds;
+    private long unmatched;
+    private long pendingDropped;
+    private boolean streamEnded;
+    private String streamError;
+
+    private LivePauses(PauseRing ring, RecordingStream stream) {
+        this.ring = ring;
+        this.stream = stream;
+    }
+
+    /** Creates the ring in DIRECTORY and starts the stream (its own daemon thread). */
+    static LivePauses start(Path directory, Map<String, String> settings) throws Exception {
+        PauseRing ring = PauseRing.create(directory.resolve(RING_FILE), capacity(), System.getProperty("java.version"), BACKEND);
+        RecordingStream stream = null;
+        try {
+            stream = new RecordingStream();
+            LivePauses live = new LivePauses(ring, stream);
+            stream.setSettings(settings);
+            stream.setOrdered(true);
+            stream.onEvent("jdk.SafepointBegin", live.guard(live::onSafepointBegin));
+            stream.onEvent("jdk.SafepointEnd", live.guard(live::onSafepointEnd));
+            stream.onEvent("jdk.ExecuteVMOperation", live.guard(live::onVmOperation));
+            stream.onEvent("jdk.GCPhasePause", live.guard(live::onGcPhasePause));
+            stream.onEvent("jdk.GarbageCollection", live.guard(live::onGarbageCollection));
+            stream.onEvent("jdk.CPUTimeStampCounter", live.guard(live::onTimeStampCounter));
+            stream.onEvent(ClockSyncEvent.NAME, live.guard(live::onClockSync));
+            stream.onError(live::onStreamError);
+            stream.onClose(live::onStreamClosed);
+            // Not startAsync(): its thread is not a daemon and would keep the JVM from exiting.
+            Thread thread = new Thread(() -> live.run(), "tandem-live");
+            thread.setDaemon(true);
+            thread.start();
+            return live;
+        } catch (Throwable t) {
+            if (stream != null) {
+                stream.close();
+            }
+            ring.close();
+            throw t;
+        }
+    }
+
+    /** CAPACITY, or the system property tandem.live.capacity (tests: a small ring that wraps). */
+    static int capacity() {
+        return Integer.getInteger("tandem.live.capacity", CAPACITY);
+    }
+
+    private void run() {
+        try {
+            stream.start(); // returns once the stream is closed
+        } catch (Throwable t) {
+            onStreamError(t);
+        } finally {
+            onStreamClosed();
+        }
+    }
+
+    Path ringPath() {
+        return ring.path();
+    }
+
+    // ---------------------------------------------------------------- stream callbacks
+
+    /** A callback that can never throw into jdk.jfr (one warning, then the event is skipped). */
+    private Consumer<RecordedEvent> guard(Consumer<RecordedEvent> handler) {
+        return e -> {
+            try {
+                synchronized (this) {
+                    handler.accept(e);
+                }
+            } catch (Throwable t) {
+                onStreamError(t);
+            }
+        };
+    }
+
+    private synchronized void onStreamError(Throwable t) {
+        if (streamError == null) {
+            streamError = Agent.describe(t);
+            Agent.warn("live output: " + streamError);
+        }
+    }
+
+    private synchronized void onStreamClosed() {
+        streamEnded = true;
+        notifyAll();
+    }
+
+    private void onSafepointBegin(RecordedEvent e) {
+        long id = longField(e, "safepointId");
+        long start = e.getLong("startTime");
+        openSafepoints.put(id, new long[] {start, start + e.getLong("duration"), osThreadId(e)});
+        if (openSafepoints.size() > MAX_OPEN_SAFEPOINTS) { // Ends that never come: keep memory bounded
+            Iterator<Map.Entry<Long, long[]>> eldest = openSafepoints.entrySet().iterator();
+            Map.Entry<Long, long[]> entry = eldest.next();
+            eldest.remove();
+            emitUnmatched(entry.getKey(), entry.getValue());
+        }
+    }
+
+    private void onSafepointEnd(RecordedEvent e) {
+        long id = longField(e, "safepointId");
+        String operation = safepointOperations.remove(id);
+        long[] begin = openSafepoints.remove(id);
+        if (begin == null) {
+            orphanEnds++; // the stream started mid-safepoint
+            return;
+        }
+        long end = e.getLong("startTime") + e.getLong("duration");
+        emit(PauseRing.KIND_SAFEPOINT, begin[0], end, begin[2], id, operation != null ? operation : "safepoint", 0);
+    }
+
+    private void onVmOperation(RecordedEvent e) {
+        long id = longField(e, "safepointId");
+        String operation = stringField(e, "operation");
+        if (e.hasField("safepoint") && e.getBoolean("safepoint")) {
+            // Names the safepoint row; its End comes after it (the stream is ordered by commit).
+            if (operation != null && openSafepoints.containsKey(id)) {
+                safepointOperations.put(id, operation);
+            }
+            return;
+        }
+        long start = e.getLong("startTime");
+        emit(PauseRing.KIND_VM_OPERATION, start, start + e.getLong("duration"), osThreadId(e), id, operation, 0);
+    }
+
+    private void onGcPhasePause(RecordedEvent e) {
+        long start = e.getLong("startTime");
+        emit(PauseRing.KIND_GC_PAUSE, start, start + e.getLong("duration"), osThreadId(e), longField(e, "gcId"),
+                stringField(e, "name"), 0);
+    }
+
+    private void onGarbageCollection(RecordedEvent e) {
+        long start = e.getLong("startTime");
+        emit(PauseRing.KIND_GC, start, start + e.getLong("duration"), osThreadId(e), longField(e, "gcId"),
+                stringField(e, "name"), 0);
+    }
+
+    private void onTimeStampCounter(RecordedEvent e) {
+        if (!Double.isNaN(nanosPerTick)) {
+            return;
+        }
+        boolean fast = e.hasField("fastTimeEnabled") && e.getBoolean("fastTimeEnabled");
+        long perSecond = longField(e, fast ? "fastTimeFrequency" : "osFrequency");
+        if (perSecond > 0) {
+            nanosPerTick = 1e9 / perSecond;
+            ticksSource = fast ? "tsc" : "os";
+            convertPending();
+        }
+    }
+
+    private void onClockSync(RecordedEvent e) {
+        if (!e.hasField(ClockSyncEvent.FIELD)) {
+            return;
+        }
+        long[] sync = {e.getLong("startTime"), e.getLong(ClockSyncEvent.FIELD), e.getLong("duration")};
+        syncSamples++;
+        lastSyncMono = Math.max(lastSyncMono, sync[1]);
+        syncs.addLast(sync);
+        if (syncs.size() > SYNC_WINDOW) {
+            syncs.removeFirst();
+        }
+        if (Double.isNaN(nanosPerTick) && syncSamples >= 2) {
+            // No jdk.CPUTimeStampCounter (disabled by the user?): the rate from two sync points.
+            long[] first = syncs.peekFirst();
+            if (sync[0] - first[0] > 0 && sync[1] - first[1] > 100_000_000L) {
+                nanosPerTick = (double) (sync[1] - first[1]) / (sync[0] - first[0]);
+                ticksSource = "sync-fit";
+            }
+        }
+        // The tightest recent pair: monotonicNanos lies within its [start, end] ticks.
+        long[] tightest = null;
+        for (long[] s : syncs) {
+            if (tightest == null || s[2] < tightest[2]) {
+                tightest = s;
+            }
+        }
+        chosenSync = tightest;
+        if (!Double.isNaN(nanosPerTick)) {
+            worstChosenWidthNs = Math.max(worstChosenWidthNs, Math.round(chosenSync[2] * nanosPerTick));
+        }
+        convertPending();
+        notifyAll(); // close() waits for its end marker
+    }
+
+    // ---------------------------------------------------------------- conversion and output
+
+    private boolean clockKnown() {
+        return chosenSync != null && !Double.isNaN(nanosPerTick);
+    }
+
+    private long toMonotonic(long ticks) {
+        return chosenSync[1] + Math.round((ticks - chosenSync[0]) * nanosPerTick);
+    }
+
+    private void emit(int kind, long startTicks, long endTicks, long tid, long id, String name, long aux) {
+        if (!clockKnown()) {
+            if (pending.size() >= MAX_PENDING) {
+                pendingDropped++;
+                ring.drop();
+                return;
+            }
+            pending.addLast(new Object[] {kind, startTicks, endTicks, tid, id, name, aux});
+            return;
+        }
+        ring.write(kind, toMonotonic(startTicks), toMonotonic(endTicks), tid == NULL ? 0 : tid, id == NULL ? 0 : id, name, aux);
+    }
+
+    private void convertPending() {
+        if (!clockKnown()) {
+            return;
+        }
+        while (!pending.isEmpty()) {
+            Object[] p = pending.removeFirst();
+            emit((Integer) p[0], (Long) p[1], (Long) p[2], (Long) p[3], (Long) p[4], (String) p[5], (Long) p[6]);
+        }
+    }
+
+    private void emitUnmatched(long id, long[] begin) {
+        unmatched++;
+        String operation = safepointOperations.remove(id);
+        emit(PauseRing.KIND_SAFEPOINT, begin[0], begin[1], begin[2], id, operation != null ? operation : "safepoint",
+                PauseRing.AUX_UNMATCHED);
+    }
+
+    // ---------------------------------------------------------------- close
+
+    /**
+     * Ends the live output: lets the stream deliver what JFR has buffered (a sync point
+     * committed now, waited for at most CLOSE_WAIT_MILLIS: JFR flushes about once a second),
+     * closes it, flushes the safepoints whose End never came as unmatched, and marks the
+     * ring closed. Returns what the agent writes into jvm.json.
+     */
+    Map<String, Object> close() {
+        long marker = NULL;
+        try {
+            ClockSyncEvent.commitNow();
+            marker = System.nanoTime();
+        } catch (Throwable t) {
+            // JFR is shutting down: take what the stream has
+        }
+        long deadline = System.nanoTime() + CLOSE_WAIT_MILLIS * 1_000_000L;
+        boolean interrupted = false;
+        synchronized (this) {
+            while (marker != NULL && !streamEnded && lastSyncMono < marker - 1_000_000L) {
+                long left = (deadline - System.nanoTime()) / 1_000_000L;
+                if (left <= 0) {
+                    break;
+                }
+                try {
+                    wait(left);
+                } catch (InterruptedException e) {
+                    interrupted = true; // JPype interrupts every thread at shutdown: keep the bound
+                }
+            }
+        }
+        try {
+            stream.close();
+            stream.awaitTermination(Duration.ofMillis(500));
+        } catch (InterruptedException e) {
+            interrupted = true;
+        } catch (Throwable t) {
+            // closing a stream JFR already stopped
+        }
+        Map<String, Object> summary = new LinkedHashMap<>();
+        synchronized (this) {
+            for (Map.Entry<Long, long[]> open : new LinkedHashMap<>(openSafepoints).entrySet()) {
+                emitUnmatched(open.getKey(), open.getValue());
+            }
+            openSafepoints.clear();
+            while (!pending.isEmpty()) { // no clock ever: these cannot be placed on CLOCK_MONOTONIC
+                pending.removeFirst();
+                pendingDropped++;
+                ring.drop();
+            }
+            ring.close();
+            summary.put("ring", RING_FILE);
+            summary.put("backend", BACKEND);
+            summary.put("capacity", ring.capacity());
+            summary.put("written", ring.written());
+            summary.put("dropped", ring.dropped());
+            summary.put("unmatched_safepoints", unmatched);
+            summary.put("orphan_safepoint_ends", orphanEnds);
+            summary.put("names_refused", ring.namesRefused());
+            summary.put("ticks", ticksSource);
+            summary.put("ticks_per_second", Double.isNaN(nanosPerTick) ? null : Math.round(1e9 / nanosPerTick));
+            summary.put("clock_sync_samples", syncSamples);
+            // monotonicNanos lies inside its sync event's [start, end]: the width bounds the offset error.
+            summary.put("clock_error_ns", clockKnown() ? worstChosenWidthNs : null);
+            summary.put("end_marker_seen", marker != NULL && lastSyncMono >= marker - 1_000_000L);
+            summary.put("error", streamError);
+        }
+        if (interrupted) {
+            Thread.currentThread().interrupt();
+        }
+        return summary;
+    }
+
+    // ---------------------------------------------------------------- field helpers
+
+    private static long osThreadId(RecordedEvent e) {
+        RecordedThread thread = e.getThread();
+        return thread == null ? NULL : thread.getOSThreadId();
+    }
+
+    private static long longField(RecordedEvent e, String name) {
+        return e.hasField(name) ? e.getLong(name) : NULL;
+    }
+
+    private static String stringField(RecordedEvent e, String name) {
+        if (!e.hasField(name)) {
+            return null;
+        }
+        Object value = e.getValue(name);
+        return value == null ? null : value.toString();
+    }
+}
