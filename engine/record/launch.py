@@ -57,12 +57,14 @@ def recording_environment(session: Path, jar: Path, options: str) -> dict[str, s
     return env
 
 
-def run_forwarding_signals(argv: Sequence[str], env: dict[str, str]) -> tuple[int, int]:
+def run_forwarding_signals(argv: Sequence[str], env: dict[str, str], on_signal=None) -> tuple[int, int]:
     """Runs argv with our stdin/stdout/stderr; returns (pid, exit code as a shell reports it).
 
     SIGTERM and SIGHUP sent to tandem are passed to the command. So is SIGINT, except when
     it came from the terminal: then the terminal already sent it to the whole foreground
     process group, the command included, and a second one would cut its clean-up short.
+    `on_signal(signum)`, if given, is called first for each of these signals (`tandem live`
+    winds down on it).
     """
     try:
         child = subprocess.Popen(list(argv), env=env)
@@ -72,6 +74,8 @@ def run_forwarding_signals(argv: Sequence[str], env: dict[str, str]) -> tuple[in
         raise TandemError(f"{argv[0]}: permission denied") from None
 
     def forward(signum, _frame):
+        if on_signal is not None:
+            on_signal(signum)
         if signum == signal.SIGINT and _in_terminal_foreground():
             return
         try:

@@ -1,0 +1,109 @@
+"""`tandem live SESSION` / `tandem live -- COMMAND...`: correlate a running session as it runs (docs/live.md)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def live(
+    args: List[str] = typer.Argument(..., metavar="SESSION | -- COMMAND...",
+                                     help="A session directory being recorded, or, after `--`, a command to run and watch."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Directory for the rolling Parquet parts (default SESSION/live)."),
+    session_dir: Optional[Path] = typer.Option(None, "--session", help="With a command: the session directory to create "
+                                               "(default ./tandem-live-<time>)."),
+    roll: str = typer.Option("60s", "--roll", help="Length of each Parquet part, e.g. 60s, 10s."),
+    slack: str = typer.Option("0", "--slack", help="Also report near misses within this duration, e.g. 50ms."),
+    alert_overlap: Optional[str] = typer.Option(None, "--alert-overlap", help="Alert when a pause overlaps Python longer than this, e.g. 20ms."),
+    alert_jsonl: Optional[Path] = typer.Option(None, "--alert-jsonl", help="Append each alert as a JSON line to this file."),
+    alert_exec: Optional[str] = typer.Option(None, "--alert-exec", help="Run this shell command per alert (alert JSON in $TANDEM_ALERT)."),
+) -> None:
+    """Watch a session live: rolling summary, latest pauses that hit Python, alerts, rolling Parquet files."""
+    import shlex
+    import signal
+    import threading
+    import time
+
+    from rich.console import Console
+
+    from engine import jvm
+    from engine.commands.analyze import parse_duration_ns
+    from engine.errors import TandemError
+    from engine.live.alerts import Alerts
+    from engine.live.runner import LiveRun
+    from engine.live.view import View
+
+    command_mode = "--" in sys.argv[1:]
+    console = Console(stderr=True)  # stdout belongs to the command
+    view = View(console, live=console.is_terminal)
+    alerts = Alerts(parse_duration_ns(alert_overlap) if alert_overlap else None, alert_jsonl, alert_exec, printer=view.say)
+    roll_ns, slack_ns = parse_duration_ns(roll), parse_duration_ns(slack)
+    if roll_ns <= 0:
+        raise typer.BadParameter("--roll must be positive")
+    # The in-process JVM that reads JFR: started here, in the main thread, before any signal
+    # handler of ours; -Xrs keeps it from handling SIGINT/SIGTERM itself.
+    jvm.start_jvm(extra_options=("-Xrs",))
+
+    if not command_mode:
+        if len(args) != 1:
+            raise TandemError("give one SESSION directory, or `-- COMMAND...` to run one")
+        session = Path(args[0]).expanduser().absolute()
+        if not session.is_dir():
+            raise TandemError(f"{session}: not a session directory")
+        run = LiveRun(session, output or session / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view,
+                      follow_recorder=True)
+
+        def stop(signum, _frame):
+            run.stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, stop)
+        console.print(f"[dim]tandem: watching {session}; parts in {run.writer.out} (Ctrl-C stops; "
+                      "stops by itself once its recorder has finished)[/dim]")
+        with view:
+            run.run()
+        console.print(f"[dim]tandem: {len(run.writer.parts_written)} part(s) in {run.writer.out}[/dim]")
+        return
+
+    from engine.record import launch, session as sessions
+
+    command = list(args)
+    directory = (session_dir or Path(f"tandem-live-{time.strftime('%Y%m%d-%H%M%S')}")).expanduser().absolute()
+    jar = jvm.agent_jar()
+    options = launch.agent_options(directory)
+    env = launch.recording_environment(directory, jar, options)
+    sessions.create_session(directory, {
+        "kind": "live", "command": shlex.join(command), "argv": command, "cwd": str(Path.cwd()),
+        "agent_options": options, "java_tool_options": env["JAVA_TOOL_OPTIONS"],
+    })
+    run = LiveRun(directory, output or directory / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view)
+    console.print(f"[dim]tandem: running `{shlex.join(command)}` live into {directory}[/dim]")
+    with view:
+        loop = threading.Thread(target=run.run, name="tandem-live", daemon=True)
+        loop.start()
+        try:
+            # Signals reach tandem in this (main) thread and are forwarded to the command; once it
+            # exits, the loop reads what is left, flushes and closes every file.
+            pid, exit_code = launch.run_forwarding_signals(command, env, on_signal=lambda _signum: run.command_done.set())
+        except TandemError:
+            run.stop.set()
+            loop.join()
+            sessions.finish_session(directory, exit_code=None, error="command did not start")
+            raise
+        sessions.finish_session(directory, pid=pid, exit_code=exit_code)
+        run.command_done.set()
+        while loop.is_alive():
+            loop.join(0.2)
+    if run.error is not None:
+        raise run.error
+    console.print(f"[dim]tandem: {len(run.writer.parts_written)} part(s) in {run.writer.out}; "
+                  f"`{command[0]}` exited with {exit_code}[/dim]")
+    raise typer.Exit(exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    # Options may follow SESSION (`tandem live S --roll 10s`); a command goes after `--`,
+    # where click takes everything as arguments.
+    app.command("live", context_settings={"allow_interspersed_args": True})(live)

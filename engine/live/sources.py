@@ -1,0 +1,344 @@
+"""What `tandem live` reads: the processes of a session as they appear and exit.
+
+- `GilSource`: one `py-<pid>/gil.ring`, followed with `RingTailer` (exact missed/dropped).
+- `PauseRingSource`: `jvm-<pid>/pauses.ring` (the agent's `live=true` output; record type
+  JVM pause of docs/ring.md), when it exists.
+- `RepositorySource`: otherwise the JVM's JFR disk repository, re-read with
+  `engine.ingest.jfr.read_pauses` (it reads an unfinished chunk up to its last flush) about
+  once a second, keeping the pauses not seen before; once the JVM has closed, its
+  `recording.jfr` is read one last time the same way.
+- `SessionWatcher`: discovers new `py-*` / `jvm-*` directories and picks the source.
+
+Every source reports `frontier_ns`: nothing it delivers later starts before it (as far as
+the source can tell; the watermark adds margins, engine/live/watermark.py), and `done` once
+its producer has exited and everything was read.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.errors import TandemError
+from engine.live.intervals import IncrementalIntervals
+
+PAUSE_RING_KINDS = {1: "safepoint", 2: "gc_pause"}
+
+
+def process_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie has exited, unreaped
+
+
+def _pid_of(directory: Path) -> int | None:
+    tail = directory.name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class GilSource:
+    kind = "python"
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.pid = _pid_of(directory)
+        self.tailer = None
+        self.intervals = IncrementalIntervals(self.pid or 0, {})
+        self.done = False
+        self.problem: str | None = None
+        self.frontier_ns: int | None = None
+        self._names_size = -1
+
+    @property
+    def label(self) -> str:
+        return f"py-{self.pid}"
+
+    def _thread_names(self) -> None:
+        side = self.directory / "threads.jsonl"
+        try:
+            size = side.stat().st_size
+        except OSError:
+            return
+        if size == self._names_size:
+            return
+        self._names_size = size
+        for line in side.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+                self.intervals.thread_names[int(entry["tid"])] = str(entry["name"])
+            except (ValueError, KeyError, TypeError):
+                continue
+
+    def poll(self) -> pd.DataFrame:
+        """The intervals closed by the records committed since the last poll."""
+        from engine.ring import RingTailer
+
+        started = time.monotonic_ns()
+        gone = not process_alive(self.pid)
+        if self.tailer is None:
+            ring = self.directory / "gil.ring"
+            if not ring.exists():
+                if gone:
+                    self.done = True
+                    self.problem = "exited before its ring appeared"
+                return self.intervals.push([], [], [])
+            self.tailer = RingTailer(ring)
+        missed_before = self.tailer.missed
+        records = self.tailer.poll(producer_gone=gone)
+        if self.tailer.missed > missed_before:
+            # Records were overwritten before we read them: a thread's last event and its next
+            # one read are no longer consecutive, so pairing them would invent an interval.
+            self.intervals.forget()
+        self._thread_names()
+        out = self.intervals.push(records["mono_ns"], records["tid"], records["kind"])
+        self.frontier_ns = started
+        if gone:
+            self.done = True
+            if not self.tailer.closed_by_producer:
+                self.problem = "exited without closing its ring (killed?)"
+            self.tailer.close()
+        return out
+
+    def status(self) -> dict:
+        t = self.tailer
+        return {
+            "source": self.label, "kind": "GIL ring", "done": self.done, "problem": self.problem,
+            "received": t.received if t else 0, "missed": t.missed if t else 0,
+            "dropped": t.dropped if t else 0,
+        }
+
+
+class _PauseSource:
+    kind = "jvm"
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.pid = _pid_of(directory)
+        self.description = _read_json(directory / "jvm.json")
+        self.done = False
+        self.problem: str | None = None
+        self.frontier_ns: int | None = None
+        self.longest_ns = 0
+        self.pauses_seen = 0
+        self.clock_error_ns: int | None = None
+        self.clock_method: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"jvm-{self.pid}"
+
+    def _seen(self, frame: pd.DataFrame) -> None:
+        if len(frame):
+            self.longest_ns = max(self.longest_ns, int(frame["duration_ns"].max()))
+            self.pauses_seen += len(frame)
+
+
+class PauseRingSource(_PauseSource):
+    """The agent's live pause ring (`live=true`): records already on CLOCK_MONOTONIC."""
+
+    how = "pause ring"
+    LAG_NS = 1_500_000_000  # the agent's RecordingStream delivers at JFR's flushes (about 1 s)
+
+    def __init__(self, directory: Path):
+        super().__init__(directory)
+        from engine.ring import RingTailer
+
+        self.tailer = RingTailer(directory / "pauses.ring")
+        self.names = dict(self.tailer.header.names)
+        self.clock_error_ns, self.clock_method = 0, "System.nanoTime() (pause ring)"
+
+    def _refresh_names(self) -> None:
+        from engine.ring.layout import FILE_KIND_RING
+        from engine.ring.reader import _read_header_page  # the reader's own checked header read
+
+        fd = os.open(self.tailer.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            header = _read_header_page(fd, self.tailer.path, os.fstat(fd).st_size, FILE_KIND_RING)
+        finally:
+            os.close(fd)
+        self.names = dict(header.names)
+
+    def poll(self) -> pd.DataFrame:
+        started = time.monotonic_ns()
+        gone = not process_alive(self.pid)
+        records = self.tailer.poll(producer_gone=gone)
+        codes = records["name_code"].astype(np.int64)
+        if len(codes) and not set(codes.tolist()) - {0} <= set(self.names):
+            self._refresh_names()
+        kinds = [PAUSE_RING_KINDS.get(int(k), f"kind{int(k)}") for k in records["kind"]]
+        ids = records["id"].astype(np.int64)
+        is_sp = np.array([k == "safepoint" for k in kinds], dtype=bool).reshape(-1)
+        tid = records["tid"].astype(np.int64)
+        frame = pd.DataFrame({
+            "kind": pd.array(kinds, dtype="string"),
+            "name": pd.array([self.names.get(int(c), "") for c in codes], dtype="string"),
+            "start_ns": records["start_ns"].astype(np.int64),
+            "end_ns": records["end_ns"].astype(np.int64),
+            "safepoint_id": pd.arrays.IntegerArray(ids, mask=~is_sp),
+            "gc_id": pd.arrays.IntegerArray(ids.copy(), mask=is_sp.copy()),
+            "os_thread_id": pd.arrays.IntegerArray(tid, mask=tid == 0),
+            "jvm_pid": pd.array([self.pid] * len(records), dtype="Int64"),
+        })
+        frame["duration_ns"] = frame["end_ns"] - frame["start_ns"]
+        self._seen(frame)
+        self.frontier_ns = started - self.LAG_NS
+        if gone or self.tailer.closed_by_producer:
+            self.done = True
+            if gone and not self.tailer.closed_by_producer:
+                self.problem = "exited without closing its pause ring (killed?)"
+            self.tailer.close()
+        return frame
+
+
+class RepositorySource(_PauseSource):
+    """Fallback: the JVM's JFR disk repository, re-read as it grows (then recording.jfr)."""
+
+    how = "JFR repository (re-read)"
+
+    def __init__(self, directory: Path):
+        super().__init__(directory)
+        self._stamps: dict[Path, tuple[int, int]] = {}
+        self._seen_keys: set[tuple] = set()
+        self._offset_ns: int | None = None  # ticks -> CLOCK_MONOTONIC, locked at the first read
+        self._final_read = False
+        self._last_error: str | None = None
+
+    def _read(self, path: Path) -> pd.DataFrame | None:
+        from engine.clock.chunks import scan_chunks
+        from engine.ingest.jfr import read_pauses
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # unfinished chunks are expected here
+            try:
+                frame = read_pauses([path])
+            except TandemError as err:
+                # Typically a chunk JFR has just started and not flushed yet: read it again
+                # later; said only if it is still unreadable once the JVM is gone.
+                self._last_error = str(err)
+                return None
+        runs = [run for source in frame.attrs.get("sources", []) for run in source.get("runs", [])]
+        clock = runs[-1]["clock"] if runs else {}
+        self.clock_method = clock.get("method")
+        offset = clock.get("offset_ns") if clock.get("method") == "clock_sync" and clock.get("slope") is None else None
+        if offset is not None:
+            if self._offset_ns is None:
+                self._offset_ns = int(offset)
+            shift = self._offset_ns - int(offset)
+            # Times on the locked alignment: one pause keeps the same times across re-reads.
+            frame["start_ns"] = frame["start_ns"] + shift
+            frame["end_ns"] = frame["end_ns"] + shift
+            frame["clock_offset_ns"] = np.int64(self._offset_ns)
+            self.clock_error_ns = abs(shift) + int(clock.get("error_ns") or 0)
+            try:
+                scan = scan_chunks(path)
+                last = scan.chunks[-1] if scan.chunks else None
+                if last is not None and last.ticks_per_second == 1_000_000_000:
+                    self.frontier_ns = max(self.frontier_ns or 0, last.end_ticks + self._offset_ns)
+            except TandemError:
+                pass
+        return frame
+
+    def _new(self, frame: pd.DataFrame, final: bool = False) -> pd.DataFrame:
+        if not final and "unmatched" in frame.columns:
+            # A SafepointBegin whose End is not flushed yet: it comes back matched (with its
+            # real end) in a later read, so it is not taken now.
+            frame = frame[~frame["unmatched"].astype(bool)]
+        keys = list(zip(frame["kind"].tolist(), frame["name"].fillna("").tolist(), frame["start_ns"].tolist(),
+                        frame["end_ns"].tolist(), frame["safepoint_id"].fillna(-1).tolist(), frame["gc_id"].fillna(-1).tolist()))
+        fresh = np.array([k not in self._seen_keys for k in keys], dtype=bool)
+        self._seen_keys.update(keys)
+        new = frame[fresh].drop(columns=["pause_id"]).reset_index(drop=True)
+        self._seen(new)
+        return new
+
+    def poll(self) -> pd.DataFrame:
+        gone = not process_alive(self.pid)
+        state = _read_json(self.directory / "jvm.json").get("state")
+        recording = self.directory / "recording.jfr"
+        frames = []
+        if (state == "closed" or gone) and recording.exists() and recording.stat().st_size > 0:
+            frame = self._read(recording)
+            if frame is not None:
+                frames.append(self._new(frame, final=True))
+            self._final_read = True
+        else:
+            if gone:
+                self._stamps.clear()  # the last read of every chunk keeps its unmatched safepoints
+            for chunk in sorted((self.directory / "repository").rglob("*.jfr"), key=lambda p: p.name):
+                try:
+                    st = chunk.stat()
+                except OSError:
+                    continue  # JFR removed it (clean exit): recording.jfr follows
+                stamp = (st.st_size, st.st_mtime_ns)
+                if self._stamps.get(chunk) == stamp or st.st_size == 0:
+                    continue
+                frame = self._read(chunk)
+                if frame is not None:
+                    self._stamps[chunk] = stamp
+                    frames.append(self._new(frame, final=gone))
+            if gone:
+                self._final_read = True
+                if not recording.exists():
+                    self.problem = "exited without closing its recording (killed?): read its repository up to the last flush"
+        if self._final_read:
+            self.done = True
+            if not recording.exists() and self._last_error and not self.pauses_seen:
+                self.problem = self._last_error
+        if (self.directory / "agent-error.txt").exists():
+            self.problem = (self.directory / "agent-error.txt").read_text().strip()
+            self.done = self.done or not frames
+        frames = [f for f in frames if len(f)]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def status(self) -> dict:
+        return {"source": self.label, "kind": self.how, "done": self.done, "problem": self.problem,
+                "pauses": self.pauses_seen, "clock_error_ns": self.clock_error_ns}
+
+
+PauseRingSource.status = RepositorySource.status  # same fields
+
+
+class SessionWatcher:
+    """New `py-*` and `jvm-*` directories of SESSION, each turned into its source once."""
+
+    def __init__(self, session: Path):
+        self.session = Path(session)
+        self.gil: dict[Path, GilSource] = {}
+        self.jvm: dict[Path, _PauseSource] = {}
+        self.events: list[str] = []  # human-readable discoveries and exits, for the view
+
+    def scan(self) -> None:
+        for directory in sorted(self.session.glob("py-*")):
+            if directory.is_dir() and directory not in self.gil:
+                self.gil[directory] = GilSource(directory)
+                self.events.append(f"{directory.name}: Python process found")
+        for directory in sorted(self.session.glob("jvm-*")):
+            if not directory.is_dir() or directory in self.jvm:
+                continue
+            if (directory / "pauses.ring").exists():
+                source = PauseRingSource(directory)
+            elif (directory / "jvm.json").exists() or (directory / "agent-error.txt").exists():
+                source = RepositorySource(directory)
+            else:
+                continue  # the agent is still starting: look again next scan
+            self.jvm[directory] = source
+            self.events.append(f"{directory.name}: JVM found, pauses from its {source.how}")
+
+    def active(self):
+        return [s for s in (*self.gil.values(), *self.jvm.values()) if not s.done]

@@ -1,0 +1,129 @@
+"""The live terminal view (rich Live, refreshed about once a second) and its plain-text twin.
+
+On a terminal: the rolling summary table, the latest pauses that hit Python, per-source
+lines (where pauses come from: pause ring or JFR repository; dropped/missed GIL events;
+clock error), the watermark's lag. Without a terminal (a pipe, a test), one status line
+every PLAIN_EVERY_S and every discovery/exit/problem as its own line.
+"""
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from engine.live.watermark import END
+from engine.report.summary import _duration, summary_rich_table
+
+PLAIN_EVERY_S = 10.0
+LATEST = 8
+
+
+def _status_lines(run) -> list[str]:
+    lines = []
+    for source in (*run.watcher.gil.values(), *run.watcher.jvm.values()):
+        s = source.status()
+        state = "exited" if s["done"] else "live"
+        if "received" in s:
+            text = f"{s['source']} ({s['kind']}, {state}): {s['received']} events, dropped {s['dropped']}, missed {s['missed']}"
+        else:
+            err = s.get("clock_error_ns")
+            text = (f"{s['source']} (pauses from {s['kind']}, {state}): {s['pauses']} pauses, clock error "
+                    f"{'±' + _duration(err) if err is not None else 'unknown'}")
+        if s.get("problem"):
+            text += f"; {s['problem']}"
+        lines.append(text)
+    return lines
+
+
+def headline(run) -> str:
+    if run.watermark_ns is None:
+        lag = "watermark not set yet"
+    elif run.watermark_ns >= END:
+        lag = "all input read"
+    else:
+        lag = f"watermark {(time.monotonic_ns() - run.watermark_ns) / 1e9:.1f} s behind"
+    join = run.join
+    return (f"tandem live: {len(join.pauses) if join.pauses is not None else 0} pauses, {join.gil_intervals} GIL intervals, "
+            f"{len(join.overlaps)} overlaps; {lag}; late rows {join.late_gil_rows} GIL / "
+            f"{join.late_pause_rows} pauses; parts written {len(run.writer.parts_written)}")
+
+
+def latest_hits(run) -> pd.DataFrame:
+    impact = run.join.impact()
+    hits = impact[impact["hit_python"]]
+    return hits.sort_values("end_ns").tail(LATEST)
+
+
+def render(run):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    summary = run.join.summary()
+    latest = Table(title="latest pauses that hit Python", title_justify="left", pad_edge=False)
+    for column in ("kind: name", "ends (s ago)", "pause", "overlap"):
+        latest.add_column(column, justify="left" if column.startswith("kind") else "right")
+    now = time.monotonic_ns()
+    for row in latest_hits(run).itertuples(index=False):
+        latest.add_row(f"{row.kind}: {row.name}", f"{(now - row.end_ns) / 1e9:.1f}", _duration(row.duration_ns), _duration(row.overlap_ns))
+    parts = [Text(headline(run)), summary_rich_table(summary, {"slack_ns": run.join.slack_ns}), latest]
+    parts += [Text(line, style="yellow" if "killed" in line or "exited without" in line else "dim") for line in _status_lines(run)]
+    return Group(*parts)
+
+
+class View:
+    def __init__(self, console, live: bool):
+        self.console = console
+        self.live = live
+        self._rich_live = None
+        self._last_plain = 0.0
+        self._said: set[str] = set()
+
+    def __enter__(self):
+        if self.live:
+            from rich.live import Live
+
+            self._rich_live = Live(console=self.console, refresh_per_second=1, transient=False, auto_refresh=False)
+            self._rich_live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._rich_live is not None:
+            self._rich_live.__exit__(*exc)
+
+    def say(self, line: str) -> None:
+        """A line that stays (alerts, discoveries, exits)."""
+        if self._rich_live is not None:
+            self._rich_live.console.print(line, markup=False, highlight=False)
+        else:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def update(self, run) -> None:
+        for event in run.watcher.events:
+            self.say(f"tandem: {event}")
+        run.watcher.events.clear()
+        for line in _status_lines(run):
+            if ("killed" in line or "exited without" in line) and line.split(":")[0] not in self._said:
+                self._said.add(line.split(":")[0])
+                self.say(f"tandem: {line}")
+        if self._rich_live is not None:
+            self._rich_live.update(render(run), refresh=True)
+        elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
+            self._last_plain = time.monotonic()
+            self.say(headline(run))
+
+    def final(self, run) -> None:
+        from engine.report.summary import summary_rich_table
+
+        if self._rich_live is not None:
+            self._rich_live.update(render(run), refresh=True)
+            return
+        self.say(headline(run))
+        if run.step_seconds:
+            import numpy as np
+
+            steps = np.array(run.step_seconds)
+            self.say(f"join steps (JVM read + join + write): {len(steps)}, p50 {np.median(steps):.2f} s, max {steps.max():.2f} s")
+        for line in _status_lines(run):
+            self.say(line)
+        self.console.print(summary_rich_table(run.join.summary(), {"slack_ns": run.join.slack_ns}))

@@ -1,0 +1,410 @@
+"""`tandem live` (engine/live): incremental intervals, the live join with late rows, rolling
+files, alerts, and the command on the real demo workload (slow)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.ingest.gil import events_to_intervals
+from engine.join import overlap_frame
+from engine.live.alerts import Alerts
+from engine.live.intervals import IncrementalIntervals
+from engine.live.join import LiveJoin
+from engine.live.writer import RollingWriter, read_parts
+from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
+from engine.store import read_table
+
+TANDEM = [sys.executable, "-m", "engine"]
+PAIR_KEY = ["pause_id", "pid", "tid", "state", "start_ns", "end_ns", "overlap_ns", "slack_ns", "near_miss"]
+
+
+def _rows(frame: pd.DataFrame, columns) -> list[tuple]:
+    return sorted(map(tuple, frame[list(columns)].astype({"state": str} if "state" in columns else {}).itertuples(index=False)))
+
+
+# ---- incremental intervals ----------------------------------------------------------------
+
+
+def _random_events(rng, threads=4, per_thread=300):
+    """Per-thread plausible GIL event sequences (with some odd successions), interleaved."""
+    t, tid, kind = [], [], []
+    for th in range(1, threads + 1):
+        now = int(rng.integers(0, 1000))
+        for _ in range(per_thread):
+            now += int(rng.integers(1, 50))
+            t.append(now)
+            tid.append(1000 + th)
+            kind.append(int(rng.choice([GIL_DROP, GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED], p=[0.4, 0.3, 0.3])))
+    # Interleave threads while keeping each thread's order (a stable sort by time does).
+    order = np.argsort(np.array(t), kind="stable")
+    return np.array(t)[order], np.array(tid)[order], np.array(kind)[order]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_incremental_intervals_equal_one_shot(seed):
+    rng = np.random.default_rng(seed)
+    t, tid, kind = _random_events(rng)
+    expected = events_to_intervals(t, tid, kind, pid=7)
+    cuts = np.sort(rng.choice(np.arange(1, len(t)), size=12, replace=False))
+    builder = IncrementalIntervals(7)
+    parts = [builder.push(t[a:b], tid[a:b], kind[a:b]) for a, b in zip([0, *cuts], [*cuts, len(t)])]
+    got = pd.concat(parts, ignore_index=True)
+    columns = ["pid", "tid", "state", "start_ns", "end_ns"]
+    assert _rows(got, columns) == _rows(expected, columns)
+    # What is still open: each thread whose last event is DROP or TAKE_REQUEST.
+    last = {int(th): (int(tt), int(k)) for tt, th, k in zip(t, tid, kind)}
+    assert builder.pending_starts() == {th: tt for th, (tt, k) in last.items() if k in (GIL_DROP, GIL_TAKE_REQUEST)}
+
+
+# ---- the live join with late rows ----------------------------------------------------------
+
+
+def _random_tables(rng, n_pauses=60, n_gil=400, span=100_000):
+    p_start = rng.integers(0, span, n_pauses)
+    pauses = pd.DataFrame({"pause_id": np.arange(n_pauses), "kind": "gc_pause", "name": "x",
+                           "start_ns": p_start, "end_ns": p_start + rng.integers(0, 3000, n_pauses)})
+    g_start = rng.integers(0, span, n_gil)
+    # Mostly short intervals, a few very long ones (threads blocked for a long time).
+    length = np.where(rng.random(n_gil) < 0.05, rng.integers(10_000, 60_000, n_gil), rng.integers(0, 800, n_gil))
+    gil = pd.DataFrame({"pid": 1, "tid": rng.integers(1, 20, n_gil), "state": rng.choice(["released", "waiting"], n_gil),
+                        "start_ns": g_start, "end_ns": g_start + length})
+    return pauses, gil
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("slack", [0, 500])
+def test_live_join_with_late_rows_equals_one_shot(seed, slack):
+    """Rows arrive when they end (GIL intervals close; pauses are delivered after their end
+    plus a lag); the watermark follows arrival time minus a margin that long GIL intervals and
+    some pauses violate: those go through the late lane. Union == one shot."""
+    rng = np.random.default_rng(seed)
+    pauses, gil = _random_tables(rng)
+    p_arrive = pauses["end_ns"] + rng.integers(0, 4000, len(pauses))
+    g_arrive = gil["end_ns"] + rng.integers(0, 50, len(gil))
+    join = LiveJoin(slack_ns=slack, gil_archive_ns=10**12)
+    out = []
+    clock = 0
+    while clock < 200_000:
+        step = int(rng.integers(3000, 15000))
+        now = clock + step
+        p_batch = pauses[(p_arrive >= clock) & (p_arrive < now)]
+        g_batch = gil[(g_arrive >= clock) & (g_arrive < now)]
+        still_open = gil[g_arrive >= now]
+        keep_from = int(still_open["start_ns"].min()) if len(still_open) else None
+        out.append(join.push(p_batch, g_batch, now - 1000, keep_pauses_from_ns=keep_from))
+        clock = now
+    got = pd.concat(out, ignore_index=True)
+    expected = overlap_frame(pauses, gil, slack_ns=slack)
+    assert join.late_gil_rows > 0 and join.late_pause_rows > 0  # the late lane really was used
+    assert len(got) > 0
+    assert _rows(got, PAIR_KEY) == _rows(expected, PAIR_KEY)
+
+
+def test_rolling_summary_counts_hits():
+    pauses = pd.DataFrame({"pause_id": [0, 1], "kind": "gc_pause", "name": "G1", "start_ns": [100, 1000], "end_ns": [200, 1100]})
+    gil = pd.DataFrame({"pid": 1, "tid": [5, 6], "state": ["released", "waiting"], "start_ns": [150, 120], "end_ns": [300, 160]})
+    join = LiveJoin()
+    join.push(pauses, gil, 50)
+    summary = join.summary()
+    row = summary.iloc[0]
+    assert (row["pauses"], row["pauses_hit"], row["threads_affected"]) == (2, 1, 2)
+    assert row["max_overlap_ms"] == pytest.approx((200 - 120) / 1e6)  # union of [150,200) and [120,160)
+
+
+# ---- rolling files and alerts --------------------------------------------------------------
+
+
+def test_rolling_writer_parts_are_complete_and_readable(tmp_path):
+    from engine.live.join import empty_overlaps
+    from engine.live.runner import _EMPTY
+
+    writer = RollingWriter(tmp_path / "out", interval_ns=1)
+    overlaps = empty_overlaps()
+    for part in range(3):
+        gil = pd.DataFrame({"pid": [1], "tid": [part], "thread_name": pd.array(["t"], dtype="string"),
+                            "state": pd.array(["released"], dtype="string"), "start_ns": [part * 10], "end_ns": [part * 10 + 5]})
+        writer.add(_EMPTY["pauses"], gil, overlaps)
+        writer.roll(pd.DataFrame({"kind": ["k"]}), dict(_EMPTY, overlaps=overlaps))
+    parts = sorted((tmp_path / "out").glob("part-*"))
+    assert [p.name for p in parts] == ["part-000001", "part-000002", "part-000003"]
+    for part in parts:
+        assert json.loads((part / "_done.json").read_text())["rows"]["gil"] == 1
+        assert read_table(part / "gil.parquet").attrs["table"] == "gil"
+    assert list(read_parts(tmp_path / "out", "gil")["tid"]) == [0, 1, 2]
+    # A new writer on the same directory continues the numbering instead of overwriting.
+    assert RollingWriter(tmp_path / "out", interval_ns=1).index == 4
+
+
+def test_alert_fires_once_per_pause_with_json_line_and_command(tmp_path):
+    pauses = pd.DataFrame({"pause_id": [0, 1], "kind": "gc_pause", "name": "G1", "start_ns": [0, 10**9],
+                           "end_ns": [30_000_000, 10**9 + 5_000_000]})
+    gil = pd.DataFrame({"pid": 1, "tid": [5], "state": ["released"], "start_ns": [0], "end_ns": [25_000_000]})
+    lines = []
+    marker = tmp_path / "ran.json"
+    alerts = Alerts(20_000_000, tmp_path / "alerts.jsonl", f"printf '%s' \"$TANDEM_ALERT\" > {marker}", printer=lines.append)
+    join = LiveJoin()
+    emitted = join.push(pauses, gil, 0)
+    assert len(alerts.check(join, emitted["pause_id"])) == 1
+    assert alerts.check(join, emitted["pause_id"]) == []  # once per pause
+    for child in alerts.children:
+        child.wait(10)
+    assert len(lines) == 1 and "ALERT gc_pause: G1 overlapped Python for 25.0 ms" in lines[0]
+    record = json.loads((tmp_path / "alerts.jsonl").read_text())
+    assert (record["pause_id"], record["overlap_ns"], record["threads"]) == (0, 25_000_000, [[1, 5]])
+    assert json.loads(marker.read_text())["pause_id"] == 0
+
+
+# ---- the command on the real demo workload (slow) -------------------------------------------
+
+_BUSY = ("import time, threading\n"
+         "def spin():\n"
+         "    while True:\n"
+         "        sum(range(2000)); time.sleep(0.0005)\n"
+         "for _ in range(2): threading.Thread(target=spin, daemon=True).start()\n"
+         "time.sleep(60)\n")
+
+
+def _live(tmp_path, *command, roll="2s", extra=(), **popen):
+    session = tmp_path / "session"
+    args = [*TANDEM, "live", "--session", str(session), "--roll", roll, *extra, "--", *command]
+    return session, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _pause_keys(pauses: pd.DataFrame, overlaps: pd.DataFrame) -> set[tuple]:
+    """(kind, pause start, pause end, pid, tid, state) of every overlapping pair."""
+    exact = overlaps[~overlaps["near_miss"].astype(bool)]
+    merged = exact.merge(pauses[["pause_id", "kind", "start_ns", "end_ns"]].rename(columns={"start_ns": "p_start", "end_ns": "p_end"}),
+                         on="pause_id")
+    return set(zip(merged["kind"].astype(str), merged["p_start"], merged["p_end"], merged["pid"], merged["tid"], merged["state"].astype(str)))
+
+
+def _on_live_alignment(offline: pd.DataFrame, live: pd.DataFrame) -> pd.DataFrame:
+    """Offline pauses with their times put on the ticks->CLOCK_MONOTONIC offset live used.
+
+    Both read the same JFR ticks; the offset is the median over tandem.ClockSync samples, and
+    live can only use the samples flushed when it first read the JVM (docs/live.md, "Clock"):
+    the two differ by tens of ns, within the stated clock error."""
+    offsets = {int(run["jvm_pid"]): int(run["clock"]["offset_ns"]) for source in offline.attrs["sources"] for run in source["runs"]}
+    used = live.groupby("jvm_pid")["clock_offset_ns"].first()
+    shift = offline["jvm_pid"].astype("int64").map(lambda pid: int(used[pid]) - offsets[pid]).astype("int64")
+    out = offline.copy()
+    out["start_ns"] += shift
+    out["end_ns"] += shift
+    return out
+
+
+@pytest.mark.slow
+def test_live_command_equals_offline_analysis(tmp_path):
+    from engine.analysis import analyze_session
+
+    jsonl = tmp_path / "alerts.jsonl"
+    session, proc = _live(tmp_path, sys.executable, "-m", "engine.demo.workload", "--seconds", "8", "--gc-period", "1.0",
+                          extra=("--alert-overlap", "5ms", "--alert-jsonl", str(jsonl)))
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert "demo workload:" in out  # the command's stdout is its own
+    assert "pauses from its JFR repository" in err or "pauses from its pause ring" in err
+    parts = sorted((session / "live").glob("part-*"))
+    assert len(parts) >= 2 and all((p / "_done.json").exists() for p in parts)
+    live_pauses, live_overlaps = read_parts(session / "live", "pauses"), read_parts(session / "live", "overlaps")
+    assert live_overlaps["pause_id"].isin(live_pauses["pause_id"]).all()
+    assert not live_pauses.duplicated(["kind", "start_ns", "end_ns", "name"]).any()
+
+    offline = analyze_session(session)
+    rebased = _on_live_alignment(offline.pauses, live_pauses)
+    key = lambda frame: set(zip(frame["kind"].astype(str), frame["start_ns"], frame["end_ns"]))  # noqa: E731
+    assert key(live_pauses) == key(rebased)
+    live_pairs, offline_pairs = _pause_keys(live_pauses, live_overlaps), _pause_keys(rebased, offline.overlaps)
+    assert len(offline_pairs) > 0
+    assert live_pairs == offline_pairs
+    # Alerts: one JSON line per pause over the threshold, as offline sees them.
+    alerted = {json.loads(line)["pause_id"] for line in jsonl.read_text().splitlines()}
+    over = offline.pause_impact[offline.pause_impact["overlap_ns"] > 5_000_000]
+    assert len(alerted) == len(over) > 0
+    assert err.count("tandem: ALERT") == len(alerted)
+
+
+@pytest.mark.slow
+def test_live_exits_with_the_command_code(tmp_path):
+    session, proc = _live(tmp_path, sys.executable, "-c", "import sys; sys.exit(3)")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert (session / "live" / "part-000001" / "_done.json").exists()
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _all_files_readable(out: Path) -> int:
+    files = sorted(out.glob("part-*/*.parquet"))
+    for f in files:
+        read_table(f)
+    assert not list(out.glob("part-*/.*.tmp"))  # no temporary left where a finished file should be
+    return len(files)
+
+
+def _kill_session_processes(session: Path) -> None:
+    for directory in [*session.glob("py-*"), *session.glob("jvm-*")]:
+        try:
+            os.kill(int(directory.name.split("-")[1]), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+@pytest.mark.slow
+def test_sigint_flushes_and_closes_every_file(tmp_path):
+    session, proc = _live(tmp_path, sys.executable, "-c", _BUSY, roll="1s")
+    try:
+        _wait_for(lambda: (session / "live" / "part-000002" / "_done.json").exists(), 120, "two parts")
+        proc.send_signal(signal.SIGINT)  # forwarded to the command (not from a terminal): it exits
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        _kill_session_processes(session)
+    assert proc.returncode == 130, err  # the command died of SIGINT (KeyboardInterrupt) -> 128 + 2
+    out = session / "live"
+    parts = sorted(out.glob("part-*"))
+    assert all((p / "_done.json").exists() for p in parts)
+    assert _all_files_readable(out) == 4 * len(parts)
+    assert len(read_parts(out, "gil")) > 0
+
+
+@pytest.mark.slow
+def test_sigkill_leaves_every_finished_file_readable(tmp_path):
+    session, proc = _live(tmp_path, sys.executable, "-c", _BUSY, roll="1s")
+    try:
+        _wait_for(lambda: (session / "live" / "part-000003" / "_done.json").exists(), 120, "three parts")
+        proc.kill()
+        proc.wait(30)
+    finally:
+        proc.kill()
+        _kill_session_processes(session)
+    out = session / "live"
+    assert _all_files_readable(out) >= 12
+    assert len(read_parts(out, "gil", complete_only=True)) > 0
+
+
+@pytest.mark.slow
+def test_a_killed_producer_is_reported_and_the_rest_continues(tmp_path):
+    script = (f"{sys.executable} -c '{_BUSY}' & victim=$!; "
+              f"{sys.executable} -m engine.demo.workload --seconds 5 --gc-period 1.0 & demo=$!; "
+              "sleep 2; kill -9 $victim; wait $demo")
+    session, proc = _live(tmp_path, "bash", "-c", script)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    pythons = sorted(session.glob("py-*"))
+    assert len(pythons) >= 2
+    # Reported as it happens (a "tandem: " line), and again in the final status lines.
+    killed = [line for line in err.splitlines()
+              if line.startswith("tandem: py-") and "exited without closing its ring (killed?)" in line]
+    assert len(killed) == 1, err
+    victim_pid = int(killed[0].removeprefix("tandem: py-").split()[0])
+    live_pauses, live_overlaps = read_parts(session / "live", "pauses"), read_parts(session / "live", "overlaps")
+    # The rest continued: pauses that started after the victim's last GIL interval (it was
+    # dead by then) still hit the other process's threads.
+    gil = read_parts(session / "live", "gil")
+    victim_last = int(gil[gil["pid"] == victim_pid]["end_ns"].max())
+    others = live_overlaps[live_overlaps["pid"] != victim_pid]
+    after = live_pauses[live_pauses["pause_id"].isin(others["pause_id"]) & (live_pauses["start_ns"] > victim_last)]
+    assert len(after) > 0
+
+
+def test_a_gap_in_the_stream_starts_new_pairs():
+    builder = IncrementalIntervals(1)
+    builder.push([10], [5], [GIL_DROP])
+    builder.forget()  # what GilSource does when the tailer missed records
+    assert builder.push([90, 95], [5, 5], [GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED])[["state", "start_ns", "end_ns"]].astype(
+        {"state": str}).values.tolist() == [["waiting", 90, 95]]
+
+
+# ---- the agent's pause ring (written here by hand, following docs/ring.md) --------------------
+
+
+class _PauseRingWriter:
+    """A one-thread writer of a JVM pause ring (docs/ring.md, "Java writer"), in Python."""
+
+    def __init__(self, path: Path, capacity: int = 8):
+        from engine.ring.layout import HEADER_DTYPE, OFFSET_NAMES, OFFSET_NAMES_USED, records_offset_for
+
+        self.path, self.capacity = path, capacity
+        self.records_offset = records_offset_for(1)
+        header = np.zeros(1, dtype=HEADER_DTYPE)
+        h = header[0]
+        h["magic"], h["version"], h["header_size"], h["file_kind"] = b"TNDMRING", 2, 4096, 1
+        h["record_type"], h["record_size"], h["lane_capacity"], h["producer_pid"] = 2, 64, capacity, os.getpid()
+        h["clock_id"], h["lane_count"], h["lane_stride"], h["records_offset"] = 1, 1, 512, self.records_offset
+        self.buf = bytearray(self.records_offset + capacity * 64)
+        self.buf[:4096] = header.tobytes()
+        self.names = b""
+        self.offset_names, self.offset_used = OFFSET_NAMES, OFFSET_NAMES_USED
+        self.pos = 0
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+        self.flush()
+
+    def name(self, text: str) -> int:
+        code = 1 + len(self.names)
+        self.names += text.encode() + b"\0"
+        self.buf[self.offset_names:self.offset_names + len(self.names)] = self.names
+        self.buf[self.offset_used:self.offset_used + 4] = len(self.names).to_bytes(4, "little")
+        return code
+
+    def pause(self, kind: int, start: int, end: int, ident: int, name_code: int, tid: int = 0) -> None:
+        from engine.ring.layout import PAUSE_RECORD_DTYPE
+
+        record = np.zeros(1, dtype=PAUSE_RECORD_DTYPE)
+        record[0] = (self.pos + 1, start, tid, kind, 0, 0, end, ident, name_code)
+        at = self.records_offset + (self.pos % self.capacity) * 64
+        self.buf[at:at + 64] = record.tobytes()
+        self.pos += 1
+        self.buf[4096:4104] = self.pos.to_bytes(8, "little")  # lane 0 head
+
+    def close(self) -> None:
+        self.buf[1408:1412] = (2).to_bytes(4, "little")  # state: closed by the producer
+        self.flush()
+
+    def flush(self) -> None:
+        with open(self.path, "r+b") as f:
+            f.write(self.buf)
+
+
+def test_pause_ring_source_reads_pauses_names_and_close(tmp_path):
+    from engine.live.sources import PauseRingSource, SessionWatcher
+
+    jvm_dir = tmp_path / f"jvm-{os.getpid()}"
+    jvm_dir.mkdir()
+    (jvm_dir / "jvm.json").write_text(json.dumps({"pid": os.getpid(), "start_monotonic_ns": 0}))
+    writer = _PauseRingWriter(jvm_dir / "pauses.ring")
+    cleanup = writer.name("Cleanup")
+    writer.pause(1, 1_000, 5_000, 7, cleanup, tid=4242)
+    writer.flush()
+    watcher = SessionWatcher(tmp_path)
+    watcher.scan()
+    source = watcher.jvm[jvm_dir]
+    assert isinstance(source, PauseRingSource) and "pause ring" in watcher.events[0]
+    first = source.poll()
+    assert list(first["kind"]) == ["safepoint"] and list(first["name"]) == ["Cleanup"]
+    assert (int(first["safepoint_id"][0]), int(first["os_thread_id"][0]), int(first["duration_ns"][0])) == (7, 4242, 4_000)
+    # A name added to the table after the tailer opened the ring is found too.
+    g1 = writer.name("G1 Evacuation Pause")
+    writer.pause(2, 10_000, 12_000, 3, g1)
+    writer.close()
+    second = source.poll()
+    assert list(second["name"]) == ["G1 Evacuation Pause"] and int(second["gc_id"][0]) == 3
+    assert pd.isna(second["safepoint_id"][0]) and pd.isna(second["os_thread_id"][0])
+    assert source.done and source.problem is None
