@@ -7,8 +7,10 @@
     by loading the JSON into pandas (what a Python user does today). Goal: at least 3x faster.
 
 The recording (~100 MB, allocation-heavy, profile settings plus pause events at 0 ms) is
-made once and cached in .cache/ (about 70 s on 2 cores). Figures are medians of a few
-runs on a shared 2-core machine: expect noise of 10-20%.
+made once and cached in .cache/ (about 70 s on 2 cores). Figures are medians of several
+runs on a shared 2-core machine: expect noise of 10-20%. In (a) the anchor's JVM stays up
+and its passes alternate with ours, and it must see as many events as read_pauses did
+(the check that both subscribe the same types).
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from bench import Row
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "bench-ingest"
 RECORD_SECONDS = 75
-REPEATS = 5
+REPEATS = 5     # (b): each pass of `jfr print --json` takes seconds
+REPEATS_A = 9   # (a): passes are a fraction of a second; more of them steady the median
 WARMUPS = 3  # passes not timed on either side: both JIT-compile the jdk.jfr parser first
 
 WORKLOAD = r"""
@@ -45,26 +48,31 @@ public class BenchAlloc {
 }
 """
 
-# The anchor: stream the given event types, count them, nothing more; print ms per pass.
+# The anchor: stream the given event types, read each one's start, nothing more. One pass
+# per line read from stdin (so that its passes interleave with ours, in the same moments
+# of a shared machine); prints the seconds of the pass and the events it saw.
 ANCHOR = r"""
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
 import java.nio.file.Path;
 import jdk.jfr.consumer.EventStream;
 
 public class StreamPauses {
     public static void main(String[] args) throws Exception {
-        int repeats = Integer.parseInt(args[1]);
-        String[] types = args[2].split(",");
-        for (int r = 0; r < repeats; r++) {
-            long[] count = new long[1];
+        String[] types = args[1].split(",");
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+        while (in.readLine() != null) {
+            long[] seen = new long[2];
             long t0 = System.nanoTime();
             try (EventStream stream = EventStream.openFile(Path.of(args[0]))) {
                 stream.setOrdered(false);
                 for (String type : types) {
-                    stream.onEvent(type, e -> { count[0] += e.getLong("startTime") & 1; });
+                    stream.onEvent(type, e -> { seen[0]++; seen[1] += e.getLong("startTime") & 1; });
                 }
                 stream.start();
             }
-            System.out.println((System.nanoTime() - t0) / 1e9 + " " + count[0]);
+            System.out.println((System.nanoTime() - t0) / 1e9 + " " + seen[0] + " " + seen[1]);
+            System.out.flush();
         }
     }
 }
@@ -78,10 +86,11 @@ def _java_home() -> Path:
 
 
 def _compile(name: str, source: str) -> Path:
+    """Compiles `source` into the cache; again whenever the source changed."""
     classes = CACHE / "classes"
-    if not (classes / f"{name}.class").exists():
+    src = CACHE / f"{name}.java"
+    if not (classes / f"{name}.class").exists() or not src.exists() or src.read_text() != source:
         classes.mkdir(parents=True, exist_ok=True)
-        src = CACHE / f"{name}.java"
         src.write_text(source)
         subprocess.run([str(_java_home() / "bin" / "javac"), "-d", str(classes), str(src)], check=True)
     return classes
@@ -121,22 +130,49 @@ def main(console) -> list[Row]:
     size_mb = rec.stat().st_size / 1e6
     types = [str(t) for t in jvm.start_jvm().JClass("tandem.ingest.PauseReader").EVENT_TYPES]
 
-    # (a) in-process, JVM up; the same number of untimed warm-up passes on both sides.
-    for _ in range(WARMUPS):
-        read_pauses(rec)
-    ours_a = []
-    for _ in range(REPEATS):
+    # (a) in-process, JVM up, vs the anchor in its own (plain, default-flag) JVM kept warm:
+    # the same untimed warm-up passes on both sides, then timed passes taken in pairs, the
+    # order within a pair alternating, so that both sides meet the same load.
+    anchor_classes = _compile("StreamPauses", ANCHOR)
+    anchor = subprocess.Popen([str(_java_home() / "bin" / "java"), "-cp", str(anchor_classes), "StreamPauses", str(rec),
+                               ",".join(types)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def anchor_pass() -> tuple[float, int]:
+        anchor.stdin.write("pass\n")
+        anchor.stdin.flush()
+        seconds, events, _ = anchor.stdout.readline().split()
+        return float(seconds), int(events)
+
+    def ours_pass():
         t0 = time.perf_counter()
         table = read_pauses(rec)
-        ours_a.append(time.perf_counter() - t0)
-    anchor_classes = _compile("StreamPauses", ANCHOR)
-    done = subprocess.run([str(_java_home() / "bin" / "java"), "-cp", str(anchor_classes), "StreamPauses", str(rec),
-                           str(WARMUPS + REPEATS), ",".join(types)], check=True, capture_output=True, text=True)
-    anchor_runs = [float(line.split()[0]) for line in done.stdout.split("\n") if line.strip()]
-    anchor_a = anchor_runs[WARMUPS:]
-    console.print(f"recording: {rec} ({size_mb:.0f} MB, {table.attrs['sources'][0]['chunks']} chunks, {len(table)} rows)")
+        return time.perf_counter() - t0, table
+
+    try:
+        cold_anchor, anchor_events = anchor_pass()
+        for _ in range(WARMUPS):
+            ours_pass()
+        for _ in range(WARMUPS - 1):
+            anchor_pass()
+        ours_a, anchor_a = [], []
+        for i in range(REPEATS_A):
+            if i % 2:
+                anchor_a.append(anchor_pass()[0])
+                ours_a.append(ours_pass()[0])
+            else:
+                seconds, table = ours_pass()
+                ours_a.append(seconds)
+                anchor_a.append(anchor_pass()[0])
+    finally:
+        anchor.stdin.close()
+        anchor.wait()
+    ours_events = sum(run["events_seen"] for source in table.attrs["sources"] for run in source["runs"])
+    if anchor_events != ours_events:
+        raise RuntimeError(f"the anchor saw {anchor_events} events, read_pauses {ours_events}: not the same event types")
+    console.print(f"recording: {rec} ({size_mb:.0f} MB, {table.attrs['sources'][0]['chunks']} chunks, {len(table)} rows, "
+                  f"{ours_events} events of the {len(types)} types on both sides)")
     console.print(f"(a) read_pauses: {[round(x, 3) for x in ours_a]} s; EventStream.openFile: {[round(x, 3) for x in anchor_a]} s "
-                  f"(cold first pass {anchor_runs[0]:.3f} s)")
+                  f"(cold first pass {cold_anchor:.3f} s)")
 
     # (b) CLI end to end vs jfr print --json + pandas.
     tandem = Path(sys.executable).parent / "tandem"

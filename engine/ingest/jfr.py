@@ -58,17 +58,16 @@ def read_pauses(
         elif scan.lost_bytes:
             warnings.warn(_lost_message(scan), TandemWarning, stacklevel=2)
 
-    frames, sources = [], []
+    parts, sources = [], []
     with _Progress(progress, sum(s.complete_bytes for s in scans)) as bar:
         for scan in scans:
-            file_frames, source_meta = _read_file(scan, bar, jvm_options)
-            frames.extend(file_frames)
+            file_parts, source_meta = _read_file(scan, bar, jvm_options)
+            parts.extend(file_parts)
             sources.append(source_meta)
 
-    table = pd.concat(frames, ignore_index=True) if frames else _empty_table()
-    table = table.sort_values(["start_ns", "end_ns"], kind="stable", ignore_index=True)
-    table.insert(0, "pause_id", np.arange(len(table), dtype=np.int64))
-    table.attrs = _table_metadata(sources)
+    metadata = _table_metadata(sources)  # refuses mixed clock domains before building anything
+    table = _build_table(parts) if parts else _empty_table()
+    table.attrs = metadata
     return table
 
 
@@ -123,7 +122,7 @@ def _session_end_wall_ns(path: Path) -> int | None:
 # ---------------------------------------------------------------- one file
 
 
-def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) -> tuple[list[pd.DataFrame], dict]:
+def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) -> tuple[list[dict], dict]:
     runs = split_runs(scan.chunks)
     jvm_json = _agent_description(scan.path)
     frames, run_meta = [], []
@@ -145,7 +144,7 @@ def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) 
                 "the recording is damaged (or was made with every JVM event disabled)",
                 TandemWarning, stacklevel=4,
             )
-        frame, meta = _run_table(scan, run, reader, jvm_json)
+        frame, meta = _run_columns(scan, run, reader, jvm_json)
         frames.append(frame)
         run_meta.append(meta)
     source = {
@@ -224,6 +223,9 @@ def _run_java_reader(path: Path, java_path: Path, run: list[Chunk], bar: "_Progr
 
     jpype = jvm.start_jvm(extra_options=jvm_options)
     reader = jpype.JClass("tandem.ingest.PauseReader")()
+    # Every chunk of a run has the same ticks per second (split_runs); with it the reader
+    # reads tick timespans without jdk.jfr's slow getDuration when that changes nothing.
+    reader.setTicksPerSecond(run[0].ticks_per_second)
     failure: list[BaseException] = []
 
     def work() -> None:
@@ -266,8 +268,25 @@ def _run_java_reader(path: Path, java_path: Path, run: list[Chunk], bar: "_Progr
 
 # ---------------------------------------------------------------- Java columns to a DataFrame
 
+# Columns in table order (docs/pauses.md); how each is built from the reader's arrays.
+_STRING_COLUMNS = ("kind", "name", "cause", "operation", "collector", "compiler", "source")
+_NULLABLE_INT_COLUMNS = (
+    "safepoint_id", "gc_id", "os_thread_id", "jvm_pid", "time_to_safepoint_ns", "total_threads",
+    "jni_critical_threads", "sum_of_pauses_ns", "longest_pause_ns",
+)
+_COLUMNS = (
+    "pause_id", "kind", "name", "start_ns", "end_ns", "duration_ns", "safepoint_id", "gc_id", "cause",
+    "os_thread_id", "jvm_pid", "time_to_safepoint_ns", "operation", "collector", "compiler", "total_threads",
+    "jni_critical_threads", "sum_of_pauses_ns", "longest_pause_ns", "unmatched", "at_safepoint", "chunk", "source",
+)
 
-def _run_table(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> tuple[pd.DataFrame, dict]:
+
+def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> tuple[dict, dict]:
+    """One run's rows as plain numpy arrays (made into the table once, by _build_table).
+
+    String columns are (int32 codes, dictionary) pairs, code -1 is null; nullable integer
+    columns hold Java's null (Long.MIN_VALUE); `at_safepoint` is -1/0/1.
+    """
     tps = run[0].ticks_per_second
     os_name = _os_name(_jstr(reader.osVersion()) or _jstr(reader.jvmVersion()))
     boot_id = _current_boot_id()
@@ -291,33 +310,32 @@ def _run_table(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> tup
     start_ns = align.ticks_to_domain_ns(start_ticks, run, alignment)
     ttsp_ticks = _longs(reader.timeToSafepointTicks())
     ttsp = np.where(ttsp_ticks == _JAVA_NULL, _JAVA_NULL, align.tickspan_to_ns(np.where(ttsp_ticks == _JAVA_NULL, 0, ttsp_ticks), tps))
-    at_safepoint = _ints(reader.atSafepoint())
     first_index = run[0].index
 
-    frame = pd.DataFrame({
-        "kind": _strings(KINDS, reader.kind()),
-        "name": _strings(dictionary, reader.name()),
+    columns = {
+        "kind": (_ints(reader.kind()), list(KINDS)),
+        "name": (_ints(reader.name()), dictionary),
         "start_ns": start_ns,
         "end_ns": start_ns + duration_ns,
         "duration_ns": duration_ns,
-        "safepoint_id": _nullable(_longs(reader.safepointId())),
-        "gc_id": _nullable(_longs(reader.gcId())),
-        "cause": _strings(dictionary, reader.cause()),
-        "os_thread_id": _nullable(_longs(reader.osThreadId())),
-        "jvm_pid": pd.array([pid] * n, dtype="Int64"),
-        "time_to_safepoint_ns": _nullable(ttsp),
-        "operation": _strings(dictionary, reader.operation()),
-        "collector": _strings(dictionary, reader.collector()),
-        "compiler": _strings(dictionary, reader.compiler()),
-        "total_threads": _nullable(_longs(reader.totalThreads())),
-        "jni_critical_threads": _nullable(_longs(reader.jniCriticalThreads())),
-        "sum_of_pauses_ns": _nullable(_longs(reader.sumOfPausesNanos())),
-        "longest_pause_ns": _nullable(_longs(reader.longestPauseNanos())),
+        "safepoint_id": _longs(reader.safepointId()),
+        "gc_id": _longs(reader.gcId()),
+        "cause": (_ints(reader.cause()), dictionary),
+        "os_thread_id": _longs(reader.osThreadId()),
+        "jvm_pid": np.full(n, _JAVA_NULL if pid is None else int(pid), dtype=np.int64),
+        "time_to_safepoint_ns": ttsp,
+        "operation": (_ints(reader.operation()), dictionary),
+        "collector": (_ints(reader.collector()), dictionary),
+        "compiler": (_ints(reader.compiler()), dictionary),
+        "total_threads": _longs(reader.totalThreads()),
+        "jni_critical_threads": _longs(reader.jniCriticalThreads()),
+        "sum_of_pauses_ns": _longs(reader.sumOfPausesNanos()),
+        "longest_pause_ns": _longs(reader.longestPauseNanos()),
         "unmatched": _ints(reader.unmatched()).astype(bool),
-        "at_safepoint": pd.arrays.BooleanArray(at_safepoint == 1, mask=at_safepoint < 0),
+        "at_safepoint": _ints(reader.atSafepoint()),
         "chunk": (first_index + align.chunk_of_ticks(start_ticks, run)).astype(np.int32),
-        "source": _strings([str(scan.path)], np.zeros(n, np.int32)),
-    })
+        "source": (np.zeros(n, np.int32), [str(scan.path)]),
+    }
     young, old = _jstr(reader.youngCollector()), _jstr(reader.oldCollector())
     meta = {
         "chunks": [first_index, run[-1].index],
@@ -333,7 +351,49 @@ def _run_table(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> tup
         "events_seen": int(reader.eventsSeen()),
         "clock": alignment.as_metadata(),
     }
-    return frame, meta
+    return columns, meta
+
+
+def _build_table(parts: list[dict]) -> pd.DataFrame:
+    """The table from the runs' columns: concatenated, sorted by (start_ns, end_ns), stable.
+
+    Sorting happens on the numpy arrays (one lexsort, then a take per column) and strings
+    are decoded from their codes only after that, straight into Arrow: no pandas sort, no
+    Python string per row.
+    """
+    def joined(name: str) -> np.ndarray:
+        arrays = [part[name] for part in parts]
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+    start_ns, end_ns = joined("start_ns"), joined("end_ns")
+    order = np.lexsort((end_ns, start_ns))  # stable: ties keep read order, as before
+    n = len(order)
+    data: dict = {}
+    for name in _COLUMNS:
+        if name == "pause_id":
+            data[name] = np.arange(n, dtype=np.int64)
+        elif name in _STRING_COLUMNS:
+            codes, dictionary = _merged_codes([part[name] for part in parts])
+            data[name] = _strings(dictionary, codes[order])
+        elif name in _NULLABLE_INT_COLUMNS:
+            data[name] = _nullable(joined(name)[order])
+        elif name == "at_safepoint":
+            values = joined(name)[order]
+            data[name] = pd.arrays.BooleanArray(values == 1, mask=values < 0)
+        else:
+            data[name] = joined(name)[order]
+    return pd.DataFrame(data, copy=False)
+
+
+def _merged_codes(columns: list[tuple[np.ndarray, list[str]]]) -> tuple[np.ndarray, list[str]]:
+    """One (codes, dictionary) pair from the runs' pairs (dictionaries appended, codes shifted)."""
+    if len(columns) == 1:
+        return columns[0]
+    all_codes, dictionary = [], []
+    for codes, values in columns:
+        all_codes.append(np.where(codes < 0, -1, codes + len(dictionary)).astype(np.int32))
+        dictionary.extend(values)
+    return np.concatenate(all_codes), dictionary
 
 
 def _longs(java_array) -> np.ndarray:
@@ -350,13 +410,13 @@ def _nullable(values: np.ndarray) -> pd.arrays.IntegerArray:
     return pd.arrays.IntegerArray(np.asarray(values, dtype=np.int64), mask=values == _JAVA_NULL)
 
 
-def _strings(dictionary, codes) -> pd.api.extensions.ExtensionArray:
+def _strings(dictionary, codes: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """A pandas `string` column from int codes into `dictionary` (-1 is null), decoded in Arrow."""
     import pyarrow as pa
 
-    codes = _ints(codes)
-    encoded = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(list(dictionary), pa.string()))
-    return pd.array(encoded.cast(pa.string()), dtype="string")
+    indices = pa.array(codes, type=pa.int32(), mask=codes < 0)
+    # large_string: what pandas' "string" dtype holds anyway (saves it a cast per column).
+    return pd.array(pa.array(dictionary, pa.large_string()).take(indices), dtype="string")
 
 
 def _jstr(value) -> str | None:

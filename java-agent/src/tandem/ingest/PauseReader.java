@@ -7,6 +7,9 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 
+import jdk.jfr.EventType;
+import jdk.jfr.Timespan;
+import jdk.jfr.ValueDescriptor;
 import jdk.jfr.consumer.EventStream;
 import jdk.jfr.consumer.RecordedClass;
 import jdk.jfr.consumer.RecordedEvent;
@@ -24,7 +27,13 @@ import jdk.jfr.consumer.RecordedThread;
  * every chunk of a file.
  *
  * <p>Only the event types in {@link #EVENT_TYPES} are subscribed: the parser skips
- * everything else, which is what makes this fast.
+ * everything else, which is what makes this fast. Per event, the handlers avoid what
+ * jdk.jfr makes slow: {@code hasField(name)} is a scan of the type's fields (answered once
+ * per event type by {@link Fields}), {@code getDuration(name)} looks the field's
+ * {@code @Timespan} up on every call (a new annotation proxy each time; see
+ * {@link #durationNanos}), and {@code getThread().getOSThreadId()} does two scans per call
+ * (remembered per thread object, see {@link #osThreadId}). Matching state lives in
+ * primitive hash maps (no boxed Long keys).
  */
 public final class PauseReader {
     /** Marks a null in the long columns (no real id, tick or count takes this value). */
@@ -71,13 +80,33 @@ public final class PauseReader {
     private int fastTimeEnabled = -1;
 
     // ---- matching state: filled in any order, resolved in finish() ----
-    private final Map<Long, Integer> safepointRowById = new HashMap<>();
-    private final Map<Long, Long> safepointEndTicksById = new HashMap<>();
-    private final Map<Long, Integer> safepointOperationById = new HashMap<>();
+    private final LongMap safepointRowById = new LongMap();
+    private final LongMap safepointEndTicksById = new LongMap();
+    private final LongMap safepointOperationById = new LongMap();
     private final List<long[]> safepointOperationsWithoutBegin = new ArrayList<>();
-    private final Map<Long, int[]> collectionNameAndCauseByGcId = new HashMap<>();
+    /** gcId to the collection's name code (high 32 bits) and cause code (low 32 bits). */
+    private final LongMap collectionNameAndCauseByGcId = new LongMap();
     private int orphanSafepointEnds;
     private long eventsSeen;
+
+    // ---- per event type: which fields it has, resolved once per type (see Fields) ----
+    private final Fields safepointBeginFields = new Fields("safepointId", "totalThreadCount", "jniCriticalThreadCount");
+    private final Fields safepointEndFields = new Fields("safepointId");
+    private final Fields vmOperationFields = new Fields("safepointId", "operation", "safepoint");
+    private final Fields gcPhasePauseFields = new Fields("gcId", "name");
+    private final Fields garbageCollectionFields = new Fields("gcId", "name", "cause", "sumOfPauses", "longestPause");
+    private final Fields compilationFields = new Fields("method", "compiler", "compileLevel");
+    private final Fields deoptimizationFields = new Fields("duration", "method", "reason", "action");
+
+    /**
+     * The chunks' ticks per second when the caller knows it (one JVM run: the same for every
+     * chunk), else 0. Only used to take a fast path for tick timespans (see durationNanos).
+     */
+    private long ticksPerSecond;
+
+    // ---- the last thread seen and its OS thread id (pause events come from one VM thread) ----
+    private RecordedThread lastThread;
+    private long lastOsThreadId = NULL;
 
     /** Highest start tick dispatched so far; polled from another thread to draw progress. */
     public volatile long progressTicks = NULL;
@@ -91,6 +120,15 @@ public final class PauseReader {
         PauseReader reader = new PauseReader();
         reader.readFile(path);
         return reader;
+    }
+
+    /**
+     * The ticks per second of every chunk about to be read (one JVM run), if known; lets tick
+     * timespans (GarbageCollection's sumOfPauses, longestPause) skip jdk.jfr's slow
+     * getDuration when they are nanoseconds already (1e9 ticks per second).
+     */
+    public void setTicksPerSecond(long ticksPerSecond) {
+        this.ticksPerSecond = ticksPerSecond;
     }
 
     /** Reads into this (already constructed) reader, so that another thread can poll progress. */
@@ -151,13 +189,15 @@ public final class PauseReader {
     // ---------------------------------------------------------------- handlers
 
     private void onSafepointBegin(RecordedEvent e) {
+        Fields f = safepointBeginFields.of(e);
         long start = e.getLong("startTime");
-        long id = longField(e, "safepointId");
-        int row = rows.add(KIND_SAFEPOINT, start, start + e.getLong("duration"), osThreadId(e));
+        long duration = e.getLong("duration");
+        long id = f.longField(e, 0);
+        int row = rows.add(KIND_SAFEPOINT, start, start + duration, osThreadId(e, f));
         rows.safepointId.set(row, id);
-        rows.timeToSafepointTicks.set(row, e.getLong("duration"));
-        rows.totalThreads.set(row, longField(e, "totalThreadCount"));
-        rows.jniCriticalThreads.set(row, longField(e, "jniCriticalThreadCount"));
+        rows.timeToSafepointTicks.set(row, duration);
+        rows.totalThreads.set(row, f.longField(e, 1));
+        rows.jniCriticalThreads.set(row, f.longField(e, 2));
         rows.name.set(row, strings.code("safepoint"));
         // Unmatched until its End is seen (the recording may stop mid-pause).
         rows.unmatched.set(row, 1);
@@ -168,27 +208,33 @@ public final class PauseReader {
     }
 
     private void onSafepointEnd(RecordedEvent e) {
-        long id = longField(e, "safepointId");
+        long id = safepointEndFields.of(e).longField(e, 0);
         if (id != NULL) {
             safepointEndTicksById.put(id, e.getLong("startTime") + e.getLong("duration"));
         }
     }
 
     private void onVmOperation(RecordedEvent e) {
-        long id = longField(e, "safepointId");
-        int operation = strings.code(stringField(e, "operation"));
-        boolean atSafepoint = e.hasField("safepoint") && e.getBoolean("safepoint");
+        Fields f = vmOperationFields.of(e);
+        long id = f.longField(e, 0);
+        int operation = strings.code(f.stringField(e, 1));
+        boolean atSafepoint = f.has(2) && e.getBoolean("safepoint");
         if (atSafepoint) {
             // Part of a safepoint row; kept aside in case that safepoint's Begin is not recorded.
             if (id != NULL) {
                 safepointOperationById.put(id, operation);
+                if (safepointRowById.find(id) >= 0) {
+                    // Its Begin is already read (the VM thread commits the Begin first, so it
+                    // usually is): finish() would drop this entry anyway; skip reading it.
+                    return;
+                }
             }
             long start = e.getLong("startTime");
-            safepointOperationsWithoutBegin.add(new long[] {id, start, start + e.getLong("duration"), osThreadId(e), operation});
+            safepointOperationsWithoutBegin.add(new long[] {id, start, start + e.getLong("duration"), osThreadId(e, f), operation});
             return;
         }
         long start = e.getLong("startTime");
-        int row = rows.add(KIND_VM_OPERATION, start, start + e.getLong("duration"), osThreadId(e));
+        int row = rows.add(KIND_VM_OPERATION, start, start + e.getLong("duration"), osThreadId(e, f));
         rows.name.set(row, operation);
         rows.operation.set(row, operation);
         rows.safepointId.set(row, id);
@@ -197,39 +243,42 @@ public final class PauseReader {
     }
 
     private void onGcPhasePause(RecordedEvent e) {
+        Fields f = gcPhasePauseFields.of(e);
         long start = e.getLong("startTime");
-        int row = rows.add(KIND_GC_PAUSE, start, start + e.getLong("duration"), osThreadId(e));
-        rows.gcId.set(row, longField(e, "gcId"));
-        rows.name.set(row, strings.code(stringField(e, "name")));
+        int row = rows.add(KIND_GC_PAUSE, start, start + e.getLong("duration"), osThreadId(e, f));
+        rows.gcId.set(row, f.longField(e, 0));
+        rows.name.set(row, strings.code(f.stringField(e, 1)));
         progress(start);
     }
 
     private void onGarbageCollection(RecordedEvent e) {
+        Fields f = garbageCollectionFields.of(e);
         long start = e.getLong("startTime");
-        long gcId = longField(e, "gcId");
-        int name = strings.code(stringField(e, "name"));
-        int cause = strings.code(stringField(e, "cause"));
-        int row = rows.add(KIND_GC, start, start + e.getLong("duration"), osThreadId(e));
+        long gcId = f.longField(e, 0);
+        int name = strings.code(f.stringField(e, 1));
+        int cause = strings.code(f.stringField(e, 2));
+        int row = rows.add(KIND_GC, start, start + e.getLong("duration"), osThreadId(e, f));
         rows.gcId.set(row, gcId);
         rows.name.set(row, name);
         rows.collector.set(row, name);
         rows.cause.set(row, cause);
         // Timespans may be ticks or nanoseconds depending on the JDK that wrote the file:
         // getDuration() applies the field's own unit.
-        rows.sumOfPausesNanos.set(row, durationNanos(e, "sumOfPauses"));
-        rows.longestPauseNanos.set(row, durationNanos(e, "longestPause"));
+        rows.sumOfPausesNanos.set(row, durationNanos(e, f, 3));
+        rows.longestPauseNanos.set(row, durationNanos(e, f, 4));
         if (gcId != NULL) {
-            collectionNameAndCauseByGcId.put(gcId, new int[] {name, cause});
+            collectionNameAndCauseByGcId.put(gcId, ((long) name << 32) | (cause & 0xFFFFFFFFL));
         }
         progress(start);
     }
 
     private void onCompilation(RecordedEvent e) {
+        Fields f = compilationFields.of(e);
         long start = e.getLong("startTime");
-        int row = rows.add(KIND_COMPILATION, start, start + e.getLong("duration"), osThreadId(e));
-        rows.name.set(row, strings.code(methodName(e, "method")));
-        String compiler = stringField(e, "compiler");
-        if (compiler != null && e.hasField("compileLevel")) {
+        int row = rows.add(KIND_COMPILATION, start, start + e.getLong("duration"), osThreadId(e, f));
+        rows.name.set(row, strings.code(methodName(e, f, 0)));
+        String compiler = f.stringField(e, 1);
+        if (compiler != null && f.has(2)) {
             compiler = compiler + " level " + e.getLong("compileLevel");
         }
         rows.compiler.set(row, strings.code(compiler));
@@ -237,12 +286,13 @@ public final class PauseReader {
     }
 
     private void onDeoptimization(RecordedEvent e) {
+        Fields f = deoptimizationFields.of(e);
         long start = e.getLong("startTime");
-        long duration = e.hasField("duration") ? e.getLong("duration") : 0;
-        int row = rows.add(KIND_DEOPTIMIZATION, start, start + duration, osThreadId(e));
-        rows.name.set(row, strings.code(methodName(e, "method")));
-        rows.cause.set(row, strings.code(stringField(e, "reason")));
-        rows.operation.set(row, strings.code(stringField(e, "action")));
+        long duration = f.has(0) ? e.getLong("duration") : 0;
+        int row = rows.add(KIND_DEOPTIMIZATION, start, start + duration, osThreadId(e, f));
+        rows.name.set(row, strings.code(methodName(e, f, 1)));
+        rows.cause.set(row, strings.code(f.stringField(e, 2)));
+        rows.operation.set(row, strings.code(f.stringField(e, 3)));
         progress(start);
     }
 
@@ -289,29 +339,31 @@ public final class PauseReader {
             int kind = rows.kind.get(row);
             if (kind == KIND_SAFEPOINT) {
                 long id = rows.safepointId.get(row);
-                Long end = safepointEndTicksById.remove(id);
-                if (end != null) {
-                    rows.endTicks.set(row, end);
+                int end = safepointEndTicksById.find(id);
+                if (end >= 0 && safepointEndTicksById.take(end)) {
+                    rows.endTicks.set(row, safepointEndTicksById.value(end));
                     rows.unmatched.set(row, 0);
                 }
-                Integer operation = safepointOperationById.get(id);
-                if (operation != null) {
-                    rows.operation.set(row, operation);
-                    rows.name.set(row, operation);
+                int operation = safepointOperationById.find(id);
+                if (operation >= 0) {
+                    int code = (int) safepointOperationById.value(operation);
+                    rows.operation.set(row, code);
+                    rows.name.set(row, code);
                 }
             } else if (kind == KIND_GC_PAUSE) {
-                int[] nameAndCause = collectionNameAndCauseByGcId.get(rows.gcId.get(row));
-                if (nameAndCause != null) {
-                    rows.collector.set(row, nameAndCause[0]);
-                    rows.cause.set(row, nameAndCause[1]);
+                int collection = collectionNameAndCauseByGcId.find(rows.gcId.get(row));
+                if (collection >= 0) {
+                    long nameAndCause = collectionNameAndCauseByGcId.value(collection);
+                    rows.collector.set(row, (int) (nameAndCause >> 32));
+                    rows.cause.set(row, (int) nameAndCause);
                 }
             }
         }
-        orphanSafepointEnds = safepointEndTicksById.size();
+        orphanSafepointEnds = safepointEndTicksById.untaken();
         // A VM operation at a safepoint whose Begin was not recorded (e.g. default.jfc keeps
         // Begins only above 10 ms) is still a real stop-the-world interval: keep it.
         for (long[] op : safepointOperationsWithoutBegin) {
-            if (op[0] != NULL && safepointRowById.containsKey(op[0])) {
+            if (op[0] != NULL && safepointRowById.find(op[0]) >= 0) {
                 continue;
             }
             int row = rows.add(KIND_VM_OPERATION, op[1], op[2], op[3]);
@@ -332,17 +384,58 @@ public final class PauseReader {
         }
     }
 
-    private static long osThreadId(RecordedEvent e) {
-        RecordedThread thread = e.getThread();
-        return thread == null ? NULL : thread.getOSThreadId();
+    /**
+     * The OS thread id of the event's thread, as {@code e.getThread().getOSThreadId()}, with one
+     * field scan instead of four: the thread objects come from the chunk's constant pool, one
+     * object per thread, so the last one's id is remembered.
+     */
+    private long osThreadId(RecordedEvent e, Fields f) {
+        if (!f.hasThread) {
+            return NULL;
+        }
+        Object value = e.getValue(EVENT_THREAD);
+        if (!(value instanceof RecordedThread)) {
+            return NULL;
+        }
+        RecordedThread thread = (RecordedThread) value;
+        if (thread != lastThread) {
+            lastOsThreadId = thread.getOSThreadId();
+            lastThread = thread;
+        }
+        return lastOsThreadId;
+    }
+
+    private static final String EVENT_THREAD = "eventThread";
+    private static final long NANOS_PER_SECOND = 1_000_000_000L;
+    /** Longs up to 2^53 survive jdk.jfr's (long) (ticks / 1.0) unchanged. */
+    private static final long EXACT_IN_DOUBLE = 1L << 53;
+
+    /**
+     * {@code e.getDuration(name).toNanos()} for field {@code i} of {@code f} (NULL if absent).
+     * jdk.jfr builds a new @Timespan annotation proxy on every getDuration call; the unit is
+     * looked up once per event type here instead, and nanosecond timespans, or tick timespans
+     * of a run with 1e9 ticks per second (jdk.jfr then divides by exactly 1.0), are read with
+     * getLong. Anything else (other units, other tick rates, 0/MIN/MAX specials, values a
+     * double cannot hold) takes jdk.jfr's own path, so the result is always its result.
+     */
+    private long durationNanos(RecordedEvent e, Fields f, int i) {
+        if (!f.has(i)) {
+            return NULL;
+        }
+        String unit = f.timespanUnit(i);
+        boolean plain = Timespan.NANOSECONDS.equals(unit)
+            || (Timespan.TICKS.equals(unit) && ticksPerSecond == NANOS_PER_SECOND);
+        if (plain) {
+            long value = e.getLong(f.names[i]);
+            if (value > -EXACT_IN_DOUBLE && value < EXACT_IN_DOUBLE) {
+                return value;
+            }
+        }
+        return e.getDuration(f.names[i]).toNanos();
     }
 
     private static long longField(RecordedEvent e, String name) {
         return e.hasField(name) ? e.getLong(name) : NULL;
-    }
-
-    private static long durationNanos(RecordedEvent e, String name) {
-        return e.hasField(name) ? e.getDuration(name).toNanos() : NULL;
     }
 
     private static String stringField(RecordedEvent e, String name) {
@@ -353,11 +446,11 @@ public final class PauseReader {
         return value == null ? null : value.toString();
     }
 
-    private static String methodName(RecordedEvent e, String name) {
-        if (!e.hasField(name)) {
+    private static String methodName(RecordedEvent e, Fields f, int i) {
+        if (!f.has(i)) {
             return null;
         }
-        RecordedMethod method = e.getValue(name);
+        RecordedMethod method = e.getValue(f.names[i]);
         if (method == null) {
             return null;
         }
@@ -413,6 +506,153 @@ public final class PauseReader {
      * damage: jdk.jfr's EventStream swallows parse errors (IOException) and simply stops.
      */
     public long eventsSeen() { return eventsSeen; }
+
+    // ---------------------------------------------------------------- per-type field presence
+
+    /**
+     * Which of some field names an event type has, and their @Timespan units, found once per
+     * {@link EventType} object (jdk.jfr makes one per type per metadata, so a handler sees
+     * a new one only when a chunk brings new metadata) rather than by a {@code hasField}
+     * scan per event.
+     */
+    private static final class Fields {
+        final String[] names;
+        private final boolean[] present;
+        private final String[] units;
+        private EventType type;
+        boolean hasThread;
+
+        Fields(String... names) {
+            this.names = names;
+            this.present = new boolean[names.length];
+            this.units = new String[names.length];
+        }
+
+        /** This, describing {@code e}'s event type. */
+        Fields of(RecordedEvent e) {
+            EventType t = e.getEventType();
+            if (t != type) {
+                for (int i = 0; i < names.length; i++) {
+                    present[i] = e.hasField(names[i]);
+                    ValueDescriptor field = present[i] ? t.getField(names[i]) : null;
+                    Timespan timespan = field == null ? null : field.getAnnotation(Timespan.class);
+                    units[i] = timespan == null ? null : timespan.value();
+                }
+                hasThread = e.hasField(EVENT_THREAD);
+                type = t;
+            }
+            return this;
+        }
+
+        boolean has(int i) { return present[i]; }
+
+        String timespanUnit(int i) { return units[i]; }
+
+        long longField(RecordedEvent e, int i) {
+            return present[i] ? e.getLong(names[i]) : NULL;
+        }
+
+        String stringField(RecordedEvent e, int i) {
+            if (!present[i]) {
+                return null;
+            }
+            Object value = e.getValue(names[i]);
+            return value == null ? null : value.toString();
+        }
+    }
+
+    // ---------------------------------------------------------------- a long-keyed map
+
+    /**
+     * long keys to long values, open addressing; last put wins. Each entry can be taken once
+     * ({@link #take}), which is how finish() counts SafepointEnds without their Begin.
+     */
+    private static final class LongMap {
+        private long[] keys = new long[1024];
+        private long[] values = new long[1024];
+        private byte[] state = new byte[1024];  // 0 empty, 1 present, 2 present and taken
+        private int size;
+
+        // Keys are JFR's safepoint and GC ids: counters, so neighbouring keys go to
+        // neighbouring slots (no collisions, cache-friendly); high bits folded in.
+        private static int hash(long key, int mask) {
+            int h = (int) (key ^ (key >>> 32));
+            return (h ^ (h >>> 16)) & mask;
+        }
+
+        void put(long key, long value) {
+            if (2 * (size + 1) > keys.length) {
+                grow();
+            }
+            int mask = keys.length - 1;
+            int i = hash(key, mask);
+            while (state[i] != 0 && keys[i] != key) {
+                i = (i + 1) & mask;
+            }
+            if (state[i] == 0) {
+                size++;
+                keys[i] = key;
+            }
+            state[i] = 1;
+            values[i] = value;
+        }
+
+        /** The slot holding {@code key}, or -1. */
+        int find(long key) {
+            int mask = keys.length - 1;
+            int i = hash(key, mask);
+            while (state[i] != 0) {
+                if (keys[i] == key) {
+                    return i;
+                }
+                i = (i + 1) & mask;
+            }
+            return -1;
+        }
+
+        long value(int slot) { return values[slot]; }
+
+        /** Marks the entry at {@code slot} taken; false if it already was. */
+        boolean take(int slot) {
+            if (state[slot] != 1) {
+                return false;
+            }
+            state[slot] = 2;
+            return true;
+        }
+
+        /** Entries never taken. */
+        int untaken() {
+            int n = 0;
+            for (byte s : state) {
+                if (s == 1) {
+                    n++;
+                }
+            }
+            return n;
+        }
+
+        private void grow() {
+            long[] oldKeys = keys;
+            long[] oldValues = values;
+            byte[] oldState = state;
+            keys = new long[oldKeys.length * 2];
+            values = new long[oldKeys.length * 2];
+            state = new byte[oldKeys.length * 2];
+            int mask = keys.length - 1;
+            for (int j = 0; j < oldKeys.length; j++) {
+                if (oldState[j] != 0) {
+                    int i = hash(oldKeys[j], mask);
+                    while (state[i] != 0) {
+                        i = (i + 1) & mask;
+                    }
+                    keys[i] = oldKeys[j];
+                    values[i] = oldValues[j];
+                    state[i] = oldState[j];
+                }
+            }
+        }
+    }
 
     // ---------------------------------------------------------------- growable columns
 
