@@ -8,8 +8,11 @@ import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.function.Consumer;
 import jdk.jfr.consumer.RecordedEvent;
-import jdk.jfr.consumer.RecordedThread;
 import jdk.jfr.consumer.RecordingStream;
+
+import static tandem.jfr.EventFields.longField;
+import static tandem.jfr.EventFields.osThreadId;
+import static tandem.jfr.EventFields.stringField;
 
 /**
  * The agent's live output (option {@code live=true}): a {@link RecordingStream} with the
@@ -37,7 +40,7 @@ final class LivePauses {
     private static final int MAX_OPEN_SAFEPOINTS = 4096;
     private static final int SYNC_WINDOW = 8;
     private static final long CLOSE_WAIT_MILLIS = 2500;
-    private static final long NULL = Long.MIN_VALUE;
+    private static final long NULL = tandem.jfr.EventFields.NULL;
 
     private final PauseRing ring;
     private final RecordingStream stream;
@@ -352,24 +355,5 @@ final class LivePauses {
             Thread.currentThread().interrupt();
         }
         return summary;
-    }
-
-    // ---------------------------------------------------------------- field helpers
-
-    private static long osThreadId(RecordedEvent e) {
-        RecordedThread thread = e.getThread();
-        return thread == null ? NULL : thread.getOSThreadId();
-    }
-
-    private static long longField(RecordedEvent e, String name) {
-        return e.hasField(name) ? e.getLong(name) : NULL;
-    }
-
-    private static String stringField(RecordedEvent e, String name) {
-        if (!e.hasField(name)) {
-            return null;
-        }
-        Object value = e.getValue(name);
-        return value == null ? null : value.toString();
     }
 }

@@ -16,6 +16,9 @@ import jdk.jfr.consumer.RecordedEvent;
 import jdk.jfr.consumer.RecordedMethod;
 import jdk.jfr.consumer.RecordedThread;
 
+import static tandem.jfr.EventFields.longField;
+import static tandem.jfr.EventFields.stringField;
+
 /**
  * Reads the stop-the-world events of one JFR file (one JVM run) into flat columns.
  *
@@ -37,7 +40,7 @@ import jdk.jfr.consumer.RecordedThread;
  */
 public final class PauseReader {
     /** Marks a null in the long columns (no real id, tick or count takes this value). */
-    public static final long NULL = Long.MIN_VALUE;
+    public static final long NULL = tandem.jfr.EventFields.NULL;
 
     public static final int KIND_SAFEPOINT = 0;
     public static final int KIND_GC_PAUSE = 1;
@@ -432,18 +435,6 @@ public final class PauseReader {
             }
         }
         return e.getDuration(f.names[i]).toNanos();
-    }
-
-    private static long longField(RecordedEvent e, String name) {
-        return e.hasField(name) ? e.getLong(name) : NULL;
-    }
-
-    private static String stringField(RecordedEvent e, String name) {
-        if (!e.hasField(name)) {
-            return null;
-        }
-        Object value = e.getValue(name);
-        return value == null ? null : value.toString();
     }
 
     private static String methodName(RecordedEvent e, Fields f, int i) {
