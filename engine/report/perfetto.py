@@ -198,6 +198,27 @@ def _overlap_marks(hits: pd.DataFrame) -> list[dict]:
     return marks
 
 
+def _merge_process_metadata(events: list[dict]) -> list[dict]:
+    """One name per process: a JVM embedded in Python (JPype) or Python in a JVM (Jep) shares
+    its pid, so both sides' tracks sit under one process named for both."""
+    names: dict[int, list[str]] = {}
+    sorted_pids: set[int] = set()
+    out = []
+    for event in events:
+        if event["ph"] == "M" and event["name"] == "process_name":
+            names.setdefault(event["pid"], []).append(event["args"]["name"])
+        elif event["ph"] == "M" and event["name"] == "process_sort_index":
+            if event["pid"] not in sorted_pids:  # the JVM's (first) order wins
+                sorted_pids.add(event["pid"])
+                out.append(event)
+        else:
+            out.append(event)
+    for pid, labels in names.items():
+        label = labels[0] if len(labels) == 1 else " + ".join(l.split(" ")[0] for l in labels) + f" {pid}"
+        out.append(_meta("process_name", pid, None, label))
+    return out
+
+
 def _order(event: dict) -> tuple:
     # Metadata first; then by time; at one instant the longer slice (the parent) first,
     # flow ends after the slice that encloses them.
@@ -210,7 +231,7 @@ def perfetto_trace(pauses: pd.DataFrame, gil: pd.DataFrame, overlaps: pd.DataFra
     """The trace as a dict in Chrome trace-event JSON form."""
     jvm, placed = _jvm_events(pauses)
     python = _python_events(gil, overlaps, pauses, placed, flow_start=1)
-    events = sorted(jvm + python, key=_order)
+    events = sorted(_merge_process_metadata(jvm + python), key=_order)
     return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"clock": "CLOCK_MONOTONIC", "producer": "tandem", **(metadata or {})}}
 
 
