@@ -114,3 +114,15 @@ def test_cli_refuses_a_directory_without_results(tmp_path):
     proc = subprocess.run([str(tandem), "export", "perfetto", str(tmp_path), "-o", str(tmp_path / "t.json")], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "pauses.parquet: missing" in proc.stderr
+
+
+def test_embedded_jvm_shares_one_process_with_python():
+    from engine.report.perfetto import perfetto_trace
+
+    pauses, gil = _tables()
+    pauses["jvm_pid"] = 77  # JPype: the JVM lives in the Python process
+    analysis = correlate(pauses, gil)
+    events = perfetto_trace(analysis.pauses, analysis.gil, analysis.overlaps)["traceEvents"]
+    names = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
+    assert names == ["JVM + Python 77"]
+    assert sum(1 for e in events if e["ph"] == "M" and e["name"] == "process_sort_index") == 1
