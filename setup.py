@@ -51,7 +51,6 @@ class BuildPyWithJar(build_py):
     def _write_probe_start_hook(self):
         # The GIL probe's process-start hook is a .pth file at the root of site-packages
         # (coverage.py's pattern); the wheel carries it beside the `engine` package.
-        sys.path.insert(0, str(ROOT))
         from engine.probe.autostart import PTH_LINE, PTH_NAME
 
         Path(self.build_lib, PTH_NAME).write_text(PTH_LINE)
@@ -62,10 +61,14 @@ if __name__ == "__main__" and sys.argv[-1:] == ["jar"]:
     print(build_jar())
     sys.exit(0)
 
+# One list of flags for this build and for engine.probe.build (other interpreters).
+sys.path.insert(0, str(ROOT))
+from engine.probe.build import COMPILE_FLAGS as PROBE_COMPILE_FLAGS  # noqa: E402
+
 probe = Extension(
     "engine.probe._probe",
     sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "engine" / "probe").glob("*.c")),
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall"],
+    extra_compile_args=PROBE_COMPILE_FLAGS,
     libraries=["pthread"],
 )
 

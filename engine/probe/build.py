@@ -28,6 +28,9 @@ ENGINE_DIR = PROBE_DIR.parent
 # Files an interpreter needs to `import engine.probe` without tandem's dependencies.
 _PYTHON_FILES = [ENGINE_DIR / "__init__.py", ENGINE_DIR / "errors.py"] + sorted(PROBE_DIR.glob("*.py"))
 
+# As setup.py compiles the venv's build: only PyInit exported, direct calls inside the .so.
+COMPILE_FLAGS = ["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden", "-fno-semantic-interposition", "-fno-plt"]
+
 _QUERY = (
     "import json, sys, sysconfig; print(json.dumps({"
     "'version': sys.version.split()[0], 'include': sysconfig.get_paths()['include'], "
@@ -92,6 +95,7 @@ def build_probe(python: str | os.PathLike, cache: Path | None = None) -> Path:
     headers = sorted(PROBE_DIR.glob("*.h"))
     digest = hashlib.sha256(json.dumps(info, sort_keys=True).encode())
     digest.update(_SITECUSTOMIZE.encode())
+    digest.update(" ".join(COMPILE_FLAGS).encode())  # a flags-only change must rebuild
     for path in sources + headers + _PYTHON_FILES:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
@@ -108,7 +112,7 @@ def build_probe(python: str | os.PathLike, cache: Path | None = None) -> Path:
         gcc = shutil.which("gcc") or shutil.which("cc")
         if gcc is None:
             raise TandemError("no C compiler (gcc) to build the GIL probe")
-        command = [gcc, "-shared", "-fPIC", "-O2", "-std=gnu11", "-Wall", f"-I{info['include']}",
+        command = [gcc, "-shared", "-fPIC", *COMPILE_FLAGS, f"-I{info['include']}",
                    *map(str, sources), "-o", str(staging / "engine" / "probe" / f"_probe{info['ext_suffix']}"), "-lpthread"]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "patch.h"
+#include "ring_fast.h"
 #include "symbols.h"
 #include "tsc.h"
 
@@ -89,13 +90,13 @@ int tandem_hooks_clock_is_tsc(void) {
     return stamp_tsc;
 }
 
-static inline void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid) {
+static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid) {
     s->in_stamp = 1;
     if (__builtin_expect(membarrier_ready != 1, 0)) __atomic_thread_fence(__ATOMIC_SEQ_CST);
     else __asm__ volatile("" ::: "memory");
     tandem_ring *ring = active_ring;
     if (ring != NULL) {
-        tandem_ring_emit_gil(ring, kind, tid, stamp_time());
+        tandem_ring_emit_gil_fast(ring, kind, tid, stamp_time());
         s->events++;
     }
     __asm__ volatile("" ::: "memory");

@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include "ring.h"
+#include "ring_fast.h"
 #include "tsc.h"
 
 #include <errno.h>
@@ -90,36 +91,12 @@
 #define CALIB_MAX_WIDTH_NS 2000 /* a wider (tsc, mono) bracket is not kept as a knot */
 #define OFF_CALIB_END (OFF_CALIB_TABLE + CALIB_SLOTS * 16)
 
-/* One lane's counters: 512 bytes, each producer- or consumer-written word alone in a
- * 128-byte block (adjacent-line prefetch pairs 64-byte lines, hence 128). */
-typedef struct {
-    _Atomic uint64_t head;    /* +0: positions claimed (shared lane) / committed (private) */
-    unsigned char pad0[120];
-    _Atomic uint64_t tail;    /* +128: positions consumed by the drain thread              */
-    unsigned char pad1[120];
-    _Atomic uint64_t dropped; /* +256: events dropped because the lane was full            */
-    unsigned char pad2[120];
-    _Atomic uint32_t owner;   /* +384: tid of the thread owning a private lane, 0 = free   */
-    uint32_t reserved;        /* +388 */
-    uint64_t drain_lost;      /* +392: events file only: records consumed, not written     */
-    unsigned char pad3[112];
-} ring_lane;
-
-/* GIL record (record_type 1, 32 bytes). */
-typedef struct {
-    _Atomic uint64_t seq; /* 0 = no committed record; lane position + 1 = committed record */
-    uint64_t mono_ns;
-    uint32_t tid;
-    uint16_t kind;
-    uint16_t lane;        /* index of the lane the record was produced into */
-    uint64_t aux;         /* 0 for GIL events; count of lost events in a LOST marker */
-} ring_gil_record;
-
 _Static_assert(sizeof(ring_lane) == RING_LANE_STRIDE, "a lane's counters take 512 bytes");
 _Static_assert(sizeof(ring_gil_record) == RING_GIL_RECORD_SIZE, "GIL record is 32 bytes");
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the ring layout is little-endian");
 
 struct tandem_ring {
+    tandem_ring_hot hot;      /* first: read by the inline fast path (ring_fast.h) */
     unsigned char *base; /* the whole mapping: header page + lane table + records */
     size_t map_len;
     ring_lane *lanes;
@@ -128,8 +105,6 @@ struct tandem_ring {
     uint64_t lane_capacity;
     uint64_t mask;
     size_t records_offset;
-    uint64_t id;              /* unique per ring in this process: the TLS lane cache's key */
-    unsigned fork_generation; /* value of fork_generation when created; differs in a fork child */
     struct tandem_ring *next_live; /* list of open rings (guarded by live_mutex) */
     char path[4096];
 
@@ -167,24 +142,17 @@ static pthread_key_t lane_key; /* non-NULL value: this thread may own lanes (rel
 static pthread_mutex_t live_mutex = PTHREAD_MUTEX_INITIALIZER;
 static tandem_ring *live_rings;
 
-/* The calling thread's lane in the ring it last produced into. */
-typedef struct {
-    uint64_t ring_id;          /* 0: none */
-    ring_lane *lane;
-    ring_gil_record *slots;    /* the lane's first slot */
-    uint64_t capacity;         /* lane capacity (slots) */
-    uint64_t tail_cache;       /* the lane's tail as last read: head - tail_cache >= real use */
-    uint32_t shared_events;    /* events into the shared lane since the last look for a free lane */
-    uint16_t lane_index;
-    uint16_t shared;           /* no private lane was free: producing into lane 0 */
-} lane_cache;
-
-static __thread lane_cache my_lane __attribute__((tls_model("initial-exec")));
+/* The calling thread's lane cache (ring_fast.h). */
+__thread lane_cache tandem_my_lane __attribute__((tls_model("initial-exec")));
+#define my_lane tandem_my_lane
 
 static void on_fork_prepare(void) { pthread_mutex_lock(&live_mutex); }
 static void on_fork_parent(void) { pthread_mutex_unlock(&live_mutex); }
 static void on_fork_child(void) {
     atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed);
+    /* The forking thread's lane cache names a parent ring: forget it, so the inline fast
+     * path (ring_fast.h) misses and the full emit sees the fork and ignores the event. */
+    my_lane.ring_id = 0;
     pthread_mutex_unlock(&live_mutex);
 }
 
@@ -378,8 +346,8 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
     ring->mask = lane_cap - 1;
     ring->records_offset = records_offset;
     ring->events_header = events_header;
-    ring->id = atomic_fetch_add_explicit(&next_ring_id, 1, memory_order_relaxed);
-    ring->fork_generation = current_generation();
+    ring->hot.id = atomic_fetch_add_explicit(&next_ring_id, 1, memory_order_relaxed);
+    ring->hot.fork_generation = current_generation();
     ring->events_fd = -1;
     ring->time_tsc = time_tsc;
     ring->calib_first = first;
@@ -412,7 +380,7 @@ static void release_lanes(void *unused) {
     unsigned gen = current_generation();
     pthread_mutex_lock(&live_mutex);
     for (tandem_ring *r = live_rings; r; r = r->next_live) {
-        if (r->fork_generation != gen) continue;
+        if (r->hot.fork_generation != gen) continue;
         for (uint32_t l = 1; l < r->lane_count; l++) {
             uint32_t expected = me;
             atomic_compare_exchange_strong_explicit(&r->lanes[l].owner, &expected, 0, memory_order_release, memory_order_relaxed);
@@ -436,7 +404,7 @@ static __attribute__((noinline)) void take_lane(tandem_ring *ring, lane_cache *c
             atomic_compare_exchange_strong_explicit(&ring->lanes[l].owner, &expected, me, memory_order_acquire, memory_order_relaxed))
             found = l;
     }
-    c->ring_id = ring->id;
+    c->ring_id = ring->hot.id;
     c->lane_index = (uint16_t)found;
     c->lane = &ring->lanes[found];
     c->slots = &ring->records[(size_t)found * ring->lane_capacity];
@@ -481,10 +449,10 @@ static __attribute__((noinline)) void emit_shared(tandem_ring *ring, lane_cache 
 }
 
 void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint64_t mono_ns) {
-    if (__builtin_expect(ring->fork_generation != current_generation(), 0))
+    if (__builtin_expect(ring->hot.fork_generation != current_generation(), 0))
         return; /* a fork child writing into the parent's ring would corrupt its positions */
     lane_cache *c = &my_lane;
-    if (__builtin_expect(c->ring_id != ring->id, 0)) take_lane(ring, c);
+    if (__builtin_expect(c->ring_id != ring->hot.id, 0)) take_lane(ring, c);
     if (__builtin_expect(c->shared, 0)) {
         emit_shared(ring, c, event, tid, mono_ns);
         return;
@@ -826,7 +794,7 @@ void tandem_ring_stats_get(tandem_ring *ring, tandem_ring_stats *stats) {
 
 void tandem_ring_close(tandem_ring *ring) {
     if (!ring) return;
-    int in_fork_child = ring->fork_generation != current_generation();
+    int in_fork_child = ring->hot.fork_generation != current_generation();
     if (!in_fork_child) {
         if (ring->drain_started) {
             pthread_mutex_lock(&ring->drain_mutex);

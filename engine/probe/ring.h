@@ -2,7 +2,8 @@
  *
  * Contract between the ring (engine/probe/ring.c, transport) and the GIL hooks
  * (engine/probe/hooks*.c, capture). The hooks only ever call tandem_ring_emit_gil on the
- * hot path; everything else happens at start/stop.
+ * hot path (through its inline private-lane fast path, ring_fast.h, which falls back to
+ * it); everything else happens at start/stop.
  *
  * Threads: tandem_ring_emit_gil may be called from any number of threads at once. Format
  * v2 gives each producer thread its own lane (a single-producer ring: no locked
