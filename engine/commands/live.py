@@ -19,6 +19,9 @@ def live(
     alert_overlap: Optional[str] = typer.Option(None, "--alert-overlap", help="Alert when a pause overlaps Python longer than this, e.g. 20ms."),
     alert_jsonl: Optional[Path] = typer.Option(None, "--alert-jsonl", help="Append each alert as a JSON line to this file."),
     alert_exec: Optional[str] = typer.Option(None, "--alert-exec", help="Run this shell command per alert (alert JSON in $TANDEM_ALERT)."),
+    pause_ring: bool = typer.Option(True, "--pause-ring/--no-pause-ring", hidden=True,
+                                    help="With a command: JVM pauses from the agent's pause ring (default) or the JFR repository only "
+                                    "(for bench/bench_live.py's before/after)."),
 ) -> None:
     """Watch a session live: rolling summary, latest pauses that hit Python, alerts, rolling Parquet files."""
     import shlex
@@ -72,7 +75,7 @@ def live(
     command = list(args)
     directory = (session_dir or Path(f"tandem-live-{time.strftime('%Y%m%d-%H%M%S')}")).expanduser().absolute()
     jar = jvm.agent_jar()
-    options = launch.agent_options(directory)
+    options = launch.agent_options(directory, live=pause_ring)
     env = launch.recording_environment(directory, jar, options)
     sessions.create_session(directory, {
         "kind": "live", "command": shlex.join(command), "argv": command, "cwd": str(Path.cwd()),

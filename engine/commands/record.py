@@ -12,6 +12,7 @@ def record(
     output: Path = typer.Option(..., "-o", "--output", help="Session directory to create (must not exist or be empty)."),
     settings: Optional[Path] = typer.Option(None, "--settings", help="A .jfc file to start from instead of the JDK's default settings."),
     event: List[str] = typer.Option([], "--event", help="Extra JFR event setting, NAME or NAME#setting=value (repeatable)."),
+    live: bool = typer.Option(False, "--live", help="Also write JVM pauses into jvm-PID/pauses.ring, for `tandem live SESSION` (low latency)."),
 ) -> None:
     """Run COMMAND; every JVM it starts records JFR pauses into SESSION (and every CPython its GIL states)."""
     import shlex
@@ -26,7 +27,7 @@ def record(
         raise TandemError(f"{settings}: settings file not found")
     jar = jvm.agent_jar()
     directory = Path(output).expanduser().absolute()
-    options = launch.agent_options(directory, settings.absolute() if settings else None, event)
+    options = launch.agent_options(directory, settings.absolute() if settings else None, event, live=live)
     env = launch.recording_environment(directory, jar, options)
     sessions.create_session(directory, {
         "kind": "record",

@@ -11,7 +11,7 @@ import pandas as pd
 from engine.live import watermark as wm
 from engine.live.alerts import Alerts
 from engine.live.join import LiveJoin, empty_overlaps
-from engine.live.sources import SessionWatcher, _read_json
+from engine.live.sources import RepositorySource, SessionWatcher, _read_json
 from engine.live.writer import RollingWriter
 
 GIL_POLL_S = 0.2
@@ -76,12 +76,18 @@ class LiveRun:
         JVM_POLL_S (JFR flushes once a second) poll the JVMs and push both sides to the join."""
         began = time.monotonic()
         self.watcher.scan()
+        # A pause ring is cheap to poll: every step then, and first (its rows' arrival is not
+        # held back by the GIL side's work).
+        rings = self.watcher.jvm and all(s.how != RepositorySource.how for s in self.watcher.jvm.values())
+        due = final or time.monotonic() - self._last_jvm_poll >= (GIL_POLL_S if rings else JVM_POLL_S)
+        pauses = self._poll_jvm(force=True) if due and rings and not final else None
         gil = self._poll_gil()
         if len(gil):
             self._gil_pending.append(gil)
-        if not final and time.monotonic() - self._last_jvm_poll < JVM_POLL_S:
+        if not due:
             return
-        pauses = self._poll_jvm(force=True)
+        if pauses is None:
+            pauses = self._poll_jvm(force=True)
         gil = pd.concat(self._gil_pending, ignore_index=True) if self._gil_pending else _EMPTY["gil"]
         self._gil_pending = []
         if final:

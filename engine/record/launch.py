@@ -22,7 +22,7 @@ _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def agent_options(session: Path, settings: Path | str | None = None, events: Sequence[str] = (),
-                  duration_s: float | None = None) -> str:
+                  duration_s: float | None = None, live: bool = False) -> str:
     """The option string after `tandem-agent.jar=` (parsed by java-agent's AgentOptions)."""
     _check_option_path("session directory", session)
     parts = [f"session={session}"]
@@ -36,6 +36,8 @@ def agent_options(session: Path, settings: Path | str | None = None, events: Seq
         parts.append("events=" + ";".join(events))
     if duration_s is not None:
         parts.append(f"duration={duration_s:g}")
+    if live:
+        parts.append("live=true")  # also write pauses into jvm-PID/pauses.ring (docs/live.md)
     return ",".join(parts)
 
 
