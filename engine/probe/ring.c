@@ -472,20 +472,7 @@ void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint6
             return;
         }
     }
-    ring_gil_record *slot = &c->slots[pos & (c->capacity - 1)];
-    /* Seqlock writer side, for external readers that may still be copying this slot's
-     * previous record: mark the slot empty, then a release fence so the mark is visible
-     * before any of the new field values (on x86-64 both compile to plain stores). */
-    atomic_store_explicit(&slot->seq, 0, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
-    slot->mono_ns = mono_ns;
-    slot->tid = tid;
-    slot->kind = event;
-    slot->lane = c->lane_index;
-    slot->aux = 0;
-    /* Commit the slot, then publish the lane's new head (both plain moves on x86-64). */
-    atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
-    atomic_store_explicit(&lane->head, pos + 1, memory_order_release);
+    tandem_lane_write(c, lane, pos, event, tid, mono_ns);
 }
 
 /* ---- Drain thread ------------------------------------------------------------------- */

@@ -62,6 +62,24 @@ typedef struct {
  * parent's ring never matches it and the fast path never writes into a parent's ring. */
 extern __thread lane_cache tandem_my_lane __attribute__((tls_model("initial-exec"), visibility("hidden")));
 
+/* Write one record into the thread's private lane at POS and publish it. The seqlock writer
+ * side, for external readers that may still be copying the slot's previous record: mark the
+ * slot empty, then a release fence so the mark is visible before any new field value; then
+ * the fields, commit the slot's seq, publish the lane's head (plain moves on x86-64). */
+static inline __attribute__((always_inline)) void tandem_lane_write(lane_cache *c, ring_lane *lane, uint64_t pos,
+                                                                    uint16_t event, uint32_t tid, uint64_t mono_ns) {
+    ring_gil_record *slot = &c->slots[pos & (c->capacity - 1)];
+    atomic_store_explicit(&slot->seq, 0, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    slot->mono_ns = mono_ns;
+    slot->tid = tid;
+    slot->kind = event;
+    slot->lane = c->lane_index;
+    slot->aux = 0;
+    atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
+    atomic_store_explicit(&lane->head, pos + 1, memory_order_release);
+}
+
 static inline __attribute__((always_inline)) void tandem_ring_emit_gil_fast(tandem_ring *ring, uint16_t event, uint32_t tid,
                                                                             uint64_t mono_ns) {
     lane_cache *c = &tandem_my_lane;
@@ -70,18 +88,7 @@ static inline __attribute__((always_inline)) void tandem_ring_emit_gil_fast(tand
         ring_lane *lane = c->lane;
         uint64_t pos = atomic_load_explicit(&lane->head, memory_order_relaxed);
         if (__builtin_expect(pos - c->tail_cache < c->capacity, 1)) {
-            ring_gil_record *slot = &c->slots[pos & (c->capacity - 1)];
-            /* Same stores as ring.c's private-lane path (seqlock writer: mark the slot empty,
-             * release fence, fields, commit seq, publish head; plain moves on x86-64). */
-            atomic_store_explicit(&slot->seq, 0, memory_order_relaxed);
-            atomic_thread_fence(memory_order_release);
-            slot->mono_ns = mono_ns;
-            slot->tid = tid;
-            slot->kind = event;
-            slot->lane = c->lane_index;
-            slot->aux = 0;
-            atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
-            atomic_store_explicit(&lane->head, pos + 1, memory_order_release);
+            tandem_lane_write(c, lane, pos, event, tid, mono_ns);
             return;
         }
     }
