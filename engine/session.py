@@ -74,14 +74,20 @@ def _read_json(path: Path) -> dict:
         raise TandemError(f"{path}: unreadable session description ({err})") from None
 
 
-def _jvm_source(directory: Path) -> JvmSource:
-    description = _read_json(directory / "jvm.json")
+def jvm_recordings(directory: Path) -> tuple[list[Path], bool]:
+    """The JFR files of one jvm-<pid>/ directory, and whether the JVM closed its recording.
+
+    Closed: recording.jfr. Killed before closing: the chunks left in its disk repository,
+    in the order JFR wrote them (their names are timestamps)."""
     recording = directory / "recording.jfr"
-    if recording.exists() and recording.stat().st_size > 0:
-        return JvmSource(directory, [recording], description, closed=True)
-    # The JVM did not close its recording (killed): what its disk repository holds.
-    chunks = sorted((directory / "repository").rglob("*.jfr"), key=lambda p: p.name)
-    return JvmSource(directory, chunks, description, closed=False)
+    if recording.is_file() and recording.stat().st_size > 0:
+        return [recording], True
+    return sorted((directory / "repository").rglob("*.jfr"), key=lambda p: p.name), False
+
+
+def _jvm_source(directory: Path) -> JvmSource:
+    recordings, closed = jvm_recordings(directory)
+    return JvmSource(directory, recordings, _read_json(directory / "jvm.json"), closed=closed)
 
 
 def _python_source(directory: Path) -> PythonSource:

@@ -8,6 +8,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.session import jvm_recordings
+
 # The event types a user of tandem looks for first; the rest are summed up as "events".
 KEY_EVENTS = {
     "jdk.SafepointEnd": "safepoints",
@@ -58,11 +60,7 @@ def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCa
     captures = []
     for directory in sorted(session.glob("jvm-*")):
         description = _read_json(directory / "jvm.json")
-        recording = directory / "recording.jfr"
-        if recording.is_file():
-            files = [recording]
-        else:  # the JVM died before closing: what its disk repository holds
-            files = sorted((directory / "repository").rglob("*.jfr"))
+        files, _closed = jvm_recordings(directory)
         capture = ProcessCapture("jvm", directory, description, files)
         agent_error = agent_error_line(directory)
         if agent_error:
