@@ -142,13 +142,18 @@ def _events_files(path: Path) -> list[Path]:
     raise TandemError(f"{path}: no GIL events here (expected an events file, a py-<pid> directory or a session)")
 
 
+def _side_file(path: Path, session_name: str, suffix: str) -> Path:
+    """A file the probe writes beside its events: SESSION/py-<pid>/<session_name> in a session,
+    else FILE<suffix> for `engine.probe.start(FILE)` (FILE.ring names the same recording)."""
+    if path.name in ("gil.events", "gil.ring"):
+        return path.parent / session_name
+    base = path.name[: -len(".ring")] if path.name.endswith(".ring") else path.name
+    return path.with_name(base + suffix)
+
+
 def _description(path: Path) -> dict:
     """probe.json (session layout) or FILE.json (engine.probe.start(FILE)), if present."""
-    if path.name in ("gil.events", "gil.ring"):
-        meta = path.parent / "probe.json"
-    else:
-        base = path.name[: -len(".ring")] if path.name.endswith(".ring") else path.name
-        meta = path.with_name(base + ".json")
+    meta = _side_file(path, session_name="probe.json", suffix=".json")
     return json.loads(meta.read_text()) if meta.exists() else {}
 
 
@@ -157,11 +162,7 @@ def _thread_names(path: Path, meta: dict) -> dict[int, str]:
     appends to as threads start (threads.jsonl / FILE.threads.jsonl), which survives a
     process that never stopped the probe. A line cut short by SIGKILL is skipped."""
     names = {int(k): v for k, v in meta.get("thread_names", {}).items()}
-    if path.name in ("gil.events", "gil.ring"):
-        side = path.parent / "threads.jsonl"
-    else:
-        base = path.name[: -len(".ring")] if path.name.endswith(".ring") else path.name
-        side = path.with_name(base + ".threads.jsonl")
+    side = _side_file(path, session_name="threads.jsonl", suffix=".threads.jsonl")
     if side.exists():
         for line in side.read_text(errors="replace").splitlines():
             try:
