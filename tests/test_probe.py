@@ -424,3 +424,51 @@ def test_interpreter_embedded_in_java_with_jep(tmp_path):
     assert df.attrs["pid"] == int(pid)
     sleep = df[(df.tid == int(sleeper)) & (df.state == "released") & ((df.end_ns - df.start_ns) >= 30 * MS)]
     assert len(sleep) == 1 and sleep.thread_name.iloc[0] == "jep-sleeper"
+
+
+_TINY_RING_WORKLOAD = r'''
+import json, os, sys, threading, time
+import engine.probe
+out = sys.argv[1]
+# 2 lanes of 32 slots, a drain period of 1 s: the loop fills its lane every ~10 us.
+engine.probe.start(out, capacity=64, drain_period_us=1_000_000)
+drain = [t for t in os.listdir("/proc/self/task") if open(f"/proc/self/task/{t}/comm").read().strip() == "tandem-drain"]
+for _ in range(500):  # the drain thread gives up the copied descriptors as it starts
+    try:
+        drain_fds = [os.readlink(f"/proc/self/task/{drain[0]}/fd/{fd}") for fd in os.listdir(f"/proc/self/task/{drain[0]}/fd")]
+    except FileNotFoundError:
+        continue
+    if len(drain_fds) == 1:
+        break
+    time.sleep(0.01)
+fd = os.open(os.devnull, os.O_RDONLY)
+for _ in range(20_000):
+    os.lseek(fd, 0, os.SEEK_CUR)
+final = engine.probe.stop()
+print(json.dumps({"drain": drain, "drain_fds": drain_fds, "ring": final["ring"], "events": final["events"],
+                  "tid": threading.get_native_id()}))
+'''
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_full_lane_is_drained_by_its_producer_not_dropped(python, tmp_path):
+    """A ring far too small for the loop and a drain thread that sleeps 1 s: the producer
+    wakes the drain at half full and, when its lane is full, sleeps until the drain made room
+    (wait_when_full), so no event is dropped and the events file holds every stamp in order.
+    The drain thread has a descriptor table of its own holding only the events file, so it
+    does not put the program's fd calls on the kernel's shared-table path."""
+    events_file = tmp_path / "tiny.gil"
+    proc = subprocess.run([str(python), "-c", _TINY_RING_WORKLOAD, str(events_file)], capture_output=True, text=True,
+                          env=probe_env(python), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(out["drain"]) == 1 and out["drain_fds"] == [str(events_file)]
+    ring = out["ring"]
+    assert ring["dropped"] == 0 and ring["full_waits"] > 0, ring
+    assert ring["claimed"] == out["events"] >= 60_000
+    got = read_events(events_file)
+    assert got.closed and got.lost == 0 and got.header.dropped == 0
+    assert len(got.records) == ring["claimed"] and got.header.lane_capacity == 32
+    kinds = thread_kinds(got, out["tid"])
+    loop = np.tile(np.array([GIL_DROP, GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED], dtype=kinds.dtype), 20_000)
+    assert any(np.array_equal(kinds[i:i + len(loop)], loop) for i in range(0, len(kinds) - len(loop) + 1))

@@ -42,6 +42,24 @@ def _gc_trigger_loop(stop: threading.Event, system, period_s: float, markers: li
         markers.append({"tid": threading.get_native_id(), "before_ns": before, "after_ns": after})
 
 
+def _detached_at_end(target):
+    """A thread target that detaches its thread from the JVM when it ends. JPype attaches a
+    Python thread on its first call into Java and never detaches it by itself: the JVM then
+    keeps a Java thread whose OS thread is gone, and a later thread dump (jcmd Thread.print,
+    JFR's jdk.ThreadDump) crashes the JVM in Threads::print_on. A service should do this
+    too; the demo does it as an example."""
+
+    def run(*args) -> None:
+        import jpype
+
+        try:
+            target(*args)
+        finally:
+            jpype.java.lang.Thread.detach()
+
+    return run
+
+
 def run(seconds: float, request_threads: int, gc_period_s: float, markers_path: Path | None) -> dict:
     import jpype
 
@@ -57,10 +75,10 @@ def run(seconds: float, request_threads: int, gc_period_s: float, markers_path: 
     counts = [0] * request_threads
     markers: list[dict] = []
     threads = [
-        threading.Thread(target=_request_loop, args=(stop, lambda f: score(jpype.JArray(jpype.JDouble)(f)), i, counts, i), name=f"request-{i}")
+        threading.Thread(target=_detached_at_end(_request_loop), args=(stop, lambda f: score(jpype.JArray(jpype.JDouble)(f)), i, counts, i), name=f"request-{i}")
         for i in range(request_threads)
     ]
-    threads.append(threading.Thread(target=_gc_trigger_loop, args=(stop, system, gc_period_s, markers), name="gc-trigger"))
+    threads.append(threading.Thread(target=_detached_at_end(_gc_trigger_loop), args=(stop, system, gc_period_s, markers), name="gc-trigger"))
     for t in threads:
         t.start()
     time.sleep(seconds)

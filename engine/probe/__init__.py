@@ -173,8 +173,8 @@ def _start_files(ring: Path, events: Path, meta: Path, names: Path, **options: A
 def start(
     file: str | os.PathLike,
     backend: str = "auto",
-    capacity: int = 1 << 18,
-    drain_period_us: int = 2_000,  # a private lane (16k slots) fills in ~2 ms at full speed
+    capacity: int = 1 << 20,  # 32 MiB: 16 lanes of 65536 slots (docs/probe.md, "Ring size")
+    drain_period_us: int = 2_000,  # also woken when a lane is half full
     sample_period_us: int = 100,
     clock: str = "auto",
 ) -> dict:

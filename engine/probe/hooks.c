@@ -22,7 +22,9 @@
 
 /* ---- per-thread slots --------------------------------------------------------------- */
 
-static __thread tandem_thread_slot *my_slot __attribute__((tls_model("initial-exec")));
+/* The calling thread's slot: a field of the ring's TLS lane cache (ring_fast.h), so that a
+ * stamp reads one TLS cache line for both. */
+#define my_slot (tandem_my_lane.hook_slot)
 static tandem_thread_slot *_Atomic all_slots;
 static atomic_int threads_seen;      /* threads that stamped at least once              */
 static pthread_key_t slot_key;
@@ -70,13 +72,25 @@ static tandem_thread_slot *slot_for_this_thread(void) {
  * thread, before it waits for the flags (asymmetric Dekker, as userspace RCU does). Where
  * membarrier is missing, every stamp pays a fence instead. */
 
-static tandem_ring *volatile active_ring;
-static int membarrier_ready = -1;     /* -1 unknown, 1 usable, 0 not: fence in the stamp */
-
-/* The stamp's clock, chosen at start (tandem_hooks_set_clock) while no ring is set, so no
- * stamp is in flight when it changes: 1 = raw TSC (the ring converts it to CLOCK_MONOTONIC
- * off the hot path), 0 = clock_gettime(CLOCK_MONOTONIC). */
-static int stamp_tsc;
+/* Everything a stamp reads of the hooks' global state, in one cache line:
+ *   ring     the active ring (NULL: do not stamp);
+ *   ring_id  its id (tandem_ring_hot.id), so the lane cache check does not read the ring
+ *            struct. Stored before ring and only while ring is NULL (set_ring: every switch
+ *            goes through NULL, which waits for in-flight stamps), and x86-64 keeps stores
+ *            and loads in order: a stamp that sees a ring sees its id;
+ *   stamp_tsc       the stamp's clock, chosen at start (tandem_hooks_set_clock) while no ring
+ *                   is set, so no stamp is in flight when it changes: 1 = raw TSC (the ring
+ *                   converts it to CLOCK_MONOTONIC off the hot path), 0 = clock_gettime;
+ *   membarrier_ready  -1 unknown, 1 usable, 0 not: then every stamp pays a fence. */
+static struct {
+    tandem_ring *volatile ring;
+    volatile uint64_t ring_id;
+    int stamp_tsc;
+    int membarrier_ready;
+} hot __attribute__((aligned(64))) = {NULL, 0, 0, -1};
+#define active_ring hot.ring
+#define membarrier_ready hot.membarrier_ready
+#define stamp_tsc hot.stamp_tsc
 
 static inline uint64_t stamp_time(void) {
     return __builtin_expect(stamp_tsc, 1) ? tandem_rdtsc() : tandem_monotonic_ns();
@@ -96,20 +110,53 @@ static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot 
     else __asm__ volatile("" ::: "memory");
     tandem_ring *ring = active_ring;
     if (ring != NULL) {
-        tandem_ring_emit_gil_fast(ring, kind, tid, stamp_time());
+        tandem_ring_emit_gil_fast(ring, hot.ring_id, kind, tid, stamp_time());
         s->events++;
     }
     __asm__ volatile("" ::: "memory");
     s->in_stamp = 0;
 }
 
-void tandem_stamp(uint16_t kind) {
+/* Every case of tandem_stamp: the first stamp of a thread, no membarrier, the
+ * clock_gettime clock, an emit that needs the ring's full path (a new ring, the shared
+ * lane, a lane past its room limit). */
+static __attribute__((noinline)) void stamp_general(uint16_t kind) {
     tandem_thread_slot *s = my_slot;
     if (__builtin_expect(s == NULL, 0)) {
         s = slot_for_this_thread();
         if (s == NULL) return;
     }
     stamp_with(s, kind, s->tid);
+}
+
+/* The common case inline, as a leaf function (no call, no register to save and restore:
+ * everything else is a tail call to stamp_general): TSC clock, membarrier, a thread that
+ * has its slot and a private lane with room in the active ring. Same protocol as
+ * stamp_with; leaving the fast path lowers in_stamp before stamp_general raises it again
+ * and re-reads the ring, which is the protocol from the start. */
+void tandem_stamp(uint16_t kind) {
+    tandem_thread_slot *s = my_slot;
+    if (__builtin_expect(s == NULL || membarrier_ready != 1 || !stamp_tsc, 0)) {
+        stamp_general(kind);
+        return;
+    }
+    s->in_stamp = 1;
+    __asm__ volatile("" ::: "memory");
+    tandem_ring *ring = active_ring;
+    if (ring != NULL) {
+        lane_cache *c = &tandem_my_lane;
+        uint64_t t = tandem_rdtsc();
+        if (__builtin_expect(c->ring_id != hot.ring_id || c->head >= c->limit, 0)) {
+            __asm__ volatile("" ::: "memory");
+            s->in_stamp = 0;
+            stamp_general(kind);
+            return;
+        }
+        tandem_lane_write(c, kind, s->tid, t);
+        s->events++;
+    }
+    __asm__ volatile("" ::: "memory");
+    s->in_stamp = 0;
 }
 
 void tandem_stamp_for(uint16_t kind, uint32_t tid) {
@@ -131,6 +178,7 @@ static void ensure_membarrier(void) {
 void tandem_hooks_set_ring(tandem_ring *ring) {
     ensure_membarrier();
     tandem_ring *old = active_ring;
+    if (ring != NULL) hot.ring_id = ((const tandem_ring_hot *)ring)->id; /* before the pointer */
     __atomic_store_n(&active_ring, ring, __ATOMIC_SEQ_CST);
     if (old == NULL) return;
     if (membarrier_ready == 1) syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);

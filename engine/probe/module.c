@@ -1,6 +1,6 @@
 /* Module glue of the GIL probe: engine.probe._probe.
  *
- *   start(ring_path, events_path, backend="auto", capacity=262144, drain_period_us=10000,
+ *   start(ring_path, events_path, backend="auto", capacity=1048576, drain_period_us=2000,
  *         sample_period_us=100, clock="auto") -> dict
  *                                           install a backend, create the ring, drain it
  *   stop() -> dict                          uninstall, wait for in-flight stamps, close
@@ -52,6 +52,11 @@ typedef struct {
 } probe_state;
 
 static probe_state probe;
+
+/* The ring's geometry for the probe (docs/probe.md, "Ring size and losses"). */
+#define PROBE_DEFAULT_CAPACITY (1u << 20) /* slots in all: 32 MiB of ring */
+#define PROBE_LANE_SLOTS 65536u
+#define PROBE_MAX_LANES 16u
 static PyObject *ProbeError;
 
 static const char *misses_of(const char *backend) {
@@ -114,10 +119,12 @@ static PyObject *status_dict(void) {
     if (probe.ring) {
         tandem_ring_stats st;
         tandem_ring_stats_get(probe.ring, &st);
-        PyObject *ring = Py_BuildValue("{s:K,s:K,s:K,s:K,s:i}", "claimed", (unsigned long long)st.claimed,
+        PyObject *ring = Py_BuildValue("{s:K,s:K,s:K,s:K,s:i,s:K,s:K}", "claimed", (unsigned long long)st.claimed,
                                        "dropped", (unsigned long long)st.dropped, "drained",
                                        (unsigned long long)st.drained, "drain_lost",
-                                       (unsigned long long)st.drain_lost, "drain_errno", st.drain_errno);
+                                       (unsigned long long)st.drain_lost, "drain_errno", st.drain_errno,
+                                       "full_waits", (unsigned long long)st.full_waits,
+                                       "drain_wakeups", (unsigned long long)st.wakeups);
         if (ring) {
             PyDict_SetItemString(d, "ring", ring);
             Py_DECREF(ring);
@@ -131,7 +138,7 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"ring_path", "events_path", "backend", "capacity", "drain_period_us",
                              "sample_period_us", "clock", NULL};
     const char *ring_path, *events_path, *backend = "auto", *clock = "auto";
-    unsigned int capacity = 1u << 18, drain_period_us = 10000, sample_period_us = 100;
+    unsigned int capacity = PROBE_DEFAULT_CAPACITY, drain_period_us = 2000, sample_period_us = 100;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|sIIIs:start", kwlist, &ring_path, &events_path, &backend,
                                      &capacity, &drain_period_us, &sample_period_us, &clock))
         return NULL;
@@ -175,7 +182,15 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     probe.hooks_installed = strcmp(chosen, "sampling") != 0;
     char version[64];
     python_version(version, sizeof version);
-    tandem_ring_options opt = {capacity, version, chosen, 0, (uint32_t)clock_tsc};
+    /* Deep lanes rather than many: up to 16 lanes (15 private) of >= 65536 slots each. A
+     * thread doing GIL round trips in a loop stamps ~10 M events/s: 65536 slots give the
+     * drain thread ~3 ms from the half-full wake-up to a full lane (16384-slot lanes, the
+     * ring's automatic split of the old 8 MiB default, dropped 2-7% of such a loop's events
+     * on a loaded 2-core machine). Fewer slots than 2 x 65536 in all: 2 lanes. */
+    uint32_t lanes = capacity / PROBE_LANE_SLOTS;
+    if (lanes > PROBE_MAX_LANES) lanes = PROBE_MAX_LANES;
+    if (lanes < 2) lanes = capacity >= 4 ? 2 : 1;
+    tandem_ring_options opt = {capacity, version, chosen, lanes, (uint32_t)clock_tsc, 1 /* wait_when_full */};
     tandem_ring *ring = tandem_ring_create(ring_path, &opt, err, sizeof err);
     if (ring == NULL || tandem_ring_start_drain(ring, events_path, drain_period_us, err, sizeof err) != 0) {
         if (ring) tandem_ring_close(ring);
@@ -374,7 +389,7 @@ static void after_fork_child(void) {
 
 static PyMethodDef probe_methods[] = {
     {"start", (PyCFunction)(void (*)(void))probe_start, METH_VARARGS | METH_KEYWORDS,
-     "start(ring_path, events_path, backend='auto', capacity=262144, drain_period_us=10000, sample_period_us=100, clock='auto')"},
+     "start(ring_path, events_path, backend='auto', capacity=1048576, drain_period_us=2000, sample_period_us=100, clock='auto')"},
     {"stop", probe_stop, METH_NOARGS, "Stop recording; returns the final status."},
     {"status", probe_status, METH_NOARGS, "Backend, counters and what the backend can miss."},
     {"backends", probe_backends, METH_NOARGS, "Backend name -> what it can miss."},

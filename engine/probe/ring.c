@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -50,6 +51,7 @@
 #define RING_AUTO_LANE_SLOTS 16384u
 #define RING_LANE_STRIDE 512u
 #define RING_MIN_DRAIN_US 100u
+#define RING_FULL_WAIT_MAX_MS 250u /* wait_when_full: longest wait for the drain per event */
 
 #define RING_STATE_DRAINING 1u /* a drain thread consumes this ring */
 #define RING_STATE_CLOSED 2u   /* the producer closed the ring (no more records) */
@@ -114,6 +116,12 @@ struct tandem_ring {
     pthread_mutex_t drain_mutex;
     pthread_cond_t drain_cond; /* signalled by close to cut the period short */
     int drain_stop;            /* guarded by drain_mutex */
+    _Atomic int wake_pending;  /* a producer asked for a pass (written under drain_mutex) */
+    pthread_cond_t pass_cond;  /* broadcast (under drain_mutex) after a pass when full_waiters */
+    int full_waiters;          /* producers waiting for room (guarded by drain_mutex) */
+    int drain_stalled;         /* a wait for room timed out and no pass completed since
+                                * (guarded by drain_mutex): full lanes drop, not wait */
+    int wait_when_full;        /* options.wait_when_full */
     uint32_t period_us;
     int events_fd;             /* -1: consume without writing */
     int events_failed;         /* a write failed: records are no longer appended */
@@ -122,6 +130,8 @@ struct tandem_ring {
     _Atomic uint64_t drained;
     _Atomic uint64_t drain_lost;
     _Atomic int drain_errno;
+    _Atomic uint64_t full_waits;      /* waits of producers for room (wait_when_full) */
+    _Atomic uint64_t wakeups;         /* wake_drain requests that signalled the drain */
     uint64_t dropped_reported[RING_MAX_LANES]; /* drops already written as LOST markers */
     /* TSC time (time_tsc): the creation pair and the last CALIB_SLOTS pairs of the drain
      * thread (also in the header), and a buffer for converted copies of drained records. */
@@ -350,6 +360,7 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
     ring->hot.fork_generation = current_generation();
     ring->events_fd = -1;
     ring->time_tsc = time_tsc;
+    ring->wait_when_full = opt->wait_when_full != 0;
     ring->calib_first = first;
     ring->calib_tsc[0] = second.tsc;
     ring->calib_mono[0] = second.mono_ns;
@@ -361,6 +372,7 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&ring->drain_cond, &ca);
+    pthread_cond_init(&ring->pass_cond, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_lock(&live_mutex);
     ring->next_live = live_rings;
@@ -406,13 +418,75 @@ static __attribute__((noinline)) void take_lane(tandem_ring *ring, lane_cache *c
     }
     c->ring_id = ring->hot.id;
     c->lane_index = (uint16_t)found;
+    c->tag = (uint64_t)found << 48;
     c->lane = &ring->lanes[found];
     c->slots = &ring->records[(size_t)found * ring->lane_capacity];
     c->capacity = ring->lane_capacity;
+    c->mask = ring->lane_capacity - 1;
+    /* A private lane's positions run on across owners: the previous owner's last head
+     * (its release at exit pairs with our acquire of owner). */
+    c->head = atomic_load_explicit(&c->lane->head, memory_order_relaxed);
     c->tail_cache = atomic_load_explicit(&c->lane->tail, memory_order_acquire);
+    c->limit = 0; /* the first emit takes the full path and sets the room limit */
     c->shared = found == 0;
     c->shared_events = 0;
     if (found) pthread_setspecific(lane_key, (void *)1); /* so release_lanes runs at exit */
+}
+
+/* Ask the drain thread for a pass now (a lane is half full): at most one request per
+ * pass (wake_pending), taken under the drain's mutex so the request cannot fall between
+ * its check and its wait. Producer slow path only: about once per half lane. */
+static __attribute__((noinline)) void wake_drain(tandem_ring *ring) {
+    if (!ring->drain_started || atomic_load_explicit(&ring->wake_pending, memory_order_relaxed)) return;
+    pthread_mutex_lock(&ring->drain_mutex);
+    atomic_store_explicit(&ring->wake_pending, 1, memory_order_relaxed);
+    pthread_cond_signal(&ring->drain_cond);
+    atomic_fetch_add_explicit(&ring->wakeups, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&ring->drain_mutex);
+}
+
+/* wait_when_full: the calling producer's lane is full and the drain thread is late
+ * (starved of CPU on a loaded machine). Rather than drop the event, ask the drain thread
+ * for a pass and sleep until LANE has room (its tail moved), the CPU going to the drain
+ * meanwhile. The drain thread does the writing, not this thread: it alone holds the
+ * events file in a descriptor table the program cannot touch (tandem_private_fd_table),
+ * whereas a write from here would go through the program's table, where the events
+ * file's descriptor may have been closed or even reused by the program. Returns 1 if the
+ * lane has room, 0 if the drain is not running or stalled (then the caller drops). A
+ * thread is held here for about one pass, while holding whatever it holds (the GIL at
+ * drop_gil entry and take_gil return); the drain thread never needs any of it. The wait
+ * is bounded (RING_FULL_WAIT_MAX_MS): a drain stuck in a write (a hung network file
+ * system) must not hang the program. After a timeout the ring counts as stalled and full
+ * lanes drop (counted) without waiting until the drain completes a pass again. */
+static __attribute__((noinline)) int wait_for_room(tandem_ring *ring, ring_lane *lane, uint64_t pos) {
+    if (!ring->wait_when_full || !ring->drain_started) return 0;
+    int room = 0, waited = 0;
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline); /* pass_cond uses CLOCK_MONOTONIC */
+    uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)RING_FULL_WAIT_MAX_MS * 1000000u;
+    deadline.tv_sec += (time_t)(ns / 1000000000u);
+    deadline.tv_nsec = (long)(ns % 1000000000u);
+    pthread_mutex_lock(&ring->drain_mutex);
+    while (!ring->drain_stop && !ring->drain_stalled) {
+        /* acquire pairs with the drain's release store of tail (as in the emit). */
+        if (pos - atomic_load_explicit(&lane->tail, memory_order_acquire) < ring->lane_capacity) {
+            room = 1;
+            break;
+        }
+        if (waited == 2) { /* timed out, still full */
+            ring->drain_stalled = 1;
+            break;
+        }
+        atomic_store_explicit(&ring->wake_pending, 1, memory_order_relaxed);
+        pthread_cond_signal(&ring->drain_cond);
+        ring->full_waiters++;
+        int rc = pthread_cond_timedwait(&ring->pass_cond, &ring->drain_mutex, &deadline);
+        ring->full_waiters--;
+        waited = rc == ETIMEDOUT ? 2 : 1;
+    }
+    pthread_mutex_unlock(&ring->drain_mutex);
+    if (waited) atomic_fetch_add_explicit(&ring->full_waits, 1, memory_order_relaxed);
+    return room;
 }
 
 /* Lane 0, any number of producers: the version 1 protocol (CAS claim, commit by seq). */
@@ -421,6 +495,7 @@ static __attribute__((noinline)) void emit_shared(tandem_ring *ring, lane_cache 
     /* Now and then look again for a private lane (threads holding them may have exited). */
     if (++c->shared_events >= 65536u && ring->lane_count > 1) c->ring_id = 0;
     uint64_t pos = atomic_load_explicit(&lane->head, memory_order_relaxed);
+    int helped = 0;
     for (;;) {
         /* acquire pairs with the drain thread's release store of tail: its reads of the
          * slot's previous record happen before our writes below. */
@@ -430,13 +505,20 @@ static __attribute__((noinline)) void emit_shared(tandem_ring *ring, lane_cache 
             continue;
         }
         if (__builtin_expect(pos - consumed >= ring->lane_capacity, 0)) {
+            if (!helped && wait_for_room(ring, lane, pos)) { /* once: a claim stuck uncommitted keeps it full */
+                helped = 1;
+                continue;
+            }
             atomic_fetch_add_explicit(&lane->dropped, 1, memory_order_relaxed);
+            wake_drain(ring);
             return;
         }
         /* relaxed: the CAS only has to make the claim unique; publication is via seq. */
         if (atomic_compare_exchange_weak_explicit(&lane->head, &pos, pos + 1, memory_order_relaxed, memory_order_relaxed))
             break;
     }
+    if (__builtin_expect((pos - atomic_load_explicit(&lane->tail, memory_order_relaxed)) * 2 >= ring->lane_capacity, 0))
+        wake_drain(ring);
     ring_gil_record *slot = &ring->records[pos & ring->mask];
     atomic_store_explicit(&slot->seq, 0, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
@@ -457,22 +539,37 @@ void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint6
         emit_shared(ring, c, event, tid, mono_ns);
         return;
     }
-    /* Private lane: we are its only producer, so head is ours to read plainly. */
-    ring_lane *lane = c->lane;
-    uint64_t pos = atomic_load_explicit(&lane->head, memory_order_relaxed);
-    if (__builtin_expect(pos - c->tail_cache >= c->capacity, 0)) {
-        /* Looks full by the cached tail: read the real one (acquire pairs with the drain's
-         * release store: its reads of the slot's old record happen before our writes). */
-        c->tail_cache = atomic_load_explicit(&lane->tail, memory_order_acquire);
-        if (pos - c->tail_cache >= c->capacity) {
-            /* Full: dropping (not overwriting) keeps offline recording lossless up to the
-             * drain's pace, and counts exactly what was lost. Only we write `dropped`. */
-            atomic_store_explicit(&lane->dropped, atomic_load_explicit(&lane->dropped, memory_order_relaxed) + 1,
-                                  memory_order_release);
-            return;
-        }
+    if (__builtin_expect(c->head < c->limit, 1)) { /* room by the cached limit (callers other than the fast path) */
+        tandem_lane_write(c, event, tid, mono_ns);
+        return;
     }
-    tandem_lane_write(c, lane, pos, event, tid, mono_ns);
+    /* Private lane, past the room limit of the fast path: read the real tail (acquire pairs
+     * with the drain's release store: its reads of a slot's old record happen before our
+     * writes). Under half full: room up to half full again. At half full or more: wake the
+     * drain, room up to full (the next look at tail is when that runs out). Full: drop. */
+    uint64_t pos = c->head;
+    c->tail_cache = atomic_load_explicit(&c->lane->tail, memory_order_acquire);
+    uint64_t used = pos - c->tail_cache;
+    if (__builtin_expect(used >= c->capacity, 0) && wait_for_room(ring, c->lane, pos)) {
+        c->tail_cache = atomic_load_explicit(&c->lane->tail, memory_order_acquire);
+        used = pos - c->tail_cache;
+    }
+    if (__builtin_expect(used >= c->capacity, 0)) {
+        /* Full: dropping (not overwriting) keeps offline recording lossless up to the
+         * drain's pace, and counts exactly what was lost. Only we write `dropped`. */
+        ring_lane *lane = c->lane;
+        atomic_store_explicit(&lane->dropped, atomic_load_explicit(&lane->dropped, memory_order_relaxed) + 1,
+                              memory_order_release);
+        wake_drain(ring);
+        return;
+    }
+    if (used * 2 >= c->capacity) {
+        wake_drain(ring);
+        c->limit = c->tail_cache + c->capacity;
+    } else {
+        c->limit = c->tail_cache + c->capacity / 2;
+    }
+    tandem_lane_write(c, event, tid, mono_ns);
 }
 
 /* ---- Drain thread ------------------------------------------------------------------- */
@@ -593,8 +690,17 @@ static uint64_t drain_once(tandem_ring *ring) {
         uint64_t s = atomic_load_explicit(&lane->tail, memory_order_relaxed); /* only we write it */
         uint64_t head = atomic_load_explicit(&lane->head, memory_order_acquire);
         uint64_t e = s;
-        /* acquire on seq pairs with the producer's release store: the fields are complete. */
-        while (e < head && atomic_load_explicit(&slots[e & ring->mask].seq, memory_order_acquire) == e + 1) e++;
+        if (l > 0) {
+            /* Private lane: its one producer publishes head after committing each record, so
+             * every position below the head we acquired is committed and its fields are
+             * visible: no need to read each slot's seq (that scan was most of a pass's cost:
+             * one cache line fetched from the producer's core per two records). */
+            e = head;
+        } else {
+            /* Shared lane: head counts claims; stop at the first slot not committed yet.
+             * acquire on seq pairs with the producer's release store: the fields are complete. */
+            while (e < head && atomic_load_explicit(&slots[e & ring->mask].seq, memory_order_acquire) == e + 1) e++;
+        }
         start[l] = s;
         end[l] = e;
         if (head - s > backlog) backlog = head - s;
@@ -672,26 +778,57 @@ static uint64_t drain_once(tandem_ring *ring) {
     return backlog;
 }
 
+/* Give the calling (native helper) thread a file descriptor table of its own holding only
+ * KEEP_FD (-1: none). Why: while a second thread shares the process's table, the kernel
+ * takes the slow path in every fd-taking system call of every thread (fdget takes a file
+ * reference instead of borrowing it; lseek/read/write on a file also lock its f_pos
+ * mutex): measured ~50 ns per os.lseek() call in a single-threaded program, i.e. the
+ * drain thread alone cost a single-threaded service more than all the stamps together.
+ * unshare(CLONE_FILES) copies the table; every copied descriptor except KEEP_FD is closed
+ * at once (close_range), so the thread holds no reference to the program's files: a file
+ * the program closes is really closed, and POSIX locks are owned per table, so ours never
+ * release the program's. Where close_range is missing (Linux < 5.9) the table stays
+ * shared: correct, only slower. Returns 1 when the table is private. */
+int tandem_private_fd_table(int keep_fd) {
+    if (syscall(SYS_close_range, ~0u, ~0u, 0) != 0) return 0; /* no close_range: keep sharing */
+    if (unshare(CLONE_FILES) != 0) return 0;
+    if (keep_fd < 0) {
+        syscall(SYS_close_range, 0u, ~0u, 0);
+    } else {
+        if (keep_fd > 0) syscall(SYS_close_range, 0u, (unsigned)keep_fd - 1, 0);
+        syscall(SYS_close_range, (unsigned)keep_fd + 1, ~0u, 0);
+    }
+    return 1;
+}
+
 static void *drain_main(void *arg) {
     tandem_ring *ring = arg;
+    tandem_private_fd_table(ring->events_fd);
     uint32_t wait_us = ring->period_us;
     pthread_mutex_lock(&ring->drain_mutex);
     while (!ring->drain_stop) {
-        struct timespec deadline;
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)wait_us * 1000u;
-        deadline.tv_sec += (time_t)(ns / 1000000000u);
-        deadline.tv_nsec = (long)(ns % 1000000000u);
-        pthread_cond_timedwait(&ring->drain_cond, &ring->drain_mutex, &deadline);
+        if (!atomic_load_explicit(&ring->wake_pending, memory_order_relaxed)) {
+            struct timespec deadline;
+            clock_gettime(CLOCK_MONOTONIC, &deadline);
+            uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)wait_us * 1000u;
+            deadline.tv_sec += (time_t)(ns / 1000000000u);
+            deadline.tv_nsec = (long)(ns % 1000000000u);
+            pthread_cond_timedwait(&ring->drain_cond, &ring->drain_mutex, &deadline);
+        }
         if (ring->drain_stop) break;
+        atomic_store_explicit(&ring->wake_pending, 0, memory_order_relaxed); /* before the pass: a later request wakes the next */
         pthread_mutex_unlock(&ring->drain_mutex);
         uint64_t backlog = drain_once(ring);
         /* A lane over a quarter full at wake-up: come back sooner (down to 100 us); an
-         * idle ring: back to the configured period. Producers never wake the drain. */
+         * idle ring: back to the configured period. Producers also wake the drain when a
+         * lane is half full (wake_drain) or full (wait_for_room). */
         if (backlog * 4 > ring->lane_capacity) wait_us = wait_us / 2 > RING_MIN_DRAIN_US ? wait_us / 2 : RING_MIN_DRAIN_US;
         else if (backlog * 16 < ring->lane_capacity) wait_us = wait_us * 2 < ring->period_us ? wait_us * 2 : ring->period_us;
         pthread_mutex_lock(&ring->drain_mutex);
+        ring->drain_stalled = 0; /* a pass completed: full lanes may wait again */
+        if (ring->full_waiters) pthread_cond_broadcast(&ring->pass_cond); /* tails moved: recheck */
     }
+    if (ring->full_waiters) pthread_cond_broadcast(&ring->pass_cond);     /* stopping: give up */
     pthread_mutex_unlock(&ring->drain_mutex);
     return NULL;
 }
@@ -777,6 +914,8 @@ void tandem_ring_stats_get(tandem_ring *ring, tandem_ring_stats *stats) {
     stats->drained = atomic_load_explicit(&ring->drained, memory_order_relaxed);
     stats->drain_lost = atomic_load_explicit(&ring->drain_lost, memory_order_relaxed);
     stats->drain_errno = atomic_load_explicit(&ring->drain_errno, memory_order_relaxed);
+    stats->full_waits = atomic_load_explicit(&ring->full_waits, memory_order_relaxed);
+    stats->wakeups = atomic_load_explicit(&ring->wakeups, memory_order_relaxed);
 }
 
 void tandem_ring_close(tandem_ring *ring) {
@@ -826,6 +965,7 @@ void tandem_ring_close(tandem_ring *ring) {
     pthread_mutex_unlock(&live_mutex);
     munmap(ring->base, ring->map_len);
     pthread_mutex_destroy(&ring->drain_mutex);
+    pthread_cond_destroy(&ring->pass_cond);
     pthread_cond_destroy(&ring->drain_cond);
     free(ring->events_header);
     free(ring->converted);

@@ -54,6 +54,12 @@ typedef struct {
                                    * (tsc, CLOCK_MONOTONIC) pairs; the drain converts what it
                                    * appends to the events file to CLOCK_MONOTONIC ns).
                                    * 0: CLOCK_MONOTONIC ns (clock_id 1).                   */
+    uint32_t wait_when_full;      /* 1: while a drain thread runs, a producer whose lane is
+                                   * full wakes it and sleeps until the lane has room,
+                                   * instead of dropping: lossless offline recording at the
+                                   * price of stalling that thread for about one drain pass
+                                   * when the drain thread is starved. 0: drop and count
+                                   * (the ring protocol's "full" rule).                    */
 } tandem_ring_options;
 
 /* Counters as seen by the control thread (for probe.json and `tandem doctor`). */
@@ -63,28 +69,41 @@ typedef struct {
     uint64_t drained;             /* records appended to the events file                  */
     uint64_t drain_lost;          /* records consumed but not written (events file error) */
     int drain_errno;              /* first write error of the drain thread, 0 if none     */
+    uint64_t full_waits;          /* times a producer found its lane full and waited for
+                                   * the drain (wait_when_full): the drain was late      */
+    uint64_t wakeups;             /* times a producer woke the drain (a lane half full)   */
 } tandem_ring_stats;
 
 /* Create PATH (mode 0600, O_EXCL) sized for the options, map it, fill the header.
  * Returns NULL and writes a one-line reason into err on failure. */
 tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt, char *err, size_t errlen);
 
-/* Hot path, any thread: never blocks, never allocates, never takes a lock; on a private
- * lane no locked instruction either. When the thread's lane is full the event is dropped
- * and counted in that lane. Cold path: the first call of a thread for a ring takes a lane
- * (one gettid system call, a scan of the lane table with a CAS, pthread_setspecific, which
- * glibc may satisfy with a calloc the first time in a thread), and a thread on the shared
- * lane does so again every 65536 events. */
+/* Hot path, any thread: never allocates, never takes a lock; on a private lane no locked
+ * instruction either. When the thread's lane is full the event is dropped and counted in
+ * that lane, or, with options.wait_when_full and a drain thread running, the thread waits
+ * for the drain to make room (at most 250 ms). Cold paths: the first call of a thread for
+ * a ring takes a lane (one gettid system call, a scan of the lane table with a CAS,
+ * pthread_setspecific, which glibc may satisfy with a calloc the first time in a thread),
+ * and a thread on the shared lane does so again every 65536 events; a lane reaching half
+ * full wakes the drain (its mutex and condition variable, once per drain pass). */
 void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint64_t mono_ns);
 
 /* Start a native thread (no GIL) that appends committed records, each lane's in order, to
  * EVENTS_PATH every PERIOD_US microseconds (more often, down to 100 us, while a lane is
- * more than a quarter full when it wakes), so a small ring loses nothing to a slow reader
+ * more than a quarter full when it wakes; at once when a producer finds its lane half
+ * full). It first gives itself a private descriptor table holding only the events file
+ * (tandem_private_fd_table), so a small ring loses nothing to a slow reader
  * and a SIGKILLed process leaves a file readable up to the last drained record. Lanes
  * interleave in the file (a batch per lane per pass): order is per lane, i.e. per thread.
  * EVENTS_PATH is created 0600 O_EXCL. EVENTS_PATH NULL: the thread only consumes (frees
  * slots) without writing, for live mode without a file. Returns 0, or -1 with err set. */
 int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t period_us, char *err, size_t errlen);
+
+/* For the probe's native helper threads (drain, sampler), called first in the thread: give
+ * it a private file descriptor table holding only KEEP_FD (-1: none), so its existence does
+ * not put the program's own fd system calls on the kernel's shared-table slow path
+ * (ring.c says why). Returns 1 if done, 0 if the table stays shared (old kernel). */
+int tandem_private_fd_table(int keep_fd);
 
 /* Fill STATS (any time between create and close). */
 void tandem_ring_stats_get(tandem_ring *ring, tandem_ring_stats *stats);

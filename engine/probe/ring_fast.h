@@ -46,11 +46,23 @@ typedef struct {
     unsigned fork_generation; /* ring.c's fork generation when created; differs in a fork child */
 } tandem_ring_hot;
 
-/* The calling thread's lane in the ring it last produced into. */
-typedef struct {
+struct tandem_thread_slot;
+
+/* The calling thread's lane in the ring it last produced into. The fields a stamp uses
+ * fill the first cache line exactly (ring id, slot base, mask, our copy of the head, the
+ * room limit, the lane, the record tag, and the hooks' per-thread slot); the rest is
+ * touched on the slow path only. */
+typedef struct __attribute__((aligned(64))) {
     uint64_t ring_id;          /* 0: none */
-    ring_lane *lane;
     ring_gil_record *slots;    /* the lane's first slot */
+    uint64_t mask;             /* lane capacity - 1 */
+    uint64_t head;             /* private lane: next position; only we write lane->head, so
+                                * this copy is exact and the shared line is never read */
+    uint64_t limit;            /* positions below it may be written without reading tail:
+                                * 0 for the shared lane (every emit takes the full path) */
+    ring_lane *lane;
+    uint64_t tag;              /* (uint64_t)lane_index << 48: the `lane` field in place */
+    struct tandem_thread_slot *hook_slot; /* hooks.c's slot of this thread (not the ring's) */
     uint64_t capacity;         /* lane capacity (slots) */
     uint64_t tail_cache;       /* the lane's tail as last read: head - tail_cache >= real use */
     uint32_t shared_events;    /* events into the shared lane since the last look for a free lane */
@@ -62,35 +74,50 @@ typedef struct {
  * parent's ring never matches it and the fast path never writes into a parent's ring. */
 extern __thread lane_cache tandem_my_lane __attribute__((tls_model("initial-exec"), visibility("hidden")));
 
-/* Write one record into the thread's private lane at POS and publish it. The seqlock writer
- * side, for external readers that may still be copying the slot's previous record: mark the
- * slot empty, then a release fence so the mark is visible before any new field value; then
- * the fields, commit the slot's seq, publish the lane's head (plain moves on x86-64). */
-static inline __attribute__((always_inline)) void tandem_lane_write(lane_cache *c, ring_lane *lane, uint64_t pos,
-                                                                    uint16_t event, uint32_t tid, uint64_t mono_ns) {
-    ring_gil_record *slot = &c->slots[pos & (c->capacity - 1)];
+#define TANDEM_PREFETCH_AHEAD 8 /* records: 256 bytes, 4 lines ahead */
+
+/* tid, kind and lane are adjacent (bytes 16..23 of a record): one 8-byte store. */
+static inline uint64_t tandem_record_word(uint32_t tid, uint16_t event, uint64_t tag) {
+    return (uint64_t)tid | (uint64_t)event << 32 | tag;
+}
+
+/* Write one record into the thread's private lane at its head and publish it. The seqlock
+ * writer side, for external readers that may still be copying the slot's previous record:
+ * mark the slot empty, then a release fence so the mark is visible before any new field
+ * value; then the fields, commit the slot's seq, publish the lane's head (plain moves on
+ * x86-64). `aux` is not stored: it is 0 in every ring slot from creation on and no producer
+ * ever writes anything else there (LOST markers exist only in events files), so the
+ * slot's previous record already holds the right value. 4 stores per record: seq, time,
+ * tid+kind+lane, seq, plus the head. */
+static inline __attribute__((always_inline)) void tandem_lane_write(lane_cache *c, uint16_t event, uint32_t tid,
+                                                                    uint64_t mono_ns) {
+    uint64_t pos = c->head;
+    ring_gil_record *slot = &c->slots[pos & c->mask];
+    /* Fetch the line of the slot 8 positions on: a lane's lines were last written a lap ago
+     * (2 MiB ago with 65536-slot lanes: out of L1/L2) and read since by the drain thread on
+     * another core. Between two GIL events there are hundreds of ns to hide the fetch in
+     * (in a back-to-back C loop there is nothing to hide it behind, which is why it looked
+     * useless there). Measured on the lseek loop: ~-10 ns/event, at the noise's edge.
+     * prefetchw (fetch for ownership) was no better here and needs a CPUID check. */
+    __builtin_prefetch(&c->slots[(pos + TANDEM_PREFETCH_AHEAD) & c->mask], 1, 3);
     atomic_store_explicit(&slot->seq, 0, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     slot->mono_ns = mono_ns;
-    slot->tid = tid;
-    slot->kind = event;
-    slot->lane = c->lane_index;
-    slot->aux = 0;
+    uint64_t word = tandem_record_word(tid, event, c->tag);
+    __builtin_memcpy(&slot->tid, &word, 8);
     atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
-    atomic_store_explicit(&lane->head, pos + 1, memory_order_release);
+    atomic_store_explicit(&c->lane->head, pos + 1, memory_order_release);
+    c->head = pos + 1;
 }
 
-static inline __attribute__((always_inline)) void tandem_ring_emit_gil_fast(tandem_ring *ring, uint16_t event, uint32_t tid,
-                                                                            uint64_t mono_ns) {
+/* RING_ID: ((tandem_ring_hot *)ring)->id, passed by a caller that keeps it at hand. */
+static inline __attribute__((always_inline)) void tandem_ring_emit_gil_fast(tandem_ring *ring, uint64_t ring_id, uint16_t event,
+                                                                            uint32_t tid, uint64_t mono_ns) {
     lane_cache *c = &tandem_my_lane;
-    if (__builtin_expect(c->ring_id == ((const tandem_ring_hot *)ring)->id && !c->shared, 1)) {
-        /* Private lane: we are its only producer, so head is ours to read plainly. */
-        ring_lane *lane = c->lane;
-        uint64_t pos = atomic_load_explicit(&lane->head, memory_order_relaxed);
-        if (__builtin_expect(pos - c->tail_cache < c->capacity, 1)) {
-            tandem_lane_write(c, lane, pos, event, tid, mono_ns);
-            return;
-        }
+    /* Private lane with room by the cached limit (the shared lane has limit 0). */
+    if (__builtin_expect(c->ring_id == ring_id && c->head < c->limit, 1)) {
+        tandem_lane_write(c, event, tid, mono_ns);
+        return;
     }
     tandem_ring_emit_gil(ring, event, tid, mono_ns); /* every other case */
 }

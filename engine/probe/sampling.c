@@ -42,6 +42,7 @@ static PyThreadState *gil_last_holder(void) {
 
 static void *sample_loop(void *arg) {
     (void)arg;
+    tandem_private_fd_table(-1); /* needs no file: do not slow the program's fd calls (ring.c) */
     struct timespec period = {period_us / 1000000, (long)(period_us % 1000000) * 1000};
     uint32_t last_seen = UINT32_MAX;  /* 0 = free, else the holder's tid */
     while (!atomic_load(&sampler_stop)) {

@@ -18,7 +18,8 @@ import jdk.jfr.Configuration;
  *
  * Layers, later ones win: the base (.jfc given with settings=, else the JDK's "default"),
  * then the pause events tandem needs (default.jfc records safepoints only above 10 ms and
- * SafepointEnd not at all; see shared/notes/jfr.md), then the user's events=.
+ * SafepointEnd not at all; see shared/notes/jfr.md) and default.jfc's per-chunk thread dump
+ * switched off, then the user's events=.
  */
 final class PauseEvents {
     private PauseEvents() {}
@@ -47,6 +48,11 @@ final class PauseEvents {
             settings.put(event + "#enabled", "true");
             settings.put(event + "#threshold", "0 ms");
         }
+        // default.jfc takes a thread dump at every chunk boundary: a safepoint operation of
+        // our own making in the pauses we report, and a crash (SIGSEGV in Threads::print_on,
+        // seen at JVM exit with a JPype demo) when a thread attached through JNI exited
+        // without detaching. tandem reads no thread dumps; events=jdk.ThreadDump brings it back.
+        settings.put("jdk.ThreadDump#enabled", "false");
         settings.put("tandem.ClockSync#stackTrace", "false");
         settings.put("tandem.ClockSync#period", "everyChunk"); // plus the agent's own once a second
         // Tells ingest whether ticks are the OS clock or the TSC (and at which frequency).
