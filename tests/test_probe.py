@@ -431,7 +431,7 @@ import json, os, sys, threading, time
 import engine.probe
 out = sys.argv[1]
 # 2 lanes of 32 slots, a drain period of 1 s: the loop fills its lane every ~10 us.
-engine.probe.start(out, capacity=64, drain_period_us=1_000_000)
+engine.probe.start(out, capacity=64, drain_period_us=1_000_000, wait_when_full=sys.argv[2] == "wait")
 drain = [t for t in os.listdir("/proc/self/task") if open(f"/proc/self/task/{t}/comm").read().strip() == "tandem-drain"]
 for _ in range(500):  # the drain thread gives up the copied descriptors as it starts
     try:
@@ -451,24 +451,33 @@ print(json.dumps({"drain": drain, "drain_fds": drain_fds, "ring": final["ring"],
 
 
 @pytest.mark.parametrize("python", python_params())
-def test_full_lane_is_drained_by_its_producer_not_dropped(python, tmp_path):
-    """A ring far too small for the loop and a drain thread that sleeps 1 s: the producer
-    wakes the drain at half full and, when its lane is full, sleeps until the drain made room
-    (wait_when_full), so no event is dropped and the events file holds every stamp in order.
+@pytest.mark.parametrize("when_full", ["wait", "drop"])
+def test_full_lane_waits_for_the_drain_or_drops_counted(python, when_full, tmp_path):
+    """A ring far too small for the loop and a drain thread that sleeps 1 s (woken when a lane
+    is half full). With wait_when_full the producer sleeps until the drain made room, so no
+    event is dropped and the events file holds every stamp in order. By default a producer
+    never blocks: events that find the lane full are dropped, and claimed + dropped equals
+    the stamps taken, exactly, with the events file's LOST markers adding up to the drops.
     The drain thread has a descriptor table of its own holding only the events file, so it
     does not put the program's fd calls on the kernel's shared-table path."""
     events_file = tmp_path / "tiny.gil"
-    proc = subprocess.run([str(python), "-c", _TINY_RING_WORKLOAD, str(events_file)], capture_output=True, text=True,
-                          env=probe_env(python), timeout=120, cwd=tmp_path)
+    proc = subprocess.run([str(python), "-c", _TINY_RING_WORKLOAD, str(events_file), when_full], capture_output=True,
+                          text=True, env=probe_env(python), timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(out["drain"]) == 1 and out["drain_fds"] == [str(events_file)]
     ring = out["ring"]
+    got = read_events(events_file)
+    assert got.closed and got.header.lane_capacity == 32
+    assert len(got.records) == ring["claimed"]
+    if when_full == "drop":
+        assert ring["full_waits"] == 0 and ring["dropped"] > 0, ring
+        assert ring["claimed"] + ring["dropped"] == out["events"] >= 60_000
+        assert got.lost == ring["dropped"] == got.header.dropped
+        return
     assert ring["dropped"] == 0 and ring["full_waits"] > 0, ring
     assert ring["claimed"] == out["events"] >= 60_000
-    got = read_events(events_file)
-    assert got.closed and got.lost == 0 and got.header.dropped == 0
-    assert len(got.records) == ring["claimed"] and got.header.lane_capacity == 32
+    assert got.lost == 0 and got.header.dropped == 0
     kinds = thread_kinds(got, out["tid"])
     loop = np.tile(np.array([GIL_DROP, GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED], dtype=kinds.dtype), 20_000)
     assert any(np.array_equal(kinds[i:i + len(loop)], loop) for i in range(0, len(kinds) - len(loop) + 1))

@@ -177,6 +177,7 @@ def start(
     drain_period_us: int = 2_000,  # also woken when a lane is half full
     sample_period_us: int = 100,
     clock: str = "auto",
+    wait_when_full: bool = False,
 ) -> dict:
     """Start recording GIL events of this process into FILE.
 
@@ -186,6 +187,9 @@ def start(
     clock: the stamps' clock: "auto" (TANDEM_PROBE_CLOCK if set, else "tsc" where the TSC
     is invariant and the kernel's clocksource is tsc), "tsc" (where usable) or
     "clock_gettime". Recorded times are CLOCK_MONOTONIC ns either way (docs/probe.md).
+    wait_when_full: False (default) never blocks a thread: an event that finds its lane
+    full is dropped and counted exactly; True makes such a thread wait (up to 250 ms per
+    event, holding the GIL) for the drain thread to make room, for a lossless events file.
     Returns the status dict (see status()). Stopped by stop() or at interpreter exit.
     """
     if backend not in BACKENDS:
@@ -193,7 +197,7 @@ def start(
     file = Path(file).absolute()
     file.parent.mkdir(parents=True, exist_ok=True)
     options = dict(backend=backend, capacity=capacity, drain_period_us=drain_period_us, sample_period_us=sample_period_us,
-                   clock=clock)
+                   clock=clock, wait_when_full=wait_when_full)
     return _start_files(file.with_name(file.name + ".ring"), file, file.with_name(file.name + ".json"),
                         file.with_name(file.name + ".threads.jsonl"), **options)
 

@@ -27,7 +27,8 @@ PTH_LINE = (
 
 
 def run() -> None:
-    """Start recording into $TANDEM_SESSION (backend from $TANDEM_PROBE_BACKEND, default auto)."""
+    """Start recording into $TANDEM_SESSION (backend from $TANDEM_PROBE_BACKEND, default auto;
+    TANDEM_PROBE_WAIT_WHEN_FULL=1: a thread waits for the drain rather than drop an event)."""
     session = os.environ.get("TANDEM_SESSION")
     if not session:
         return
@@ -35,7 +36,8 @@ def run() -> None:
         import engine.probe
 
         if engine.probe.backend() is None:
-            engine.probe.start_session(session, backend=os.environ.get("TANDEM_PROBE_BACKEND", "auto"))
+            engine.probe.start_session(session, backend=os.environ.get("TANDEM_PROBE_BACKEND", "auto"),
+                                       wait_when_full=os.environ.get("TANDEM_PROBE_WAIT_WHEN_FULL") == "1")
     except Exception as err:  # never break the interpreter being observed
         print(f"tandem: GIL probe not started in pid {os.getpid()}: {err}", file=sys.stderr)
 

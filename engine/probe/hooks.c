@@ -49,8 +49,9 @@ static tandem_thread_slot *slot_for_this_thread(void) {
         if (s->free && __atomic_compare_exchange_n(&s->free, &expected, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) break;
     }
     if (s == NULL) {
-        s = calloc(1, sizeof *s);
+        s = aligned_alloc(_Alignof(tandem_thread_slot), sizeof *s);
         if (s == NULL) return NULL;
+        memset(s, 0, sizeof *s);
         tandem_thread_slot *head = atomic_load(&all_slots);
         do {
             s->next = head;

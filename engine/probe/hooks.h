@@ -16,7 +16,10 @@
 
 /* Every thread that stamps gets one slot, found through an initial-exec TLS pointer (the
  * thread id is cached there: gettid() is a system call). Slots are recycled at thread exit. */
-typedef struct tandem_thread_slot {
+/* One per thread, alone in its 128-byte block (adjacent-line prefetch pairs 64-byte lines):
+ * its owner writes in_stamp twice and events once per stamp, so two threads' slots sharing
+ * a line would bounce it between their cores on every GIL event. */
+typedef struct __attribute__((aligned(128))) tandem_thread_slot {
     uint32_t tid;
     volatile int in_stamp;            /* 1 while this thread may be writing into the ring  */
     volatile int free;                /* 1 when the thread that owned it has exited          */

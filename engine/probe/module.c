@@ -48,6 +48,7 @@ typedef struct {
     uint32_t sample_period_us;
     uint64_t events_at_start;       /* the hooks' event counter is per process: report deltas */
     int clock_tsc;                  /* stamps are raw TSC (converted by the ring's drain)  */
+    int wait_when_full;             /* a full lane makes its thread wait for the drain     */
     char clock_reason[200];         /* why not tsc, when clock_gettime is used             */
 } probe_state;
 
@@ -108,6 +109,7 @@ static PyObject *status_dict(void) {
     if (reason) PyDict_SetItemString(d, "clock_reason", reason);
     Py_XDECREF(clock);
     Py_XDECREF(reason);
+    PyDict_SetItemString(d, "wait_when_full", probe.wait_when_full ? Py_True : Py_False);
     if (probe.backend && strcmp(probe.backend, "sampling") == 0) {
         PyObject *v = PyLong_FromUnsignedLongLong(tandem_sampling_samples());
         PyDict_SetItemString(d, "samples", v);
@@ -136,11 +138,12 @@ static PyObject *status_dict(void) {
 static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"ring_path", "events_path", "backend", "capacity", "drain_period_us",
-                             "sample_period_us", "clock", NULL};
+                             "sample_period_us", "clock", "wait_when_full", NULL};
     const char *ring_path, *events_path, *backend = "auto", *clock = "auto";
     unsigned int capacity = PROBE_DEFAULT_CAPACITY, drain_period_us = 2000, sample_period_us = 100;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|sIIIs:start", kwlist, &ring_path, &events_path, &backend,
-                                     &capacity, &drain_period_us, &sample_period_us, &clock))
+    int wait_when_full = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|sIIIsp:start", kwlist, &ring_path, &events_path, &backend,
+                                     &capacity, &drain_period_us, &sample_period_us, &clock, &wait_when_full))
         return NULL;
 #ifdef Py_GIL_DISABLED
     PyErr_SetString(ProbeError, "no GIL to watch: this is a free-threaded build of CPython");
@@ -190,7 +193,10 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     uint32_t lanes = capacity / PROBE_LANE_SLOTS;
     if (lanes > PROBE_MAX_LANES) lanes = PROBE_MAX_LANES;
     if (lanes < 2) lanes = capacity >= 4 ? 2 : 1;
-    tandem_ring_options opt = {capacity, version, chosen, lanes, (uint32_t)clock_tsc, 1 /* wait_when_full */};
+    /* Never blocking a producer is the default: a thread stalled on a full lane would hold
+     * the GIL (drop_gil entry, take_gil return) and add the very latency spikes tandem is
+     * there to find. wait_when_full=True trades that for a lossless events file. */
+    tandem_ring_options opt = {capacity, version, chosen, lanes, (uint32_t)clock_tsc, (uint32_t)wait_when_full};
     tandem_ring *ring = tandem_ring_create(ring_path, &opt, err, sizeof err);
     if (ring == NULL || tandem_ring_start_drain(ring, events_path, drain_period_us, err, sizeof err) != 0) {
         if (ring) tandem_ring_close(ring);
@@ -204,6 +210,7 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     probe.backend = chosen;
     probe.sample_period_us = sample_period_us;
     probe.clock_tsc = clock_tsc;
+    probe.wait_when_full = wait_when_full;
     snprintf(probe.clock_reason, sizeof probe.clock_reason, "%s", clock_tsc ? "" : clock_reason);
     snprintf(probe.ring_path, sizeof probe.ring_path, "%s", ring_path);
     snprintf(probe.events_path, sizeof probe.events_path, "%s", events_path);
