@@ -481,3 +481,62 @@ def test_full_lane_waits_for_the_drain_or_drops_counted(python, when_full, tmp_p
     kinds = thread_kinds(got, out["tid"])
     loop = np.tile(np.array([GIL_DROP, GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED], dtype=kinds.dtype), 20_000)
     assert any(np.array_equal(kinds[i:i + len(loop)], loop) for i in range(0, len(kinds) - len(loop) + 1))
+
+
+_LATE_MODULE_WORKLOAD = r'''
+import json, sys, threading, time
+assert "select" not in sys.modules
+import engine.probe
+status = engine.probe.start(sys.argv[1], backend="exported")
+import select  # an extension module loaded after start: its GOT is patched by the dlopen hook
+sites_after = engine.probe.status()["patched_sites"]
+brackets = []
+for _ in range(50):
+    before = time.monotonic_ns()
+    select.select([], [], [], 0.010)
+    brackets.append((before, time.monotonic_ns()))
+engine.probe.stop()
+print(json.dumps({"sites": status["patched_sites"], "sites_after": sites_after, "brackets": brackets,
+                  "tid": threading.get_native_id()}))
+'''
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_exported_backend_follows_modules_loaded_after_start(python, tmp_path):
+    """Under `tandem record` the probe starts before any import, so the exported backend must
+    cover extension modules loaded later: select.select's releases (through select.so's own
+    GOT slot of PyEval_SaveThread) are seen, 50 sleeps of 10 ms in their brackets."""
+    events_file = tmp_path / "late.gil"
+    proc = subprocess.run([str(python), "-c", _LATE_MODULE_WORKLOAD, str(events_file)], capture_output=True, text=True,
+                          env=probe_env(python), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["sites_after"] > out["sites"]
+    df = read_gil(events_file)
+    first, last = out["brackets"][0][0], out["brackets"][-1][1]
+    mine = df[(df.tid == out["tid"]) & (df.state == "released") & (df.start_ns >= first) & (df.end_ns <= last)]
+    assert_matches_sleeps(mine, out["brackets"])
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3.11")
+
+
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists() or not Path("/usr/include/python3.11/Python.h").exists(),
+                    reason="no distribution Python 3.11 with headers (/usr/bin/python3.11, python3.11-dev) here")
+def test_static_stripped_interpreter_falls_back_to_sampling(tmp_path):
+    """Debian's /usr/bin/python3.11 is stripped (no take_gil in a .symtab) and calls
+    PyEval_SaveThread directly (static libpython): the exported backend would see only
+    extension modules, so it is refused with the reason, and auto runs the sampling backend."""
+    script = ("import json, sys, engine.probe\n"
+              "try:\n    engine.probe.start(sys.argv[1] + '/x.gil', backend='exported'); refused = None\n"
+              "except Exception as err:\n    refused = str(err)\n"
+              "status = engine.probe.start(sys.argv[1] + '/y.gil')\nengine.probe.stop()\n"
+              "print(json.dumps({'refused': refused, 'auto': status['backend'], 'why': status['fallback_reasons']}))")
+    proc = subprocess.run([str(SYSTEM_PYTHON), "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          env=probe_env(SYSTEM_PYTHON), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "symbol table" not in out["why"]:
+        pytest.skip(f"{SYSTEM_PYTHON} is not stripped here: {out}")
+    assert out["refused"] and "calls PyEval_SaveThread directly" in out["refused"]
+    assert out["auto"] == "sampling" and "calls PyEval_SaveThread directly" in out["why"]

@@ -3,6 +3,8 @@
 #include "hooks.h"
 
 #include <dlfcn.h>
+#include <link.h>
+#include <stdint.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
@@ -284,12 +286,19 @@ int tandem_hooks_install_precise(char *err, size_t errlen) {
     return 0;
 }
 
-/* ---- exported backend: GOT slots of PyEval_SaveThread / PyEval_RestoreThread -------- */
+/* ---- exported backend: GOT slots of PyEval_SaveThread / PyEval_RestoreThread --------
+ * Every loaded object's GOT slots bound to the two functions point at our hooks instead.
+ * Objects loaded later (extension modules imported after start: under `tandem record`
+ * that is nearly all of them, since the probe starts with the interpreter) are covered by
+ * also taking over the GOT slots of dlopen: after a successful dlopen the same scan runs
+ * again, which patches the new object's slots (slots already patched are skipped). */
 
 typedef void *(*save_thread_fn)(void);
 typedef void (*restore_thread_fn)(void *);
+typedef void *(*dlopen_fn)(const char *, int);
 static save_thread_fn real_save_thread;
 static restore_thread_fn real_restore_thread;
+static dlopen_fn real_dlopen;
 
 static void *save_thread_hook(void) {
     tandem_stamp(TANDEM_GIL_DROP);
@@ -310,6 +319,9 @@ typedef struct {
 } got_patch;
 static got_patch got_patches[MAX_GOT_SLOTS];
 static int got_patch_count;
+/* Held while slots are scanned, patched or restored: dlopen may run on any thread. */
+static pthread_mutex_t got_mutex = PTHREAD_MUTEX_INITIALIZER;
+static int exported_installed;
 
 static void write_slot(void **slot, void *value, int in_relro) {
     uintptr_t page = (uintptr_t)slot & ~(uintptr_t)4095;
@@ -318,31 +330,99 @@ static void write_slot(void **slot, void *value, int in_relro) {
     if (in_relro) mprotect((void *)page, 4096, PROT_READ);
 }
 
+/* The address range of the loaded object (its PT_LOAD segments) that contains an address.
+ * Computed before a slot scan, never during one: the scan runs inside dl_iterate_phdr,
+ * which holds the loader's list lock, and dladdr there would take the loader's main lock
+ * in the opposite order to a concurrent dlopen. */
+typedef struct {
+    uintptr_t address, start, end;
+} object_range;
+
+static int range_cb(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    object_range *r = data;
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    int inside = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr, b = a + ph->p_memsz;
+        if (a < lo) lo = a;
+        if (b > hi) hi = b;
+        if (r->address >= a && r->address < b) inside = 1;
+    }
+    if (!inside) return 0;
+    r->start = lo;
+    r->end = hi;
+    return 1;
+}
+
 typedef struct {
     void *replacement;
+    object_range interpreter; /* the object holding the interpreter (empty: not counted) */
+    int interpreter_slots;    /* of the slots seen, those in that object                  */
 } got_ctx;
 
 static void patch_slot(void **slot, int in_relro, const char *object, void *ctx) {
     (void)object;
     got_ctx *c = ctx;
+    if ((uintptr_t)slot >= c->interpreter.start && (uintptr_t)slot < c->interpreter.end) c->interpreter_slots++;
     if (got_patch_count >= MAX_GOT_SLOTS || *slot == c->replacement) return;
     got_patches[got_patch_count++] = (got_patch){slot, *slot, in_relro};
     write_slot(slot, c->replacement, in_relro);
+}
+
+static void *dlopen_hook(const char *file, int mode);
+
+/* Patch every not yet patched slot of the three functions; got_mutex held. Returns the
+ * slots of PyEval_SaveThread found in the interpreter's own object. */
+static int patch_exported_slots(void) {
+    object_range interpreter = {(uintptr_t)interpreter_anchor(), 0, 0};
+    dl_iterate_phdr(range_cb, &interpreter);
+    got_ctx save_ctx = {(void *)save_thread_hook, interpreter, 0}, restore_ctx = {(void *)restore_thread_hook, {0, 0, 0}, 0};
+    got_ctx dlopen_ctx = {(void *)dlopen_hook, {0, 0, 0}, 0};
+    tandem_for_each_got_slot("PyEval_SaveThread", patch_slot, &save_ctx);
+    tandem_for_each_got_slot("PyEval_RestoreThread", patch_slot, &restore_ctx);
+    tandem_for_each_got_slot("dlopen", patch_slot, &dlopen_ctx);
+    return save_ctx.interpreter_slots;
+}
+
+/* dlopen through a patched slot. The new object's slots are patched before it returns
+ * to its caller, so the module's init function already goes through the hooks. (dlopen
+ * sees this library as its caller: that only matters for a relative name searched with
+ * the caller's RUNPATH; Python's imports pass absolute paths.) */
+static void *dlopen_hook(const char *file, int mode) {
+    void *handle = real_dlopen(file, mode);
+    if (handle != NULL && file != NULL) {
+        pthread_mutex_lock(&got_mutex);
+        if (exported_installed) patch_exported_slots();
+        pthread_mutex_unlock(&got_mutex);
+    }
+    return handle;
 }
 
 int tandem_hooks_install_exported(char *err, size_t errlen) {
     ensure_membarrier();
     real_save_thread = (save_thread_fn)dlsym(RTLD_DEFAULT, "PyEval_SaveThread");
     real_restore_thread = (restore_thread_fn)dlsym(RTLD_DEFAULT, "PyEval_RestoreThread");
-    if (!real_save_thread || !real_restore_thread) {
+    real_dlopen = (dlopen_fn)dlsym(RTLD_DEFAULT, "dlopen");
+    if (!real_save_thread || !real_restore_thread || !real_dlopen) {
         snprintf(err, errlen, "PyEval_SaveThread/PyEval_RestoreThread are not exported here");
         return -1;
     }
-    got_ctx save_ctx = {(void *)save_thread_hook}, restore_ctx = {(void *)restore_thread_hook};
-    int n = tandem_for_each_got_slot("PyEval_SaveThread", patch_slot, &save_ctx);
-    n += tandem_for_each_got_slot("PyEval_RestoreThread", patch_slot, &restore_ctx);
-    if (n == 0) {
-        snprintf(err, errlen, "no object calls PyEval_SaveThread through a GOT slot (static or -fno-semantic-interposition build)");
+    pthread_mutex_lock(&got_mutex);
+    exported_installed = 1;
+    int in_interpreter = patch_exported_slots();
+    pthread_mutex_unlock(&got_mutex);
+    if (in_interpreter == 0) {
+        /* A static or LTO build (e.g. Debian's /usr/bin/python3) calls PyEval_SaveThread
+         * directly: its own releases (time.sleep, os.*, file and socket I/O) would be
+         * missed and only extension modules seen, which looks like data but is not. */
+        char path[512] = "the interpreter";
+        tandem_object_path(interpreter_anchor(), path, sizeof path);
+        tandem_hooks_uninstall();
+        snprintf(err, errlen, "%s calls PyEval_SaveThread directly, not through its GOT (static libpython or LTO build): "
+                 "only extension modules' releases would be seen", path);
         return -1;
     }
     return 0;
@@ -354,8 +434,11 @@ void tandem_hooks_uninstall(void) {
         tandem_patch_uninstall(&drop_patches[i]);
     }
     patched_functions = 0;
+    pthread_mutex_lock(&got_mutex);
+    exported_installed = 0;
     for (int i = got_patch_count - 1; i >= 0; i--) write_slot(got_patches[i].slot, got_patches[i].old_value, got_patches[i].in_relro);
     got_patch_count = 0;
+    pthread_mutex_unlock(&got_mutex);
 }
 
 int tandem_hooks_patched_sites(void) {

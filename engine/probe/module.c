@@ -32,7 +32,7 @@ static const char *const MISSES_PRECISE =
     "nothing: every release (voluntary, forced switch, thread exit) and every take is stamped";
 static const char *const MISSES_EXPORTED =
     "forced switches between CPU-bound threads, thread exit, releases inside libpython that "
-    "do not go through the PLT, and extensions loaded after start";
+    "do not go through the PLT";
 static const char *const MISSES_SAMPLING =
     "holds and releases shorter than the sampling period; cannot tell waiting from released; "
     "times are sample times, not hand-over times";
