@@ -540,3 +540,62 @@ def test_static_stripped_interpreter_falls_back_to_sampling(tmp_path):
         pytest.skip(f"{SYSTEM_PYTHON} is not stripped here: {out}")
     assert out["refused"] and "calls PyEval_SaveThread directly" in out["refused"]
     assert out["auto"] == "sampling" and "calls PyEval_SaveThread directly" in out["why"]
+
+
+_LAZY_REQUEST_WORKLOAD = r'''
+import json, os, sys, threading, time
+import engine.probe
+status = engine.probe.start(sys.argv[1])
+fd = os.open(os.devnull, os.O_RDONLY)
+for _ in range(1000):  # uncontended takes: nobody else wants the GIL
+    os.lseek(fd, 0, os.SEEK_CUR)
+sys.setswitchinterval(1.0)  # no forced switch: the waiter waits until the spinner lets go
+bracket = {}
+def sleeper():
+    bracket["before"] = time.monotonic_ns()
+    time.sleep(0.010)
+    bracket["after"] = time.monotonic_ns()   # runs once the GIL is back
+waiter = threading.Thread(target=sleeper)
+waiter.start()
+t0 = time.monotonic_ns()
+while time.monotonic_ns() - t0 < 100_000_000:  # hold the GIL for 100 ms (pure Python)
+    pass
+spun = time.monotonic_ns()
+waiter.join()
+engine.probe.stop()
+print(json.dumps({"status": status, "main": threading.get_native_id(), "waiter": waiter.native_id,
+                  "bracket": bracket, "spun": spun}))
+'''
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_take_request_is_stamped_when_the_take_starts_to_wait(python, tmp_path):
+    """The lazy take request (docs/probe.md): an uncontended take writes its request and its
+    acquisition with one clock read (same time, no waiting interval); a take that waits has
+    its request stamped when it starts waiting. A thread sleeping 10 ms while another holds
+    the GIL for 100 ms: released ~10 ms (its sleep), then waiting ~90 ms (not released 100)."""
+    events_file = tmp_path / "lazy.gil"
+    proc = subprocess.run([str(python), "-c", _LAZY_REQUEST_WORKLOAD, str(events_file)], capture_output=True, text=True,
+                          env=probe_env(python), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["status"]["backend"] == "precise"
+    events = read_events(events_file)
+    r = events.records
+    mine = r[r["tid"] == out["main"]]
+    kinds, times = mine["kind"], mine["mono_ns"]
+    takes = np.flatnonzero((kinds[:-1] == GIL_TAKE_REQUEST) & (kinds[1:] == GIL_TAKE_ACQUIRED))
+    assert len(takes) >= 1000
+    same_time = times[takes] == times[takes + 1]
+    assert same_time.mean() >= 0.99  # the lseek loop's takes did not wait
+    df = read_gil(events_file)
+    waiter = df[df.tid == out["waiter"]]
+    b = out["bracket"]
+    slept = waiter[(waiter.state == "released") & (waiter.start_ns >= b["before"]) & (waiter.end_ns <= b["after"])]
+    waited = waiter[(waiter.state == "waiting") & (waiter.start_ns >= b["before"]) & (waiter.end_ns <= b["after"])]
+    assert len(slept) == 1 and len(waited) == 1, waiter
+    sleep_ns = int(slept.end_ns.iloc[0] - slept.start_ns.iloc[0])
+    assert 10 * MS <= sleep_ns <= 10 * MS + 5 * MS, sleep_ns      # the sleep, not the 100 ms hold
+    assert waited.start_ns.iloc[0] == slept.end_ns.iloc[0]
+    assert waited.end_ns.iloc[0] >= out["spun"] - 1 * MS           # until the spinner let go
+    assert int(waited.end_ns.iloc[0] - waited.start_ns.iloc[0]) >= 50 * MS

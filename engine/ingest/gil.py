@@ -75,7 +75,9 @@ def events_to_intervals(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray, 
     same = th[1:] == th[:-1]
     first, second = k[:-1], k[1:]
     released = same & (first == GIL_DROP) & ((second == GIL_TAKE_REQUEST) | (second == GIL_TAKE_ACQUIRED))
-    waiting = same & (first == GIL_TAKE_REQUEST) & (second == GIL_TAKE_ACQUIRED)
+    # A take that did not wait has its request and its acquisition at one time (the probe's
+    # lazy request, docs/probe.md): no waiting interval for it.
+    waiting = same & (first == GIL_TAKE_REQUEST) & (second == GIL_TAKE_ACQUIRED) & (t[1:] > t[:-1])
     keep = released | waiting
     state = np.where(released[keep], 0, 1)
     df = pd.DataFrame(

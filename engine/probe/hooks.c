@@ -3,6 +3,7 @@
 #include "hooks.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <link.h>
 #include <stdint.h>
 #include <linux/membarrier.h>
@@ -107,40 +108,44 @@ int tandem_hooks_clock_is_tsc(void) {
     return stamp_tsc;
 }
 
-static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid) {
+/* PAIR: also a TAKE_REQUEST record, before KIND (TAKE_ACQUIRED) and with the same time: a
+ * take that did not wait (see "Lazy take request" below). */
+static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid, int pair) {
     s->in_stamp = 1;
     if (__builtin_expect(membarrier_ready != 1, 0)) __atomic_thread_fence(__ATOMIC_SEQ_CST);
     else __asm__ volatile("" ::: "memory");
     tandem_ring *ring = active_ring;
     if (ring != NULL) {
-        tandem_ring_emit_gil_fast(ring, hot.ring_id, kind, tid, stamp_time());
-        s->events++;
+        uint64_t t = stamp_time();
+        if (pair) tandem_ring_emit_gil_fast(ring, hot.ring_id, TANDEM_GIL_TAKE_REQUEST, tid, t);
+        tandem_ring_emit_gil_fast(ring, hot.ring_id, kind, tid, t);
+        s->events += 1 + (pair != 0);
     }
     __asm__ volatile("" ::: "memory");
     s->in_stamp = 0;
 }
 
-/* Every case of tandem_stamp: the first stamp of a thread, no membarrier, the
- * clock_gettime clock, an emit that needs the ring's full path (a new ring, the shared
- * lane, a lane past its room limit). */
-static __attribute__((noinline)) void stamp_general(uint16_t kind) {
+/* Every case of the stamp: the first stamp of a thread, no membarrier, the clock_gettime
+ * clock, an emit that needs the ring's full path (a new ring, the shared lane, a lane past
+ * its room limit). */
+static __attribute__((noinline)) void stamp_general(uint16_t kind, int pair) {
     tandem_thread_slot *s = my_slot;
     if (__builtin_expect(s == NULL, 0)) {
         s = slot_for_this_thread();
         if (s == NULL) return;
     }
-    stamp_with(s, kind, s->tid);
+    stamp_with(s, kind, s->tid, pair);
 }
 
-/* The common case inline, as a leaf function (no call, no register to save and restore:
- * everything else is a tail call to stamp_general): TSC clock, membarrier, a thread that
- * has its slot and a private lane with room in the active ring. Same protocol as
- * stamp_with; leaving the fast path lowers in_stamp before stamp_general raises it again
- * and re-reads the ring, which is the protocol from the start. */
-void tandem_stamp(uint16_t kind) {
+/* The common case inline (no call, no register to save and restore in the callers' leaf
+ * functions: everything else is a tail call to stamp_general): TSC clock, membarrier, a
+ * thread that has its slot and a private lane with room in the active ring. Same protocol
+ * as stamp_with; leaving the fast path lowers in_stamp before stamp_general raises it
+ * again and re-reads the ring, which is the protocol from the start. */
+static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind, int pair) {
     tandem_thread_slot *s = my_slot;
     if (__builtin_expect(s == NULL || membarrier_ready != 1 || !stamp_tsc, 0)) {
-        stamp_general(kind);
+        stamp_general(kind, pair);
         return;
     }
     s->in_stamp = 1;
@@ -149,17 +154,81 @@ void tandem_stamp(uint16_t kind) {
     if (ring != NULL) {
         lane_cache *c = &tandem_my_lane;
         uint64_t t = tandem_rdtsc();
-        if (__builtin_expect(c->ring_id != hot.ring_id || c->head >= c->limit, 0)) {
+        if (__builtin_expect(c->ring_id != hot.ring_id || c->head + (uint64_t)(pair != 0) >= c->limit, 0)) {
             __asm__ volatile("" ::: "memory");
             s->in_stamp = 0;
-            stamp_general(kind);
+            stamp_general(kind, pair);
             return;
         }
+        if (pair) tandem_lane_write(c, TANDEM_GIL_TAKE_REQUEST, s->tid, t);
         tandem_lane_write(c, kind, s->tid, t);
-        s->events++;
+        s->events += 1 + (pair != 0);
     }
     __asm__ volatile("" ::: "memory");
     s->in_stamp = 0;
+}
+
+void tandem_stamp(uint16_t kind) {
+    stamp_fast(kind, 0);
+}
+
+/* ---- Lazy take request --------------------------------------------------------------
+ * A take of the GIL that does not wait is the common case (every Py_END_ALLOW_THREADS of
+ * an uncontended program): its request and its acquisition are tens of ns apart, the
+ * time to lock gil->mutex and see `locked` clear. Rather than read the clock at take_gil's
+ * entry and again at its return, the entry only notes that this thread is in a take; the
+ * request is stamped, with a clock read of its own, at the moment the take starts to wait:
+ * when locking gil->mutex finds it busy (pthread_mutex_lock: a trylock first) or at the
+ * first wait on gil->cond (pthread_cond_timedwait), both reached through the interpreter's
+ * GOT. A take that never waited writes its request and its acquisition at return with one
+ * clock read, the same time for both. So every take still yields a TAKE_REQUEST and a
+ * TAKE_ACQUIRED record, a waiting thread is visible as waiting while it waits (a live
+ * reader sees its request), and a take saves one clock read when it did not wait. Where
+ * the interpreter's object has no GOT slot for both functions, the request is stamped at
+ * entry as before (lazy_request 0). */
+
+enum { TAKE_NONE, TAKE_ENTERED, TAKE_LOCKED, TAKE_STAMPED };
+static __thread int take_state __attribute__((tls_model("initial-exec")));
+static int lazy_request;   /* set while no hook runs (install), read by the hooks */
+
+static inline __attribute__((always_inline)) void take_entered(void) {
+    if (__builtin_expect(lazy_request, 1)) {
+        take_state = TAKE_ENTERED;
+    } else {
+        stamp_fast(TANDEM_GIL_TAKE_REQUEST, 0);
+        take_state = TAKE_STAMPED;
+    }
+}
+
+static inline __attribute__((always_inline)) void take_returned(void) {
+    int pair = take_state != TAKE_STAMPED;
+    take_state = TAKE_NONE;
+    stamp_fast(TANDEM_GIL_TAKE_ACQUIRED, pair);
+}
+
+/* The first lock in a take is gil->mutex's (every version here locks it first). */
+typedef int (*mutex_lock_fn)(pthread_mutex_t *);
+typedef int (*cond_timedwait_fn)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
+static mutex_lock_fn real_mutex_lock;
+static cond_timedwait_fn real_cond_timedwait;
+
+static int mutex_lock_hook(pthread_mutex_t *mutex) {
+    if (__builtin_expect(take_state == TAKE_ENTERED, 0)) {
+        take_state = TAKE_LOCKED;
+        int rc = pthread_mutex_trylock(mutex);
+        if (rc != EBUSY) return rc == 0 ? 0 : real_mutex_lock(mutex);
+        take_state = TAKE_STAMPED;
+        stamp_fast(TANDEM_GIL_TAKE_REQUEST, 0);   /* about to block on gil->mutex */
+    }
+    return real_mutex_lock(mutex);
+}
+
+static int cond_timedwait_hook(pthread_cond_t *cond, pthread_mutex_t *mutex, const struct timespec *deadline) {
+    if (__builtin_expect(take_state == TAKE_ENTERED || take_state == TAKE_LOCKED, 0)) {
+        take_state = TAKE_STAMPED;
+        stamp_fast(TANDEM_GIL_TAKE_REQUEST, 0);   /* the GIL is held by another thread */
+    }
+    return real_cond_timedwait(cond, mutex, deadline);
 }
 
 void tandem_stamp_for(uint16_t kind, uint32_t tid) {
@@ -168,7 +237,7 @@ void tandem_stamp_for(uint16_t kind, uint32_t tid) {
         s = slot_for_this_thread();
         if (s == NULL) return;
     }
-    stamp_with(s, kind, tid);
+    stamp_with(s, kind, tid, 0);
 }
 
 /* Called before any hook can run (install) and before a ring is set. */
@@ -226,9 +295,9 @@ static tandem_patch take_patches[TANDEM_MAX_COPIES], drop_patches[TANDEM_MAX_COP
 #define TAKE_GIL_HOOK(i)                                                                             \
     static uintptr_t take_gil_hook_##i(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d, uintptr_t e, \
                                        uintptr_t f) {                                                \
-        tandem_stamp(TANDEM_GIL_TAKE_REQUEST);                                                       \
+        take_entered();                                                                              \
         uintptr_t result = ((six_register_fn)take_patches[i].original)(a, b, c, d, e, f);            \
-        tandem_stamp(TANDEM_GIL_TAKE_ACQUIRED);                                                      \
+        take_returned();                                                                             \
         return result;                                                                               \
     }
 #define DROP_GIL_HOOK(i)                                                                             \
@@ -272,6 +341,9 @@ static int patch_all(const char *name, tandem_patch *patches, void *const *hooks
     return n;
 }
 
+static pthread_mutex_t got_mutex;
+static void install_lazy_request(void);
+
 int tandem_hooks_install_precise(char *err, size_t errlen) {
     ensure_membarrier();
     /* Decode both before patching either, so a refusal leaves nothing half-installed. */
@@ -283,6 +355,9 @@ int tandem_hooks_install_precise(char *err, size_t errlen) {
         return -1;
     }
     patched_functions = drops + takes;
+    pthread_mutex_lock(&got_mutex);
+    install_lazy_request();
+    pthread_mutex_unlock(&got_mutex);
     return 0;
 }
 
@@ -306,9 +381,9 @@ static void *save_thread_hook(void) {
 }
 
 static void restore_thread_hook(void *tstate) {
-    tandem_stamp(TANDEM_GIL_TAKE_REQUEST);
+    take_entered();
     real_restore_thread(tstate);
-    tandem_stamp(TANDEM_GIL_TAKE_ACQUIRED);
+    take_returned();
 }
 
 #define MAX_GOT_SLOTS 1024
@@ -361,12 +436,15 @@ typedef struct {
     void *replacement;
     object_range interpreter; /* the object holding the interpreter (empty: not counted) */
     int interpreter_slots;    /* of the slots seen, those in that object                  */
+    int interpreter_only;     /* patch the slots in that object only                      */
 } got_ctx;
 
 static void patch_slot(void **slot, int in_relro, const char *object, void *ctx) {
     (void)object;
     got_ctx *c = ctx;
-    if ((uintptr_t)slot >= c->interpreter.start && (uintptr_t)slot < c->interpreter.end) c->interpreter_slots++;
+    int in_interpreter = (uintptr_t)slot >= c->interpreter.start && (uintptr_t)slot < c->interpreter.end;
+    if (in_interpreter) c->interpreter_slots++;
+    else if (c->interpreter_only) return;
     if (got_patch_count >= MAX_GOT_SLOTS || *slot == c->replacement) return;
     got_patches[got_patch_count++] = (got_patch){slot, *slot, in_relro};
     write_slot(slot, c->replacement, in_relro);
@@ -379,8 +457,9 @@ static void *dlopen_hook(const char *file, int mode);
 static int patch_exported_slots(void) {
     object_range interpreter = {(uintptr_t)interpreter_anchor(), 0, 0};
     dl_iterate_phdr(range_cb, &interpreter);
-    got_ctx save_ctx = {(void *)save_thread_hook, interpreter, 0}, restore_ctx = {(void *)restore_thread_hook, {0, 0, 0}, 0};
-    got_ctx dlopen_ctx = {(void *)dlopen_hook, {0, 0, 0}, 0};
+    got_ctx save_ctx = {(void *)save_thread_hook, interpreter, 0, 0};
+    got_ctx restore_ctx = {(void *)restore_thread_hook, {0, 0, 0}, 0, 0};
+    got_ctx dlopen_ctx = {(void *)dlopen_hook, {0, 0, 0}, 0, 0};
     tandem_for_each_got_slot("PyEval_SaveThread", patch_slot, &save_ctx);
     tandem_for_each_got_slot("PyEval_RestoreThread", patch_slot, &restore_ctx);
     tandem_for_each_got_slot("dlopen", patch_slot, &dlopen_ctx);
@@ -401,6 +480,33 @@ static void *dlopen_hook(const char *file, int mode) {
     return handle;
 }
 
+/* Lazy take request (above): the interpreter's own GOT slots of pthread_mutex_lock and
+ * pthread_cond_timedwait (take_gil's; extension modules' slots are left alone). The
+ * functions are looked up with dlsym, never taken from a slot: a lazily bound slot holds
+ * the PLT stub, whose resolver would write the real address over our hook. Called with
+ * got_mutex held, after the take/drop hooks are in place. */
+static void install_lazy_request(void) {
+    real_mutex_lock = (mutex_lock_fn)dlsym(RTLD_DEFAULT, "pthread_mutex_lock");
+    real_cond_timedwait = (cond_timedwait_fn)dlsym(RTLD_DEFAULT, "pthread_cond_timedwait");
+    if (!real_mutex_lock || !real_cond_timedwait) return;
+    object_range interpreter = {(uintptr_t)interpreter_anchor(), 0, 0};
+    dl_iterate_phdr(range_cb, &interpreter);
+    if (interpreter.end == 0) return;
+    got_ctx lock_ctx = {(void *)mutex_lock_hook, interpreter, 0, 1};
+    got_ctx wait_ctx = {(void *)cond_timedwait_hook, interpreter, 0, 1};
+    /* Only the slots of the interpreter's object count, which are the only ones patched;
+     * both functions or neither, so undo a half install. */
+    int before = got_patch_count;
+    tandem_for_each_got_slot("pthread_mutex_lock", patch_slot, &lock_ctx);
+    tandem_for_each_got_slot("pthread_cond_timedwait", patch_slot, &wait_ctx);
+    if (lock_ctx.interpreter_slots == 0 || wait_ctx.interpreter_slots == 0) {
+        for (int i = got_patch_count - 1; i >= before; i--) write_slot(got_patches[i].slot, got_patches[i].old_value, got_patches[i].in_relro);
+        got_patch_count = before;
+        return;
+    }
+    __atomic_store_n(&lazy_request, 1, __ATOMIC_SEQ_CST);
+}
+
 int tandem_hooks_install_exported(char *err, size_t errlen) {
     ensure_membarrier();
     real_save_thread = (save_thread_fn)dlsym(RTLD_DEFAULT, "PyEval_SaveThread");
@@ -413,6 +519,7 @@ int tandem_hooks_install_exported(char *err, size_t errlen) {
     pthread_mutex_lock(&got_mutex);
     exported_installed = 1;
     int in_interpreter = patch_exported_slots();
+    if (in_interpreter) install_lazy_request();
     pthread_mutex_unlock(&got_mutex);
     if (in_interpreter == 0) {
         /* A static or LTO build (e.g. Debian's /usr/bin/python3) calls PyEval_SaveThread
@@ -436,6 +543,7 @@ void tandem_hooks_uninstall(void) {
     patched_functions = 0;
     pthread_mutex_lock(&got_mutex);
     exported_installed = 0;
+    __atomic_store_n(&lazy_request, 0, __ATOMIC_SEQ_CST); /* before its slots go back */
     for (int i = got_patch_count - 1; i >= 0; i--) write_slot(got_patches[i].slot, got_patches[i].old_value, got_patches[i].in_relro);
     got_patch_count = 0;
     pthread_mutex_unlock(&got_mutex);
