@@ -10,10 +10,18 @@ JFR repository re-read, as before), same workload, same machine, back to back.
   repository by design and are counted apart, not in the percentiles.
 - Anchor: the ring's own commit-to-reader latency in the same run, measured by a tailer in
   this process polling pauses.ring every 20 ms (JFR delivers at its flushes: about 1 s).
-- Cost: tandem live's own peak RSS (VmHWM) at 1/3, 2/3 and the end of the run; its CPU
-  seconds (user + system); both from /proc every 0.1 s (the last sample before exit).
+- Where the time goes: `polled_ns` (tandem live read the ring) and `arrived_ns` (the row was
+  in the join, its pairs with every GIL interval arrived so far emitted), minus the pause end.
+- Cost: tandem live's own RSS (VmRSS) and peak RSS (VmHWM) at 1/3, 2/3 and the end of the
+  run; its CPU seconds (user + system); from /proc every 0.1 s (the last sample before exit).
+- Soak: a longer run with the pause ring and a busy producer (`--gc-period 0.25`, four
+  request threads): RSS at 1/3, 2/3 and the end, the median RSS of each third and the growth
+  from the middle third to the last (MiB/min; also the least-squares slope), and whether the live overlaps equal an offline
+  `tandem analyze` of the same session (as tests/test_live.py compares them).
 
-TANDEM_BENCH_LIVE_SECONDS (default 60) sets the workload's length.
+TANDEM_BENCH_LIVE_SECONDS (default 60) sets the latency runs' length,
+TANDEM_BENCH_LIVE_SOAK_SECONDS (default 300; 0 skips it) the soak's,
+TANDEM_BENCH_LIVE_BEFORE=0 skips the repository-only run.
 """
 from __future__ import annotations
 
@@ -30,18 +38,25 @@ import numpy as np
 from bench import Row
 
 SECONDS = float(os.environ.get("TANDEM_BENCH_LIVE_SECONDS", "60"))
+SOAK_SECONDS = float(os.environ.get("TANDEM_BENCH_LIVE_SOAK_SECONDS", "300"))
+BEFORE = os.environ.get("TANDEM_BENCH_LIVE_BEFORE", "1") != "0"
+SOAK_SLOPE_BAR = 2.0  # MiB per minute, median RSS of the middle third -> the last third
 BAR_P99_S = 1.3
 RING_KINDS = ("safepoint", "gc_pause", "gc")
 
 
-def _hwm_kib(pid: int) -> int | None:
+def _status_kib(pid: int, field: str = "VmHWM") -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     except OSError:
         return None
     return None
+
+
+def _hwm_kib(pid: int) -> int | None:
+    return _status_kib(pid, "VmHWM")
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -75,13 +90,13 @@ def _tail_ring(session: Path, stop: threading.Event, lat_ns: list[int]) -> None:
         stop.wait(0.02)
 
 
-def run_once(ring: bool, seconds: float, workdir: Path) -> dict:
+def run_once(ring: bool, seconds: float, workdir: Path, workload: tuple[str, ...] = (), name: str | None = None) -> dict:
     import pandas as pd
 
-    session = workdir / ("ring" if ring else "repository")
+    session = workdir / (name or ("ring" if ring else "repository"))
     argv = [sys.executable, "-c", "from engine.commands import main; main()", "live", "--session", str(session),
-            "--pause-ring" if ring else "--no-pause-ring", "--",
-            sys.executable, "-m", "engine.demo.workload", "--seconds", f"{seconds:g}"]
+            "--pause-ring" if ring else "--no-pause-ring", "--roll", "10s", "--",
+            sys.executable, "-m", "engine.demo.workload", "--seconds", f"{seconds:g}", *workload]
     stop, anchor = threading.Event(), []
     tail = threading.Thread(target=_tail_ring, args=(session, stop, anchor), daemon=True)
     tail.start()
@@ -89,19 +104,23 @@ def run_once(ring: bool, seconds: float, workdir: Path) -> dict:
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # tandem live's own figures (not its children's: the workload and the JVM), sampled
     # every 0.1 s from /proc until it exits; the last sample stands for the end.
-    rss, marks, last = [], [seconds / 3, 2 * seconds / 3], (None, 0.0)
+    hwm, rss, marks, last = [], [], [seconds / 3, 2 * seconds / 3], (None, 0.0, None)
+    trace = []  # (seconds since start, VmRSS MiB)
     err_chunks = []
     reader = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)
     reader.start()
     while proc.poll() is None:
-        hwm, cpu = _hwm_kib(proc.pid), _cpu_s(proc.pid)
-        if hwm is not None:
-            last = (hwm, cpu if cpu is not None else last[1])
+        peak, cpu, now_rss = _hwm_kib(proc.pid), _cpu_s(proc.pid), _status_kib(proc.pid, "VmRSS")
+        if peak is not None:
+            last = (peak, cpu if cpu is not None else last[1], now_rss)
+            trace.append((time.monotonic() - began, now_rss / 1024 if now_rss else float("nan")))
         if marks and time.monotonic() - began >= marks[0]:
             marks.pop(0)
-            rss.append(last[0])
+            hwm.append(last[0])
+            rss.append(last[2])
         time.sleep(0.1)
-    rss += [None] * (2 - len(rss)) + [last[0]]
+    hwm += [None] * (2 - len(hwm)) + [last[0]]
+    rss += [None] * (2 - len(rss)) + [last[2]]
     reader.join(5)
     err = "".join(err_chunks)
     stop.set()
@@ -112,40 +131,96 @@ def run_once(ring: bool, seconds: float, workdir: Path) -> dict:
     pauses = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
     pauses = pauses[pauses["kind"].astype(str).isin(RING_KINDS)]
     lat = (pauses["arrived_ns"].astype("int64") - pauses["end_ns"].astype("int64")).to_numpy() / 1e9
+    polled = (pauses["polled_ns"].astype("int64") - pauses["end_ns"].astype("int64")).to_numpy() / 1e9 \
+        if "polled_ns" in pauses.columns else lat
     # With the ring: rows the ring never had (start-up) come from the repository, late; they
     # are the ones carrying the repository's clock_offset_ns.
     start_up = np.zeros(len(lat), dtype=bool)
     if ring and "clock_offset_ns" in pauses.columns:
         start_up = pauses["clock_offset_ns"].notna().to_numpy()
     return {
-        "lat": lat[~start_up], "late_start_up": int(start_up.sum()), "anchor": np.array(anchor) / 1e9,
-        "rss_mib": [None if r is None else r / 1024 for r in rss], "cpu_s": last[1],
+        "lat": lat[~start_up], "polled": polled[~start_up], "late_start_up": int(start_up.sum()),
+        "anchor": np.array(anchor) / 1e9, "session": session, "trace": trace,
+        "rss_mib": [None if r is None else r / 1024 for r in rss],
+        "hwm_mib": [None if r is None else r / 1024 for r in hwm], "cpu_s": last[1],
         "wall_s": time.monotonic() - began, "pauses": len(pauses),
     }
 
 
+def _thirds_mib(trace: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """Median RSS over each third of the run (robust to the allocator's sawtooth)."""
+    t = np.array([x for x, _ in trace])
+    m = np.array([y for _, y in trace])
+    edges = [0, t.max() / 3, 2 * t.max() / 3, t.max() + 1]
+    return tuple(float(np.nanmedian(m[(t >= a) & (t < b)])) for a, b in zip(edges, edges[1:]))
+
+
+def _slope_mib_per_min(trace: list[tuple[float, float]]) -> float:
+    """Least-squares RSS slope over the last two thirds of the run (after warm-up)."""
+    t = np.array([x for x, _ in trace])
+    m = np.array([y for _, y in trace])
+    keep = (t >= t.max() / 3) & np.isfinite(m)
+    if keep.sum() < 3:
+        return float("nan")
+    return float(np.polyfit(t[keep] / 60.0, m[keep], 1)[0])
+
+
+def _equals_offline(session: Path) -> tuple[bool, int]:
+    """Live overlaps == offline `analyze` of the same session (pairs matched as the tests do)."""
+    from engine.analysis import analyze_session
+    from engine.live.writer import read_parts
+    from tests.test_live import _on_ring_alignment, _pause_keys
+
+    live_pauses, live_overlaps = read_parts(session / "live", "pauses"), read_parts(session / "live", "overlaps")
+    offline = analyze_session(session)
+    rebased = _on_ring_alignment(offline.pauses, live_pauses)
+    live_pairs, offline_pairs = _pause_keys(live_pauses, live_overlaps), _pause_keys(rebased, offline.overlaps)
+    return live_pairs == offline_pairs, len(offline_pairs)
+
+
 def main(console) -> list[Row]:
     seconds = SECONDS
-    with tempfile.TemporaryDirectory(prefix="tandem-bench-live-") as tmp:
-        before = run_once(False, seconds, Path(tmp))
-        after = run_once(True, seconds, Path(tmp))
-    rows = []
     p = lambda a, q: float(np.percentile(a, q)) if len(a) else float("nan")  # noqa: E731
-    for label, r in (("before: JFR repository", before), ("after: pause ring", after)):
-        console.print(f"{label}: {r['pauses']} pauses ({r['late_start_up']} start-up ones joined late), "
-                      f"latency p50 {p(r['lat'], 50):.3f} s p99 {p(r['lat'], 99):.3f} s max {p(r['lat'], 100):.3f} s; "
-                      f"ring commit-to-reader p50 {p(r['anchor'], 50):.3f} s p99 {p(r['anchor'], 99):.3f} s; "
-                      f"max RSS MiB at 1/3, 2/3, end {r['rss_mib']}; CPU {r['cpu_s']:.2f} s over {r['wall_s']:.1f} s")
-    a = after
-    anchor99 = p(a["anchor"], 99) if len(a["anchor"]) else 1.0
-    rows.append(Row("live", f"pause end -> live row p99, pause ring ({seconds:g} s run) vs ring commit p99",
-                    p(a["lat"], 99), anchor99, "s", f"<= {BAR_P99_S} s", p(a["lat"], 99) <= BAR_P99_S))
-    rows.append(Row("live", "pause end -> live row p50, pause ring vs ring commit p50",
-                    p(a["lat"], 50), p(a["anchor"], 50), "s", "report", True))
-    rows.append(Row("live", "pause end -> live row p99, before (repository) vs JFR flush floor 1 s",
-                    p(before["lat"], 99), 1.0, "s", f"<= {BAR_P99_S} s", p(before["lat"], 99) <= BAR_P99_S))
-    rss = [r for r in a["rss_mib"] if r is not None]
-    rows.append(Row("live", "tandem live max RSS end vs at 1/3 (flat?)", rss[-1], rss[0], "MiB", "<= 1.2x",
-                    rss[-1] <= 1.2 * rss[0]))
-    rows.append(Row("live", "tandem live CPU seconds, pause ring vs repository", a["cpu_s"], before["cpu_s"], "s", "report", True))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-live-") as tmp:
+        before = run_once(False, seconds, Path(tmp)) if BEFORE else None
+        after = run_once(True, seconds, Path(tmp))
+        for label, r in (("before: JFR repository", before), ("after: pause ring", after)):
+            if r is None:
+                continue
+            console.print(f"{label}: {r['pauses']} pauses ({r['late_start_up']} start-up ones joined late), "
+                          f"latency p50 {p(r['lat'], 50):.3f} s p99 {p(r['lat'], 99):.3f} s max {p(r['lat'], 100):.3f} s "
+                          f"(read from the ring: p50 {p(r['polled'], 50):.3f} s p99 {p(r['polled'], 99):.3f} s); "
+                          f"ring commit-to-reader p50 {p(r['anchor'], 50):.3f} s p99 {p(r['anchor'], 99):.3f} s; "
+                          f"RSS MiB at 1/3, 2/3, end {[None if x is None else round(x) for x in r['rss_mib']]} "
+                          f"(max {[None if x is None else round(x) for x in r['hwm_mib']]}); "
+                          f"CPU {r['cpu_s']:.2f} s over {r['wall_s']:.1f} s; load {open('/proc/loadavg').read().split()[0]}")
+        a = after
+        anchor99 = p(a["anchor"], 99) if len(a["anchor"]) else 1.0
+        rows.append(Row("live", f"pause end -> live row p99, pause ring ({seconds:g} s run) vs ring commit p99",
+                        p(a["lat"], 99), anchor99, "s", f"<= {BAR_P99_S} s", p(a["lat"], 99) <= BAR_P99_S))
+        rows.append(Row("live", "pause end -> live row p50, pause ring vs ring commit p50",
+                        p(a["lat"], 50), p(a["anchor"], 50), "s", "report", True))
+        if before is not None:
+            rows.append(Row("live", "pause end -> live row p99, before (repository) vs JFR flush floor 1 s",
+                            p(before["lat"], 99), 1.0, "s", f"<= {BAR_P99_S} s", p(before["lat"], 99) <= BAR_P99_S))
+            rows.append(Row("live", "tandem live CPU seconds, pause ring vs repository", a["cpu_s"], before["cpu_s"], "s",
+                            "report", True))
+        if SOAK_SECONDS > 0:
+            soak = run_once(True, SOAK_SECONDS, Path(tmp), ("--gc-period", "0.25", "--request-threads", "4"), name="soak")
+            slope = _slope_mib_per_min(soak["trace"])
+            thirds = _thirds_mib(soak["trace"])
+            # Growth per minute from the middle third to the last (medians): after warm-up.
+            per_min = (thirds[2] - thirds[1]) / (SOAK_SECONDS / 3 / 60)
+            equal, pairs = _equals_offline(soak["session"])
+            rss = soak["rss_mib"]
+            console.print(f"soak {SOAK_SECONDS:g} s: {soak['pauses']} pauses; RSS MiB at 1/3, 2/3, end "
+                          f"{[None if x is None else round(x, 1) for x in rss]}; median RSS per third "
+                          f"{[round(x, 1) for x in thirds]} ({per_min:+.2f} MiB/min middle -> last third); "
+                          f"least-squares slope over the last 2/3 {slope:.2f} MiB/min; "
+                          f"latency p50 {p(soak['lat'], 50):.3f} s p99 {p(soak['lat'], 99):.3f} s; "
+                          f"CPU {soak['cpu_s']:.1f} s; overlaps equal offline: {equal} ({pairs} pairs)")
+            rows.append(Row("live", f"soak {SOAK_SECONDS:g} s: median RSS last third vs middle third ({per_min:+.2f} MiB/min)",
+                            thirds[2], thirds[1], "MiB", f"<= {SOAK_SLOPE_BAR} MiB/min, equal offline",
+                            per_min <= SOAK_SLOPE_BAR and equal))
     return rows

@@ -46,8 +46,10 @@ def live(
     if roll_ns <= 0:
         raise typer.BadParameter("--roll must be positive")
     # The in-process JVM that reads JFR: started here, in the main thread, before any signal
-    # handler of ours; -Xrs keeps it from handling SIGINT/SIGTERM itself.
-    jvm.start_jvm(extra_options=("-Xrs",))
+    # handler of ours; -Xrs keeps it from handling SIGINT/SIGTERM itself. A small initial heap:
+    # the default (1/64 of RAM) is touched page by page as the repository re-reads allocate,
+    # and RSS climbs for minutes; reading a chunk needs far less than the bound.
+    jvm.start_jvm(extra_options=("-Xrs", "-Xms24m", "-Xmx512m"))
 
     if not command_mode:
         if len(args) != 1:

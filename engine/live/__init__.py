@@ -5,7 +5,8 @@ Responsibilities, one module each:
   process, a pause ring or the JFR repository per JVM (chosen automatically);
 - intervals: GIL events arriving in batches -> released/waiting intervals;
 - watermark: how far both streams are complete (the slower one bounds it);
-- join: WindowedJoin + a lane for late rows, and the rolling summary;
+- join: the windowed join (offline pair code) + a lane for late rows;
+- impact: pause_impact, gil_free and the rolling summary, finalized as the watermark passes;
 - writer: rolling Parquet parts, each file atomic;
 - view: rich Live (or plain lines without a terminal);
 - alerts: `--alert-overlap` lines, JSON lines, user command;

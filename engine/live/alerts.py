@@ -12,6 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 
@@ -26,30 +27,51 @@ class Alerts:
         self.count = 0
 
     def check(self, join, pause_ids) -> list[dict]:
-        """Alerts for the pauses among PAUSE_IDS (those whose overlaps just changed)."""
-        if self.overlap_ns is None or join.pauses is None or len(pause_ids) == 0:
+        """Alerts for the pending pauses among PAUSE_IDS (those whose overlaps just changed),
+        from the overlaps known so far."""
+        pending = join.impact.pending
+        if self.overlap_ns is None or pending is None or len(pause_ids) == 0:
             return []
         ids = [int(i) for i in pd.unique(pd.Series(pause_ids)) if int(i) not in self.fired]
         if not ids:
             return []
         totals = join.pause_overlap_ns(ids)
         over = totals[totals > self.overlap_ns]
+        if over.empty:
+            return []
+        rows = join.impact.pending_overlaps_frame()
+        pauses = pending.set_index("pause_id")
         alerts = []
-        pauses = join.pauses.set_index("pause_id")
         for pause_id, overlap in over.items():
-            self.fired.add(int(pause_id))
-            pause = pauses.loc[pause_id]
-            threads = join.overlaps[(join.overlaps["pause_id"] == pause_id) & ~join.overlaps["near_miss"].astype(bool)]
-            alert = {
-                "pause_id": int(pause_id), "kind": str(pause["kind"]), "name": str(pause["name"]),
-                "start_ns": int(pause["start_ns"]), "end_ns": int(pause["end_ns"]),
-                "duration_ns": int(pause["end_ns"] - pause["start_ns"]), "overlap_ns": int(overlap),
-                "threshold_ns": int(self.overlap_ns),
-                "threads": sorted({(int(p), int(t)) for p, t in zip(threads["pid"], threads["tid"])}),
-            }
-            alerts.append(alert)
-            self._fire(alert)
+            threads = rows[(rows["pause_id"] == pause_id) & ~rows["near_miss"].astype(bool)]
+            alerts.append(self._alert(pauses.loc[pause_id], int(pause_id), int(overlap), threads))
         return alerts
+
+    def check_final(self, join, impact: pd.DataFrame) -> list[dict]:
+        """Alerts for finalized pauses (pause_impact rows) not alerted yet: their overlap may
+        have grown with GIL intervals still open when they ended."""
+        if self.overlap_ns is None or not len(impact):
+            return []
+        over = impact[(impact["overlap_ns"].to_numpy() > self.overlap_ns)
+                      & ~np.isin(impact["pause_id"].to_numpy(), list(self.fired))]
+        rows = join.impact.last_final_overlaps
+        alerts = []
+        for row in over.itertuples(index=False):
+            threads = rows[(rows["pause_id"] == row.pause_id) & ~rows["near_miss"].astype(bool)] if rows is not None else None
+            alerts.append(self._alert(row._asdict(), int(row.pause_id), int(row.overlap_ns), threads))
+        return alerts
+
+    def _alert(self, pause, pause_id: int, overlap: int, threads) -> dict:
+        self.fired.add(pause_id)
+        alert = {
+            "pause_id": pause_id, "kind": str(pause["kind"]), "name": str(pause["name"]),
+            "start_ns": int(pause["start_ns"]), "end_ns": int(pause["end_ns"]),
+            "duration_ns": int(pause["end_ns"] - pause["start_ns"]), "overlap_ns": overlap,
+            "threshold_ns": int(self.overlap_ns),
+            "threads": sorted({(int(p), int(t)) for p, t in zip(threads["pid"], threads["tid"])}) if threads is not None else [],
+        }
+        self._fire(alert)
+        return alert
 
     def _fire(self, alert: dict) -> None:
         self.count += 1

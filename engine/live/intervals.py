@@ -68,6 +68,11 @@ class IncrementalIntervals:
         """tid -> start of the interval that thread has open (last event DROP or TAKE_REQUEST)."""
         return {tid: t for tid, (t, k) in self._last.items() if k in (GIL_DROP, GIL_TAKE_REQUEST)}
 
+    def open_intervals(self) -> list[tuple[int, int, str, int]]:
+        """(pid, tid, state, start_ns) of each interval open now (its closing event not read yet)."""
+        return [(self.pid, tid, "released" if k == GIL_DROP else "waiting", t)
+                for tid, (t, k) in self._last.items() if k in (GIL_DROP, GIL_TAKE_REQUEST)]
+
     def oldest_pending_start(self) -> int | None:
         starts = self.pending_starts()
         return min(starts.values()) if starts else None

@@ -22,9 +22,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from engine.analysis.gil_state import merge_intervals
-from engine.analysis.summary import summary_table
-from engine.join import OVERLAP_COLUMNS, WindowedJoin, check_gil, check_pauses, overlap_frame
+from engine.errors import TandemError
+from engine.join import OVERLAP_COLUMNS, overlap_frame
+from engine.join.tables import GIL_COLUMNS, PAUSE_COLUMNS
+from engine.live.impact import LiveImpact, empty_gil_free
 
 GIL_ARCHIVE_NS = 10_000_000_000
 OVERLAP_DTYPES = {"pause_id": "int64", "pid": "int64", "tid": "int64", "state": "string", "start_ns": "int64",
@@ -42,11 +43,77 @@ def _cat(frames: list[pd.DataFrame], like: pd.DataFrame | None) -> pd.DataFrame:
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
+def _normalized(df: pd.DataFrame, ints, strings) -> pd.DataFrame:
+    """A copy with int64 and string columns, converting only what is not so already (the
+    sources' own frames are; check_pauses/check_gil on every push cost more than the join)."""
+    out = df.copy() if len(df.columns) else df
+    for column in ints:
+        if out[column].dtype != np.int64:
+            if out[column].isna().any():
+                raise TandemError(f"live join: column {column!r} has missing values")
+            out[column] = out[column].astype(np.int64)
+    for column in strings:
+        if not isinstance(out[column].dtype, pd.StringDtype):
+            out[column] = out[column].astype("string")
+    if (out["end_ns"].to_numpy() < out["start_ns"].to_numpy()).any():
+        raise TandemError("live join: an interval ends before it starts")
+    return out
+
+
+def _pauses(df: pd.DataFrame) -> pd.DataFrame:
+    _require(df, PAUSE_COLUMNS)
+    out = _normalized(df, ("pause_id", "start_ns", "end_ns"), ("kind", "name"))
+    out["duration_ns"] = out["end_ns"] - out["start_ns"]
+    return out
+
+
+def _gil(df: pd.DataFrame) -> pd.DataFrame:
+    _require(df, GIL_COLUMNS)
+    return _normalized(df, ("pid", "tid", "start_ns", "end_ns"), ("state",))
+
+
+def _require(df: pd.DataFrame, columns) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise TandemError(f"live join: missing column {missing[0]!r}")
+
+
+class _Window:
+    """WindowedJoin's windowing (engine/join/frames.py) on frames the live sources already
+    checked: rows retained while something arriving later could pair with them
+    (end_ns >= watermark - slack); each pair emitted in the push bringing its second member,
+    by `overlap_frame`, the offline join code."""
+
+    def __init__(self, slack_ns: int):
+        self.slack_ns = int(slack_ns)
+        self.watermark_ns: int | None = None
+        self._pauses: pd.DataFrame | None = None
+        self._gil: pd.DataFrame | None = None
+
+    def push(self, pauses: pd.DataFrame, gil: pd.DataFrame, watermark_ns: int) -> pd.DataFrame:
+        if self._pauses is None:
+            self._pauses, self._gil = pauses.iloc[:0], gil.iloc[:0]
+        s = self.slack_ns
+        all_gil = _cat([self._gil, gil], gil)
+        parts = []
+        if len(pauses) and len(all_gil):
+            parts.append(overlap_frame(pauses, all_gil, slack_ns=s))
+        if len(self._pauses) and len(gil):
+            parts.append(overlap_frame(self._pauses, gil, slack_ns=s))
+        emitted = _cat(parts, None) if parts else empty_overlaps()
+        keep_from = int(watermark_ns) - s
+        all_pauses = _cat([self._pauses, pauses], pauses)
+        self._pauses = all_pauses[all_pauses["end_ns"].to_numpy() >= keep_from].reset_index(drop=True)
+        self._gil = all_gil[all_gil["end_ns"].to_numpy() >= keep_from].reset_index(drop=True)
+        self.watermark_ns = int(watermark_ns)
+        return emitted
+
+
 class LiveJoin:
     def __init__(self, *, slack_ns: int = 0, gil_archive_ns: int = GIL_ARCHIVE_NS):
         self.slack_ns = int(slack_ns)
         self.gil_archive_ns = int(gil_archive_ns)
-        self.windowed = WindowedJoin(slack_ns=slack_ns, pauses_source="live pauses", gil_source="live GIL intervals")
+        self.windowed = _Window(slack_ns)
         self._pause_archive: pd.DataFrame | None = None
         self._gil_archive: pd.DataFrame | None = None
         self._late_pauses: pd.DataFrame | None = None
@@ -54,9 +121,10 @@ class LiveJoin:
         self.late_gil_rows = 0
         self.late_pause_rows = 0
         self.late_pauses_beyond_archive = 0
-        # Rolling state for the summary (pauses and overlaps are small next to the GIL side).
-        self.pauses: pd.DataFrame | None = None
-        self.overlaps = empty_overlaps()
+        # pause_impact / gil_free / the rolling summary, in bounded memory (engine/live/impact.py).
+        self.impact = LiveImpact(slack_ns=slack_ns)
+        self.pause_rows = 0
+        self.overlap_rows = 0
         self.gil_intervals = 0
         self.span = [None, None]
 
@@ -65,8 +133,8 @@ class LiveJoin:
 
         keep_pauses_from_ns: the oldest start of a GIL interval still open (it will arrive
         late): pauses ending after it minus slack are archived for it."""
-        pauses = check_pauses(pauses, "live pauses")
-        gil, _ = check_gil(gil, "live GIL intervals")
+        pauses = _pauses(pauses)
+        gil = _gil(gil)
         w0 = self.windowed.watermark_ns
         if w0 is None:
             on_p, late_p, on_g, late_g = pauses, pauses.iloc[:0], gil, gil.iloc[:0]
@@ -106,14 +174,12 @@ class LiveJoin:
         self._account(pauses, gil, emitted)
         return emitted
 
-    # ---- rolling summary -----------------------------------------------------------------
+    # ---- pause_impact, gil_free, the rolling summary --------------------------------------
 
     def _account(self, pauses: pd.DataFrame, gil: pd.DataFrame, emitted: pd.DataFrame) -> None:
-        if len(pauses):
-            cols = ["pause_id", "kind", "name", "start_ns", "end_ns", "duration_ns"]
-            self.pauses = _cat([self.pauses, pauses[cols]], pauses[cols])
-        if len(emitted):
-            self.overlaps = _cat([self.overlaps, emitted], emitted)
+        self.impact.add(pauses, gil, emitted)
+        self.pause_rows += len(pauses)
+        self.overlap_rows += len(emitted)
         self.gil_intervals += len(gil)
         for frame in (pauses, gil):
             if len(frame):
@@ -121,32 +187,43 @@ class LiveJoin:
                 self.span[0] = lo if self.span[0] is None else min(self.span[0], lo)
                 self.span[1] = hi if self.span[1] is None else max(self.span[1], hi)
 
-    def pause_overlap_ns(self, pause_ids=None) -> pd.Series:
-        """Per pause_id: time of the pause during which at least one Python thread was released
-        or waiting, from the overlaps known so far (pause_impact.overlap_ns)."""
-        exact = self.overlaps[~self.overlaps["near_miss"].astype(bool)]
-        if pause_ids is not None:
-            exact = exact[exact["pause_id"].isin(pause_ids)]
-        if exact.empty:
-            return pd.Series(dtype=np.int64)
-        union = merge_intervals(exact, ["pause_id"])
-        return (union["end_ns"] - union["start_ns"]).groupby(union["pause_id"]).sum()
+    def finalize(self, open_intervals=(), final: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """pause_impact and gil_free rows that became final (engine/live/impact.py), and the
+        overlaps rows of the finalized pauses with the GIL intervals open now."""
+        job = self.prepare_final(open_intervals, final)
+        if job is None:
+            return self.impact._empty_impact(), empty_gil_free(), empty_overlaps()
+        impact, free = self.impact.compute(job)
+        return impact, free, job.get("virtual_pairs") if job.get("virtual_pairs") is not None else empty_overlaps()
 
-    def impact(self) -> pd.DataFrame:
-        """A light pause_impact: overlap columns only (no holding, gil_free or amplification live)."""
-        pauses = self.pauses if self.pauses is not None else pd.DataFrame(
-            {"pause_id": pd.Series([], dtype="int64"), "kind": pd.Series([], dtype="string"),
-             "name": pd.Series([], dtype="string"), "start_ns": pd.Series([], dtype="int64"),
-             "end_ns": pd.Series([], dtype="int64"), "duration_ns": pd.Series([], dtype="int64")})
-        out = pauses.reset_index(drop=True).copy()
-        ids = out["pause_id"].to_numpy()
-        out["overlap_ns"] = self.pause_overlap_ns().reindex(ids, fill_value=0).to_numpy(np.int64)
-        out["hit_python"] = out["overlap_ns"] > 0
-        near = self.overlaps[self.overlaps["near_miss"].astype(bool)].groupby("pause_id").size()
-        out["near_misses"] = near.reindex(ids, fill_value=0).to_numpy(np.int64)
-        out["amplified"] = False
-        return out
+    def prepare_final(self, open_intervals=(), final: bool = False) -> dict | None:
+        """`LiveImpact.prepare` + `forget_finalized`: the job for `LiveImpact.compute`."""
+        w = self.windowed.watermark_ns
+        job = self.impact.prepare(w if w is not None else -(1 << 62), list(open_intervals), final=final)
+        if job is not None:
+            self.forget_finalized(job)
+        return job
+
+    def forget_finalized(self, job: dict) -> None:
+        """Finalized pauses leave the late lane's archive: their pairs with every GIL interval
+        that can still arrive late (those open now) are the job's `virtual_pairs`, emitted by
+        the caller. Without this the archive kept every pause back to the oldest interval
+        still open (a main thread blocked for the whole run: every pause of the run)."""
+        batch = job.get("batch")
+        pairs = job.get("virtual_pairs")
+        if pairs is not None and len(pairs):
+            self.overlap_rows += len(pairs)
+        if batch is None or self._pause_archive is None or not len(self._pause_archive):
+            return
+        gone = np.isin(self._pause_archive["pause_id"].to_numpy(), batch["pause_id"].to_numpy())
+        if gone.any():
+            self._pause_archive = self._pause_archive[~gone].reset_index(drop=True)
+
+    def pause_overlap_ns(self, pause_ids=None) -> pd.Series:
+        """Per pending pause_id: time of the pause during which at least one Python thread was
+        released or waiting, from the overlaps known so far (pause_impact.overlap_ns)."""
+        return self.impact.pending_overlap_ns(pause_ids)
 
     def summary(self) -> pd.DataFrame:
         span = (self.span[1] - self.span[0]) if self.span[0] is not None else 0
-        return summary_table(self.impact(), self.overlaps, span)
+        return self.impact.summary(span)

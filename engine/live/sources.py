@@ -155,15 +155,36 @@ class PauseRingSource(_PauseSource):
     """The agent's live pause ring (`live=true`): records already on CLOCK_MONOTONIC."""
 
     how = "pause ring"
-    LAG_NS = 1_500_000_000  # the agent's RecordingStream delivers at JFR's flushes (about 1 s)
+    # How late the agent's RecordingStream delivers a pause: at JFR's flushes, about once a
+    # second; every flush_ms (jvm.json live.flush_interval_ms, 200 by default) when the
+    # agent's flusher runs.
+    LAG_NS = 1_500_000_000
+    FLUSHED_LAG_NS = 600_000_000
 
     def __init__(self, directory: Path):
         super().__init__(directory)
+        self.lag_ns = self.LAG_NS
+        self._empty: pd.DataFrame | None = None
+        self._lag_known = False
+        self._learn_lag()
         from engine.ring import RingTailer
 
         self.tailer = RingTailer(directory / "pauses.ring")
         self.names = dict(self.tailer.header.names)
         self.clock_error_ns, self.clock_method = 0, "System.nanoTime() (pause ring)"
+
+    def _learn_lag(self) -> None:
+        """The agent writes jvm.json (with its live flush period) just after creating the ring."""
+        live = self.description.get("live")
+        if not isinstance(live, dict):
+            self.description = _read_json(self.directory / "jvm.json") or self.description
+            live = self.description.get("live")
+            if not isinstance(live, dict):
+                return
+        self._lag_known = True
+        flush_ms = live.get("flush_interval_ms")
+        if isinstance(flush_ms, int) and flush_ms > 0:
+            self.lag_ns = max(self.FLUSHED_LAG_NS, 3 * flush_ms * 1_000_000)
 
     def _refresh_names(self) -> None:
         from engine.ring.layout import FILE_KIND_RING
@@ -178,8 +199,13 @@ class PauseRingSource(_PauseSource):
 
     def poll(self) -> pd.DataFrame:
         started = time.monotonic_ns()
+        if not self._lag_known:
+            self._learn_lag()
         gone = not process_alive(self.pid)
         records = self.tailer.poll(producer_gone=gone)
+        if not len(records) and not gone and not self.tailer.closed_by_producer and self._empty is not None:
+            self.frontier_ns = started - self.lag_ns  # the usual case every 50 ms: nothing new
+            return self._empty
         codes = records["name_code"].astype(np.int64)
         if len(codes) and not set(codes.tolist()) - {0} <= set(self.names):
             self._refresh_names()
@@ -196,10 +222,14 @@ class PauseRingSource(_PauseSource):
             "gc_id": pd.arrays.IntegerArray(ids.copy(), mask=is_sp.copy()),
             "os_thread_id": pd.arrays.IntegerArray(tid, mask=tid == 0),
             "jvm_pid": pd.array([self.pid] * len(records), dtype="Int64"),
+            # aux bit 0: a safepoint whose End the agent never saw (end = end of its Begin).
+            "unmatched": pd.array((records["aux"].astype(np.int64) & 1).astype(bool), dtype="boolean"),
         })
         frame["duration_ns"] = frame["end_ns"] - frame["start_ns"]
+        if self._empty is None:
+            self._empty = frame.iloc[:0]
         self._seen(frame)
-        self.frontier_ns = started - self.LAG_NS
+        self.frontier_ns = started - self.lag_ns
         if gone or self.tailer.closed_by_producer:
             self.done = True
             if gone and not self.tailer.closed_by_producer:
@@ -216,7 +246,7 @@ class RepositorySource(_PauseSource):
     def __init__(self, directory: Path):
         super().__init__(directory)
         self._stamps: dict[Path, tuple[int, int]] = {}
-        self._seen_keys: set[tuple] = set()
+        self._seen_keys = np.zeros(0, np.int64)  # sorted hashes of the pauses taken: 8 bytes each
         self._offset_ns: int | None = None  # ticks -> CLOCK_MONOTONIC, locked at the first read
         self._final_read = False
         self._last_error: str | None = None
@@ -263,8 +293,12 @@ class RepositorySource(_PauseSource):
             frame = frame[~frame["unmatched"].astype(bool)]
         keys = list(zip(frame["kind"].tolist(), frame["name"].fillna("").tolist(), frame["start_ns"].tolist(),
                         frame["end_ns"].tolist(), frame["safepoint_id"].fillna(-1).tolist(), frame["gc_id"].fillna(-1).tolist()))
-        fresh = np.array([k not in self._seen_keys for k in keys], dtype=bool)
-        self._seen_keys.update(keys)
+        keys = np.array([hash(k) for k in keys], dtype=np.int64)
+        at = np.searchsorted(self._seen_keys, keys)
+        seen = (at < len(self._seen_keys)) & (self._seen_keys[np.minimum(at, max(len(self._seen_keys) - 1, 0))] == keys) \
+            if len(self._seen_keys) else np.zeros(len(keys), bool)
+        fresh = ~seen
+        self._seen_keys = np.union1d(self._seen_keys, keys)
         new = frame[fresh].drop(columns=["pause_id"]).reset_index(drop=True)
         self._seen(new)
         return new
@@ -338,16 +372,20 @@ class RingWithRepositorySource(PauseRingSource):
     # the repository only, late, to stay equal to offline.
     RING_KINDS = ("safepoint", "gc_pause", "gc")
     MATCH_NS = 2_000  # the alignments differ by tens to hundreds of ns (agent clock_error_ns ~300)
-    REPOSITORY_EVERY_S = 1.0
+    # The repository re-read is for reconciliation only (start-up pauses, kinds the ring does
+    # not carry): rarely, so that its reads (tenths of a second, holding the GIL in part) do
+    # not delay the ring's rows.
+    REPOSITORY_EVERY_S = 5.0
 
     def __init__(self, directory: Path):
         super().__init__(directory)
         self.repository = RepositorySource(directory)
-        self._delivered: dict[str, np.ndarray] = {}  # kind -> sorted start_ns of delivered rows
-        self._delivered_end: dict[str, dict[int, list[int]]] = {}
+        # kind -> (start_ns, end_ns) of the delivered rows, sorted by start: 16 bytes a pause.
+        self._delivered: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._held: pd.DataFrame | None = None
         self._shifts: list[int] = []
         self._last_repository = 0.0
+        self._last_reconcile = 0.0
         self._ring_done = False
         self._repo_done = False
         self._last_ring_end: int | None = None
@@ -358,14 +396,14 @@ class RingWithRepositorySource(PauseRingSource):
         self.matched_rows = 0
 
     def _match(self, kind: str, start: int, end: int) -> int | None:
-        starts = self._delivered.get(kind)
-        if starts is None or not len(starts):
+        known = self._delivered.get(kind)
+        if known is None or not len(known[0]):
             return None
+        starts, ends = known
         i = int(np.searchsorted(starts, start - self.MATCH_NS))
         while i < len(starts) and starts[i] <= start + self.MATCH_NS:
-            for e in self._delivered_end[kind].get(int(starts[i]), ()):
-                if abs(e - end) <= self.MATCH_NS:
-                    return int(starts[i])
+            if abs(int(ends[i]) - end) <= self.MATCH_NS:
+                return int(starts[i])
             i += 1
         return None
 
@@ -375,10 +413,11 @@ class RingWithRepositorySource(PauseRingSource):
             sp = pd.concat([self._safepoints, sp], ignore_index=True) if self._safepoints is not None else sp.reset_index(drop=True)
             self._safepoints = sp.iloc[-4096:].reset_index(drop=True)  # recent ones are enough
         for kind, group in frame.groupby(frame["kind"].astype(str)):
-            ends = self._delivered_end.setdefault(kind, {})
-            for s, e in zip(group["start_ns"].tolist(), group["end_ns"].tolist()):
-                ends.setdefault(int(s), []).append(int(e))
-            self._delivered[kind] = np.array(sorted(ends), dtype=np.int64)
+            old = self._delivered.get(kind, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+            starts = np.concatenate([old[0], group["start_ns"].to_numpy(np.int64)])
+            ends = np.concatenate([old[1], group["end_ns"].to_numpy(np.int64)])
+            order = np.argsort(starts, kind="stable")
+            self._delivered[kind] = (starts[order], ends[order])
 
     def _inside_safepoint(self, frame: pd.DataFrame, also: pd.DataFrame | None = None) -> np.ndarray:
         """vm_operation rows lying in a delivered safepoint of the same name: offline folds a VM
@@ -426,7 +465,10 @@ class RingWithRepositorySource(PauseRingSource):
             ring = pd.DataFrame()
         ring_done = self._ring_done
         if len(ring):
-            ring = ring[ring["kind"].astype(str).isin(self.RING_KINDS).to_numpy()]
+            # An unmatched safepoint (the agent closed its stream before the End, e.g. JFR's own
+            # end-of-recording safepoints at exit) comes from the repository / recording.jfr
+            # instead, whole or unmatched as offline reads it.
+            ring = ring[np.isin(ring["kind"].to_numpy(dtype=object), self.RING_KINDS) & ~ring["unmatched"].to_numpy(bool)]
             keep = np.array([self._match(k, s, e) is None for k, s, e in
                              zip(ring["kind"].astype(str), ring["start_ns"].tolist(), ring["end_ns"].tolist())], dtype=bool)
             ring = ring[keep].reset_index(drop=True)  # a pause the repository delivered first
@@ -453,11 +495,15 @@ class RingWithRepositorySource(PauseRingSource):
             self._repo_done = self._repo_done or repo_done
             if len(frame):
                 repo_frames.append(frame)
-        self._held = None
         # Final: the ring is closed and the repository side has read recording.jfr (or the
         # last chunks of a JVM gone): nothing more can come from either.
         final = ring_done and self._repo_done
-        if repo_frames:
+        # Held rows wait for the ring to go past them: look at them again only when something
+        # new came from either side (a reconcile costs tens of ms).
+        now = time.monotonic()
+        if repo_frames and (batches or final or (len(ring) and now - self._last_reconcile >= 1.0)):
+            self._last_reconcile = now
+            self._held = None
             repo = pd.concat(repo_frames, ignore_index=True) if len(repo_frames) > 1 else repo_frames[0]
             frames.append(self._reconcile(repo, final))
         # Once the ring is closed, done when the repository side is too, or when this JVM has

@@ -43,15 +43,24 @@ def headline(run) -> str:
     else:
         lag = f"watermark {(time.monotonic_ns() - run.watermark_ns) / 1e9:.1f} s behind"
     join = run.join
-    return (f"tandem live: {len(join.pauses) if join.pauses is not None else 0} pauses, {join.gil_intervals} GIL intervals, "
-            f"{len(join.overlaps)} overlaps; {lag}; late rows {join.late_gil_rows} GIL / "
+    return (f"tandem live: {join.pause_rows} pauses, {join.gil_intervals} GIL intervals, "
+            f"{join.overlap_rows} overlaps; {lag}; late rows {join.late_gil_rows} GIL / "
             f"{join.late_pause_rows} pauses; parts written {len(run.writer.parts_written)}")
 
 
 def latest_hits(run) -> pd.DataFrame:
-    impact = run.join.impact()
-    hits = impact[impact["hit_python"]]
-    return hits.sort_values("end_ns").tail(LATEST)
+    """The latest pauses that hit Python: finalized ones, then pending ones (overlap so far)."""
+    state = run.join.impact
+    rows = list(state.latest_hits)
+    pending = state.pending
+    if pending is not None and len(pending):
+        overlap = state.pending_overlap_ns()
+        hit = pending[pending["pause_id"].isin(overlap[overlap > 0].index)]
+        for row in hit.itertuples(index=False):
+            rows.append({"kind": row.kind, "name": row.name, "start_ns": row.start_ns, "end_ns": row.end_ns,
+                         "duration_ns": row.duration_ns, "overlap_ns": int(overlap[row.pause_id])})
+    frame = pd.DataFrame(rows, columns=["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"])
+    return frame.sort_values("end_ns").tail(LATEST)
 
 
 def render(run):

@@ -12,7 +12,8 @@
   JVM has delivered anything, its start (jvm.json) bounds it.
 - A process not discovered yet starts after now - NEW_PROCESS_MARGIN.
 
-JFR data arrives 0.5 to 1.3 s late, so W trails real time by about that: the slower stream
+JFR data arrives 0.5 to 1.3 s late from the repository (0.1 to 0.4 s from a pause ring with
+the agent's 200 ms flusher), so W trails real time by about that plus the margins: the slower stream
 bounds it. Nothing is ever dropped for being late: a row starting before W goes through the
 late lane instead of the windowed join.
 """

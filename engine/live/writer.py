@@ -3,6 +3,8 @@
     OUT/part-000001/pauses.parquet     pauses that arrived in the interval
     OUT/part-000001/gil.parquet        GIL intervals that closed in it
     OUT/part-000001/overlaps.parquet   overlaps rows emitted in it (pause_id refers to pauses of any part)
+    OUT/part-000001/pause_impact.parquet  rows of the pauses that became final in it (engine/live/impact.py)
+    OUT/part-000001/gil_free.parquet   gil_free rows that became final in it
     OUT/part-000001/summary.parquet    the rolling summary over everything up to the part's end
     OUT/part-000001/_done.json         written last: the part is complete
 
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 
@@ -23,7 +27,8 @@ import pandas as pd
 
 from engine.store import write_table
 
-TABLES = ("pauses", "gil", "overlaps", "summary")
+TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact", "summary")
+ROW_TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact")
 
 
 class RollingWriter:
@@ -34,14 +39,20 @@ class RollingWriter:
         self.header = dict(header or {})
         self.index = 1 + max((int(p.name.split("-")[1]) for p in self.out.glob("part-*") if p.name.split("-")[1].isdigit()), default=0)
         self.parts_written: list[Path] = []
+        # Parts are written by a thread of their own (pyarrow releases the GIL while it writes):
+        # a roll must not hold up the loop that reads the rings.
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
         self._reset(time.monotonic_ns())
 
     def _reset(self, now: int) -> None:
         self.opened_ns = now
-        self._buffers: dict[str, list[pd.DataFrame]] = {"pauses": [], "gil": [], "overlaps": []}
+        self._buffers: dict[str, list[pd.DataFrame]] = {name: [] for name in ROW_TABLES}
 
-    def add(self, pauses: pd.DataFrame, gil: pd.DataFrame, overlaps: pd.DataFrame) -> None:
-        for name, frame in (("pauses", pauses), ("gil", gil), ("overlaps", overlaps)):
+    def add(self, pauses: pd.DataFrame, gil: pd.DataFrame, overlaps: pd.DataFrame, **more: pd.DataFrame) -> None:
+        """Rows for the current part; `more`: pause_impact=..., gil_free=..."""
+        for name, frame in (("pauses", pauses), ("gil", gil), ("overlaps", overlaps), *more.items()):
             if frame is not None and len(frame):
                 self._buffers[name].append(frame)
 
@@ -49,26 +60,62 @@ class RollingWriter:
         now = time.monotonic_ns() if now_ns is None else now_ns
         return now - self.opened_ns >= self.interval_ns
 
-    def roll(self, summary: pd.DataFrame, empty_like: dict[str, pd.DataFrame], now_ns: int | None = None) -> Path:
-        """Write the current part (atomically, file by file; _done.json last) and open the next."""
+    def roll(self, summary: pd.DataFrame, empty_like: dict[str, pd.DataFrame], now_ns: int | None = None,
+             wait: bool = False) -> Path:
+        """Close the current part and open the next; the part is written (atomically, file by
+        file; _done.json last) by the writer thread. wait: return once it is on disk."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         part = self.out / f"part-{self.index:06d}"
-        part.mkdir(parents=True, exist_ok=True)
         meta = {"part": self.index, "opened_monotonic_ns": self.opened_ns, "closed_monotonic_ns": now, **self.header}
-        counts = {}
-        for name in ("pauses", "gil", "overlaps"):
+        tables = {}
+        for name in ROW_TABLES:
             frames = self._buffers[name]
-            table = pd.concat(frames, ignore_index=True) if frames else empty_like[name]
+            if not frames and name not in empty_like:
+                continue
+            tables[name] = frames if frames else [empty_like[name]]
+        tables["summary"] = [summary]
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._write_loop, name="tandem-live-writer", daemon=True)
+            self._thread.start()
+        done = threading.Event()
+        self._queue.put((part, meta, tables, done))
+        self.index += 1
+        self._reset(now)
+        if wait:
+            self.flush()
+        return part
+
+    def flush(self) -> None:
+        """Wait until every part handed over is on disk (raises the writer's error, if any)."""
+        if self._thread is not None:
+            self._queue.join()
+        if self.error is not None:
+            raise self.error
+
+    def _write_loop(self) -> None:
+        while True:
+            part, meta, tables, done = self._queue.get()
+            try:
+                if self.error is None:
+                    self._write(part, meta, tables)
+            except BaseException as err:  # reported by flush()
+                self.error = err
+            finally:
+                done.set()
+                self._queue.task_done()
+
+    def _write(self, part: Path, meta: dict, tables: dict[str, list[pd.DataFrame]]) -> None:
+        part.mkdir(parents=True, exist_ok=True)
+        counts = {}
+        for name, frames in tables.items():
+            table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
             write_table(table, part / f"{name}.parquet", {"table": name, "live": meta})
-            counts[name] = len(table)
-        write_table(summary, part / "summary.parquet", {"table": "summary", "live": meta})
+            if name != "summary":
+                counts[name] = len(table)
         tmp = part / "_done.json.tmp"
         tmp.write_text(json.dumps({**meta, "rows": counts}, default=str) + "\n")
         os.replace(tmp, part / "_done.json")
         self.parts_written.append(part)
-        self.index += 1
-        self._reset(now)
-        return part
 
 
 def read_parts(out: str | os.PathLike, table: str, complete_only: bool = False) -> pd.DataFrame:

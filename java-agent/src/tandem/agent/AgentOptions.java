@@ -15,6 +15,8 @@ import java.util.List;
  *   events=jdk.X#threshold=0ms;jdk.Y  optional: extra event settings, ';'-separated
  *   duration=30                     optional: stop after this many seconds (attach)
  *   live=true                       optional: also write pauses into SESSION/jvm-PID/pauses.ring
+ *   flush_ms=200                    optional (live): JFR flush interval in ms for the live stream
+ *                                   (default 200; 0 = JFR's own, about 1 s); see LivePauses
  * </pre>
  *
  * Values are split at the first '=' only, so an event setting may hold its own '='.
@@ -26,15 +28,18 @@ final class AgentOptions {
     final List<String> events;
     final double durationSeconds;
     final boolean live;
+    /** JFR flush interval asked for the live stream, ms; 0 = leave JFR's default (1 s). */
+    final long flushMillis;
 
     private AgentOptions(String raw, Path session, String settings, List<String> events, double durationSeconds,
-                         boolean live) {
+                         boolean live, long flushMillis) {
         this.raw = raw;
         this.session = session;
         this.settings = settings;
         this.events = events;
         this.durationSeconds = durationSeconds;
         this.live = live;
+        this.flushMillis = flushMillis;
     }
 
     static AgentOptions parse(String raw) {
@@ -44,6 +49,7 @@ final class AgentOptions {
         List<String> events = new ArrayList<>();
         double duration = 0;
         boolean live = false;
+        long flushMillis = LivePauses.DEFAULT_FLUSH_MILLIS;
         for (String pair : text.split(",")) {
             if (pair.isBlank()) {
                 continue;
@@ -87,13 +93,24 @@ final class AgentOptions {
                         throw new IllegalArgumentException("live=" + value + " is not true or false");
                     }
                     break;
+                case "flush_ms":
+                    try {
+                        flushMillis = Long.parseLong(value);
+                    } catch (NumberFormatException e) {
+                        throw new IllegalArgumentException("flush_ms=" + value + " is not a whole number of milliseconds");
+                    }
+                    if (flushMillis < 0 || flushMillis > 60_000) {
+                        throw new IllegalArgumentException("flush_ms=" + value + " must be in [0, 60000]");
+                    }
+                    break;
                 default:
-                    throw new IllegalArgumentException("unknown option '" + key + "' (known: session, settings, events, duration, live)");
+                    throw new IllegalArgumentException("unknown option '" + key
+                            + "' (known: session, settings, events, duration, live, flush_ms)");
             }
         }
         if (session == null) {
             throw new IllegalArgumentException("no session=<directory> in options '" + text + "'");
         }
-        return new AgentOptions(text, session, settings, Collections.unmodifiableList(events), duration, live);
+        return new AgentOptions(text, session, settings, Collections.unmodifiableList(events), duration, live, flushMillis);
     }
 }

@@ -1,11 +1,13 @@
 package tandem.agent;
 
+import java.lang.instrument.Instrumentation;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayDeque;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.Map;
+import java.util.Set;
 import java.util.function.Consumer;
 import jdk.jfr.consumer.RecordedEvent;
 import jdk.jfr.consumer.RecordingStream;
@@ -30,12 +32,22 @@ import static tandem.jfr.EventFields.stringField;
  * CLOCK_MONOTONIC) and {@code jdk.CPUTimeStampCounter} (ticks per second):
  * {@code mono = sync.mono + (ticks - sync.ticks) * 1e9 / ticksPerSecond}, with the tightest of
  * the last few sync points. Pauses seen before the first sync point wait for it.
+ *
+ * <p>Latency: a RecordingStream sees events when JFR flushes, once a second (JFR clamps any
+ * flush interval, {@code jcmd JFR.start flush-interval=} included, to at least 1 s), so a
+ * pause would reach the ring 0 to 1 s after its end. A thread of ours therefore runs JFR's own
+ * flush every {@code flush_ms} (default 200; {@link #jfrFlush}: jdk.jfr's internals, opened to
+ * the agent with {@link Instrumentation#redefineModule}). Where that is not possible (no
+ * Instrumentation, a JDK that moved them) JFR's 1 s flush stays, quietly; jvm.json says which
+ * ({@code live.flush_interval_ms}, {@code live.flush_interval_problem}).
  */
 final class LivePauses {
     static final String RING_FILE = "pauses.ring";
     static final String BACKEND = "jfr-stream";
     /** 16384 records (1 MiB): many seconds of pauses even on ZGC, several JFR flushes. */
     static final int CAPACITY = 1 << 14;
+    /** JFR flush interval asked for by default (option flush_ms): ~0.1 s median, 0.2 s worst added latency. */
+    static final long DEFAULT_FLUSH_MILLIS = 200;
     private static final int MAX_PENDING = 1 << 16;
     private static final int MAX_OPEN_SAFEPOINTS = 4096;
     private static final int SYNC_WINDOW = 8;
@@ -44,6 +56,12 @@ final class LivePauses {
 
     private final PauseRing ring;
     private final RecordingStream stream;
+    /** The flush interval set on the stream's recording, ms; -1 = JFR's default kept. */
+    private long flushMillis = -1;
+    private String flushProblem;
+    private volatile boolean flusherStop;
+    private volatile Runnable flushAction;
+    private Thread flusher;
 
     // ---- clock (stream thread; read at close under the lock) ----
     private double nanosPerTick = Double.NaN;
@@ -70,14 +88,18 @@ final class LivePauses {
     }
 
     /** Creates the ring in DIRECTORY and starts the stream (its own daemon thread). */
-    static LivePauses start(Path directory, Map<String, String> settings) throws Exception {
+    static LivePauses start(Path directory, Map<String, String> settings, Instrumentation inst, long flushMillis)
+            throws Exception {
         PauseRing ring = PauseRing.create(directory.resolve(RING_FILE), capacity(), System.getProperty("java.version"), BACKEND);
+        // The system property tandem.live.flush_ms overrides the option (benchmarks: bench/bench_live.py).
+        flushMillis = Long.getLong("tandem.live.flush_ms", flushMillis);
         RecordingStream stream = null;
         try {
             stream = new RecordingStream();
             LivePauses live = new LivePauses(ring, stream);
             stream.setSettings(settings);
             stream.setOrdered(true);
+
             stream.onEvent("jdk.SafepointBegin", live.guard(live::onSafepointBegin));
             stream.onEvent("jdk.SafepointEnd", live.guard(live::onSafepointEnd));
             stream.onEvent("jdk.ExecuteVMOperation", live.guard(live::onVmOperation));
@@ -91,6 +113,9 @@ final class LivePauses {
             Thread thread = new Thread(() -> live.run(), "tandem-live");
             thread.setDaemon(true);
             thread.start();
+            if (flushMillis > 0) {
+                live.startFlusher(inst, flushMillis);
+            }
             return live;
         } catch (Throwable t) {
             if (stream != null) {
@@ -99,6 +124,93 @@ final class LivePauses {
             ring.close();
             throw t;
         }
+    }
+
+    /**
+     * JFR's own flush, as its periodic task runs it (JDK 17: RequestEngine ->
+     * MetadataRepository.flush + Utils.notifyFlush; JDK 21+: FlushTask -> PlatformRecorder.flush +
+     * util.Utils.notifyFlush), reached through jdk.jfr's internals opened to the agent.
+     * JFR clamps every flush interval to at least 1 s (RequestEngine/FlushTask.setInterval),
+     * so a shorter one can only be had by calling the flush itself.
+     */
+    private static Runnable jfrFlush(Instrumentation inst) throws Exception {
+        Module jfr = RecordingStream.class.getModule();
+        Module agent = LivePauses.class.getModule();
+        ClassLoader loader = jfr.getClassLoader();
+        if (inst != null && jfr.isNamed()) {
+            Map<String, Set<Module>> exports = new java.util.HashMap<>();
+            for (String pkg : jfr.getPackages()) {
+                if (pkg.equals("jdk.jfr.internal") || pkg.equals("jdk.jfr.internal.util")) {
+                    exports.put(pkg, Set.of(agent));
+                }
+            }
+            inst.redefineModule(jfr, Set.of(), exports, Map.of(), Set.of(), Map.of());
+        }
+        java.lang.invoke.MethodHandle flush;
+        java.lang.invoke.MethodHandles.Lookup lookup = java.lang.invoke.MethodHandles.lookup(); // jdk.jfr.internal is exported to us
+        try { // JDK 21+
+            Class<?> access = Class.forName("jdk.jfr.internal.PrivateAccess", true, loader);
+            Object recorder = access.getMethod("getPlatformRecorder").invoke(access.getMethod("getInstance").invoke(null));
+            flush = lookup.unreflect(recorder.getClass().getMethod("flush")).bindTo(recorder);
+        } catch (NoSuchMethodException e) { // JDK 17
+            Class<?> metadata = Class.forName("jdk.jfr.internal.MetadataRepository", true, loader);
+            Object repository = metadata.getMethod("getInstance").invoke(null);
+            flush = lookup.unreflect(metadata.getMethod("flush")).bindTo(repository);
+        }
+        Class<?> utils;
+        try {
+            utils = Class.forName("jdk.jfr.internal.util.Utils", true, loader);
+            utils.getMethod("notifyFlush");
+        } catch (ClassNotFoundException | NoSuchMethodException e) {
+            utils = Class.forName("jdk.jfr.internal.Utils", true, loader);
+        }
+        java.lang.invoke.MethodHandle notify = lookup.unreflect(utils.getMethod("notifyFlush"));
+        java.lang.invoke.MethodHandle flushHandle = flush;
+        return () -> {
+            try {
+                flushHandle.invoke();
+                notify.invoke();
+            } catch (Throwable t) {
+                throw new IllegalStateException(Agent.describe(t), t);
+            }
+        };
+    }
+
+    /** Flushes JFR every flushMillis while the stream runs (its own daemon thread); quiet fallback. */
+    private void startFlusher(Instrumentation inst, long millis) {
+        Runnable flush;
+        try {
+            flush = jfrFlush(inst);
+        } catch (Throwable t) {
+            flushProblem = Agent.describe(t); // JFR's own flush (1 s) stays: only slower
+            return;
+        }
+        flushMillis = millis;
+        flushAction = flush;
+        Thread thread = new Thread(() -> {
+            try {
+                while (!flusherStop) {
+                    Thread.sleep(millis);
+                    synchronized (this) {
+                        if (flusherStop || streamEnded) {
+                            return;
+                        }
+                    }
+                    flush.run();
+                }
+            } catch (InterruptedException e) {
+                // closing
+            } catch (Throwable t) {
+                synchronized (this) {
+                    flushProblem = "stopped: " + Agent.describe(t);
+                    flushMillis = -1;
+                    flushAction = null;
+                }
+            }
+        }, "tandem-live-flush");
+        thread.setDaemon(true);
+        flusher = thread;
+        thread.start();
     }
 
     /** CAPACITY, or the system property tandem.live.capacity (tests: a small ring that wraps). */
@@ -114,6 +226,15 @@ final class LivePauses {
         } finally {
             onStreamClosed();
         }
+    }
+
+    /** The flush period of our flusher (ms), or -1 when JFR's own 1 s stayed; and why, if it failed. */
+    synchronized long flushMillis() {
+        return flushMillis;
+    }
+
+    synchronized String flushProblem() {
+        return flushProblem;
     }
 
     Path ringPath() {
@@ -293,6 +414,11 @@ final class LivePauses {
      * ring closed. Returns what the agent writes into jvm.json.
      */
     Map<String, Object> close() {
+        // The flusher stops first: at exit JFR writes its last chunk and takes its own
+        // end-of-recording safepoints; flushing meanwhile made the ring and the recording
+        // disagree on those (one whole, the other unmatched). The last pauses come with JFR's
+        // own flush, as without the flusher (not interrupted: it may be inside a flush).
+        flusherStop = true;
         long marker = NULL;
         try {
             ClockSyncEvent.commitNow();
@@ -349,6 +475,8 @@ final class LivePauses {
             // monotonicNanos lies inside its sync event's [start, end]: the width bounds the offset error.
             summary.put("clock_error_ns", clockKnown() ? worstChosenWidthNs : null);
             summary.put("end_marker_seen", marker != NULL && lastSyncMono >= marker - 1_000_000L);
+            summary.put("flush_interval_ms", flushMillis > 0 ? flushMillis : null);
+            summary.put("flush_interval_problem", flushProblem);
             summary.put("error", streamError);
         }
         if (interrupted) {

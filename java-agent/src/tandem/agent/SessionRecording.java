@@ -100,11 +100,15 @@ final class SessionRecording {
     /** The second output (live=true): a failure costs the live ring, never the disk recording. */
     private void startLive(Map<String, String> settings) {
         try {
-            live = LivePauses.start(directory, settings);
+            live = LivePauses.start(directory, settings, inst, options.flushMillis);
             Map<String, Object> about = new LinkedHashMap<>();
             about.put("ring", directory.relativize(live.ringPath()).toString());
             about.put("backend", LivePauses.BACKEND);
             about.put("capacity", LivePauses.capacity());
+            about.put("flush_interval_ms", live.flushMillis() > 0 ? live.flushMillis() : null);
+            if (live.flushProblem() != null) {
+                about.put("flush_interval_problem", live.flushProblem());
+            }
             description.put("live", about);
         } catch (Throwable t) {
             String reason = "live output off: " + Agent.describe(t);
