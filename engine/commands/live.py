@@ -35,7 +35,7 @@ def live(
     from engine.commands.analyze import parse_duration_ns
     from engine.errors import TandemError
     from engine.live.alerts import Alerts
-    from engine.live.runner import LiveRun
+    from engine.live.runner import LiveRun, bound_allocator
     from engine.live.view import View
 
     command_mode = "--" in sys.argv[1:]
@@ -49,6 +49,7 @@ def live(
     # handler of ours; -Xrs keeps it from handling SIGINT/SIGTERM itself. A small initial heap:
     # the default (1/64 of RAM) is touched page by page as the repository re-reads allocate,
     # and RSS climbs for minutes; reading a chunk needs far less than the bound.
+    bound_allocator()  # before the JVM's and our threads exist
     jvm.start_jvm(extra_options=("-Xrs", "-Xms24m", "-Xmx512m"))
 
     if not command_mode:

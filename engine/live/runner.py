@@ -61,6 +61,27 @@ def _release_free_memory() -> None:
 
 _MALLOC_TRIM = None
 
+M_ARENA_MAX, M_MMAP_THRESHOLD = -8, -3   # glibc's mallopt parameters (malloc.h)
+
+
+def bound_allocator() -> None:
+    """Keep glibc's heap from growing over a long run; call before other threads start.
+
+    Measured (150 s of `tandem live` on a busy producer, mallinfo2 every 10 s): the bytes in
+    use stayed flat (~50 MiB) while the arenas grew 90 -> 112 MiB with free space inside
+    them. Freed numpy/pandas buffers raise glibc's dynamic mmap threshold, after which
+    buffers of hundreds of KiB come from the arenas and fragment them; each thread also gets
+    an arena of its own. A fixed threshold (128 KiB: larger buffers are mmapped and given
+    back whole when freed) and two arenas kept the arenas at 56-61 MiB in the same run."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+    mallopt(M_ARENA_MAX, 2)
+
 
 def _empty_tables() -> dict[str, pd.DataFrame]:
     from engine.live.impact import LiveImpact
