@@ -179,6 +179,17 @@ def _live(tmp_path, *command, roll="2s", extra=(), **popen):
     return session, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
+def _assert_same_pauses_and_pairs(live_pauses, live_overlaps, offline_pauses, offline_overlaps) -> int:
+    """The same pauses (kind, start, end: offline's already on the live times) and the same
+    overlapping (pause, thread) pairs, at least one; returns how many pairs."""
+    key = lambda frame: set(zip(frame["kind"].astype(str), frame["start_ns"], frame["end_ns"]))  # noqa: E731
+    assert key(live_pauses) == key(offline_pauses)
+    live_pairs, offline_pairs = _pause_keys(live_pauses, live_overlaps), _pause_keys(offline_pauses, offline_overlaps)
+    assert len(offline_pairs) > 0
+    assert live_pairs == offline_pairs
+    return len(live_pairs)
+
+
 def _pause_keys(pauses: pd.DataFrame, overlaps: pd.DataFrame) -> set[tuple]:
     """(kind, pause start, pause end, pid, tid, state) of every overlapping pair."""
     exact = overlaps[~overlaps["near_miss"].astype(bool)]
@@ -249,11 +260,7 @@ def test_live_command_equals_offline_analysis(tmp_path):
         # the offline reader's; the two differ by tens of ns. Each offline pause is the live
         # pause of its kind within the source's match tolerance (engine/live/sources.py).
         rebased = _on_ring_alignment(offline.pauses, live_pauses)
-    key = lambda frame: set(zip(frame["kind"].astype(str), frame["start_ns"], frame["end_ns"]))  # noqa: E731
-    assert key(live_pauses) == key(rebased)
-    live_pairs, offline_pairs = _pause_keys(live_pauses, live_overlaps), _pause_keys(rebased, offline.overlaps)
-    assert len(offline_pairs) > 0
-    assert live_pairs == offline_pairs
+    _assert_same_pauses_and_pairs(live_pauses, live_overlaps, rebased, offline.overlaps)
     # Alerts: one JSON line per pause over the threshold, as offline sees them.
     alerted = {json.loads(line)["pause_id"] for line in jsonl.read_text().splitlines()}
     over = offline.pause_impact[offline.pause_impact["overlap_ns"] > 5_000_000]
@@ -584,11 +591,7 @@ def _assert_live_equals_offline(session: Path, out: Path) -> dict:
     assert live_overlaps["pause_id"].isin(live_pauses["pause_id"]).all()
     offline = analyze_session(session)
     rebased = _on_ring_alignment(offline.pauses, live_pauses)
-    key = lambda frame: set(zip(frame["kind"].astype(str), frame["start_ns"], frame["end_ns"]))  # noqa: E731
-    assert key(live_pauses) == key(rebased)
-    live_pairs, offline_pairs = _pause_keys(live_pauses, live_overlaps), _pause_keys(rebased, offline.overlaps)
-    assert len(offline_pairs) > 0
-    assert live_pairs == offline_pairs
+    pairs = _assert_same_pauses_and_pairs(live_pauses, live_overlaps, rebased, offline.overlaps)
     # pause_impact: one row per pause, the overlap columns as offline's (same pause by its times).
     impact = read_parts(out, "pause_impact")
     assert sorted(impact["pause_id"]) == sorted(live_pauses["pause_id"])
@@ -616,7 +619,7 @@ def _assert_live_equals_offline(session: Path, out: Path) -> dict:
     expected = offline.gil_free.sort_values(["pid", "start_ns"], ignore_index=True)
     equal = len(free) == len(expected) and (free["pid"] == expected["pid"]).all() and all(
         ((free[c] - expected[c]).abs() <= GIL_TOLERANCE_NS).all() for c in ("start_ns", "end_ns"))
-    return {"pauses": len(live_pauses), "pairs": len(live_pairs), "gil_free": len(free), "gil_free_equal": bool(equal)}
+    return {"pauses": len(live_pauses), "pairs": pairs, "gil_free": len(free), "gil_free_equal": bool(equal)}
 
 
 GIL_TOLERANCE_NS = 1_000
