@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import threading
 import time
@@ -44,22 +45,24 @@ _EMPTY = {
 }
 
 
+@functools.lru_cache(maxsize=1)
+def _glibc_function(name: str):
+    """glibc's allocator function NAME, or None where libc.so.6 or the function is missing."""
+    try:
+        import ctypes
+
+        return getattr(ctypes.CDLL("libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def _release_free_memory() -> None:
     """Hand the allocator's free pages back to the system (glibc keeps them, arena by arena,
     after pandas' short-lived buffers: RSS would creep up over a long run)."""
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        try:
-            import ctypes
+    malloc_trim = _glibc_function("malloc_trim")
+    if malloc_trim:
+        malloc_trim(0)
 
-            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _MALLOC_TRIM = False
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
-
-
-_MALLOC_TRIM = None
 
 M_ARENA_MAX, M_MMAP_THRESHOLD = -8, -3   # glibc's mallopt parameters (malloc.h)
 
@@ -73,14 +76,10 @@ def bound_allocator() -> None:
     buffers of hundreds of KiB come from the arenas and fragment them; each thread also gets
     an arena of its own. A fixed threshold (128 KiB: larger buffers are mmapped and given
     back whole when freed) and two arenas kept the arenas at 56-61 MiB in the same run."""
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(M_MMAP_THRESHOLD, 128 * 1024)
-    mallopt(M_ARENA_MAX, 2)
+    mallopt = _glibc_function("mallopt")
+    if mallopt:
+        mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+        mallopt(M_ARENA_MAX, 2)
 
 
 def _empty_tables() -> dict[str, pd.DataFrame]:

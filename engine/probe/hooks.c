@@ -405,6 +405,12 @@ static void write_slot(void **slot, void *value, int in_relro) {
     if (in_relro) mprotect((void *)page, 4096, PROT_READ);
 }
 
+/* Put back the slots patched from index FIRST on, newest first; got_mutex held. */
+static void restore_slots_from(int first) {
+    for (int i = got_patch_count - 1; i >= first; i--) write_slot(got_patches[i].slot, got_patches[i].old_value, got_patches[i].in_relro);
+    got_patch_count = first;
+}
+
 /* The address range of the loaded object (its PT_LOAD segments) that contains an address.
  * Computed before a slot scan, never during one: the scan runs inside dl_iterate_phdr,
  * which holds the loader's list lock, and dladdr there would take the loader's main lock
@@ -432,6 +438,13 @@ static int range_cb(struct dl_phdr_info *info, size_t size, void *data) {
     return 1;
 }
 
+/* The object holding the interpreter (libpython, or the executable); empty if not found. */
+static object_range interpreter_range(void) {
+    object_range r = {(uintptr_t)interpreter_anchor(), 0, 0};
+    dl_iterate_phdr(range_cb, &r);
+    return r;
+}
+
 typedef struct {
     void *replacement;
     object_range interpreter; /* the object holding the interpreter (empty: not counted) */
@@ -455,8 +468,7 @@ static void *dlopen_hook(const char *file, int mode);
 /* Patch every not yet patched slot of the three functions; got_mutex held. Returns the
  * slots of PyEval_SaveThread found in the interpreter's own object. */
 static int patch_exported_slots(void) {
-    object_range interpreter = {(uintptr_t)interpreter_anchor(), 0, 0};
-    dl_iterate_phdr(range_cb, &interpreter);
+    object_range interpreter = interpreter_range();
     got_ctx save_ctx = {(void *)save_thread_hook, interpreter, 0, 0};
     got_ctx restore_ctx = {(void *)restore_thread_hook, {0, 0, 0}, 0, 0};
     got_ctx dlopen_ctx = {(void *)dlopen_hook, {0, 0, 0}, 0, 0};
@@ -489,8 +501,7 @@ static void install_lazy_request(void) {
     real_mutex_lock = (mutex_lock_fn)dlsym(RTLD_DEFAULT, "pthread_mutex_lock");
     real_cond_timedwait = (cond_timedwait_fn)dlsym(RTLD_DEFAULT, "pthread_cond_timedwait");
     if (!real_mutex_lock || !real_cond_timedwait) return;
-    object_range interpreter = {(uintptr_t)interpreter_anchor(), 0, 0};
-    dl_iterate_phdr(range_cb, &interpreter);
+    object_range interpreter = interpreter_range();
     if (interpreter.end == 0) return;
     got_ctx lock_ctx = {(void *)mutex_lock_hook, interpreter, 0, 1};
     got_ctx wait_ctx = {(void *)cond_timedwait_hook, interpreter, 0, 1};
@@ -500,8 +511,7 @@ static void install_lazy_request(void) {
     tandem_for_each_got_slot("pthread_mutex_lock", patch_slot, &lock_ctx);
     tandem_for_each_got_slot("pthread_cond_timedwait", patch_slot, &wait_ctx);
     if (lock_ctx.interpreter_slots == 0 || wait_ctx.interpreter_slots == 0) {
-        for (int i = got_patch_count - 1; i >= before; i--) write_slot(got_patches[i].slot, got_patches[i].old_value, got_patches[i].in_relro);
-        got_patch_count = before;
+        restore_slots_from(before);
         return;
     }
     __atomic_store_n(&lazy_request, 1, __ATOMIC_SEQ_CST);
@@ -544,8 +554,7 @@ void tandem_hooks_uninstall(void) {
     pthread_mutex_lock(&got_mutex);
     exported_installed = 0;
     __atomic_store_n(&lazy_request, 0, __ATOMIC_SEQ_CST); /* before its slots go back */
-    for (int i = got_patch_count - 1; i >= 0; i--) write_slot(got_patches[i].slot, got_patches[i].old_value, got_patches[i].in_relro);
-    got_patch_count = 0;
+    restore_slots_from(0);
     pthread_mutex_unlock(&got_mutex);
 }
 

@@ -433,6 +433,17 @@ static __attribute__((noinline)) void take_lane(tandem_ring *ring, lane_cache *c
     if (found) pthread_setspecific(lane_key, (void *)1); /* so release_lanes runs at exit */
 }
 
+/* CLOCK_MONOTONIC now + NS, for pthread_cond_timedwait on the ring's condition variables
+ * (created with CLOCK_MONOTONIC). */
+static struct timespec monotonic_deadline(uint64_t ns) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    ns += (uint64_t)deadline.tv_nsec;
+    deadline.tv_sec += (time_t)(ns / 1000000000u);
+    deadline.tv_nsec = (long)(ns % 1000000000u);
+    return deadline;
+}
+
 /* Ask the drain thread for a pass now (a lane is half full): at most one request per
  * pass (wake_pending), taken under the drain's mutex so the request cannot fall between
  * its check and its wait. Producer slow path only: about once per half lane. */
@@ -461,11 +472,7 @@ static __attribute__((noinline)) void wake_drain(tandem_ring *ring) {
 static __attribute__((noinline)) int wait_for_room(tandem_ring *ring, ring_lane *lane, uint64_t pos) {
     if (!ring->wait_when_full || !ring->drain_started) return 0;
     int room = 0, waited = 0;
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline); /* pass_cond uses CLOCK_MONOTONIC */
-    uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)RING_FULL_WAIT_MAX_MS * 1000000u;
-    deadline.tv_sec += (time_t)(ns / 1000000000u);
-    deadline.tv_nsec = (long)(ns % 1000000000u);
+    struct timespec deadline = monotonic_deadline((uint64_t)RING_FULL_WAIT_MAX_MS * 1000000u);
     pthread_mutex_lock(&ring->drain_mutex);
     while (!ring->drain_stop && !ring->drain_stalled) {
         /* acquire pairs with the drain's release store of tail (as in the emit). */
@@ -808,11 +815,7 @@ static void *drain_main(void *arg) {
     pthread_mutex_lock(&ring->drain_mutex);
     while (!ring->drain_stop) {
         if (!atomic_load_explicit(&ring->wake_pending, memory_order_relaxed)) {
-            struct timespec deadline;
-            clock_gettime(CLOCK_MONOTONIC, &deadline);
-            uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)wait_us * 1000u;
-            deadline.tv_sec += (time_t)(ns / 1000000000u);
-            deadline.tv_nsec = (long)(ns % 1000000000u);
+            struct timespec deadline = monotonic_deadline((uint64_t)wait_us * 1000u);
             pthread_cond_timedwait(&ring->drain_cond, &ring->drain_mutex, &deadline);
         }
         if (ring->drain_stop) break;
