@@ -70,7 +70,10 @@ def _killed_session(java_home: Path, workload: Path, session: Path) -> tuple[Pat
         os.kill(pid, signal.SIGKILL)
         _, err = tandem.communicate(timeout=60)
     finally:
-        tandem.kill()
+        try:  # the whole group: on a failure above, the JVM must not outlive the test
+            os.killpg(tandem.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         tandem.wait()
     assert tandem.returncode == 128 + signal.SIGKILL, err
     return session, live

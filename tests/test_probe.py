@@ -130,11 +130,18 @@ def test_cpu_bound_threads_forced_switches(python, tmp_path):
     tids = list(witness["tids"].values())
     for tid in tids:
         kinds = thread_kinds(events, tid)
-        # after the first acquire: acquire, drop, request, acquire, drop, ... and nothing else
+        # after the first acquire: acquire, drop, [request], acquire, drop, ... and nothing
+        # else; a request only between a drop and the acquire after it (a take that did not
+        # wait writes none), and forced switches mostly wait
         start = int(np.argmax(kinds == GIL_TAKE_ACQUIRED))
         body = kinds[start:]
-        expected = np.resize(np.array([GIL_TAKE_ACQUIRED, GIL_DROP, GIL_TAKE_REQUEST]), len(body))
-        assert np.array_equal(body, expected), body[:20]
+        is_request = body == GIL_TAKE_REQUEST
+        after_drop = np.r_[False, body[:-1] == GIL_DROP]
+        before_acquire = np.r_[body[1:] == GIL_TAKE_ACQUIRED, True]  # (the last may still wait)
+        assert (after_drop & before_acquire)[is_request].all(), body[:20]
+        rest = body[~is_request]
+        assert np.array_equal(rest, np.resize(np.array([GIL_TAKE_ACQUIRED, GIL_DROP]), len(rest))), rest[:20]
+        assert is_request.sum() >= 8
         released = df[(df.tid == tid) & (df.state == "released")]
         waiting = df[(df.tid == tid) & (df.state == "waiting")]
         # 0.4 s at a 1 ms switch interval would give ~200; on a loaded 2-core machine the
@@ -472,14 +479,14 @@ def test_full_lane_waits_for_the_drain_or_drops_counted(python, when_full, tmp_p
     assert len(got.records) == ring["claimed"]
     if when_full == "drop":
         assert ring["full_waits"] == 0 and ring["dropped"] > 0, ring
-        assert ring["claimed"] + ring["dropped"] == out["events"] >= 60_000
+        assert ring["claimed"] + ring["dropped"] == out["events"] >= 40_000
         assert got.lost == ring["dropped"] == got.header.dropped
         return
     assert ring["dropped"] == 0 and ring["full_waits"] > 0, ring
-    assert ring["claimed"] == out["events"] >= 60_000
+    assert ring["claimed"] == out["events"] >= 40_000
     assert got.lost == 0 and got.header.dropped == 0
     kinds = thread_kinds(got, out["tid"])
-    loop = np.tile(np.array([GIL_DROP, GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED], dtype=kinds.dtype), 20_000)
+    loop = np.tile(np.array([GIL_DROP, GIL_TAKE_ACQUIRED], dtype=kinds.dtype), 20_000)  # takes that did not wait
     assert any(np.array_equal(kinds[i:i + len(loop)], loop) for i in range(0, len(kinds) - len(loop) + 1))
 
 
@@ -570,10 +577,10 @@ print(json.dumps({"status": status, "main": threading.get_native_id(), "waiter":
 
 @pytest.mark.parametrize("python", python_params())
 def test_take_request_is_stamped_when_the_take_starts_to_wait(python, tmp_path):
-    """The lazy take request (docs/probe.md): an uncontended take writes its request and its
-    acquisition with one clock read (same time, no waiting interval); a take that waits has
-    its request stamped when it starts waiting. A thread sleeping 10 ms while another holds
-    the GIL for 100 ms: released ~10 ms (its sleep), then waiting ~90 ms (not released 100)."""
+    """The lazy take request (docs/probe.md): an uncontended take writes only its acquisition
+    (no request record, no waiting interval); a take that waits has its request stamped
+    when it starts waiting. A thread sleeping 10 ms while another holds the GIL for 100 ms:
+    released ~10 ms (its sleep), then waiting ~90 ms (not released 100)."""
     events_file = tmp_path / "lazy.gil"
     proc = subprocess.run([str(python), "-c", _LAZY_REQUEST_WORKLOAD, str(events_file)], capture_output=True, text=True,
                           env=probe_env(python), timeout=120, cwd=tmp_path)
@@ -584,10 +591,9 @@ def test_take_request_is_stamped_when_the_take_starts_to_wait(python, tmp_path):
     r = events.records
     mine = r[r["tid"] == out["main"]]
     kinds, times = mine["kind"], mine["mono_ns"]
-    takes = np.flatnonzero((kinds[:-1] == GIL_TAKE_REQUEST) & (kinds[1:] == GIL_TAKE_ACQUIRED))
-    assert len(takes) >= 1000
-    same_time = times[takes] == times[takes + 1]
-    assert same_time.mean() >= 0.99  # the lseek loop's takes did not wait
+    direct = np.flatnonzero((kinds[:-1] == GIL_DROP) & (kinds[1:] == GIL_TAKE_ACQUIRED))
+    assert len(direct) >= 990  # the lseek loop's takes did not wait: drop, acquire, no request
+    assert (times[direct + 1] >= times[direct]).all()
     df = read_gil(events_file)
     waiter = df[df.tid == out["waiter"]]
     b = out["bracket"]

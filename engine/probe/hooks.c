@@ -108,18 +108,14 @@ int tandem_hooks_clock_is_tsc(void) {
     return stamp_tsc;
 }
 
-/* PAIR: also a TAKE_REQUEST record, before KIND (TAKE_ACQUIRED) and with the same time: a
- * take that did not wait (see "Lazy take request" below). */
-static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid, int pair) {
+static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid) {
     s->in_stamp = 1;
     if (__builtin_expect(membarrier_ready != 1, 0)) __atomic_thread_fence(__ATOMIC_SEQ_CST);
     else __asm__ volatile("" ::: "memory");
     tandem_ring *ring = active_ring;
     if (ring != NULL) {
-        uint64_t t = stamp_time();
-        if (pair) tandem_ring_emit_gil_fast(ring, hot.ring_id, TANDEM_GIL_TAKE_REQUEST, tid, t);
-        tandem_ring_emit_gil_fast(ring, hot.ring_id, kind, tid, t);
-        s->events += 1 + (pair != 0);
+        tandem_ring_emit_gil_fast(ring, hot.ring_id, kind, tid, stamp_time());
+        s->events++;
     }
     __asm__ volatile("" ::: "memory");
     s->in_stamp = 0;
@@ -128,13 +124,13 @@ static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot 
 /* Every case of the stamp: the first stamp of a thread, no membarrier, the clock_gettime
  * clock, an emit that needs the ring's full path (a new ring, the shared lane, a lane past
  * its room limit). */
-static __attribute__((noinline)) void stamp_general(uint16_t kind, int pair) {
+static __attribute__((noinline)) void stamp_general(uint16_t kind) {
     tandem_thread_slot *s = my_slot;
     if (__builtin_expect(s == NULL, 0)) {
         s = slot_for_this_thread();
         if (s == NULL) return;
     }
-    stamp_with(s, kind, s->tid, pair);
+    stamp_with(s, kind, s->tid);
 }
 
 /* The common case inline (no call, no register to save and restore in the callers' leaf
@@ -142,10 +138,10 @@ static __attribute__((noinline)) void stamp_general(uint16_t kind, int pair) {
  * thread that has its slot and a private lane with room in the active ring. Same protocol
  * as stamp_with; leaving the fast path lowers in_stamp before stamp_general raises it
  * again and re-reads the ring, which is the protocol from the start. */
-static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind, int pair) {
+static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind) {
     tandem_thread_slot *s = my_slot;
     if (__builtin_expect(s == NULL || membarrier_ready != 1 || !stamp_tsc, 0)) {
-        stamp_general(kind, pair);
+        stamp_general(kind);
         return;
     }
     s->in_stamp = 1;
@@ -154,22 +150,21 @@ static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind, int 
     if (ring != NULL) {
         lane_cache *c = &tandem_my_lane;
         uint64_t t = tandem_rdtsc();
-        if (__builtin_expect(c->ring_id != hot.ring_id || c->head + (uint64_t)(pair != 0) >= c->limit, 0)) {
+        if (__builtin_expect(c->ring_id != hot.ring_id || c->head >= c->limit, 0)) {
             __asm__ volatile("" ::: "memory");
             s->in_stamp = 0;
-            stamp_general(kind, pair);
+            stamp_general(kind);
             return;
         }
-        if (pair) tandem_lane_write(c, TANDEM_GIL_TAKE_REQUEST, s->tid, t);
         tandem_lane_write(c, kind, s->tid, t);
-        s->events += 1 + (pair != 0);
+        s->events++;
     }
     __asm__ volatile("" ::: "memory");
     s->in_stamp = 0;
 }
 
 void tandem_stamp(uint16_t kind) {
-    stamp_fast(kind, 0);
+    stamp_fast(kind);
 }
 
 /* ---- Lazy take request --------------------------------------------------------------
@@ -180,12 +175,13 @@ void tandem_stamp(uint16_t kind) {
  * request is stamped, with a clock read of its own, at the moment the take starts to wait:
  * when locking gil->mutex finds it busy (pthread_mutex_lock: a trylock first) or at the
  * first wait on gil->cond (pthread_cond_timedwait), both reached through the interpreter's
- * GOT. A take that never waited writes its request and its acquisition at return with one
- * clock read, the same time for both. So every take still yields a TAKE_REQUEST and a
- * TAKE_ACQUIRED record, a waiting thread is visible as waiting while it waits (a live
- * reader sees its request), and a take saves one clock read when it did not wait. Where
- * the interpreter's object has no GOT slot for both functions, the request is stamped at
- * entry as before (lazy_request 0). */
+ * GOT. A take that never waited writes only its TAKE_ACQUIRED record at return: a
+ * TAKE_ACQUIRED with no TAKE_REQUEST since the thread's DROP means "asked and got it at
+ * this instant" (docs/ring.md, "Event kinds"). So a waiting thread is visible as waiting
+ * while it waits (a live reader sees its request), and a take that did not wait costs one
+ * clock read and one record instead of two of each (a third fewer records to write, drain
+ * and store in a release-heavy program). Where the interpreter's object has no GOT slot
+ * for both functions, the request is stamped at entry (lazy_request 0), for every take. */
 
 enum { TAKE_NONE, TAKE_ENTERED, TAKE_LOCKED, TAKE_STAMPED };
 static __thread int take_state __attribute__((tls_model("initial-exec")));
@@ -195,15 +191,14 @@ static inline __attribute__((always_inline)) void take_entered(void) {
     if (__builtin_expect(lazy_request, 1)) {
         take_state = TAKE_ENTERED;
     } else {
-        stamp_fast(TANDEM_GIL_TAKE_REQUEST, 0);
+        stamp_fast(TANDEM_GIL_TAKE_REQUEST);
         take_state = TAKE_STAMPED;
     }
 }
 
 static inline __attribute__((always_inline)) void take_returned(void) {
-    int pair = take_state != TAKE_STAMPED;
     take_state = TAKE_NONE;
-    stamp_fast(TANDEM_GIL_TAKE_ACQUIRED, pair);
+    stamp_fast(TANDEM_GIL_TAKE_ACQUIRED);
 }
 
 /* The first lock in a take is gil->mutex's (every version here locks it first). */
@@ -218,7 +213,7 @@ static int mutex_lock_hook(pthread_mutex_t *mutex) {
         int rc = pthread_mutex_trylock(mutex);
         if (rc != EBUSY) return rc == 0 ? 0 : real_mutex_lock(mutex);
         take_state = TAKE_STAMPED;
-        stamp_fast(TANDEM_GIL_TAKE_REQUEST, 0);   /* about to block on gil->mutex */
+        stamp_fast(TANDEM_GIL_TAKE_REQUEST);   /* about to block on gil->mutex */
     }
     return real_mutex_lock(mutex);
 }
@@ -226,7 +221,7 @@ static int mutex_lock_hook(pthread_mutex_t *mutex) {
 static int cond_timedwait_hook(pthread_cond_t *cond, pthread_mutex_t *mutex, const struct timespec *deadline) {
     if (__builtin_expect(take_state == TAKE_ENTERED || take_state == TAKE_LOCKED, 0)) {
         take_state = TAKE_STAMPED;
-        stamp_fast(TANDEM_GIL_TAKE_REQUEST, 0);   /* the GIL is held by another thread */
+        stamp_fast(TANDEM_GIL_TAKE_REQUEST);   /* the GIL is held by another thread */
     }
     return real_cond_timedwait(cond, mutex, deadline);
 }
@@ -237,7 +232,7 @@ void tandem_stamp_for(uint16_t kind, uint32_t tid) {
         s = slot_for_this_thread();
         if (s == NULL) return;
     }
-    stamp_with(s, kind, tid, 0);
+    stamp_with(s, kind, tid);
 }
 
 /* Called before any hook can run (install) and before a ring is set. */
