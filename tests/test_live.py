@@ -163,6 +163,20 @@ def test_alert_fires_once_per_pause_with_json_line_and_command(tmp_path):
     assert json.loads(marker.read_text())["pause_id"] == 0
 
 
+def test_live_puts_arrow_on_the_system_pool_without_leaking_the_choice():
+    """engine/live/memory.py: importing engine.live before pandas makes pyarrow's default pool
+    the system allocator; the variable is not left for the command tandem live runs, and a
+    user's own choice wins."""
+    probe = ("import os, engine.live, pandas, pyarrow; "
+             "print(pyarrow.default_memory_pool().backend_name, os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["system", "None"]
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["mimalloc", "mimalloc"]
+
+
 # ---- the command on the real demo workload (slow) -------------------------------------------
 
 _BUSY = ("import time, threading\n"

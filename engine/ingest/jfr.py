@@ -233,6 +233,10 @@ def _run_java_reader(path: Path, java_path: Path, run: list[Chunk], bar: "_Progr
             reader.readFile(str(java_path))
         except BaseException as err:  # re-raised in the calling thread
             failure.append(err)
+        finally:
+            # JPype attached this thread to the JVM and never detaches it by itself: without
+            # this the JVM keeps a Java thread per read (tandem live re-reads every 5 s).
+            jpype.java.lang.Thread.detach()
 
     size = run[-1].offset + run[-1].size - run[0].offset
     # JPype releases the GIL inside Java, so this thread can draw progress and watch the

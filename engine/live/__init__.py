@@ -10,5 +10,11 @@ Responsibilities, one module each:
 - writer: rolling Parquet parts, each file atomic;
 - view: rich Live (or plain lines without a terminal);
 - alerts: `--alert-overlap` lines, JSON lines, user command;
+- memory: the allocators' settings that keep a long run's memory flat;
 - runner: the loop tying them together.
 """
+from engine.live.memory import arrow_on_system_pool
+
+# pyarrow picks its default memory pool once, when it loads; `tandem live` imports this
+# package before anything loads pandas (and with it pyarrow), so this is early enough.
+arrow_on_system_pool()

@@ -27,7 +27,11 @@ from engine.join import OVERLAP_COLUMNS, overlap_frame
 from engine.join.tables import GIL_COLUMNS, PAUSE_COLUMNS
 from engine.live.impact import LiveImpact, empty_gil_free
 
-GIL_ARCHIVE_NS = 10_000_000_000
+# How far behind the watermark GIL intervals stay for late pauses. Repository-only pauses
+# (start-up, compilation, deoptimization: not in the agent's ring) arrive a re-read (5 s)
+# plus a flush (1 s) late, more on a loaded machine: a 5-minute soak at load 3 saw one
+# older than a 10 s archive. 30 s of a busy producer's intervals is ~100k rows.
+GIL_ARCHIVE_NS = 30_000_000_000
 OVERLAP_DTYPES = {"pause_id": "int64", "pid": "int64", "tid": "int64", "state": "string", "start_ns": "int64",
                   "end_ns": "int64", "overlap_ns": "int64", "slack_ns": "int64", "near_miss": "bool"}
 

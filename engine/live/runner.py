@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import collections
-import functools
 import gc
 import threading
 import time
@@ -15,6 +14,7 @@ from engine.live import watermark as wm
 from engine.live.alerts import Alerts
 from engine.live.impact import empty_gil_free
 from engine.live.join import LiveJoin, empty_overlaps
+from engine.live.memory import bound_allocator, release_free_memory  # noqa: F401  (bound_allocator: for engine/commands/live.py)
 from engine.live.sources import RepositorySource, SessionWatcher, _read_json
 from engine.live.writer import RollingWriter
 
@@ -43,43 +43,6 @@ _EMPTY = {
                          "thread_name": pd.Series([], dtype="string"), "state": pd.Series([], dtype="string"),
                          "start_ns": pd.Series([], dtype="int64"), "end_ns": pd.Series([], dtype="int64")}),
 }
-
-
-@functools.lru_cache(maxsize=1)
-def _glibc_function(name: str):
-    """glibc's allocator function NAME, or None where libc.so.6 or the function is missing."""
-    try:
-        import ctypes
-
-        return getattr(ctypes.CDLL("libc.so.6"), name)
-    except (OSError, AttributeError):
-        return None
-
-
-def _release_free_memory() -> None:
-    """Hand the allocator's free pages back to the system (glibc keeps them, arena by arena,
-    after pandas' short-lived buffers: RSS would creep up over a long run)."""
-    malloc_trim = _glibc_function("malloc_trim")
-    if malloc_trim:
-        malloc_trim(0)
-
-
-M_ARENA_MAX, M_MMAP_THRESHOLD = -8, -3   # glibc's mallopt parameters (malloc.h)
-
-
-def bound_allocator() -> None:
-    """Keep glibc's heap from growing over a long run; call before other threads start.
-
-    Measured (150 s of `tandem live` on a busy producer, mallinfo2 every 10 s): the bytes in
-    use stayed flat (~50 MiB) while the arenas grew 90 -> 112 MiB with free space inside
-    them. Freed numpy/pandas buffers raise glibc's dynamic mmap threshold, after which
-    buffers of hundreds of KiB come from the arenas and fragment them; each thread also gets
-    an arena of its own. A fixed threshold (128 KiB: larger buffers are mmapped and given
-    back whole when freed) and two arenas kept the arenas at 56-61 MiB in the same run."""
-    mallopt = _glibc_function("mallopt")
-    if mallopt:
-        mallopt(M_MMAP_THRESHOLD, 128 * 1024)
-        mallopt(M_ARENA_MAX, 2)
 
 
 def _empty_tables() -> dict[str, pd.DataFrame]:
@@ -256,7 +219,7 @@ class LiveRun:
     def roll(self, wait: bool = False) -> None:
         self._collect_finalized()
         self.writer.roll(self.join.summary(), _empty_tables(), wait=wait)
-        _release_free_memory()
+        release_free_memory()
 
     # ---- the loop ----------------------------------------------------------------------------
 

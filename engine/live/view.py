@@ -43,9 +43,12 @@ def headline(run) -> str:
     else:
         lag = f"watermark {(time.monotonic_ns() - run.watermark_ns) / 1e9:.1f} s behind"
     join = run.join
+    # Said only when it happens: such a pause may miss pairs offline has (docs/live.md).
+    beyond = (f" ({join.late_pauses_beyond_archive} older than the GIL archive)"
+              if join.late_pauses_beyond_archive else "")
     return (f"tandem live: {join.pause_rows} pauses, {join.gil_intervals} GIL intervals, "
             f"{join.overlap_rows} overlaps; {lag}; late rows {join.late_gil_rows} GIL / "
-            f"{join.late_pause_rows} pauses; parts written {len(run.writer.parts_written)}")
+            f"{join.late_pause_rows} pauses{beyond}; parts written {len(run.writer.parts_written)}")
 
 
 def latest_hits(run) -> pd.DataFrame:
