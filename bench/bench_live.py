@@ -158,18 +158,21 @@ def run_once(ring: bool, seconds: float, workdir: Path, workload: tuple[str, ...
     }
 
 
+def _trace_arrays(trace: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds since start, RSS MiB) of a run's samples as two arrays."""
+    return np.array([x for x, _ in trace]), np.array([y for _, y in trace])
+
+
 def _thirds_mib(trace: list[tuple[float, float]]) -> tuple[float, float, float]:
     """Median RSS over each third of the run (robust to the allocator's sawtooth)."""
-    t = np.array([x for x, _ in trace])
-    m = np.array([y for _, y in trace])
+    t, m = _trace_arrays(trace)
     edges = [0, t.max() / 3, 2 * t.max() / 3, t.max() + 1]
     return tuple(float(np.nanmedian(m[(t >= a) & (t < b)])) for a, b in zip(edges, edges[1:]))
 
 
 def _slope_mib_per_min(trace: list[tuple[float, float]], since: float = 0.5) -> float:
     """Least-squares RSS slope (MiB/min) from `since` (a fraction of the run) to its end."""
-    t = np.array([x for x, _ in trace])
-    m = np.array([y for _, y in trace])
+    t, m = _trace_arrays(trace)
     keep = (t >= since * t.max()) & np.isfinite(m)
     if keep.sum() < 3:
         return float("nan")
@@ -178,8 +181,7 @@ def _slope_mib_per_min(trace: list[tuple[float, float]], since: float = 0.5) -> 
 
 def _rss_curve(trace: list[tuple[float, float]], every_s: float) -> list[tuple[float, float]]:
     """(end of bucket s, median RSS MiB) per `every_s` of the run: the curve docs/live.md records."""
-    t = np.array([x for x, _ in trace])
-    m = np.array([y for _, y in trace])
+    t, m = _trace_arrays(trace)
     out = []
     for lo in np.arange(0.0, t.max(), every_s):
         inside = (t >= lo) & (t < lo + every_s) & np.isfinite(m)

@@ -158,20 +158,16 @@ def _all_of(workload, fd: int, contexts: dict, repeats: int = REPEATS, switches:
     return times
 
 
-def _median(values) -> float:
-    return statistics.median(values)
-
-
 def _contended(workload, fd: int, contexts: dict, console, what: str) -> dict[str, float]:
     """Median CPU time per context over CONTENDED_REPEATS interleaved runs; prints, per
     context, the paired ratio to the "none" run just before it and the context switches."""
     switches: dict[str, list[int]] = {}
     runs = _all_of(workload, fd, contexts, CONTENDED_REPEATS, switches)
     for name, times in runs.items():
-        paired = _median(t / n for t, n in zip(times, runs["none"]))
-        console.print(f"{what}, {name}: median {_median(times):.3f} s cpu (min {min(times):.3f}), paired ratio median "
-                      f"{paired:.3f}, context switches per run median {_median(switches[name]):.0f}")
-    return {name: _median(times) for name, times in runs.items()}
+        paired = statistics.median(t / n for t, n in zip(times, runs["none"]))
+        console.print(f"{what}, {name}: median {statistics.median(times):.3f} s cpu (min {min(times):.3f}), paired ratio median "
+                      f"{paired:.3f}, context switches per run median {statistics.median(switches[name]):.0f}")
+    return {name: statistics.median(times) for name, times in runs.items()}
 
 
 def main(console) -> list[Row]:

@@ -35,7 +35,8 @@ def live(
     from engine.commands.analyze import parse_duration_ns
     from engine.errors import TandemError
     from engine.live.alerts import Alerts
-    from engine.live.runner import LiveRun, bound_allocator
+    from engine.live.memory import bound_allocator
+    from engine.live.runner import LiveRun
     from engine.live.view import View
 
     command_mode = "--" in sys.argv[1:]
@@ -45,11 +46,11 @@ def live(
     roll_ns, slack_ns = parse_duration_ns(roll), parse_duration_ns(slack)
     if roll_ns <= 0:
         raise typer.BadParameter("--roll must be positive")
-    # The in-process JVM that reads JFR: started here, in the main thread, before any signal
-    # handler of ours; -Xrs keeps it from handling SIGINT/SIGTERM itself. A small initial heap:
-    # the default (1/64 of RAM) is touched page by page as the repository re-reads allocate,
-    # and RSS climbs for minutes; reading a chunk needs far less than the bound.
     bound_allocator()  # before the JVM's and our threads exist
+    # The in-process JVM that reads JFR: started here, in the main thread, before any signal
+    # handler of ours; -Xrs keeps it from handling SIGINT/SIGTERM itself. A small heap: the
+    # default (1/64 of RAM) is touched page by page as the repository re-reads allocate, and
+    # RSS climbs for minutes; reading a chunk needs far less than the bound.
     # -XX:+AlwaysPreTouch: the 24 MiB heap is resident from the start instead of page by page
     # over the first minutes as the tenured generation fills (docs/live.md, "Memory over a
     # long run"): same memory, no ramp in a soak's RSS.

@@ -12,7 +12,7 @@ import os
 import sys
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=None)  # two names: malloc_trim (every roll), mallopt (once)
 def _glibc_function(name: str):
     """glibc's allocator function NAME, or None where libc.so.6 or the function is missing."""
     try:

@@ -14,7 +14,7 @@ from engine.live import watermark as wm
 from engine.live.alerts import Alerts
 from engine.live.impact import empty_gil_free
 from engine.live.join import LiveJoin, empty_overlaps
-from engine.live.memory import bound_allocator, release_free_memory  # noqa: F401  (bound_allocator: for engine/commands/live.py)
+from engine.live.memory import release_free_memory
 from engine.live.sources import RepositorySource, SessionWatcher, _read_json
 from engine.live.writer import RollingWriter
 
