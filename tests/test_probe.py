@@ -42,15 +42,21 @@ def run_workload(python: Path, workload: str, backend: str, tmp_path: Path, env:
 
 def assert_matches_sleeps(released, brackets) -> None:
     """Fifty released intervals of 10 ms: each inside the monotonic_ns() bracket of its own
-    time.sleep(0.010) call and within 0.5 ms of it. The sleep itself may overrun 10 ms when
-    the shared machine is busy; the bracket is the witness of how long it really took."""
+    time.sleep(0.010) call, and within 0.5 ms of it but for at most two. The sleep itself may
+    overrun 10 ms when the shared machine is busy; the bracket is the witness of how long it
+    really took. The two: a thread preempted between its monotonic_ns() and the GIL release
+    (or between the re-take and the next monotonic_ns()) widens its bracket by the
+    preemption, which no GIL event can see (one such sleep, 2.4 ms wider, in ~100 runs)."""
     assert len(released) == len(brackets) == 50
     durations = (released.end_ns - released.start_ns).to_numpy()
     assert np.all(durations >= 10 * MS), durations
     assert abs(np.median(durations) - 10 * MS) <= 0.5 * MS, durations
+    wider = []
     for (before, after), (start, end) in zip(brackets, released[["start_ns", "end_ns"]].to_numpy()):
         assert before <= start < end <= after
-        assert (after - before) - (end - start) <= 0.5 * MS, (after - before, end - start)
+        if (after - before) - (end - start) > 0.5 * MS:
+            wider.append((after - before, end - start))
+    assert len(wider) <= 2, wider
 
 
 def thread_kinds(events, tid: int) -> np.ndarray:
@@ -274,6 +280,48 @@ def test_decoder_refuses_what_it_cannot_relocate():
                       ("7405", "branch or call"), ("0f0b", "not known")]:
         with pytest.raises(ValueError, match=why):
             _probe._insn_length(bytes.fromhex(code))
+
+
+HOT_HOOKS = ("tandem_stamp", "mutex_lock_hook", "cond_timedwait_hook", "save_thread_hook", "restore_thread_hook",
+             *(f"{kind}_gil_hook_{i}" for kind in ("take", "drop") for i in range(4)))
+
+
+def test_hook_code_fits_one_page():
+    """The code run on every GIL hand-over (docs/probe.md, "Cost": the hot page) lies in one
+    4 KiB page of the extension, so a hand-over after a system call costs one iTLB entry."""
+    from engine.probe import _probe
+
+    symbols = subprocess.run(["nm", "-S", _probe.__file__], capture_output=True, text=True, check=True).stdout
+    spans = {}
+    for line in symbols.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[3] in HOT_HOOKS:
+            start = int(parts[0], 16)
+            spans[parts[3]] = (start, start + int(parts[1], 16) - 1)
+    assert set(spans) == set(HOT_HOOKS), set(HOT_HOOKS) - set(spans)
+    pages = {address // 4096 for span in spans.values() for address in span}
+    assert len(pages) == 1, {name: hex(start) for name, (start, _) in spans.items()}
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_precise_backend_maps_one_trampoline_page(python, tmp_path):
+    """Every patched copy of drop_gil and take_gil gets its trampoline from one shared page."""
+    code = ("import json, sys, engine.probe\n"
+            "def anon_exec():\n"
+            "    return {l.split()[0] for l in open('/proc/self/maps') if l.split()[1].startswith('r-x') and len(l.split()) == 5}\n"
+            "before = anon_exec()\n"
+            "status = engine.probe.start(sys.argv[1], backend='precise')\n"
+            "new = anon_exec() - before\n"
+            "engine.probe.stop()\n"
+            "print(json.dumps({'new': sorted(new), 'sites': status['patched_sites']}))\n")
+    out = subprocess.run([str(python), "-c", code, str(tmp_path / "t.gil")], capture_output=True, text=True,
+                         env=probe_env(python), cwd=tmp_path, timeout=60)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["sites"] >= 2
+    assert len(result["new"]) == 1, result
+    start, end = (int(x, 16) for x in result["new"][0].split("-"))
+    assert end - start == 4096
 
 
 @pytest.mark.parametrize("python", python_params())

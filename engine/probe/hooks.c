@@ -29,6 +29,7 @@
  * stamp reads one TLS cache line for both. */
 #define my_slot (tandem_my_lane.hook_slot)
 static tandem_thread_slot *_Atomic all_slots;
+static tandem_thread_slot *new_slot(void);
 static atomic_int threads_seen;      /* threads that stamped at least once              */
 static pthread_key_t slot_key;
 static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
@@ -52,9 +53,8 @@ static tandem_thread_slot *slot_for_this_thread(void) {
         if (s->free && __atomic_compare_exchange_n(&s->free, &expected, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) break;
     }
     if (s == NULL) {
-        s = aligned_alloc(_Alignof(tandem_thread_slot), sizeof *s);
+        s = new_slot();
         if (s == NULL) return NULL;
-        memset(s, 0, sizeof *s);
         tandem_thread_slot *head = atomic_load(&all_slots);
         do {
             s->next = head;
@@ -68,33 +68,83 @@ static tandem_thread_slot *slot_for_this_thread(void) {
     return s;
 }
 
-/* ---- the stamp ----------------------------------------------------------------------
+/* ---- the hot page ------------------------------------------------------------------
+ * Everything the hooks and a stamp read or write of the hooks' own state sits in one
+ * page-aligned page: the globals below, the patches (their trampoline pointers), the
+ * function pointers of the GOT hooks and the per-thread slots of the first 27 threads.
+ * Why: each stamp follows or precedes a system call, and where a system call costs the
+ * TLB its entries (the shared 2-core VM here: a system call followed by 8 stores to 8
+ * distinct pages costs ~25 ns more than to 8 lines of one page) every distinct page a
+ * stamp touches is a TLB miss. A stamp's data is now this page, the thread's TLS, the
+ * ring slot and the lane's head; its code one page (HOT_CODE) and one trampoline page.
+ *
  * Stop must know when no thread is still inside tandem_ring_emit_gil for the ring it is
  * about to close. Each thread raises its own in_stamp flag around the emit (plain stores,
  * no atomic read-modify-write on the hot path); the stopping thread clears the ring pointer
  * and then runs membarrier(PRIVATE_EXPEDITED), which puts a full barrier in every running
  * thread, before it waits for the flags (asymmetric Dekker, as userspace RCU does). Where
- * membarrier is missing, every stamp pays a fence instead. */
-
-/* Everything a stamp reads of the hooks' global state, in one cache line:
+ * membarrier is missing, every stamp pays a fence instead.
+ *
+ * The globals, in the page's first line:
  *   ring     the active ring (NULL: do not stamp);
  *   ring_id  its id (tandem_ring_hot.id), so the lane cache check does not read the ring
  *            struct. Stored before ring and only while ring is NULL (set_ring: every switch
  *            goes through NULL, which waits for in-flight stamps), and x86-64 keeps stores
  *            and loads in order: a stamp that sees a ring sees its id;
- *   stamp_tsc       the stamp's clock, chosen at start (tandem_hooks_set_clock) while no ring
- *                   is set, so no stamp is in flight when it changes: 1 = raw TSC (the ring
- *                   converts it to CLOCK_MONOTONIC off the hot path), 0 = clock_gettime;
- *   membarrier_ready  -1 unknown, 1 usable, 0 not: then every stamp pays a fence. */
+ *   lane_tls_offset  where the thread's lane cache (tandem_my_lane) is from the thread
+ *            pointer: initial-exec TLS has one offset for every thread, and reading it
+ *            here spares the hot path the GOT page the compiler would load it from;
+ *   stamp_tsc        the stamp's clock, chosen at start (tandem_hooks_set_clock) while no
+ *            ring is set, so no stamp is in flight when it changes: 1 = raw TSC (the ring
+ *            converts it to CLOCK_MONOTONIC off the hot path), 0 = clock_gettime;
+ *   membarrier_ready -1 unknown, 1 usable, 0 not: then every stamp pays a fence;
+ *   lazy_request, real_*  the lazy take request's state ("Lazy take request" below). */
+typedef int (*mutex_lock_fn)(pthread_mutex_t *);
+typedef int (*cond_timedwait_fn)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
+
+#define HOT_PAGE_SLOTS 27
 static struct {
-    tandem_ring *volatile ring;
-    volatile uint64_t ring_id;
-    int stamp_tsc;
-    int membarrier_ready;
-} hot __attribute__((aligned(64))) = {NULL, 0, 0, -1};
+    struct __attribute__((aligned(64))) {
+        tandem_ring *volatile ring;
+        volatile uint64_t ring_id;
+        intptr_t lane_tls_offset;
+        int stamp_tsc;
+        int membarrier_ready;
+        int lazy_request;                    /* set while no hook runs (install) */
+        mutex_lock_fn real_mutex_lock;
+        mutex_lock_fn real_mutex_trylock;
+        cond_timedwait_fn real_cond_timedwait;
+    } g;
+    tandem_patch take_patches[TANDEM_MAX_COPIES], drop_patches[TANDEM_MAX_COPIES];
+    tandem_thread_slot slots[HOT_PAGE_SLOTS];
+    atomic_int slots_used;
+} hot_page __attribute__((aligned(4096))) = {.g = {.membarrier_ready = -1}};
+_Static_assert(sizeof hot_page == 4096, "the hooks' hot state must fill exactly one page");
+#define hot hot_page.g
 #define active_ring hot.ring
 #define membarrier_ready hot.membarrier_ready
 #define stamp_tsc hot.stamp_tsc
+#define take_patches hot_page.take_patches
+#define drop_patches hot_page.drop_patches
+
+/* The hooks' code, in one section of its own, kept in source order (no_reorder) within
+ * one page: the first of them, tandem_stamp, is page-aligned and the take hooks call it
+ * rather than inline it, so the whole section is ~1.5 KiB (tests/test_probe.py checks). */
+#define HOT_CODE __attribute__((section(".text.tandem_hot"), no_reorder))
+
+/* A slot for a thread that found no free one: from the hot page while it has some. */
+static tandem_thread_slot *new_slot(void) {
+    int i = atomic_fetch_add(&hot_page.slots_used, 1);
+    if (i < HOT_PAGE_SLOTS) return &hot_page.slots[i];
+    tandem_thread_slot *s = aligned_alloc(_Alignof(tandem_thread_slot), sizeof *s);
+    if (s != NULL) memset(s, 0, sizeof *s);
+    return s;
+}
+
+/* The calling thread's lane cache without the GOT (see lane_tls_offset). */
+static inline __attribute__((always_inline)) lane_cache *my_lane_fast(void) {
+    return (lane_cache *)((char *)__builtin_thread_pointer() + hot.lane_tls_offset);
+}
 
 static inline uint64_t stamp_time(void) {
     return __builtin_expect(stamp_tsc, 1) ? tandem_rdtsc() : tandem_monotonic_ns();
@@ -139,7 +189,8 @@ static __attribute__((noinline)) void stamp_general(uint16_t kind) {
  * as stamp_with; leaving the fast path lowers in_stamp before stamp_general raises it
  * again and re-reads the ring, which is the protocol from the start. */
 static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind) {
-    tandem_thread_slot *s = my_slot;
+    lane_cache *c = my_lane_fast();
+    tandem_thread_slot *s = c->hook_slot;
     if (__builtin_expect(s == NULL || membarrier_ready != 1 || !stamp_tsc, 0)) {
         stamp_general(kind);
         return;
@@ -148,7 +199,6 @@ static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind) {
     __asm__ volatile("" ::: "memory");
     tandem_ring *ring = active_ring;
     if (ring != NULL) {
-        lane_cache *c = &tandem_my_lane;
         uint64_t t = tandem_rdtsc();
         if (__builtin_expect(c->ring_id != hot.ring_id || c->head >= c->limit, 0)) {
             __asm__ volatile("" ::: "memory");
@@ -163,7 +213,7 @@ static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind) {
     s->in_stamp = 0;
 }
 
-void tandem_stamp(uint16_t kind) {
+HOT_CODE __attribute__((aligned(4096))) void tandem_stamp(uint16_t kind) {
     stamp_fast(kind);
 }
 
@@ -184,44 +234,42 @@ void tandem_stamp(uint16_t kind) {
  * for both functions, the request is stamped at entry (lazy_request 0), for every take. */
 
 enum { TAKE_NONE, TAKE_ENTERED, TAKE_LOCKED, TAKE_STAMPED };
-static __thread int take_state __attribute__((tls_model("initial-exec")));
-static int lazy_request;   /* set while no hook runs (install), read by the hooks */
+#define take_state (my_lane_fast()->hook_take_state)
+#define lazy_request hot.lazy_request
 
 static inline __attribute__((always_inline)) void take_entered(void) {
     if (__builtin_expect(lazy_request, 1)) {
         take_state = TAKE_ENTERED;
     } else {
-        stamp_fast(TANDEM_GIL_TAKE_REQUEST);
+        tandem_stamp(TANDEM_GIL_TAKE_REQUEST);
         take_state = TAKE_STAMPED;
     }
 }
 
 static inline __attribute__((always_inline)) void take_returned(void) {
     take_state = TAKE_NONE;
-    stamp_fast(TANDEM_GIL_TAKE_ACQUIRED);
+    tandem_stamp(TANDEM_GIL_TAKE_ACQUIRED);
 }
 
 /* The first lock in a take is gil->mutex's (every version here locks it first). */
-typedef int (*mutex_lock_fn)(pthread_mutex_t *);
-typedef int (*cond_timedwait_fn)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
-static mutex_lock_fn real_mutex_lock;
-static cond_timedwait_fn real_cond_timedwait;
+#define real_mutex_lock hot.real_mutex_lock
+#define real_cond_timedwait hot.real_cond_timedwait
 
-static int mutex_lock_hook(pthread_mutex_t *mutex) {
+HOT_CODE static int mutex_lock_hook(pthread_mutex_t *mutex) {
     if (__builtin_expect(take_state == TAKE_ENTERED, 0)) {
         take_state = TAKE_LOCKED;
-        int rc = pthread_mutex_trylock(mutex);
+        int rc = hot.real_mutex_trylock(mutex);
         if (rc != EBUSY) return rc == 0 ? 0 : real_mutex_lock(mutex);
         take_state = TAKE_STAMPED;
-        stamp_fast(TANDEM_GIL_TAKE_REQUEST);   /* about to block on gil->mutex */
+        tandem_stamp(TANDEM_GIL_TAKE_REQUEST);   /* about to block on gil->mutex */
     }
     return real_mutex_lock(mutex);
 }
 
-static int cond_timedwait_hook(pthread_cond_t *cond, pthread_mutex_t *mutex, const struct timespec *deadline) {
+HOT_CODE static int cond_timedwait_hook(pthread_cond_t *cond, pthread_mutex_t *mutex, const struct timespec *deadline) {
     if (__builtin_expect(take_state == TAKE_ENTERED || take_state == TAKE_LOCKED, 0)) {
         take_state = TAKE_STAMPED;
-        stamp_fast(TANDEM_GIL_TAKE_REQUEST);   /* the GIL is held by another thread */
+        tandem_stamp(TANDEM_GIL_TAKE_REQUEST);   /* the GIL is held by another thread */
     }
     return real_cond_timedwait(cond, mutex, deadline);
 }
@@ -237,6 +285,7 @@ void tandem_stamp_for(uint16_t kind, uint32_t tid) {
 
 /* Called before any hook can run (install) and before a ring is set. */
 static void ensure_membarrier(void) {
+    hot.lane_tls_offset = (char *)&tandem_my_lane - (char *)__builtin_thread_pointer();
     if (membarrier_ready == -1) {
         membarrier_ready = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
     }
@@ -285,10 +334,8 @@ int tandem_hooks_threads_seen(void) {
 
 typedef uintptr_t (*six_register_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t);
 
-static tandem_patch take_patches[TANDEM_MAX_COPIES], drop_patches[TANDEM_MAX_COPIES];
-
 #define TAKE_GIL_HOOK(i)                                                                             \
-    static uintptr_t take_gil_hook_##i(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d, uintptr_t e, \
+    HOT_CODE static uintptr_t take_gil_hook_##i(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d, uintptr_t e, \
                                        uintptr_t f) {                                                \
         take_entered();                                                                              \
         uintptr_t result = ((six_register_fn)take_patches[i].original)(a, b, c, d, e, f);            \
@@ -296,7 +343,7 @@ static tandem_patch take_patches[TANDEM_MAX_COPIES], drop_patches[TANDEM_MAX_COP
         return result;                                                                               \
     }
 #define DROP_GIL_HOOK(i)                                                                             \
-    static uintptr_t drop_gil_hook_##i(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d, uintptr_t e, \
+    HOT_CODE static uintptr_t drop_gil_hook_##i(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d, uintptr_t e, \
                                        uintptr_t f) {                                                \
         tandem_stamp(TANDEM_GIL_DROP); /* at entry: drop_gil may block in a forced switch */        \
         return ((six_register_fn)drop_patches[i].original)(a, b, c, d, e, f);                       \
@@ -370,12 +417,12 @@ static save_thread_fn real_save_thread;
 static restore_thread_fn real_restore_thread;
 static dlopen_fn real_dlopen;
 
-static void *save_thread_hook(void) {
+HOT_CODE static void *save_thread_hook(void) {
     tandem_stamp(TANDEM_GIL_DROP);
     return real_save_thread();
 }
 
-static void restore_thread_hook(void *tstate) {
+HOT_CODE static void restore_thread_hook(void *tstate) {
     take_entered();
     real_restore_thread(tstate);
     take_returned();
@@ -494,8 +541,9 @@ static void *dlopen_hook(const char *file, int mode) {
  * got_mutex held, after the take/drop hooks are in place. */
 static void install_lazy_request(void) {
     real_mutex_lock = (mutex_lock_fn)dlsym(RTLD_DEFAULT, "pthread_mutex_lock");
+    hot.real_mutex_trylock = (mutex_lock_fn)dlsym(RTLD_DEFAULT, "pthread_mutex_trylock");
     real_cond_timedwait = (cond_timedwait_fn)dlsym(RTLD_DEFAULT, "pthread_cond_timedwait");
-    if (!real_mutex_lock || !real_cond_timedwait) return;
+    if (!real_mutex_lock || !hot.real_mutex_trylock || !real_cond_timedwait) return;
     object_range interpreter = interpreter_range();
     if (interpreter.end == 0) return;
     got_ctx lock_ctx = {(void *)mutex_lock_hook, interpreter, 0, 1};

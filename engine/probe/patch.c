@@ -124,6 +124,33 @@ static unsigned char *map_near(uintptr_t target) {
     return NULL;
 }
 
+/* A trampoline block (TRAMPOLINE_BLOCK bytes) within +-2 GB of TARGET. Blocks are carved
+ * from one page while it reaches: the hooks of drop_gil and take_gil (and their clones)
+ * then share one page of code, one TLB entry per GIL hand-over instead of one per
+ * function. Blocks are never reused, since a thread may still be inside one after an
+ * uninstall (64 bytes per patched function per start: a page per 64). Install and
+ * uninstall run one at a time (engine.probe's start and stop). */
+#define TRAMPOLINE_BLOCK 64u
+static unsigned char *block_page;
+static unsigned block_used;
+
+static int reaches(uintptr_t from, uintptr_t to) {
+    intptr_t d = (intptr_t)to - (intptr_t)from, margin = 2 * (intptr_t)PAGE;
+    return d > INT32_MIN + margin && d < INT32_MAX - margin;
+}
+
+static unsigned char *trampoline_block(uintptr_t target) {
+    if (block_page == NULL || block_used + TRAMPOLINE_BLOCK > PAGE || !reaches(target, (uintptr_t)block_page)) {
+        unsigned char *page = map_near(target);
+        if (page == NULL) return NULL;
+        block_page = page;
+        block_used = 0;
+    }
+    unsigned char *block = block_page + block_used;
+    block_used += TRAMPOLINE_BLOCK;
+    return block;
+}
+
 /* A jump from AT to DESTINATION: `jmp rel32` when within +-2 GB (a direct jump, cheaper
  * than an indirect one on the hot path), else `jmp *0(%rip); .quad destination`. Writes at
  * most JMP_ABS_LEN bytes. */
@@ -183,19 +210,24 @@ int tandem_patch_install(tandem_patch *p, void *target_ptr, void *replacement, c
         }
         stolen += n;
     }
-    unsigned char *page = map_near(target);
-    if (page == NULL) {
+    unsigned char *block = trampoline_block(target);
+    if (block == NULL) {
         snprintf(err, errlen, "no free page within 2 GB of %#lx for the trampoline", (unsigned long)target);
         return -1;
     }
-    /* page layout: [0, 14) relay: jump to the replacement (which may be far away);
-     *              [32, ...) original: stolen prologue (<= 5 + 14 bytes) + jump back. */
-    unsigned char *relay = page, *original = page + 32;
+    /* block layout: [0, 14) relay: jump to the replacement (which may be far away);
+     *               [16, 16 + 33) original: stolen prologue (< 5 + 15 bytes) + jump back. */
+    unsigned char *page = (unsigned char *)((uintptr_t)block & ~(uintptr_t)(PAGE - 1));
+    unsigned char *relay = block, *original = block + 16;
+    /* RWX while written: other threads may be running an earlier block of this page. */
+    if (mprotect(page, PAGE, PROT_READ | PROT_WRITE | PROT_EXEC) != 0) {
+        snprintf(err, errlen, "mprotect of the trampoline failed: %s", strerror(errno));
+        return -1;
+    }
     write_jump(relay, (uintptr_t)replacement);
     memcpy(original, code, stolen);
     write_jump(original + stolen, target + stolen);
     if (mprotect(page, PAGE, PROT_READ | PROT_EXEC) != 0) {
-        munmap(page, PAGE);
         snprintf(err, errlen, "mprotect of the trampoline failed: %s", strerror(errno));
         return -1;
     }

@@ -3,9 +3,10 @@
  *
  * How: the first whole instructions covering >= 5 bytes are decoded (a small length decoder
  * that knows the instructions of function prologues and refuses anything position-dependent:
- * RIP-relative operands, relative branches, calls), copied into a trampoline page mapped
- * within +-2 GB of the target, and replaced by a 5-byte `jmp rel32` written as one aligned
- * 8-byte atomic store while the page is RWX (other threads may be executing it).
+ * RIP-relative operands, relative branches, calls), copied into a 64-byte block of a
+ * trampoline page within +-2 GB of the target (one page serves every patch it reaches),
+ * and replaced by a 5-byte `jmp rel32` written as one aligned 8-byte atomic store while the
+ * page is RWX (other threads may be executing it).
  */
 #ifndef TANDEM_PATCH_H
 #define TANDEM_PATCH_H
@@ -17,7 +18,7 @@ typedef struct {
     uintptr_t target;          /* patched function                                       */
     uint64_t saved_word;       /* the 8 bytes at target before patching (for uninstall)  */
     size_t stolen;             /* prologue bytes moved into the trampoline               */
-    unsigned char *page;       /* trampoline page; stays mapped after uninstall           */
+    unsigned char *page;       /* its trampoline's page; stays mapped after uninstall     */
     void *original;            /* call this to run the unpatched function                 */
     int installed;
 } tandem_patch;
