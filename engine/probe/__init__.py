@@ -174,7 +174,7 @@ def start(
     file: str | os.PathLike,
     backend: str = "auto",
     capacity: int = 1 << 20,  # 32 MiB: 16 lanes of 65536 slots (docs/probe.md, "Ring size")
-    drain_period_us: int = 2_000,  # also woken when a lane is half full
+    drain_period_us: int = 20_000,  # the longest sleep between passes; sooner as lanes fill, at once when half full
     sample_period_us: int = 100,
     clock: str = "auto",
     wait_when_full: bool = False,

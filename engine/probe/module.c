@@ -1,6 +1,6 @@
 /* Module glue of the GIL probe: engine.probe._probe.
  *
- *   start(ring_path, events_path, backend="auto", capacity=1048576, drain_period_us=2000,
+ *   start(ring_path, events_path, backend="auto", capacity=1048576, drain_period_us=20000,
  *         sample_period_us=100, clock="auto") -> dict
  *                                           install a backend, create the ring, drain it
  *   stop() -> dict                          uninstall, wait for in-flight stamps, close
@@ -121,12 +121,13 @@ static PyObject *status_dict(void) {
     if (probe.ring) {
         tandem_ring_stats st;
         tandem_ring_stats_get(probe.ring, &st);
-        PyObject *ring = Py_BuildValue("{s:K,s:K,s:K,s:K,s:i,s:K,s:K}", "claimed", (unsigned long long)st.claimed,
+        PyObject *ring = Py_BuildValue("{s:K,s:K,s:K,s:K,s:i,s:K,s:K,s:K}", "claimed", (unsigned long long)st.claimed,
                                        "dropped", (unsigned long long)st.dropped, "drained",
                                        (unsigned long long)st.drained, "drain_lost",
                                        (unsigned long long)st.drain_lost, "drain_errno", st.drain_errno,
                                        "full_waits", (unsigned long long)st.full_waits,
-                                       "drain_wakeups", (unsigned long long)st.wakeups);
+                                       "drain_wakeups", (unsigned long long)st.wakeups,
+                                       "drain_cpu_ns", (unsigned long long)st.drain_cpu_ns);
         if (ring) {
             PyDict_SetItemString(d, "ring", ring);
             Py_DECREF(ring);
@@ -140,7 +141,7 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"ring_path", "events_path", "backend", "capacity", "drain_period_us",
                              "sample_period_us", "clock", "wait_when_full", NULL};
     const char *ring_path, *events_path, *backend = "auto", *clock = "auto";
-    unsigned int capacity = PROBE_DEFAULT_CAPACITY, drain_period_us = 2000, sample_period_us = 100;
+    unsigned int capacity = PROBE_DEFAULT_CAPACITY, drain_period_us = 20000, sample_period_us = 100;
     int wait_when_full = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|sIIIsp:start", kwlist, &ring_path, &events_path, &backend,
                                      &capacity, &drain_period_us, &sample_period_us, &clock, &wait_when_full))
@@ -396,7 +397,7 @@ static void after_fork_child(void) {
 
 static PyMethodDef probe_methods[] = {
     {"start", (PyCFunction)(void (*)(void))probe_start, METH_VARARGS | METH_KEYWORDS,
-     "start(ring_path, events_path, backend='auto', capacity=1048576, drain_period_us=2000, sample_period_us=100, clock='auto')"},
+     "start(ring_path, events_path, backend='auto', capacity=1048576, drain_period_us=20000, sample_period_us=100, clock='auto')"},
     {"stop", probe_stop, METH_NOARGS, "Stop recording; returns the final status."},
     {"status", probe_status, METH_NOARGS, "Backend, counters and what the backend can miss."},
     {"backends", probe_backends, METH_NOARGS, "Backend name -> what it can miss."},

@@ -132,6 +132,7 @@ struct tandem_ring {
     _Atomic int drain_errno;
     _Atomic uint64_t full_waits;      /* waits of producers for room (wait_when_full) */
     _Atomic uint64_t wakeups;         /* wake_drain requests that signalled the drain */
+    _Atomic uint64_t drain_cpu_ns;    /* the drain thread's CPU time, as of its last pass */
     uint64_t dropped_reported[RING_MAX_LANES]; /* drops already written as LOST markers */
     /* TSC time (time_tsc): the creation pair and the last CALIB_SLOTS pairs of the drain
      * thread (also in the header), and a buffer for converted copies of drained records. */
@@ -822,6 +823,9 @@ static void *drain_main(void *arg) {
         atomic_store_explicit(&ring->wake_pending, 0, memory_order_relaxed); /* before the pass: a later request wakes the next */
         pthread_mutex_unlock(&ring->drain_mutex);
         uint64_t backlog = drain_once(ring);
+        struct timespec cpu;
+        if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
+            atomic_store_explicit(&ring->drain_cpu_ns, (uint64_t)cpu.tv_sec * 1000000000u + (uint64_t)cpu.tv_nsec, memory_order_relaxed);
         /* A lane over a quarter full at wake-up: come back sooner (down to 100 us); an
          * idle ring: back to the configured period. Producers also wake the drain when a
          * lane is half full (wake_drain) or full (wait_for_room). */
@@ -919,6 +923,7 @@ void tandem_ring_stats_get(tandem_ring *ring, tandem_ring_stats *stats) {
     stats->drain_errno = atomic_load_explicit(&ring->drain_errno, memory_order_relaxed);
     stats->full_waits = atomic_load_explicit(&ring->full_waits, memory_order_relaxed);
     stats->wakeups = atomic_load_explicit(&ring->wakeups, memory_order_relaxed);
+    stats->drain_cpu_ns = atomic_load_explicit(&ring->drain_cpu_ns, memory_order_relaxed);
 }
 
 void tandem_ring_close(tandem_ring *ring) {

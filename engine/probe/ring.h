@@ -72,6 +72,7 @@ typedef struct {
     uint64_t full_waits;          /* times a producer found its lane full and waited for
                                    * the drain (wait_when_full): the drain was late      */
     uint64_t wakeups;             /* times a producer woke the drain (a lane half full)   */
+    uint64_t drain_cpu_ns;        /* the drain thread's CPU time up to its last pass      */
 } tandem_ring_stats;
 
 /* Create PATH (mode 0600, O_EXCL) sized for the options, map it, fill the header.
