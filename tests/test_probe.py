@@ -653,3 +653,50 @@ def test_take_request_is_stamped_when_the_take_starts_to_wait(python, tmp_path):
     assert waited.start_ns.iloc[0] == slept.end_ns.iloc[0]
     assert waited.end_ns.iloc[0] >= out["spun"] - 1 * MS           # until the spinner let go
     assert int(waited.end_ns.iloc[0] - waited.start_ns.iloc[0]) >= 50 * MS
+
+
+_KILLED_WORKLOAD = r'''
+import json, os, signal, sys, threading, time
+import engine.probe
+# 2 lanes of 32 slots and a drain that sleeps 10 s unless a lane is half full: the lseek
+# loop is drained in passes woken by the lane, the sleep after it stays in the ring.
+engine.probe.start(sys.argv[1], capacity=64, drain_period_us=10_000_000, wait_when_full=True)
+fd = os.open(os.devnull, os.O_RDONLY)
+for _ in range(200):
+    os.lseek(fd, 0, os.SEEK_CUR)
+before = time.monotonic_ns()
+time.sleep(0.02)
+after = time.monotonic_ns()
+print(json.dumps({"tid": threading.get_native_id(), "sleep": [before, after], "status": engine.probe.status()}), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_killed_process_keeps_what_its_ring_still_held(python, tmp_path):
+    """SIGKILL after the last drain pass: the events file stops at that pass, the ring file
+    beside it holds the rest, and read_gil joins the two without a record twice (each
+    lane's positions past the events file's last), so the 20 ms sleep stamped after the
+    last pass is there, inside its monotonic_ns() bracket."""
+    from engine.ingest.gil import _load
+    from engine.ring.reader import read_events
+
+    out = tmp_path / "killed.gil"
+    proc = subprocess.run([str(python), "-c", _KILLED_WORKLOAD, str(out)], capture_output=True, text=True,
+                          env=probe_env(python), cwd=tmp_path, timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    witness = json.loads(proc.stdout)
+    drained = read_events(out)
+    assert not drained.closed and witness["status"]["ring"]["drain_wakeups"] > 0
+    _, records, lost, closed = _load(out)
+    assert not closed and lost == 0
+    assert len(records) > len(drained.records)  # the ring added what the drain never wrote
+    positions = set(zip(records["lane"].tolist(), records["seq"].tolist()))
+    assert len(positions) == len(records)       # no record twice
+    mine = records[records["tid"] == witness["tid"]]
+    assert (np.sort(mine["seq"]) == np.arange(1, len(mine) + 1)).all()  # every position of its lane, once
+    df = read_gil(out)
+    before, after = witness["sleep"]
+    sleep = df[(df.tid == witness["tid"]) & (df.state == "released") & (df.start_ns >= before) & (df.end_ns <= after)]
+    assert len(sleep) == 1 and sleep.end_ns.iloc[0] - sleep.start_ns.iloc[0] >= 20 * MS
+    assert (df.tid == witness["tid"]).sum() >= 200

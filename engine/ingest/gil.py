@@ -185,7 +185,38 @@ def _load(path: Path):
         header, records, missed = read_ring(path)
         return header, records, int(header.dropped), bool(header.closed)
     events = read_events(path)
-    return events.header, events.records, int(events.lost), bool(events.closed)
+    if events.closed:
+        return events.header, events.records, int(events.lost), True
+    records, lost = _with_ring_leftovers(path, events)
+    return events.header, records, lost, False
+
+
+def _with_ring_leftovers(path: Path, events) -> tuple[np.ndarray, int]:
+    """A recording that was never closed (SIGKILL, os._exit, a JVM that exits under Jep):
+    its events file holds what the drain thread wrote up to its last pass (at most one
+    drain period, 20 ms by default, before the end); the ring file beside it still holds
+    the records committed since. Those are added, per lane the positions past the last one
+    in the events file (a record's seq is its lane position + 1 in both files), so a killed
+    process loses nothing it had stamped. The ring's drop counters include drops after the
+    last pass. A ring that is missing, from another producer or unreadable adds nothing:
+    the events file alone is still whole up to its last pass."""
+    from engine.ring.reader import read_ring
+
+    ring_path = _side_file(path, session_name="gil.ring", suffix=".ring")
+    if not ring_path.exists():
+        return events.records, int(events.lost)
+    try:
+        ring, leftovers, _missed = read_ring(ring_path)
+    except TandemError:
+        return events.records, int(events.lost)
+    mine = events.header
+    if (ring.producer_pid, ring.boot_id, ring.record_type, ring.lane_count, ring.sync_monotonic_ns) != (
+            mine.producer_pid, mine.boot_id, mine.record_type, mine.lane_count, mine.sync_monotonic_ns):
+        return events.records, int(events.lost)
+    last = np.zeros(mine.lane_count, dtype=np.uint64)
+    np.maximum.at(last, events.records["lane"].astype(np.intp), events.records["seq"])
+    new = leftovers[leftovers["seq"] > last[leftovers["lane"].astype(np.intp)]]
+    return np.concatenate([events.records, new]), max(int(events.lost), int(ring.dropped))
 
 
 def read_gil(path: str | os.PathLike) -> pd.DataFrame:
