@@ -64,9 +64,10 @@ class _Probe:
     """Context: the tandem probe recording into a scratch file with the given stamp clock.
     Counts events and drops over all its rounds; the files go after each round."""
 
-    def __init__(self, directory: Path, clock: str = "auto"):
-        self.file = directory / f"bench-{clock}.gil"
+    def __init__(self, directory: Path, clock: str = "auto", method: str = ""):
+        self.file = directory / f"bench-{clock}{method}.gil"
         self.clock = clock
+        self.method = method  # "inline": the precise backend's inline hooks (TANDEM_PROBE_METHOD)
         self.runs = 0
         self.events = 0
         self.dropped = 0
@@ -77,8 +78,14 @@ class _Probe:
         import engine.probe
 
         self.runs += 1
-        status = engine.probe.start(self.file, clock=self.clock)
+        if self.method:
+            os.environ["TANDEM_PROBE_METHOD"] = self.method
+        try:
+            status = engine.probe.start(self.file, clock=self.clock)
+        finally:
+            os.environ.pop("TANDEM_PROBE_METHOD", None)
         self.clock_used = status["clock"]
+        self.method_used = status["method"]
         return self
 
     def __exit__(self, *exc):
@@ -220,7 +227,8 @@ def main(console) -> list[Row]:
         # the probe counted them
         events_before = {clock: p.events for clock, p in probes.items()}
         per_event = {}
-        single = _single_thread(fd, {"none": _Nothing(), **{f"probe {c}": p for c, p in probes.items()}})
+        inline = _Probe(Path(tmp), "tsc", "inline")
+        single = _single_thread(fd, {"none": _Nothing(), **{f"probe {c}": p for c, p in probes.items()}, "probe tsc inline": inline})
         if probes["tsc"].clock_used != "tsc":
             console.print(f"[red]the TSC clock is not usable here: the 'tsc' rows ran {probes['tsc'].clock_used}[/red]")
         round_trip_ns = statistics.median(single["none"])
@@ -240,6 +248,12 @@ def main(console) -> list[Row]:
             # probe's own cost on a release-heavy thread with nobody to hand the GIL to.
             rows.append(Row("probe", f"({clock}) release-heavy, 1 thread lseek (thread cpu, median of {SINGLE_ROUNDS} paired rounds): "
                             "probe / no probe", ratio, 1.0, "ratio", "<= 1.25x", ratio <= 1.25))
+        # the precise backend's other method, same rounds (the rows above: the default, method
+        # as printed)
+        added = [p - n for p, n in zip(single["probe tsc inline"], single["none"])]
+        ratio, q1, q3 = _median_ratio(single["probe tsc inline"], single["none"])
+        console.print(f"probe (tsc) method {probes['tsc'].method_used} above; method {inline.method_used}: adds "
+                      f"{statistics.median(added):.1f} ns per call, ratio {ratio:.3f}x ({q1:.3f}-{q3:.3f})")
 
         # 1b. the stamp alone in a C loop (warm ring, no drop) vs a bare clock_gettime and a
         # bare rdtsc in the same loop, back to back: a busy machine slows all alike (the

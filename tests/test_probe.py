@@ -59,14 +59,28 @@ def assert_matches_sleeps(released, brackets) -> None:
     assert len(wider) <= 2, wider
 
 
+# The precise backend's two ways to see hand-overs (docs/probe.md, "precise"): the GIL's
+# mutexes through the interpreter's GOT (the default where it can learn them) and inline
+# hooks on take_gil/drop_gil (TANDEM_PROBE_METHOD=inline, and where the GOT way fails).
+METHODS = ["got", "inline"]
+
+
+def method_env(python: Path, method: str) -> dict:
+    env = probe_env(python)
+    if method == "inline":
+        env["TANDEM_PROBE_METHOD"] = "inline"
+    return env
+
+
 def thread_kinds(events, tid: int) -> np.ndarray:
     return events.records["kind"][events.records["tid"] == tid]
 
 
 @pytest.mark.parametrize("python", python_params())
-def test_sleeping_thread_releases_the_gil_for_each_sleep(python, tmp_path):
-    witness, events, df = run_workload(python, "sleeper", "auto", tmp_path)
-    assert witness["status"]["backend"] == "precise"
+@pytest.mark.parametrize("method", METHODS)
+def test_sleeping_thread_releases_the_gil_for_each_sleep(python, method, tmp_path):
+    witness, events, df = run_workload(python, "sleeper", "auto", tmp_path, env=method_env(python, method))
+    assert witness["status"]["backend"] == "precise" and witness["status"]["method"] == method
     assert witness["status"]["clock"] == ("tsc" if tsc_usable() else "clock_gettime")  # the default stamp clock
     assert events.header.clock_id == 1  # drained times are CLOCK_MONOTONIC ns whatever the stamp clock
     assert events.lost == 0
@@ -129,8 +143,10 @@ def test_tsc_ring_reads_like_its_events_file(python, tmp_path):
 
 
 @pytest.mark.parametrize("python", python_params())
-def test_cpu_bound_threads_forced_switches(python, tmp_path):
-    witness, events, df = run_workload(python, "spinners", "auto", tmp_path)
+@pytest.mark.parametrize("method", METHODS)
+def test_cpu_bound_threads_forced_switches(python, method, tmp_path):
+    witness, events, df = run_workload(python, "spinners", "auto", tmp_path, env=method_env(python, method))
+    assert witness["status"]["method"] == method
     records = events.records
     assert events.lost == 0
     tids = list(witness["tids"].values())
@@ -315,7 +331,7 @@ def test_precise_backend_maps_one_trampoline_page(python, tmp_path):
             "engine.probe.stop()\n"
             "print(json.dumps({'new': sorted(new), 'sites': status['patched_sites']}))\n")
     out = subprocess.run([str(python), "-c", code, str(tmp_path / "t.gil")], capture_output=True, text=True,
-                         env=probe_env(python), cwd=tmp_path, timeout=60)
+                         env=method_env(python, "inline"), cwd=tmp_path, timeout=60)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["sites"] >= 2
@@ -578,23 +594,35 @@ SYSTEM_PYTHON = Path("/usr/bin/python3.11")
 
 @pytest.mark.skipif(not SYSTEM_PYTHON.exists() or not Path("/usr/include/python3.11/Python.h").exists(),
                     reason="no distribution Python 3.11 with headers (/usr/bin/python3.11, python3.11-dev) here")
-def test_static_stripped_interpreter_falls_back_to_sampling(tmp_path):
+def test_stripped_lto_interpreter_gets_the_got_method(tmp_path):
     """Debian's /usr/bin/python3.11 is stripped (no take_gil in a .symtab) and calls
-    PyEval_SaveThread directly (static libpython): the exported backend would see only
-    extension modules, so it is refused with the reason, and auto runs the sampling backend."""
-    script = ("import json, sys, engine.probe\n"
+    PyEval_SaveThread directly (static libpython, LTO): inline hooks cannot find take_gil,
+    and the exported backend would see only extension modules, so it is refused with the
+    reason. The GOT method needs neither (the GIL's mutexes are locked through the
+    executable's GOT): auto runs precise/got there, and the sleeper's fifty 10 ms sleeps
+    are seen in their brackets. Forced to inline hooks, auto falls back to sampling."""
+    script = ("import json, os, sys, engine.probe\n"
               "try:\n    engine.probe.start(sys.argv[1] + '/x.gil', backend='exported'); refused = None\n"
               "except Exception as err:\n    refused = str(err)\n"
-              "status = engine.probe.start(sys.argv[1] + '/y.gil')\nengine.probe.stop()\n"
-              "print(json.dumps({'refused': refused, 'auto': status['backend'], 'why': status['fallback_reasons']}))")
+              "got = engine.probe.start(sys.argv[1] + '/y.gil')\nengine.probe.stop()\n"
+              "os.environ['TANDEM_PROBE_METHOD'] = 'inline'\n"
+              "inline = engine.probe.start(sys.argv[1] + '/z.gil')\nengine.probe.stop()\n"
+              "print(json.dumps({'refused': refused, 'got': [got['backend'], got['method']], "
+              "'inline': inline['backend'], 'why': inline['fallback_reasons']}))")
     proc = subprocess.run([str(SYSTEM_PYTHON), "-c", script, str(tmp_path)], capture_output=True, text=True,
                           env=probe_env(SYSTEM_PYTHON), timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["got"] == ["precise", "got"], out
     if "symbol table" not in out["why"]:
         pytest.skip(f"{SYSTEM_PYTHON} is not stripped here: {out}")
     assert out["refused"] and "calls PyEval_SaveThread directly" in out["refused"]
-    assert out["auto"] == "sampling" and "calls PyEval_SaveThread directly" in out["why"]
+    assert out["inline"] == "sampling" and "calls PyEval_SaveThread directly" in out["why"]
+    witness, events, df = run_workload(SYSTEM_PYTHON, "sleeper", "auto", tmp_path)
+    assert witness["status"]["backend"] == "precise" and witness["status"]["method"] == "got"
+    first, last = witness["brackets"][0][0], witness["brackets"][-1][1]
+    mine = df[(df.tid == witness["tid"]) & (df.state == "released") & (df.start_ns >= first) & (df.end_ns <= last)]
+    assert_matches_sleeps(mine, witness["brackets"])
 
 
 _LAZY_REQUEST_WORKLOAD = r'''
@@ -624,17 +652,18 @@ print(json.dumps({"status": status, "main": threading.get_native_id(), "waiter":
 
 
 @pytest.mark.parametrize("python", python_params())
-def test_take_request_is_stamped_when_the_take_starts_to_wait(python, tmp_path):
+@pytest.mark.parametrize("method", METHODS)
+def test_take_request_is_stamped_when_the_take_starts_to_wait(python, method, tmp_path):
     """The lazy take request (docs/probe.md): an uncontended take writes only its acquisition
     (no request record, no waiting interval); a take that waits has its request stamped
     when it starts waiting. A thread sleeping 10 ms while another holds the GIL for 100 ms:
     released ~10 ms (its sleep), then waiting ~90 ms (not released 100)."""
     events_file = tmp_path / "lazy.gil"
     proc = subprocess.run([str(python), "-c", _LAZY_REQUEST_WORKLOAD, str(events_file)], capture_output=True, text=True,
-                          env=probe_env(python), timeout=120, cwd=tmp_path)
+                          env=method_env(python, method), timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["status"]["backend"] == "precise"
+    assert out["status"]["backend"] == "precise" and out["status"]["method"] == method
     events = read_events(events_file)
     r = events.records
     mine = r[r["tid"] == out["main"]]

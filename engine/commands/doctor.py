@@ -37,17 +37,33 @@ def _probe_rows() -> list[tuple[str, str]]:
         from engine.probe import _probe
     except ImportError as err:
         return [("GIL probe", f"[red]native probe not built for Python {sys.version.split()[0]}: {err}[/red]")]
+    # What `auto` picks is known only by trying (the precise backend learns the GIL's
+    # mutexes at start): start it for an instant on a tiny scratch ring.
+    import tempfile
+
+    import engine.probe
+    from engine.errors import TandemError
+
+    status = engine.probe.status()
+    if not status["running"]:  # (under `tandem record` it is already running: report that)
+        with tempfile.TemporaryDirectory(prefix="tandem-doctor-") as tmp:
+            try:
+                status = engine.probe.start(f"{tmp}/doctor.gil", capacity=64)
+                engine.probe.stop()
+            except TandemError as err:
+                return [("GIL probe", f"[red]{err}[/red]")]
     try:
-        precise = all(_probe._find_function(name) for name in ("take_gil", "drop_gil"))
+        inline = all(_probe._find_function(name) for name in ("take_gil", "drop_gil"))
     except Exception:
-        precise = False
-    rows = []
+        inline = False
+    picked = status["backend"] + (f" ({status['method']})" if status.get("method") else "")
+    rows = [("GIL probe", f"Python {sys.version.split()[0]}: `auto` picks [bold]{picked}[/bold]; misses: {status['misses']}")]
+    if status.get("fallback_reasons"):
+        rows.append(("probe fallbacks", status["fallback_reasons"]))
+    rows.append(("precise, inline hooks", "[green]possible[/green] (take_gil/drop_gil in .symtab)" if inline
+                 else "[yellow]not here (take_gil/drop_gil not in .symtab)[/yellow]"))
     for name, misses in _probe.backends().items():
-        usable = precise if name == "precise" else True
-        mark = "[green]available[/green]" if usable else "[yellow]not here (take_gil/drop_gil not in .symtab)[/yellow]"
-        rows.append((f"probe backend {name}", f"{mark}; misses: {misses}"))
-    auto = "precise" if precise else "exported"
-    rows.insert(0, ("GIL probe", f"Python {sys.version.split()[0]}: `auto` picks [bold]{auto}[/bold]"))
+        rows.append((f"probe backend {name}", f"misses: {misses}"))
     return rows
 
 

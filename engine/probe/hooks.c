@@ -98,7 +98,8 @@ static tandem_thread_slot *slot_for_this_thread(void) {
  *            ring is set, so no stamp is in flight when it changes: 1 = raw TSC (the ring
  *            converts it to CLOCK_MONOTONIC off the hot path), 0 = clock_gettime;
  *   membarrier_ready -1 unknown, 1 usable, 0 not: then every stamp pays a fence;
- *   lazy_request, real_*  the lazy take request's state ("Lazy take request" below). */
+ *   lazy_request, real_*  the lazy take request's state ("Lazy take request" below);
+ *   gil_mutex ... learning  the GOT method of the precise backend (below). */
 typedef int (*mutex_lock_fn)(pthread_mutex_t *);
 typedef int (*cond_timedwait_fn)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
 
@@ -114,6 +115,10 @@ static struct {
         mutex_lock_fn real_mutex_lock;
         mutex_lock_fn real_mutex_trylock;
         cond_timedwait_fn real_cond_timedwait;
+        pthread_mutex_t *gil_mutex;          /* GOT method: gil->mutex and gil->switch_mutex of   */
+        pthread_mutex_t *switch_mutex;       /* the main interpreter's GIL (NULL: not in use)      */
+        unsigned gil_generation;             /* GOT method: bumped at each install and fork        */
+        int learning;                        /* GOT method: a thread is learning the mutexes       */
     } g;
     tandem_patch take_patches[TANDEM_MAX_COPIES], drop_patches[TANDEM_MAX_COPIES];
     tandem_thread_slot slots[HOT_PAGE_SLOTS];
@@ -255,7 +260,14 @@ static inline __attribute__((always_inline)) void take_returned(void) {
 #define real_mutex_lock hot.real_mutex_lock
 #define real_cond_timedwait hot.real_cond_timedwait
 
+static int gil_mutex_locked(pthread_mutex_t *mutex);
+static int switch_mutex_locked(pthread_mutex_t *mutex);
+static void learn_mutex(pthread_mutex_t *mutex);
+
 HOT_CODE static int mutex_lock_hook(pthread_mutex_t *mutex) {
+    if (mutex == hot.gil_mutex) return gil_mutex_locked(mutex);
+    if (mutex == hot.switch_mutex) return switch_mutex_locked(mutex);
+    if (__builtin_expect(hot.learning, 0)) learn_mutex(mutex);
     if (__builtin_expect(take_state == TAKE_ENTERED, 0)) {
         take_state = TAKE_LOCKED;
         int rc = hot.real_mutex_trylock(mutex);
@@ -266,12 +278,134 @@ HOT_CODE static int mutex_lock_hook(pthread_mutex_t *mutex) {
     return real_mutex_lock(mutex);
 }
 
+static void gil_cond_waits(void);
+
 HOT_CODE static int cond_timedwait_hook(pthread_cond_t *cond, pthread_mutex_t *mutex, const struct timespec *deadline) {
-    if (__builtin_expect(take_state == TAKE_ENTERED || take_state == TAKE_LOCKED, 0)) {
+    if (mutex == hot.gil_mutex) gil_cond_waits();
+    else if (__builtin_expect(take_state == TAKE_ENTERED || take_state == TAKE_LOCKED, 0)) {
         take_state = TAKE_STAMPED;
         tandem_stamp(TANDEM_GIL_TAKE_REQUEST);   /* the GIL is held by another thread */
     }
     return real_cond_timedwait(cond, mutex, deadline);
+}
+
+/* ---- precise backend, GOT method ---------------------------------------------------
+ * take_gil and drop_gil lock the GIL's own mutexes through the interpreter's GOT, which
+ * the lazy request above already takes over (pthread_mutex_lock, pthread_cond_timedwait).
+ * Once the addresses of gil->mutex and gil->switch_mutex are known, those calls alone say
+ * every hand-over, without patching either function (no trampoline, no saved registers,
+ * no code page of ours but the hooks'):
+ *
+ *   drop_gil: lock(gil->mutex) while holding the GIL         -> DROP (then it clears
+ *             `locked` and unlocks; in a forced switch it waits on switch_cond after)
+ *   take_gil: lock(gil->mutex) while not holding             -> a take starts (lazy
+ *             request: a busy mutex is a REQUEST), cond_timedwait(gil->cond, gil->mutex)
+ *             -> REQUEST, then at `_ready` lock(gil->switch_mutex) -> TAKE_ACQUIRED (it
+ *             sets `locked` right after: FORCE_SWITCHING, on in every Linux build)
+ *
+ * Each thread keeps its state (holding, dropped, taking, taking and requested) in its
+ * lane cache, tagged with a generation. At install the installing thread holds the GIL
+ * (start is called from Python); every other thread is then either outside the
+ * interpreter or waiting in take_gil, so a thread whose state is of an older generation
+ * is not holding: its next lock of gil->mutex is a take. drop_gil also locks
+ * switch_mutex (after a forced switch's release, while dropped): ignored.
+ *
+ * The addresses are learned at install: the installing thread releases and re-takes the
+ * GIL itself (PyEval_SaveThread, PyEval_RestoreThread) while its lock hook records the
+ * mutexes it locks: the first locked in each is gil->mutex, the second in the take
+ * switch_mutex. Anything else (no GOT slots, a different first mutex, no second one) and
+ * the precise backend uses inline hooks on take_gil/drop_gil instead. Sub-interpreters
+ * with a GIL of their own (3.12+) lock other mutexes: their threads are not seen. */
+
+enum { GIL_UNKNOWN, GIL_DROPPED, GIL_TAKING, GIL_REQUESTED, GIL_HOLDING };
+#define GIL_STATE_BITS 3u
+#define GIL_GENERATION_MASK (~0u >> GIL_STATE_BITS)
+
+static inline __attribute__((always_inline)) int gil_state(lane_cache *c) {
+    unsigned v = c->hook_gil_state;
+    if ((v >> GIL_STATE_BITS) != (hot.gil_generation & GIL_GENERATION_MASK)) return GIL_UNKNOWN;
+    return (int)(v & ((1u << GIL_STATE_BITS) - 1));
+}
+
+static inline __attribute__((always_inline)) void set_gil_state(lane_cache *c, int state) {
+    c->hook_gil_state = (hot.gil_generation & GIL_GENERATION_MASK) << GIL_STATE_BITS | (unsigned)state;
+}
+
+HOT_CODE static int gil_mutex_locked(pthread_mutex_t *mutex) {
+    lane_cache *c = my_lane_fast();
+    if (gil_state(c) == GIL_HOLDING) {           /* drop_gil: it releases once it has the lock */
+        int rc = real_mutex_lock(mutex);
+        set_gil_state(c, GIL_DROPPED);
+        tandem_stamp(TANDEM_GIL_DROP);
+        return rc;
+    }
+    set_gil_state(c, GIL_TAKING);                 /* take_gil */
+    int rc = hot.real_mutex_trylock(mutex);
+    if (rc != EBUSY) return rc == 0 ? 0 : real_mutex_lock(mutex);
+    set_gil_state(c, GIL_REQUESTED);
+    tandem_stamp(TANDEM_GIL_TAKE_REQUEST);       /* about to block on gil->mutex */
+    return real_mutex_lock(mutex);
+}
+
+HOT_CODE static int switch_mutex_locked(pthread_mutex_t *mutex) {
+    int rc = real_mutex_lock(mutex);
+    lane_cache *c = my_lane_fast();
+    int state = gil_state(c);
+    if (state == GIL_TAKING || state == GIL_REQUESTED || state == GIL_UNKNOWN) {
+        set_gil_state(c, GIL_HOLDING);            /* take_gil's _ready: `locked` is set next */
+        tandem_stamp(TANDEM_GIL_TAKE_ACQUIRED);
+    }
+    return rc;
+}
+
+HOT_CODE static void gil_cond_waits(void) {
+    lane_cache *c = my_lane_fast();
+    int state = gil_state(c);
+    if (state == GIL_TAKING || state == GIL_UNKNOWN) { /* UNKNOWN: already waiting at install */
+        set_gil_state(c, GIL_REQUESTED);
+        tandem_stamp(TANDEM_GIL_TAKE_REQUEST);   /* the GIL is held by another thread */
+    }
+}
+
+#define LEARN_MAX 8
+static pthread_mutex_t *learned[LEARN_MAX];
+static int learned_count;
+
+static void learn_mutex(pthread_mutex_t *mutex) {
+    if (my_lane_fast()->hook_learning && learned_count < LEARN_MAX) learned[learned_count++] = mutex;
+}
+
+/* Learn gil->mutex and switch_mutex (see above); the GOT slots of pthread_mutex_lock and
+ * pthread_cond_timedwait must be ours (install_lazy_request) and the caller must hold the
+ * GIL. Returns 0, or -1 with the reason. */
+static int learn_gil_mutexes(char *err, size_t errlen) {
+    typedef void *(*save_fn)(void);
+    typedef void (*restore_fn)(void *);
+    save_fn save = (save_fn)dlsym(RTLD_DEFAULT, "PyEval_SaveThread");
+    restore_fn restore = (restore_fn)dlsym(RTLD_DEFAULT, "PyEval_RestoreThread");
+    if (!lazy_request || !save || !restore) {
+        snprintf(err, errlen, "the interpreter's GOT has no pthread_mutex_lock/pthread_cond_timedwait slots to learn the GIL's mutexes from");
+        return -1;
+    }
+    lane_cache *c = my_lane_fast();
+    learned_count = 0;
+    c->hook_learning = 1;
+    __atomic_store_n(&hot.learning, 1, __ATOMIC_SEQ_CST);
+    void *tstate = save();                        /* drop_gil */
+    int in_drop = learned_count;
+    restore(tstate);                              /* take_gil */
+    __atomic_store_n(&hot.learning, 0, __ATOMIC_SEQ_CST);
+    c->hook_learning = 0;
+    if (in_drop < 1 || learned_count < in_drop + 2 || learned[in_drop] != learned[0] || learned[in_drop + 1] == learned[0]) {
+        snprintf(err, errlen, "releasing and re-taking the GIL locked %d then %d mutexes through the GOT, not gil->mutex then "
+                 "gil->mutex and switch_mutex", in_drop, learned_count - in_drop);
+        return -1;
+    }
+    hot.gil_generation++;
+    set_gil_state(c, GIL_HOLDING);                /* we hold the GIL again */
+    hot.switch_mutex = learned[in_drop + 1];
+    __atomic_store_n(&hot.gil_mutex, learned[0], __ATOMIC_SEQ_CST);
+    return 0;
 }
 
 void tandem_stamp_for(uint16_t kind, uint32_t tid) {
@@ -305,6 +439,7 @@ void tandem_hooks_set_ring(tandem_ring *ring) {
 
 void tandem_hooks_after_fork_child(void) {
     active_ring = NULL;               /* the parent's; its drain thread does not exist here */
+    hot.gil_generation++;             /* GOT method: the interpreter re-creates the GIL and takes it */
     for (tandem_thread_slot *s = atomic_load(&all_slots); s; s = s->next) {
         s->in_stamp = 0;              /* threads that were mid-stamp do not exist here       */
         if (s != my_slot) s->free = 1;
@@ -385,21 +520,47 @@ static int patch_all(const char *name, tandem_patch *patches, void *const *hooks
 
 static pthread_mutex_t got_mutex;
 static void install_lazy_request(void);
+static char got_method_why[300];
+const char *tandem_hooks_got_method_why(void) { return got_method_why; }
+
+static const char *precise_method = "";
+const char *tandem_hooks_precise_method(void) { return precise_method; }
 
 int tandem_hooks_install_precise(char *err, size_t errlen) {
     ensure_membarrier();
+    /* TANDEM_PROBE_METHOD=inline: the inline hooks even where the GOT method works (tests) */
+    const char *method = getenv("TANDEM_PROBE_METHOD");
+    int inline_only = method && strcmp(method, "inline") == 0;
+    if (!inline_only) {
+        pthread_mutex_lock(&got_mutex);
+        install_lazy_request();
+        pthread_mutex_unlock(&got_mutex);
+    }
+    /* Not under got_mutex: learning releases the GIL, and another thread may then stop. */
+    int learned_ok = lazy_request ? learn_gil_mutexes(got_method_why, sizeof got_method_why) : -1;
+    if (inline_only) snprintf(got_method_why, sizeof got_method_why, "not tried (TANDEM_PROBE_METHOD=inline)");
+    else if (!lazy_request) snprintf(got_method_why, sizeof got_method_why, "no GOT slots for the GIL's mutexes");
+    if (learned_ok == 0) {
+        precise_method = "got";
+        return 0;
+    }
     /* Decode both before patching either, so a refusal leaves nothing half-installed. */
-    int drops = patch_all("drop_gil", drop_patches, drop_hooks, err, errlen);
-    if (drops < 0) return -1;
-    int takes = patch_all("take_gil", take_patches, take_hooks, err, errlen);
+    char why[300];
+    int drops = patch_all("drop_gil", drop_patches, drop_hooks, why, sizeof why);
+    int takes = drops < 0 ? -1 : patch_all("take_gil", take_patches, take_hooks, why, sizeof why);
     if (takes < 0) {
         for (int i = 0; i < drops; i++) tandem_patch_uninstall(&drop_patches[i]);
+        tandem_hooks_uninstall();   /* the lazy request's GOT slots */
+        snprintf(err, errlen, "GOT method: %s; inline hooks: %s", got_method_why, why);
         return -1;
     }
     patched_functions = drops + takes;
-    pthread_mutex_lock(&got_mutex);
-    install_lazy_request();
-    pthread_mutex_unlock(&got_mutex);
+    if (!lazy_request) {
+        pthread_mutex_lock(&got_mutex);
+        install_lazy_request();
+        pthread_mutex_unlock(&got_mutex);
+    }
+    precise_method = "inline";
     return 0;
 }
 
@@ -589,6 +750,9 @@ int tandem_hooks_install_exported(char *err, size_t errlen) {
 }
 
 void tandem_hooks_uninstall(void) {
+    __atomic_store_n(&hot.gil_mutex, NULL, __ATOMIC_SEQ_CST);
+    hot.switch_mutex = NULL;
+    precise_method = "";
     for (int i = 0; i < TANDEM_MAX_COPIES; i++) {
         tandem_patch_uninstall(&take_patches[i]);
         tandem_patch_uninstall(&drop_patches[i]);

@@ -44,6 +44,10 @@ int tandem_hooks_clock_is_tsc(void);
 void tandem_hooks_set_ring(tandem_ring *ring);
 
 int tandem_hooks_install_precise(char *err, size_t errlen);
+/* How the precise backend hooks: "got" (the GIL's mutexes through the interpreter's GOT),
+ * "inline" (patched take_gil/drop_gil), "" when not installed; and why not "got". */
+const char *tandem_hooks_precise_method(void);
+const char *tandem_hooks_got_method_why(void);
 int tandem_hooks_install_exported(char *err, size_t errlen);
 void tandem_hooks_uninstall(void);
 

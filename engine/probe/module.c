@@ -30,6 +30,9 @@
 
 static const char *const MISSES_PRECISE =
     "nothing: every release (voluntary, forced switch, thread exit) and every take is stamped";
+static const char *const MISSES_PRECISE_GOT =
+    "nothing in the main interpreter: every release (voluntary, forced switch, thread exit) and every take "
+    "is stamped; threads of a sub-interpreter with a GIL of its own (3.12+) are not seen";
 static const char *const MISSES_EXPORTED =
     "forced switches between CPU-bound threads, thread exit, releases inside libpython that "
     "do not go through the PLT";
@@ -49,6 +52,8 @@ typedef struct {
     uint64_t events_at_start;       /* the hooks' event counter is per process: report deltas */
     int clock_tsc;                  /* stamps are raw TSC (converted by the ring's drain)  */
     int wait_when_full;             /* a full lane makes its thread wait for the drain     */
+    int starting;                   /* a start is under way (it releases the GIL briefly)  */
+    const char *method;             /* precise: "got" or "inline" (tandem_hooks_precise_method) */
     char clock_reason[200];         /* why not tsc, when clock_gettime is used             */
 } probe_state;
 
@@ -62,7 +67,8 @@ static PyObject *ProbeError;
 
 static const char *misses_of(const char *backend) {
     if (!backend) return "";
-    if (strcmp(backend, "precise") == 0) return MISSES_PRECISE;
+    if (strcmp(backend, "precise") == 0)
+        return probe.method && strcmp(probe.method, "got") == 0 ? MISSES_PRECISE_GOT : MISSES_PRECISE;
     if (strcmp(backend, "exported") == 0) return MISSES_EXPORTED;
     return MISSES_SAMPLING;
 }
@@ -91,8 +97,10 @@ static PyObject *status_dict(void) {
     char version[64];
     python_version(version, sizeof version);
     PyObject *d = Py_BuildValue(
-        "{s:s,s:O,s:s,s:s,s:s,s:K,s:i,s:i,s:s,s:s}",
+        "{s:s,s:s,s:O,s:s,s:s,s:s,s:K,s:i,s:i,s:s,s:s}",
         "backend", probe.backend ? probe.backend : "none",
+        /* precise: "got" (the GIL's mutexes through the GOT) or "inline" (patched functions) */
+        "method", probe.backend && probe.method ? probe.method : "",
         "running", probe.ring ? Py_True : Py_False,
         "misses", misses_of(probe.backend),
         "ring_path", probe.ring_path,
@@ -136,6 +144,10 @@ static PyObject *status_dict(void) {
     return d;
 }
 
+static PyObject *start_locked(const char *ring_path, const char *events_path, const char *backend, unsigned int capacity,
+                              unsigned int drain_period_us, unsigned int sample_period_us, const char *clock,
+                              int wait_when_full);
+
 static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"ring_path", "events_path", "backend", "capacity", "drain_period_us",
@@ -154,6 +166,22 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
         PyErr_Format(ProbeError, "the probe is already recording into %s", probe.ring_path);
         return NULL;
     }
+    if (probe.starting) {
+        /* The precise backend's install releases and re-takes the GIL once (learning the
+         * GIL's mutexes): another thread may get here meanwhile. */
+        PyErr_SetString(ProbeError, "the probe is being started by another thread");
+        return NULL;
+    }
+    probe.starting = 1;
+    PyObject *started = start_locked(ring_path, events_path, backend, capacity, drain_period_us, sample_period_us, clock,
+                                     wait_when_full);
+    probe.starting = 0;
+    return started;
+}
+
+static PyObject *start_locked(const char *ring_path, const char *events_path, const char *backend, unsigned int capacity,
+                              unsigned int drain_period_us, unsigned int sample_period_us, const char *clock,
+                              int wait_when_full) {
     /* A ring inherited through fork() is left mapped, never closed: its drain thread's
      * condition variable had a waiter in the parent, so destroying it here would block. */
     probe.ring_from_parent = NULL;
@@ -184,6 +212,7 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     probe.hooks_installed = strcmp(chosen, "sampling") != 0;
+    probe.method = strcmp(chosen, "precise") == 0 ? tandem_hooks_precise_method() : "";
     char version[64];
     python_version(version, sizeof version);
     /* Deep lanes rather than many: up to 16 lanes (15 private) of >= 65536 slots each. A

@@ -66,7 +66,9 @@ typedef struct __attribute__((aligned(64))) {
     uint64_t capacity;         /* lane capacity (slots) */
     uint64_t tail_cache;       /* the lane's tail as last read: head - tail_cache >= real use */
     uint32_t shared_events;    /* events into the shared lane since the last look for a free lane */
-    int hook_take_state;       /* hooks.c: where this thread is in a take of the GIL */
+    int hook_take_state;       /* hooks.c: where this thread is in a take of the GIL (inline method) */
+    unsigned hook_gil_state;   /* hooks.c: the thread's GIL state and its generation (GOT method) */
+    int hook_learning;         /* hooks.c: this thread is learning the GIL's mutexes */
     uint16_t lane_index;
     uint16_t shared;           /* no private lane was free: producing into lane 0 */
 } lane_cache;
