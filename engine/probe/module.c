@@ -396,7 +396,7 @@ static PyObject *probe_hooks_only(PyObject *self, PyObject *arg) {
     (void)self;
     int on = PyObject_IsTrue(arg);
     if (on < 0) return NULL;
-    if (probe.ring) {
+    if (probe.ring || probe.starting) {
         PyErr_SetString(ProbeError, "stop the probe before _hooks_only");
         return NULL;
     }
