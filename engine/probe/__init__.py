@@ -127,6 +127,7 @@ def _write_meta(state: str, status: dict, final: bool = False) -> None:
             "python_version": sys.version.split()[0],
             "python_executable": sys.executable,
             "backend": status.get("backend"),
+            "method": status.get("method"),  # precise: "got" (the GIL's mutexes) or "inline" (patched functions)
             "misses": status.get("misses"),
             "fallback_reasons": status.get("fallback_reasons", ""),
             "clock": status.get("clock"),                # stamp clock: "tsc" or "clock_gettime"
