@@ -81,6 +81,7 @@ def thread_kinds(events, tid: int) -> np.ndarray:
 def test_sleeping_thread_releases_the_gil_for_each_sleep(python, method, tmp_path):
     witness, events, df = run_workload(python, "sleeper", "auto", tmp_path, env=method_env(python, method))
     assert witness["status"]["backend"] == "precise" and witness["status"]["method"] == method
+    assert ("TANDEM_PROBE_METHOD=inline" in witness["status"]["method_reason"]) == (method == "inline")
     assert witness["status"]["clock"] == ("tsc" if tsc_usable() else "clock_gettime")  # the default stamp clock
     assert events.header.clock_id == 1  # drained times are CLOCK_MONOTONIC ns whatever the stamp clock
     assert events.lost == 0

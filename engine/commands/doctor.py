@@ -60,6 +60,8 @@ def _probe_rows() -> list[tuple[str, str]]:
     rows = [("GIL probe", f"Python {sys.version.split()[0]}: `auto` picks [bold]{picked}[/bold]; misses: {status['misses']}")]
     if status.get("fallback_reasons"):
         rows.append(("probe fallbacks", status["fallback_reasons"]))
+    if status.get("method_reason"):
+        rows.append(("precise: not the GOT method", status["method_reason"]))
     rows.append(("precise, inline hooks", "[green]possible[/green] (take_gil/drop_gil in .symtab)" if inline
                  else "[yellow]not here (take_gil/drop_gil not in .symtab)[/yellow]"))
     for name, misses in _probe.backends().items():

@@ -128,6 +128,7 @@ def _write_meta(state: str, status: dict, final: bool = False) -> None:
             "python_executable": sys.executable,
             "backend": status.get("backend"),
             "method": status.get("method"),  # precise: "got" (the GIL's mutexes) or "inline" (patched functions)
+            "method_reason": status.get("method_reason", ""),  # why inline, not got
             "misses": status.get("misses"),
             "fallback_reasons": status.get("fallback_reasons", ""),
             "clock": status.get("clock"),                # stamp clock: "tsc" or "clock_gettime"

@@ -76,7 +76,8 @@ static tandem_thread_slot *slot_for_this_thread(void) {
  * TLB its entries (the shared 2-core VM here: a system call followed by 8 stores to 8
  * distinct pages costs ~25 ns more than to 8 lines of one page) every distinct page a
  * stamp touches is a TLB miss. A stamp's data is now this page, the thread's TLS, the
- * ring slot and the lane's head; its code one page (HOT_CODE) and one trampoline page.
+ * ring slot and the lane's head; its code one page (HOT_CODE), plus, with the inline
+ * hooks, one trampoline page.
  *
  * Stop must know when no thread is still inside tandem_ring_emit_gil for the ring it is
  * about to close. Each thread raises its own in_stamp flag around the emit (plain stores,

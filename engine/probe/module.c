@@ -111,6 +111,10 @@ static PyObject *status_dict(void) {
         "fallback_reasons", probe.fallback,
         "python_version", version);
     if (d == NULL) return NULL;
+    /* why the precise backend runs its inline hooks rather than the GOT method */
+    PyObject *method_reason = Py_BuildValue("s", probe.method && strcmp(probe.method, "inline") == 0 ? tandem_hooks_got_method_why() : "");
+    if (method_reason) PyDict_SetItemString(d, "method_reason", method_reason);
+    Py_XDECREF(method_reason);
     PyObject *clock = Py_BuildValue("s", probe.clock_tsc ? "tsc" : "clock_gettime");
     PyObject *reason = Py_BuildValue("s", probe.clock_reason);
     if (clock) PyDict_SetItemString(d, "clock", clock);
