@@ -53,11 +53,14 @@ def _rotated(names: list[str], k: int) -> list[str]:
     return names[k:] + names[:k]
 
 
+def _median_quartiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=4)
+    return statistics.median(values), q[0], q[2]
+
+
 def _median_ratio(values: list[float], anchors: list[float]) -> tuple[float, float, float]:
     """Median and quartiles of the paired ratios value/anchor."""
-    ratios = [v / a for v, a in zip(values, anchors)]
-    q = statistics.quantiles(ratios, n=4)
-    return statistics.median(ratios), q[0], q[2]
+    return _median_quartiles([v / a for v, a in zip(values, anchors)])
 
 
 class _Probe:
@@ -196,9 +199,8 @@ def _phased(step, threads: int, contexts: dict, console, what: str, phase_s: flo
             t.join()
     result = {}
     for name in contexts:
-        result[name] = _median_ratio(cpu_per_step[name], cpu_per_step["none"])
-        median, q1, q3 = result[name]
         ratios = [v / a for v, a in zip(cpu_per_step[name], cpu_per_step["none"])]
+        result[name] = median, q1, q3 = _median_quartiles(ratios)
         half_ci = 1.96 * statistics.stdev(ratios) / len(ratios) ** 0.5 if name != "none" else 0.0
         console.print(f"{what}, {name}: {statistics.median(cpu_per_step[name]) * 1e6:.2f} us cpu per step (median phase); "
                       f"vs no probe: median {median:.3f}x (quartiles {q1:.3f}-{q3:.3f}), mean {statistics.fmean(ratios):.3f}x "

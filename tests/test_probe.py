@@ -72,6 +72,15 @@ def method_env(python: Path, method: str) -> dict:
     return env
 
 
+def assert_sleeps_recorded(df, tid: int, brackets):
+    """TID's released intervals within the span of its sleeps' brackets, checked with
+    assert_matches_sleeps; returns them."""
+    first, last = brackets[0][0], brackets[-1][1]
+    mine = df[(df.tid == tid) & (df.state == "released") & (df.start_ns >= first) & (df.end_ns <= last)]
+    assert_matches_sleeps(mine, brackets)
+    return mine
+
+
 def thread_kinds(events, tid: int) -> np.ndarray:
     return events.records["kind"][events.records["tid"] == tid]
 
@@ -85,10 +94,7 @@ def test_sleeping_thread_releases_the_gil_for_each_sleep(python, method, tmp_pat
     assert witness["status"]["clock"] == ("tsc" if tsc_usable() else "clock_gettime")  # the default stamp clock
     assert events.header.clock_id == 1  # drained times are CLOCK_MONOTONIC ns whatever the stamp clock
     assert events.lost == 0
-    tid = witness["tid"]
-    first, last = witness["brackets"][0][0], witness["brackets"][-1][1]
-    mine = df[(df.tid == tid) & (df.state == "released") & (df.start_ns >= first) & (df.end_ns <= last)]
-    assert_matches_sleeps(mine, witness["brackets"])
+    mine = assert_sleeps_recorded(df, witness["tid"], witness["brackets"])
     assert set(mine.thread_name) == {"sleeper"}
     assert (mine.pid == df.attrs["pid"]).all()
     assert df.attrs["backend"] == "precise"
@@ -116,9 +122,7 @@ def test_clock_gettime_fallback_when_forced(python, tmp_path):
     assert witness["status"]["clock_reason"] == "clock_gettime requested"
     ring = read_ring(tmp_path / "sleeper-auto.gil.ring")[0]
     assert ring.clock_id == 1
-    first, last = witness["brackets"][0][0], witness["brackets"][-1][1]
-    mine = df[(df.tid == witness["tid"]) & (df.state == "released") & (df.start_ns >= first) & (df.end_ns <= last)]
-    assert_matches_sleeps(mine, witness["brackets"])
+    assert_sleeps_recorded(df, witness["tid"], witness["brackets"])
 
 
 @pytest.mark.parametrize("python", python_params())
@@ -185,10 +189,7 @@ def test_fallback_backends_forced(python, backend, tmp_path):
     if backend == "exported":
         witness, events, df = run_workload(python, "sleeper", backend, tmp_path)
         assert witness["status"]["backend"] == "exported"
-        mine = df[(df.tid == witness["tid"]) & (df.state == "released")]
-        first, last = witness["brackets"][0][0], witness["brackets"][-1][1]
-        mine = mine[(mine.start_ns >= first) & (mine.end_ns <= last)]
-        assert_matches_sleeps(mine, witness["brackets"])
+        assert_sleeps_recorded(df, witness["tid"], witness["brackets"])
         # what it misses (docs/probe.md): forced switches between CPU-bound threads
         witness, events, df = run_workload(python, "spinners", backend, tmp_path)
         both_spinning = (max(b[0] for b in witness["brackets"].values()), min(b[1] for b in witness["brackets"].values()))
@@ -584,10 +585,7 @@ def test_exported_backend_follows_modules_loaded_after_start(python, tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["sites_after"] > out["sites"]
-    df = read_gil(events_file)
-    first, last = out["brackets"][0][0], out["brackets"][-1][1]
-    mine = df[(df.tid == out["tid"]) & (df.state == "released") & (df.start_ns >= first) & (df.end_ns <= last)]
-    assert_matches_sleeps(mine, out["brackets"])
+    assert_sleeps_recorded(read_gil(events_file), out["tid"], out["brackets"])
 
 
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")
@@ -621,9 +619,7 @@ def test_stripped_lto_interpreter_gets_the_got_method(tmp_path):
     assert out["inline"] == "sampling" and "calls PyEval_SaveThread directly" in out["why"]
     witness, events, df = run_workload(SYSTEM_PYTHON, "sleeper", "auto", tmp_path)
     assert witness["status"]["backend"] == "precise" and witness["status"]["method"] == "got"
-    first, last = witness["brackets"][0][0], witness["brackets"][-1][1]
-    mine = df[(df.tid == witness["tid"]) & (df.state == "released") & (df.start_ns >= first) & (df.end_ns <= last)]
-    assert_matches_sleeps(mine, witness["brackets"])
+    assert_sleeps_recorded(df, witness["tid"], witness["brackets"])
 
 
 _LAZY_REQUEST_WORKLOAD = r'''

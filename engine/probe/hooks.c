@@ -377,15 +377,15 @@ static void learn_mutex(pthread_mutex_t *mutex) {
 }
 
 /* Learn gil->mutex and switch_mutex (see above); the GOT slots of pthread_mutex_lock and
- * pthread_cond_timedwait must be ours (install_lazy_request) and the caller must hold the
- * GIL. Returns 0, or -1 with the reason. */
+ * pthread_cond_timedwait must be ours (the caller checks lazy_request) and the caller must
+ * hold the GIL. Returns 0, or -1 with the reason. */
 static int learn_gil_mutexes(char *err, size_t errlen) {
     typedef void *(*save_fn)(void);
     typedef void (*restore_fn)(void *);
     save_fn save = (save_fn)dlsym(RTLD_DEFAULT, "PyEval_SaveThread");
     restore_fn restore = (restore_fn)dlsym(RTLD_DEFAULT, "PyEval_RestoreThread");
-    if (!lazy_request || !save || !restore) {
-        snprintf(err, errlen, "the interpreter's GOT has no pthread_mutex_lock/pthread_cond_timedwait slots to learn the GIL's mutexes from");
+    if (!save || !restore) {
+        snprintf(err, errlen, "PyEval_SaveThread/PyEval_RestoreThread are not exported here");
         return -1;
     }
     lane_cache *c = my_lane_fast();
@@ -550,8 +550,7 @@ int tandem_hooks_install_precise(char *err, size_t errlen) {
     int drops = patch_all("drop_gil", drop_patches, drop_hooks, why, sizeof why);
     int takes = drops < 0 ? -1 : patch_all("take_gil", take_patches, take_hooks, why, sizeof why);
     if (takes < 0) {
-        for (int i = 0; i < drops; i++) tandem_patch_uninstall(&drop_patches[i]);
-        tandem_hooks_uninstall();   /* the lazy request's GOT slots */
+        tandem_hooks_uninstall();   /* drop_gil's patches if any, the lazy request's GOT slots */
         snprintf(err, errlen, "GOT method: %s; inline hooks: %s", got_method_why, why);
         return -1;
     }

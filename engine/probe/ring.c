@@ -823,9 +823,7 @@ static void *drain_main(void *arg) {
         atomic_store_explicit(&ring->wake_pending, 0, memory_order_relaxed); /* before the pass: a later request wakes the next */
         pthread_mutex_unlock(&ring->drain_mutex);
         uint64_t backlog = drain_once(ring);
-        struct timespec cpu;
-        if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
-            atomic_store_explicit(&ring->drain_cpu_ns, (uint64_t)cpu.tv_sec * 1000000000u + (uint64_t)cpu.tv_nsec, memory_order_relaxed);
+        atomic_store_explicit(&ring->drain_cpu_ns, clock_ns(CLOCK_THREAD_CPUTIME_ID), memory_order_relaxed);
         /* A lane over a quarter full at wake-up: come back sooner (down to 100 us); an
          * idle ring: back to the configured period. Producers also wake the drain when a
          * lane is half full (wake_drain) or full (wait_for_room). */
