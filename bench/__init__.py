@@ -14,7 +14,7 @@ class Row:
     anchor: float    # same unit, the anchor's figure
     unit: str        # "s", "ns/event", "events/s"
     goal: str        # the bar from the issue, e.g. "<= 1.5x"
-    ratio_ok: bool   # whether the bar is met
+    ratio_ok: bool | None  # whether the bar is met; None: a row without a bar (a floor, a breakdown)
 
     @property
     def ratio(self) -> float:

@@ -7,6 +7,9 @@ from rich.console import Console
 from rich.table import Table
 
 
+MET = {True: "yes", False: "[red]no[/red]", None: "-"}
+
+
 def main(argv: list[str]) -> int:
     console = Console(width=max(Console().width, 150))  # the results table is wide
     names = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name.startswith("bench_"))
@@ -20,7 +23,7 @@ def main(argv: list[str]) -> int:
     for col in ("area", "what", "ours", "anchor", "unit", "ratio", "goal", "met"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r.area, r.what, f"{r.ours:.4g}", f"{r.anchor:.4g}", r.unit, f"{r.ratio:.3g}x", r.goal, "yes" if r.ratio_ok else "[red]no[/red]")
+        table.add_row(r.area, r.what, f"{r.ours:.4g}", f"{r.anchor:.4g}", r.unit, f"{r.ratio:.3g}x", r.goal, MET[r.ratio_ok])
     console.print(table)
     return 0
 

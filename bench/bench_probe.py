@@ -118,6 +118,26 @@ class _Knocker:
         self.knocker.stop()
 
 
+class _Hooks:
+    """Context: the precise backend's hooks with no ring (MODE 1: the interception alone), or
+    with every stamp reading the TSC and writing nothing (MODE 2: interception and clock
+    reads, the floor under any probe that stamps a release and a re-take)."""
+
+    def __init__(self, mode: int):
+        self.mode = mode
+
+    def __enter__(self):
+        from engine.probe import _probe
+
+        _probe._hooks_only(self.mode)
+        return self
+
+    def __exit__(self, *exc):
+        from engine.probe import _probe
+
+        _probe._hooks_only(0)
+
+
 class _Nothing:
     def __enter__(self):
         return self
@@ -230,7 +250,14 @@ def main(console) -> list[Row]:
         events_before = {clock: p.events for clock, p in probes.items()}
         per_event = {}
         inline = _Probe(Path(tmp), "tsc", "inline")
-        single = _single_thread(fd, {"none": _Nothing(), **{f"probe {c}": p for c, p in probes.items()}, "probe tsc inline": inline})
+        floors = {}
+        try:
+            with _Hooks(2):
+                floors = {"hooks only": _Hooks(1), "hooks + clock reads": _Hooks(2)}
+        except Exception as e:  # no TSC, no precise backend: the probe rows still run
+            console.print(f"no floor rows: {e}")
+        single = _single_thread(fd, {"none": _Nothing(), **{f"probe {c}": p for c, p in probes.items()}, "probe tsc inline": inline,
+                                     **floors})
         if probes["tsc"].clock_used != "tsc":
             console.print(f"[red]the TSC clock is not usable here: the 'tsc' rows ran {probes['tsc'].clock_used}[/red]")
         round_trip_ns = statistics.median(single["none"])
@@ -256,6 +283,23 @@ def main(console) -> list[Row]:
         ratio, q1, q3 = _median_ratio(single["probe tsc inline"], single["none"])
         console.print(f"probe (tsc) method {probes['tsc'].method_used} above; method {inline.method_used}: adds "
                       f"{statistics.median(added):.1f} ns per call, ratio {ratio:.3f}x ({q1:.3f}-{q3:.3f})")
+
+        # The floor: the same rounds with the hooks alone and with the hooks reading the TSC
+        # at every stamp but writing nothing. What the full probe adds beyond the second is
+        # the recording; the second's ratio is what no recording, however cheap, gets below.
+        if floors:
+            added = {name: statistics.median([p - n for p, n in zip(single[name], single["none"])])
+                     for name in ("hooks only", "hooks + clock reads", "probe tsc")}
+            per_call = 2  # stamps per call of the one-thread loop: a drop and an acquisition
+            reads = added["hooks + clock reads"] - added["hooks only"]
+            console.print(f"where a call's cost goes (tsc, method {probes['tsc'].method_used}): hooks {added['hooks only']:.1f} ns, "
+                          f"+ {per_call} TSC reads {reads:.1f} ns ({reads / per_call:.1f} each), + writing the records "
+                          f"{added['probe tsc'] - added['hooks + clock reads']:.1f} ns (medians of paired rounds)")
+            ratio, q1, q3 = _median_ratio(single["hooks + clock reads"], single["none"])
+            rows.append(Row("probe", f"(tsc) floor, 1 thread lseek: hooks + {per_call} TSC reads per call, nothing recorded / "
+                            f"no probe (quartiles {q1:.3f}-{q3:.3f})", ratio, 1.0, "ratio", "none: the floor under <= 1.25x", None))
+            rows.append(Row("probe", "(tsc) floor per event: hooks + one TSC read, nothing recorded (same rounds)",
+                            added["hooks + clock reads"] / per_call, round_trip_ns, "ns/event", "none: the floor under 40 ns", None))
 
         # 1b. the stamp alone in a C loop (warm ring, no drop) vs a bare clock_gettime and a
         # bare rdtsc in the same loop, back to back: a busy machine slows all alike (the

@@ -321,6 +321,34 @@ def test_hook_code_fits_one_page():
     assert len(pages) == 1, {name: hex(start) for name, (start, _) in spans.items()}
 
 
+@pytest.mark.skipif(not tsc_usable(), reason="the benchmark's floor modes read the TSC, not usable here")
+def test_benchmark_floor_modes_record_nothing_and_leave_the_probe_working(tmp_path):
+    """_hooks_only (bench/bench_probe.py's floor rows): the hooks alone, then the hooks reading
+    the TSC at every stamp, write nothing anywhere; afterwards a real start records again,
+    and an unknown mode or a mode while the probe runs is refused."""
+    code = ("import json, os, sys, engine.probe\n"
+            "from engine.probe import _probe\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+            "for mode in (1, 2, 1, 2, 0):\n"
+            "    _probe._hooks_only(mode)\n"
+            "    for _ in range(20000): os.lseek(fd, 0, os.SEEK_CUR)\n"
+            "refused = []\n"
+            "try: _probe._hooks_only(3)\n"
+            "except ValueError: refused.append('mode 3')\n"
+            "engine.probe.start(os.path.join(sys.argv[1], 'after.gil'))\n"
+            "try: _probe._hooks_only(2)\n"
+            "except _probe.ProbeError: refused.append('running')\n"
+            "for _ in range(1000): os.lseek(fd, 0, os.SEEK_CUR)\n"
+            "final = engine.probe.stop()\n"
+            "print(json.dumps({'files': sorted(os.listdir(sys.argv[1])), 'events': final['events'], 'refused': refused}))\n")
+    out = subprocess.run([str(VENV_PYTHON), "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["refused"] == ["mode 3", "running"]
+    assert result["events"] >= 2000  # a drop and an acquisition per lseek, from the real start only
+    assert [f for f in result["files"] if not f.startswith("after.gil")] == []
+
+
 @pytest.mark.parametrize("python", python_params())
 def test_precise_backend_maps_one_trampoline_page(python, tmp_path):
     """Every patched copy of drop_gil and take_gil gets its trampoline from one shared page."""

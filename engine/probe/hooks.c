@@ -120,6 +120,7 @@ static struct {
         pthread_mutex_t *switch_mutex;       /* the main interpreter's GIL (NULL: not in use)      */
         unsigned gil_generation;             /* GOT method: bumped at each install and fork        */
         int learning;                        /* GOT method: a thread is learning the mutexes       */
+        int dry_clock;                       /* benchmark: no ring, a stamp still reads its clock  */
     } g;
     tandem_patch take_patches[TANDEM_MAX_COPIES], drop_patches[TANDEM_MAX_COPIES];
     tandem_thread_slot slots[HOT_PAGE_SLOTS];
@@ -214,6 +215,9 @@ static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind) {
         }
         tandem_lane_write(c, kind, s->tid, t);
         s->events++;
+    } else if (__builtin_expect(hot.dry_clock, 0)) {
+        uint64_t t = tandem_rdtsc();             /* read, kept, written nowhere */
+        __asm__ volatile("" ::"r"(t));
     }
     __asm__ volatile("" ::: "memory");
     s->in_stamp = 0;
@@ -424,6 +428,14 @@ static void ensure_membarrier(void) {
     if (membarrier_ready == -1) {
         membarrier_ready = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
     }
+}
+
+/* Benchmark only (module.c's _hooks_only): with no ring set, every fast-path stamp still
+ * reads the TSC and throws the value away, so that the interception plus the clock reads,
+ * the floor under any stamp, can be measured apart from writing the record. */
+void tandem_hooks_set_dry_clock(int on) {
+    ensure_membarrier(); /* the fast path needs it, as with a ring */
+    hot.dry_clock = on;
 }
 
 void tandem_hooks_set_ring(tandem_ring *ring) {

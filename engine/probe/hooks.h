@@ -39,6 +39,10 @@ void tandem_stamp_for(uint16_t kind, uint32_t tid);
 void tandem_hooks_set_clock(int tsc);
 int tandem_hooks_clock_is_tsc(void);
 
+/* Benchmark only: with no ring set, fast-path stamps (TSC clock) read the TSC and write
+ * nothing (1), or do neither (0). Call it while no ring is set. */
+void tandem_hooks_set_dry_clock(int on);
+
 /* Make RING the one the stamps go to (NULL: stop stamping). Detaching waits until no
  * thread is still writing into the old ring, so the caller may close it afterwards. */
 void tandem_hooks_set_ring(tandem_ring *ring);

@@ -394,24 +394,39 @@ static PyObject *probe_bench_stamp(PyObject *self, PyObject *args) {
     return Py_BuildValue("(ddd)", elapsed_ns(&t0, &t1) / count, elapsed_ns(&t1, &t2) / count, elapsed_ns(&t2, &t3) / count);
 }
 
-/* Benchmark entry point: install (True) or remove (False) the precise hooks without any
- * ring, to measure what the interception alone costs apart from timestamps and the ring. */
+/* Benchmark entry point: _hooks_only(0) removes the precise hooks, 1 installs them with no
+ * ring (what the interception alone costs), 2 also makes every stamp read the TSC and write
+ * nothing (interception plus clock reads: the floor under any stamp); bench/bench_probe.py. */
 static PyObject *probe_hooks_only(PyObject *self, PyObject *arg) {
     (void)self;
-    int on = PyObject_IsTrue(arg);
-    if (on < 0) return NULL;
+    long mode = PyLong_AsLong(arg);
+    if (mode == -1 && PyErr_Occurred()) return NULL;
+    if (mode < 0 || mode > 2) {
+        PyErr_SetString(PyExc_ValueError, "_hooks_only takes 0 (off), 1 (hooks) or 2 (hooks and clock reads)");
+        return NULL;
+    }
     if (probe.ring || probe.starting) {
         PyErr_SetString(ProbeError, "stop the probe before _hooks_only");
         return NULL;
     }
     char err[300];
-    if (on && !probe.hooks_installed) {
+    /* Both modes on the TSC clock where it is usable, so both take the stamp's fast path and
+     * differ by the clock reads alone. */
+    int tsc = tandem_clock_choose("tsc", err, sizeof err) == 1;
+    if (mode == 2 && !tsc) {
+        PyErr_Format(ProbeError, "_hooks_only(2) needs the TSC clock: %s", err);
+        return NULL;
+    }
+    tandem_hooks_set_clock(tsc);
+    tandem_hooks_set_dry_clock(mode == 2);
+    if (mode && !probe.hooks_installed) {
         if (tandem_hooks_install_precise(err, sizeof err) != 0) {
+            tandem_hooks_set_dry_clock(0);
             PyErr_SetString(ProbeError, err);
             return NULL;
         }
         probe.hooks_installed = 1;
-    } else if (!on && probe.hooks_installed) {
+    } else if (!mode && probe.hooks_installed) {
         tandem_hooks_uninstall();
         probe.hooks_installed = 0;
     }
@@ -436,7 +451,7 @@ static PyMethodDef probe_methods[] = {
     {"backends", probe_backends, METH_NOARGS, "Backend name -> what it can miss."},
     {"_insn_length", probe_insn_length, METH_O, "Test hook: length of a movable prologue instruction."},
     {"_find_function", probe_find_function, METH_O, "Test hook: copies of a function in .symtab."},
-    {"_hooks_only", probe_hooks_only, METH_O, "Benchmark: precise hooks on/off without a ring."},
+    {"_hooks_only", probe_hooks_only, METH_O, "Benchmark: _hooks_only(0|1|2): precise hooks off, on without a ring, on with clock reads."},
     {"_bench_stamp", probe_bench_stamp, METH_VARARGS, "Benchmark: _bench_stamp(ring_path, count, clock='auto') -> (ns per stamp, ns per clock_gettime, ns per rdtsc)."},
     {NULL, NULL, 0, NULL},
 };
