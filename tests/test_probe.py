@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -302,11 +303,17 @@ def test_decoder_refuses_what_it_cannot_relocate():
 
 HOT_HOOKS = ("tandem_stamp", "mutex_lock_hook", "cond_timedwait_hook", "save_thread_hook", "restore_thread_hook",
              *(f"{kind}_gil_hook_{i}" for kind in ("take", "drop") for i in range(4)))
+# Where the hooks may branch outside their page: the stamp's slow path (a thread's first
+# stamp, a new ring, a full lane), not taken on a steady hand-over.
+HOT_HOOKS_SLOW_PATHS = ("stamp_general",)
+DIRECT_BRANCH = re.compile(r"^\s*[0-9a-f]+:\s+(?:callq?|j[a-z]+)\s+([0-9a-f]+) <([^>+]+)", re.MULTILINE)
 
 
 def test_hook_code_fits_one_page():
     """The code run on every GIL hand-over (docs/probe.md, "Cost": the hot page) lies in one
-    4 KiB page of the extension, so a hand-over after a system call costs one iTLB entry."""
+    4 KiB page of the extension, so a hand-over after a system call costs one iTLB entry;
+    and no direct call or jump from it leaves the page but to a slow path (a helper the
+    compiler chose to outline would)."""
     from engine.probe import _probe
 
     symbols = subprocess.run(["nm", "-S", _probe.__file__], capture_output=True, text=True, check=True).stdout
@@ -319,6 +326,15 @@ def test_hook_code_fits_one_page():
     assert set(spans) == set(HOT_HOOKS), set(HOT_HOOKS) - set(spans)
     pages = {address // 4096 for span in spans.values() for address in span}
     assert len(pages) == 1, {name: hex(start) for name, (start, _) in spans.items()}
+    (page,) = pages
+    leaving = set()
+    for name, (start, end) in spans.items():
+        code = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={start:#x}", f"--stop-address={end + 1:#x}", _probe.__file__],
+                              capture_output=True, text=True, check=True).stdout
+        for target, symbol in DIRECT_BRANCH.findall(code):
+            if int(target, 16) // 4096 != page and symbol not in HOT_HOOKS_SLOW_PATHS:
+                leaving.add(f"{name} -> {symbol}")
+    assert not leaving, leaving
 
 
 @pytest.mark.skipif(not tsc_usable(), reason="the benchmark's floor modes read the TSC, not usable here")

@@ -263,6 +263,7 @@ static inline __attribute__((always_inline)) void take_returned(void) {
 
 /* The first lock in a take is gil->mutex's (every version here locks it first). */
 #define real_mutex_lock hot.real_mutex_lock
+#define real_mutex_trylock hot.real_mutex_trylock
 #define real_cond_timedwait hot.real_cond_timedwait
 
 static int gil_mutex_locked(pthread_mutex_t *mutex);
@@ -275,7 +276,7 @@ HOT_CODE static int mutex_lock_hook(pthread_mutex_t *mutex) {
     if (__builtin_expect(hot.learning, 0)) learn_mutex(mutex);
     if (__builtin_expect(take_state == TAKE_ENTERED, 0)) {
         take_state = TAKE_LOCKED;
-        int rc = hot.real_mutex_trylock(mutex);
+        int rc = real_mutex_trylock(mutex);
         if (rc != EBUSY) return rc == 0 ? 0 : real_mutex_lock(mutex);
         take_state = TAKE_STAMPED;
         tandem_stamp(TANDEM_GIL_TAKE_REQUEST);   /* about to block on gil->mutex */
@@ -345,7 +346,7 @@ HOT_CODE static int gil_mutex_locked(pthread_mutex_t *mutex) {
         return rc;
     }
     set_gil_state(c, GIL_TAKING);                 /* take_gil */
-    int rc = hot.real_mutex_trylock(mutex);
+    int rc = real_mutex_trylock(mutex);
     if (rc != EBUSY) return rc == 0 ? 0 : real_mutex_lock(mutex);
     set_gil_state(c, GIL_REQUESTED);
     tandem_stamp(TANDEM_GIL_TAKE_REQUEST);       /* about to block on gil->mutex */
@@ -714,9 +715,9 @@ static void *dlopen_hook(const char *file, int mode) {
  * got_mutex held, after the take/drop hooks are in place. */
 static void install_lazy_request(void) {
     real_mutex_lock = (mutex_lock_fn)dlsym(RTLD_DEFAULT, "pthread_mutex_lock");
-    hot.real_mutex_trylock = (mutex_lock_fn)dlsym(RTLD_DEFAULT, "pthread_mutex_trylock");
+    real_mutex_trylock = (mutex_lock_fn)dlsym(RTLD_DEFAULT, "pthread_mutex_trylock");
     real_cond_timedwait = (cond_timedwait_fn)dlsym(RTLD_DEFAULT, "pthread_cond_timedwait");
-    if (!real_mutex_lock || !hot.real_mutex_trylock || !real_cond_timedwait) return;
+    if (!real_mutex_lock || !real_mutex_trylock || !real_cond_timedwait) return;
     object_range interpreter = interpreter_range();
     if (interpreter.end == 0) return;
     got_ctx lock_ctx = {(void *)mutex_lock_hook, interpreter, 0, 1};
