@@ -74,7 +74,43 @@ def jpype_sleep() -> dict:
     return out
 
 
-WORKLOADS = {"sleeper": sleeper, "spinners": spinners, "jpype_sleep": jpype_sleep}
+def own_gil_sleeper() -> dict:
+    """A thread running in a sub-interpreter with a GIL of its own (3.12+) sleeps 10 ms fifty
+    times, each sleep bracketed by monotonic_ns() inside the sub-interpreter; the witnesses
+    come back through a pipe. The interpreter is destroyed before the probe stops."""
+    import os
+
+    try:
+        import _interpreters as interpreters  # 3.13
+
+        interp = interpreters.create("isolated")
+    except ImportError:
+        import _xxsubinterpreters as interpreters  # 3.12
+
+        interp = interpreters.create(isolated=True)
+    read_end, write_end = os.pipe()
+    code = (
+        "import _thread, json, os, time\n"
+        "brackets = []\n"
+        "for _ in range(50):\n"
+        "    before = time.monotonic_ns()\n"
+        "    time.sleep(0.010)\n"
+        "    brackets.append((before, time.monotonic_ns()))\n"
+        f"os.write({write_end}, json.dumps({{'tid': _thread.get_native_id(), 'brackets': brackets}}).encode())\n"
+    )
+    thread = threading.Thread(target=interpreters.run_string, args=(interp, code), name="in-subinterpreter")
+    thread.start()
+    thread.join()
+    os.close(write_end)
+    data = b""
+    while chunk := os.read(read_end, 65536):
+        data += chunk
+    os.close(read_end)
+    interpreters.destroy(interp)
+    return json.loads(data)
+
+
+WORKLOADS = {"sleeper": sleeper, "spinners": spinners, "jpype_sleep": jpype_sleep, "own_gil_sleeper": own_gil_sleeper}
 
 if __name__ == "__main__":
     workload, events_file, backend = sys.argv[1:4]

@@ -301,11 +301,12 @@ def test_decoder_refuses_what_it_cannot_relocate():
             _probe._insn_length(bytes.fromhex(code))
 
 
-HOT_HOOKS = ("tandem_stamp", "mutex_lock_hook", "cond_timedwait_hook", "save_thread_hook", "restore_thread_hook",
+HOT_HOOKS = ("tandem_stamp", "mutex_lock_hook", "other_mutex_locked", "cond_timedwait_hook", "save_thread_hook", "restore_thread_hook",
              *(f"{kind}_gil_hook_{i}" for kind in ("take", "drop") for i in range(4)))
 # Where the hooks may branch outside their page: the stamp's slow path (a thread's first
-# stamp, a new ring, a full lane), not taken on a steady hand-over.
-HOT_HOOKS_SLOW_PATHS = ("stamp_general",)
+# stamp, a new ring, a full lane) and a sub-interpreter GIL's first take, not taken on a
+# steady hand-over.
+HOT_HOOKS_SLOW_PATHS = ("stamp_general", "maybe_other_gil_taken")
 DIRECT_BRANCH = re.compile(r"^\s*[0-9a-f]+:\s+(?:callq?|j[a-z]+)\s+([0-9a-f]+) <([^>+]+)", re.MULTILINE)
 
 
@@ -335,6 +336,23 @@ def test_hook_code_fits_one_page():
             if int(target, 16) // 4096 != page and symbol not in HOT_HOOKS_SLOW_PATHS:
                 leaving.add(f"{name} -> {symbol}")
     assert not leaving, leaving
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("python", python_params())
+def test_sub_interpreter_with_its_own_gil(python, method, tmp_path):
+    """A thread in a sub-interpreter with a GIL of its own (3.12+; Jep's isolated
+    SubInterpreterOptions make the same) sleeps 10 ms fifty times: every sleep is a released
+    interval on its thread. The GOT method learns that GIL at its first take and forgets it
+    when the interpreter is destroyed; the inline hooks see every GIL alike."""
+    if python.name in ("python3.11",):
+        pytest.skip("sub-interpreters with a GIL of their own are 3.12+")
+    witness, events, df = run_workload(python, "own_gil_sleeper", "precise", tmp_path, env=method_env(python, method))
+    assert witness["status"]["method"] == method
+    assert events.lost == 0
+    assert_sleeps_recorded(df, witness["tid"], witness["brackets"])
+    if method == "got":
+        assert witness["status"]["own_gils"] == {"now": 0, "learned": 1, "missed": 0}
 
 
 @pytest.mark.skipif(not tsc_usable(), reason="the benchmark's floor modes read the TSC, not usable here")

@@ -130,6 +130,8 @@ def _write_meta(state: str, status: dict, final: bool = False) -> None:
             "method": status.get("method"),  # precise: "got" (the GIL's mutexes) or "inline" (patched functions)
             "method_reason": status.get("method_reason", ""),  # why inline, not got
             "misses": status.get("misses"),
+            # GOT method: sub-interpreters' own GILs known now / learned / not kept (docs/probe.md)
+            "own_gils": status.get("own_gils"),
             "fallback_reasons": status.get("fallback_reasons", ""),
             "clock": status.get("clock"),                # stamp clock: "tsc" or "clock_gettime"
             "clock_reason": status.get("clock_reason", ""),  # why not tsc

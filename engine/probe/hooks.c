@@ -121,6 +121,8 @@ static struct {
         unsigned gil_generation;             /* GOT method: bumped at each install and fork        */
         int learning;                        /* GOT method: a thread is learning the mutexes       */
         int dry_clock;                       /* benchmark: no ring, a stamp still reads its clock  */
+        int other_gils_high;                 /* GOT method: entries of other_gils in use (below)   */
+        int switch_offset;                   /* GOT method: switch_mutex - mutex in a GIL, bytes   */
     } g;
     tandem_patch take_patches[TANDEM_MAX_COPIES], drop_patches[TANDEM_MAX_COPIES];
     tandem_thread_slot slots[HOT_PAGE_SLOTS];
@@ -270,9 +272,12 @@ static int gil_mutex_locked(pthread_mutex_t *mutex);
 static int switch_mutex_locked(pthread_mutex_t *mutex);
 static void learn_mutex(pthread_mutex_t *mutex);
 
+static int other_mutex_locked(pthread_mutex_t *mutex);
+
 HOT_CODE static int mutex_lock_hook(pthread_mutex_t *mutex) {
     if (mutex == hot.gil_mutex) return gil_mutex_locked(mutex);
     if (mutex == hot.switch_mutex) return switch_mutex_locked(mutex);
+    if (hot.gil_mutex != NULL) return other_mutex_locked(mutex); /* GOT method: other GILs */
     if (__builtin_expect(hot.learning, 0)) learn_mutex(mutex);
     if (__builtin_expect(take_state == TAKE_ENTERED, 0)) {
         take_state = TAKE_LOCKED;
@@ -285,9 +290,10 @@ HOT_CODE static int mutex_lock_hook(pthread_mutex_t *mutex) {
 }
 
 static void gil_cond_waits(void);
+static int other_gil_index(pthread_mutex_t *mutex);
 
 HOT_CODE static int cond_timedwait_hook(pthread_cond_t *cond, pthread_mutex_t *mutex, const struct timespec *deadline) {
-    if (mutex == hot.gil_mutex) gil_cond_waits();
+    if (mutex == hot.gil_mutex || (hot.other_gils_high && other_gil_index(mutex) >= 0)) gil_cond_waits();
     else if (__builtin_expect(take_state == TAKE_ENTERED || take_state == TAKE_LOCKED, 0)) {
         take_state = TAKE_STAMPED;
         tandem_stamp(TANDEM_GIL_TAKE_REQUEST);   /* the GIL is held by another thread */
@@ -321,7 +327,8 @@ HOT_CODE static int cond_timedwait_hook(pthread_cond_t *cond, pthread_mutex_t *m
  * mutexes it locks: the first locked in each is gil->mutex, the second in the take
  * switch_mutex. Anything else (no GOT slots, a different first mutex, no second one) and
  * the precise backend uses inline hooks on take_gil/drop_gil instead. Sub-interpreters
- * with a GIL of their own (3.12+) lock other mutexes: their threads are not seen. */
+ * with a GIL of their own (3.12+) lock other mutexes: learned at their first take
+ * ("GILs of other interpreters" below). */
 
 enum { GIL_UNKNOWN, GIL_DROPPED, GIL_TAKING, GIL_REQUESTED, GIL_HOLDING };
 #define GIL_STATE_BITS 3u
@@ -373,6 +380,132 @@ HOT_CODE static void gil_cond_waits(void) {
     }
 }
 
+/* ---- GOT method: GILs of other interpreters ----------------------------------------
+ * A sub-interpreter with a GIL of its own (3.12+: `_interpreters`, Jep's isolated
+ * SubInterpreterOptions) runs the same take_gil/drop_gil on another struct, whose mutexes
+ * the install never saw. Such a GIL is learned at its first take, by the take's shape: a
+ * thread locks a mutex M that is no known GIL's, holds it, and its next lock is of
+ * M + switch_offset (the switch_mutex of the same struct; the offset is the main GIL's,
+ * the same struct in every interpreter). M then joins other_gils and this lock is that
+ * take's acquisition; from then on M and M + switch_offset go through the same state
+ * machine as the main GIL's (a thread holds one GIL at a time). A GIL whose mutex is
+ * destroyed (the interpreter is finalized) leaves the table (pthread_mutex_destroy's GOT
+ * slot, beside the others). Limits: OTHER_GILS_MAX at once (more are counted in
+ * other_gils_missed); the first take of each is seen at its acquisition only, its wait
+ * is not; a drop before that first take is not seen. */
+#define OTHER_GILS_MAX 8
+static pthread_mutex_t *_Atomic other_gils[OTHER_GILS_MAX]; /* NULL: free entry */
+static atomic_int other_gils_lock;          /* spin lock of writers; readers take none */
+static atomic_int other_gils_learned, other_gils_missed;
+static int (*real_mutex_destroy)(pthread_mutex_t *);
+
+HOT_CODE static int other_gil_index(pthread_mutex_t *mutex) {
+    int high = __atomic_load_n(&hot.other_gils_high, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < high; i++) {
+        if (atomic_load_explicit(&other_gils[i], memory_order_relaxed) == mutex) return i;
+    }
+    return -1;
+}
+
+/* MUTEX, which this thread locked, is still held by it: glibc keeps the owner's tid in it.
+ * The caller knows MUTEX was locked through our hook, so its page was mapped then; whether
+ * it still is, when it is not MUTEX + switch_offset's page, mincore says without a fault. */
+static int held_by_this_thread(pthread_mutex_t *mutex, pthread_mutex_t *next) {
+#ifdef __GLIBC__
+    uintptr_t page = (uintptr_t)mutex & ~(uintptr_t)4095;
+    if (page != ((uintptr_t)next & ~(uintptr_t)4095)) {
+        unsigned char resident;
+        if (mincore((void *)page, 1, &resident) != 0) return 0; /* ENOMEM: not mapped */
+    }
+    return mutex->__data.__owner == (int)syscall(SYS_gettid);
+#else
+    (void)mutex;
+    (void)next;
+    return 0;
+#endif
+}
+
+static void other_gils_writer(int take) {
+    if (take) {
+        while (atomic_exchange_explicit(&other_gils_lock, 1, memory_order_acquire)) sched_yield();
+    } else {
+        atomic_store_explicit(&other_gils_lock, 0, memory_order_release);
+    }
+}
+
+/* Add MUTEX (another GIL's mutex); 1 if it is in the table now. */
+static int learn_other_gil(pthread_mutex_t *mutex) {
+    other_gils_writer(1);
+    int high = hot.other_gils_high, free_entry = -1, found = 0;
+    for (int i = 0; i < high; i++) {
+        pthread_mutex_t *m = atomic_load_explicit(&other_gils[i], memory_order_relaxed);
+        if (m == mutex) found = 1;
+        if (m == NULL && free_entry < 0) free_entry = i;
+    }
+    if (!found) {
+        if (free_entry < 0 && high < OTHER_GILS_MAX) free_entry = high;
+        if (free_entry >= 0) {
+            atomic_store_explicit(&other_gils[free_entry], mutex, memory_order_release);
+            if (free_entry == high) __atomic_store_n(&hot.other_gils_high, high + 1, __ATOMIC_RELEASE);
+            atomic_fetch_add(&other_gils_learned, 1);
+            found = 1;
+        } else {
+            atomic_fetch_add(&other_gils_missed, 1);
+        }
+    }
+    other_gils_writer(0);
+    return found;
+}
+
+static void forget_other_gils(pthread_mutex_t *only) {
+    other_gils_writer(1);
+    for (int i = 0; i < hot.other_gils_high; i++) {
+        if (only == NULL || atomic_load_explicit(&other_gils[i], memory_order_relaxed) == only)
+            atomic_store_explicit(&other_gils[i], NULL, memory_order_relaxed);
+    }
+    if (only == NULL) __atomic_store_n(&hot.other_gils_high, 0, __ATOMIC_RELEASE);
+    other_gils_writer(0);
+}
+
+static int mutex_destroy_hook(pthread_mutex_t *mutex) {
+    if (hot.other_gils_high && other_gil_index(mutex) >= 0) forget_other_gils(mutex);
+    return real_mutex_destroy(mutex);
+}
+
+/* The lock of PREVIOUS + switch_offset (MUTEX) by a thread whose last lock was PREVIOUS:
+ * another GIL's first take if the thread still holds PREVIOUS. */
+static __attribute__((noinline, cold)) int maybe_other_gil_taken(lane_cache *c, pthread_mutex_t *previous, pthread_mutex_t *mutex) {
+    if (real_mutex_destroy == NULL || !held_by_this_thread(previous, mutex) || !learn_other_gil(previous))
+        return real_mutex_lock(mutex);
+    c->hook_last_lock = NULL;
+    int rc = real_mutex_lock(mutex);
+    set_gil_state(c, GIL_HOLDING);                /* that GIL's take_gil, at `_ready` */
+    tandem_stamp(TANDEM_GIL_TAKE_ACQUIRED);
+    return rc;
+}
+
+/* A mutex of no known GIL locked while the GOT method runs (out of line: the main GIL's
+ * hand-overs in mutex_lock_hook keep their short prologue). */
+HOT_CODE __attribute__((noinline)) static int other_mutex_locked(pthread_mutex_t *mutex) {
+    if (__builtin_expect(hot.other_gils_high != 0, 0)) {
+        if (other_gil_index(mutex) >= 0) return gil_mutex_locked(mutex);
+        if (other_gil_index((pthread_mutex_t *)((char *)mutex - hot.switch_offset)) >= 0) return switch_mutex_locked(mutex);
+    }
+    lane_cache *c = my_lane_fast();
+    pthread_mutex_t *previous = c->hook_last_lock;
+    c->hook_last_lock = mutex;
+    if (__builtin_expect((char *)mutex - hot.switch_offset == (char *)previous, 0)) return maybe_other_gil_taken(c, previous, mutex);
+    return real_mutex_lock(mutex);
+}
+
+int tandem_hooks_other_gils(int *learned, int *missed) {
+    *learned = atomic_load(&other_gils_learned);
+    *missed = atomic_load(&other_gils_missed);
+    int now = 0;
+    for (int i = 0; i < hot.other_gils_high; i++) now += atomic_load(&other_gils[i]) != NULL;
+    return now;
+}
+
 #define LEARN_MAX 8
 static pthread_mutex_t *learned[LEARN_MAX];
 static int learned_count;
@@ -410,6 +543,9 @@ static int learn_gil_mutexes(char *err, size_t errlen) {
     hot.gil_generation++;
     set_gil_state(c, GIL_HOLDING);                /* we hold the GIL again */
     hot.switch_mutex = learned[in_drop + 1];
+    hot.switch_offset = (int)((char *)hot.switch_mutex - (char *)learned[0]);
+    atomic_store(&other_gils_learned, 0);
+    atomic_store(&other_gils_missed, 0);
     __atomic_store_n(&hot.gil_mutex, learned[0], __ATOMIC_SEQ_CST);
     return 0;
 }
@@ -453,6 +589,8 @@ void tandem_hooks_set_ring(tandem_ring *ring) {
 
 void tandem_hooks_after_fork_child(void) {
     active_ring = NULL;               /* the parent's; its drain thread does not exist here */
+    atomic_store(&other_gils_lock, 0);
+    forget_other_gils(NULL);          /* the child keeps the main interpreter only */
     hot.gil_generation++;             /* GOT method: the interpreter re-creates the GIL and takes it */
     for (tandem_thread_slot *s = atomic_load(&all_slots); s; s = s->next) {
         s->in_stamp = 0;              /* threads that were mid-stamp do not exist here       */
@@ -731,6 +869,11 @@ static void install_lazy_request(void) {
         restore_slots_from(before);
         return;
     }
+    /* Optional: without it other interpreters' GILs are not learned (see other_gils). */
+    real_mutex_destroy = (int (*)(pthread_mutex_t *))dlsym(RTLD_DEFAULT, "pthread_mutex_destroy");
+    got_ctx destroy_ctx = {(void *)mutex_destroy_hook, interpreter, 0, 1};
+    if (real_mutex_destroy) tandem_for_each_got_slot("pthread_mutex_destroy", patch_slot, &destroy_ctx);
+    if (destroy_ctx.interpreter_slots == 0) real_mutex_destroy = NULL;
     __atomic_store_n(&lazy_request, 1, __ATOMIC_SEQ_CST);
 }
 
@@ -765,6 +908,7 @@ int tandem_hooks_install_exported(char *err, size_t errlen) {
 void tandem_hooks_uninstall(void) {
     __atomic_store_n(&hot.gil_mutex, NULL, __ATOMIC_SEQ_CST);
     hot.switch_mutex = NULL;
+    forget_other_gils(NULL);
     precise_method = "";
     for (int i = 0; i < TANDEM_MAX_COPIES; i++) {
         tandem_patch_uninstall(&take_patches[i]);

@@ -39,6 +39,10 @@ void tandem_stamp_for(uint16_t kind, uint32_t tid);
 void tandem_hooks_set_clock(int tsc);
 int tandem_hooks_clock_is_tsc(void);
 
+/* GOT method: GILs of sub-interpreters known now; LEARNED (since install) and MISSED (no
+ * room in the table) are written. */
+int tandem_hooks_other_gils(int *learned, int *missed);
+
 /* Benchmark only: with no ring set, fast-path stamps (TSC clock) read the TSC and write
  * nothing (1), or do neither (0). Call it while no ring is set. */
 void tandem_hooks_set_dry_clock(int on);

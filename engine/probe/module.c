@@ -32,7 +32,8 @@ static const char *const MISSES_PRECISE =
     "nothing: every release (voluntary, forced switch, thread exit) and every take is stamped";
 static const char *const MISSES_PRECISE_GOT =
     "nothing in the main interpreter: every release (voluntary, forced switch, thread exit) and every take "
-    "is stamped; threads of a sub-interpreter with a GIL of its own (3.12+) are not seen";
+    "is stamped; a sub-interpreter's own GIL (3.12+) is learned at its first take, whose wait and any "
+    "release before it are not seen, up to 8 such GILs at once (status()['own_gils'])";
 static const char *const MISSES_EXPORTED =
     "forced switches between CPU-bound threads, thread exit, releases inside libpython that "
     "do not go through the PLT";
@@ -122,6 +123,13 @@ static PyObject *status_dict(void) {
     Py_XDECREF(clock);
     Py_XDECREF(reason);
     PyDict_SetItemString(d, "wait_when_full", probe.wait_when_full ? Py_True : Py_False);
+    if (probe.method && strcmp(probe.method, "got") == 0) {
+        /* sub-interpreters' own GILs (GOT method): known now, learned since install, not kept */
+        int learned, missed, now = tandem_hooks_other_gils(&learned, &missed);
+        PyObject *v = Py_BuildValue("{s:i,s:i,s:i}", "now", now, "learned", learned, "missed", missed);
+        if (v) PyDict_SetItemString(d, "own_gils", v);
+        Py_XDECREF(v);
+    }
     if (probe.backend && strcmp(probe.backend, "sampling") == 0) {
         PyObject *v = PyLong_FromUnsignedLongLong(tandem_sampling_samples());
         PyDict_SetItemString(d, "samples", v);

@@ -69,6 +69,7 @@ typedef struct __attribute__((aligned(64))) {
     int hook_take_state;       /* hooks.c: where this thread is in a take of the GIL (inline method) */
     unsigned hook_gil_state;   /* hooks.c: the thread's GIL state and its generation (GOT method) */
     int hook_learning;         /* hooks.c: this thread is learning the GIL's mutexes */
+    void *hook_last_lock;      /* hooks.c: the last mutex this thread locked that is no known GIL's */
     uint16_t lane_index;
     uint16_t shared;           /* no private lane was free: producing into lane 0 */
 } lane_cache;
