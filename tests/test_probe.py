@@ -355,6 +355,29 @@ def test_sub_interpreter_with_its_own_gil(python, method, tmp_path):
         assert witness["status"]["own_gils"] == {"now": 0, "learned": 1, "missed": 0}
 
 
+@pytest.mark.parametrize("python", python_params())
+def test_session_with_an_isolated_sub_interpreter(python, tmp_path):
+    """Under TANDEM_SESSION every interpreter's site runs the autostart hook, a
+    sub-interpreter's too (Jep's SubInterpreter does the same): there it stays silent (the
+    main interpreter's probe sees the process; an isolated one could not even import the
+    probe), and the sub-interpreter thread's sleeps are in the session's table."""
+    if python.name in ("python3.11",):
+        pytest.skip("sub-interpreters with a GIL of their own are 3.12+")
+    env = probe_env(python)
+    env["TANDEM_SESSION"] = str(tmp_path / "session")
+    code = ("import json, sys\n"
+            f"sys.path.insert(0, {str(WORKLOADS.parent)!r})\n"
+            "import probe_workloads\n"
+            "print(json.dumps(probe_workloads.own_gil_sleeper()))\n")
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "tandem:" not in proc.stderr
+    witness = json.loads(proc.stdout.strip().splitlines()[-1])
+    df = read_gil(tmp_path / "session")
+    assert df.attrs["backend"] == "precise"
+    assert_sleeps_recorded(df, witness["tid"], witness["brackets"])
+
+
 @pytest.mark.skipif(not tsc_usable(), reason="the benchmark's floor modes read the TSC, not usable here")
 def test_benchmark_floor_modes_record_nothing_and_leave_the_probe_working(tmp_path):
     """_hooks_only (bench/bench_probe.py's floor rows): the hooks alone, then the hooks reading

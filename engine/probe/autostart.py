@@ -26,11 +26,30 @@ PTH_LINE = (
 )
 
 
+def in_sub_interpreter() -> bool:
+    """True in a sub-interpreter. Its site runs this hook too (Jep's SubInterpreter, the
+    `_interpreters` module), but the probe of the process's main interpreter already sees
+    its threads (legacy ones share the main GIL; the GOT method learns an own GIL at its
+    first take), and an isolated one cannot even import the probe (single-phase init)."""
+    try:
+        import _interpreters as interpreters  # 3.13: ids come as (id, whence)
+    except ImportError:
+        try:
+            import _xxsubinterpreters as interpreters  # 3.11, 3.12
+        except ImportError:
+            return False
+
+    def number(interp) -> int:
+        return int(interp[0] if isinstance(interp, tuple) else interp)
+
+    return number(interpreters.get_current()) != number(interpreters.get_main())
+
+
 def run() -> None:
     """Start recording into $TANDEM_SESSION (backend from $TANDEM_PROBE_BACKEND, default auto;
     TANDEM_PROBE_WAIT_WHEN_FULL=1: a thread waits for the drain rather than drop an event)."""
     session = os.environ.get("TANDEM_SESSION")
-    if not session:
+    if not session or in_sub_interpreter():
         return
     try:
         import engine.probe
