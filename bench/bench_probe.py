@@ -58,6 +58,11 @@ def _median_quartiles(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), q[0], q[2]
 
 
+def _paired_added(values: list[float], anchors: list[float]) -> list[float]:
+    """What each round added over the anchor round beside it (value - anchor)."""
+    return [v - a for v, a in zip(values, anchors)]
+
+
 def _median_ratio(values: list[float], anchors: list[float]) -> tuple[float, float, float]:
     """Median and quartiles of the paired ratios value/anchor."""
     return _median_quartiles([v / a for v, a in zip(values, anchors)])
@@ -248,7 +253,7 @@ def main(console) -> list[Row]:
         # and an acquisition; a take that did not wait writes no request): events per call as
         # the probe counted them
         events_before = {clock: p.events for clock, p in probes.items()}
-        per_event = {}
+        per_event, events_per_call = {}, {}
         inline = _Probe(Path(tmp), "tsc", "inline")
         floors = {}
         try:
@@ -262,8 +267,8 @@ def main(console) -> list[Row]:
             console.print(f"[red]the TSC clock is not usable here: the 'tsc' rows ran {probes['tsc'].clock_used}[/red]")
         round_trip_ns = statistics.median(single["none"])
         for clock, probe in probes.items():
-            per_call = (probe.events - events_before[clock]) / (SINGLE_CALLS * SINGLE_ROUNDS)
-            added = sorted(p - n for p, n in zip(single[f"probe {clock}"], single["none"]))
+            per_call = events_per_call[clock] = (probe.events - events_before[clock]) / (SINGLE_CALLS * SINGLE_ROUNDS)
+            added = sorted(_paired_added(single[f"probe {clock}"], single["none"]))
             per_event_ns = per_event[clock] = statistics.median(added) / per_call
             q = statistics.quantiles(added, n=4)
             ratio, q1, q3 = _median_ratio(single[f"probe {clock}"], single["none"])
@@ -279,7 +284,7 @@ def main(console) -> list[Row]:
                             "probe / no probe", ratio, 1.0, "ratio", "<= 1.25x", ratio <= 1.25))
         # the precise backend's other method, same rounds (the rows above: the default, method
         # as printed)
-        added = [p - n for p, n in zip(single["probe tsc inline"], single["none"])]
+        added = _paired_added(single["probe tsc inline"], single["none"])
         ratio, q1, q3 = _median_ratio(single["probe tsc inline"], single["none"])
         console.print(f"probe (tsc) method {probes['tsc'].method_used} above; method {inline.method_used}: adds "
                       f"{statistics.median(added):.1f} ns per call, ratio {ratio:.3f}x ({q1:.3f}-{q3:.3f})")
@@ -288,18 +293,20 @@ def main(console) -> list[Row]:
         # at every stamp but writing nothing. What the full probe adds beyond the second is
         # the recording; the second's ratio is what no recording, however cheap, gets below.
         if floors:
-            added = {name: statistics.median([p - n for p, n in zip(single[name], single["none"])])
+            added = {name: statistics.median(_paired_added(single[name], single["none"]))
                      for name in ("hooks only", "hooks + clock reads", "probe tsc")}
-            per_call = 2  # stamps per call of the one-thread loop: a drop and an acquisition
+            # stamps per call of the one-thread loop (a drop and an acquisition), as the tsc
+            # probe counted them in the same rounds
+            stamps = events_per_call["tsc"]
             reads = added["hooks + clock reads"] - added["hooks only"]
             console.print(f"where a call's cost goes (tsc, method {probes['tsc'].method_used}): hooks {added['hooks only']:.1f} ns, "
-                          f"+ {per_call} TSC reads {reads:.1f} ns ({reads / per_call:.1f} each), + writing the records "
+                          f"+ {stamps:.0f} TSC reads {reads:.1f} ns ({reads / stamps:.1f} each), + writing the records "
                           f"{added['probe tsc'] - added['hooks + clock reads']:.1f} ns (medians of paired rounds)")
             ratio, q1, q3 = _median_ratio(single["hooks + clock reads"], single["none"])
-            rows.append(Row("probe", f"(tsc) floor, 1 thread lseek: hooks + {per_call} TSC reads per call, nothing recorded / "
+            rows.append(Row("probe", f"(tsc) floor, 1 thread lseek: hooks + {stamps:.0f} TSC reads per call, nothing recorded / "
                             f"no probe (quartiles {q1:.3f}-{q3:.3f})", ratio, 1.0, "ratio", "none: the floor under <= 1.25x", None))
             rows.append(Row("probe", "(tsc) floor per event: hooks + one TSC read, nothing recorded (same rounds)",
-                            added["hooks + clock reads"] / per_call, round_trip_ns, "ns/event", "none: the floor under 40 ns", None))
+                            added["hooks + clock reads"] / stamps, round_trip_ns, "ns/event", "none: the floor under 40 ns", None))
 
         # 1b. the stamp alone in a C loop (warm ring, no drop) vs a bare clock_gettime and a
         # bare rdtsc in the same loop, back to back: a busy machine slows all alike (the

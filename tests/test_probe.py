@@ -338,6 +338,11 @@ def test_hook_code_fits_one_page():
     assert not leaving, leaving
 
 
+def skip_before_own_gils(python: Path) -> None:
+    if python.name in ("python3.11",):
+        pytest.skip("sub-interpreters with a GIL of their own are 3.12+")
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("python", python_params())
 def test_sub_interpreter_with_its_own_gil(python, method, tmp_path):
@@ -345,8 +350,7 @@ def test_sub_interpreter_with_its_own_gil(python, method, tmp_path):
     SubInterpreterOptions make the same) sleeps 10 ms fifty times: every sleep is a released
     interval on its thread. The GOT method learns that GIL at its first take and forgets it
     when the interpreter is destroyed; the inline hooks see every GIL alike."""
-    if python.name in ("python3.11",):
-        pytest.skip("sub-interpreters with a GIL of their own are 3.12+")
+    skip_before_own_gils(python)
     witness, events, df = run_workload(python, "own_gil_sleeper", "precise", tmp_path, env=method_env(python, method))
     assert witness["status"]["method"] == method
     assert events.lost == 0
@@ -361,8 +365,7 @@ def test_session_with_an_isolated_sub_interpreter(python, tmp_path):
     sub-interpreter's too (Jep's SubInterpreter does the same): there it stays silent (the
     main interpreter's probe sees the process; an isolated one could not even import the
     probe), and the sub-interpreter thread's sleeps are in the session's table."""
-    if python.name in ("python3.11",):
-        pytest.skip("sub-interpreters with a GIL of their own are 3.12+")
+    skip_before_own_gils(python)
     env = probe_env(python)
     env["TANDEM_SESSION"] = str(tmp_path / "session")
     code = ("import json, sys\n"

@@ -425,17 +425,17 @@ static int held_by_this_thread(pthread_mutex_t *mutex, pthread_mutex_t *next) {
 #endif
 }
 
-static void other_gils_writer(int take) {
-    if (take) {
-        while (atomic_exchange_explicit(&other_gils_lock, 1, memory_order_acquire)) sched_yield();
-    } else {
-        atomic_store_explicit(&other_gils_lock, 0, memory_order_release);
-    }
+static void other_gils_lock_take(void) {
+    while (atomic_exchange_explicit(&other_gils_lock, 1, memory_order_acquire)) sched_yield();
+}
+
+static void other_gils_lock_release(void) {
+    atomic_store_explicit(&other_gils_lock, 0, memory_order_release);
 }
 
 /* Add MUTEX (another GIL's mutex); 1 if it is in the table now. */
 static int learn_other_gil(pthread_mutex_t *mutex) {
-    other_gils_writer(1);
+    other_gils_lock_take();
     int high = hot.other_gils_high, free_entry = -1, found = 0;
     for (int i = 0; i < high; i++) {
         pthread_mutex_t *m = atomic_load_explicit(&other_gils[i], memory_order_relaxed);
@@ -453,18 +453,18 @@ static int learn_other_gil(pthread_mutex_t *mutex) {
             atomic_fetch_add(&other_gils_missed, 1);
         }
     }
-    other_gils_writer(0);
+    other_gils_lock_release();
     return found;
 }
 
 static void forget_other_gils(pthread_mutex_t *only) {
-    other_gils_writer(1);
+    other_gils_lock_take();
     for (int i = 0; i < hot.other_gils_high; i++) {
         if (only == NULL || atomic_load_explicit(&other_gils[i], memory_order_relaxed) == only)
             atomic_store_explicit(&other_gils[i], NULL, memory_order_relaxed);
     }
     if (only == NULL) __atomic_store_n(&hot.other_gils_high, 0, __ATOMIC_RELEASE);
-    other_gils_writer(0);
+    other_gils_lock_release();
 }
 
 static int mutex_destroy_hook(pthread_mutex_t *mutex) {

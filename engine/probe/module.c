@@ -66,10 +66,14 @@ static probe_state probe;
 #define PROBE_MAX_LANES 16u
 static PyObject *ProbeError;
 
+/* Whether the precise backend runs METHOD ("got" or "inline"). */
+static int method_is(const char *method) {
+    return probe.method && strcmp(probe.method, method) == 0;
+}
+
 static const char *misses_of(const char *backend) {
     if (!backend) return "";
-    if (strcmp(backend, "precise") == 0)
-        return probe.method && strcmp(probe.method, "got") == 0 ? MISSES_PRECISE_GOT : MISSES_PRECISE;
+    if (strcmp(backend, "precise") == 0) return method_is("got") ? MISSES_PRECISE_GOT : MISSES_PRECISE;
     if (strcmp(backend, "exported") == 0) return MISSES_EXPORTED;
     return MISSES_SAMPLING;
 }
@@ -113,7 +117,7 @@ static PyObject *status_dict(void) {
         "python_version", version);
     if (d == NULL) return NULL;
     /* why the precise backend runs its inline hooks rather than the GOT method */
-    PyObject *method_reason = Py_BuildValue("s", probe.method && strcmp(probe.method, "inline") == 0 ? tandem_hooks_got_method_why() : "");
+    PyObject *method_reason = Py_BuildValue("s", method_is("inline") ? tandem_hooks_got_method_why() : "");
     if (method_reason) PyDict_SetItemString(d, "method_reason", method_reason);
     Py_XDECREF(method_reason);
     PyObject *clock = Py_BuildValue("s", probe.clock_tsc ? "tsc" : "clock_gettime");
@@ -123,7 +127,7 @@ static PyObject *status_dict(void) {
     Py_XDECREF(clock);
     Py_XDECREF(reason);
     PyDict_SetItemString(d, "wait_when_full", probe.wait_when_full ? Py_True : Py_False);
-    if (probe.method && strcmp(probe.method, "got") == 0) {
+    if (method_is("got")) {
         /* sub-interpreters' own GILs (GOT method): known now, learned since install, not kept */
         int learned, missed, now = tandem_hooks_other_gils(&learned, &missed);
         PyObject *v = Py_BuildValue("{s:i,s:i,s:i}", "now", now, "learned", learned, "missed", missed);
