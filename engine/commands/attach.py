@@ -13,6 +13,8 @@ def attach(
     duration: Optional[float] = typer.Option(None, "--duration", min=0.001, help="Record this many seconds, then write the recording (default: until the JVM exits)."),
     settings: Optional[Path] = typer.Option(None, "--settings", help="A .jfc file to start from instead of the JDK's default settings."),
     event: List[str] = typer.Option([], "--event", help="Extra JFR event setting, NAME or NAME#setting=value (repeatable)."),
+    secret_events: bool = typer.Option(False, "--secret-events", help="Also record the JFR events that carry the "
+                                       "environment, system properties and command lines (off by default: docs/session.md)."),
 ) -> None:
     """Load tandem's agent into the running JVM PID; it records JFR pauses into SESSION/jvm-PID/."""
     from rich.console import Console
@@ -27,7 +29,8 @@ def attach(
         raise TandemError(f"{settings}: settings file not found")
     jar = jvm.agent_jar()
     directory = Path(output).expanduser().absolute()
-    options = launch.agent_options(directory, settings.absolute() if settings else None, event, duration)
+    options = launch.agent_options(directory, settings.absolute() if settings else None, event, duration,
+                                 secret_events=secret_events)
     java = jvm.jdk_tool("java")
     sessions.create_session(directory, {"kind": "attach", "target_pid": pid, "duration_s": duration, "agent_options": options})
 

@@ -19,6 +19,8 @@ def live(
     alert_overlap: Optional[str] = typer.Option(None, "--alert-overlap", help="Alert when a pause overlaps Python longer than this, e.g. 20ms."),
     alert_jsonl: Optional[Path] = typer.Option(None, "--alert-jsonl", help="Append each alert as a JSON line to this file."),
     alert_exec: Optional[str] = typer.Option(None, "--alert-exec", help="Run this shell command per alert (alert JSON in $TANDEM_ALERT)."),
+    secret_events: bool = typer.Option(False, "--secret-events", help="Also record the JFR events that carry the "
+                                       "environment, system properties and command lines (off by default: docs/session.md)."),
     pause_ring: bool = typer.Option(True, "--pause-ring/--no-pause-ring", hidden=True,
                                     help="With a command: JVM pauses from the agent's pause ring (default) or the JFR repository only "
                                     "(for bench/bench_live.py's before/after)."),
@@ -57,6 +59,9 @@ def live(
     jvm.start_jvm(extra_options=("-Xrs", "-Xms24m", "-Xmx512m", "-XX:+AlwaysPreTouch"))
 
     if not command_mode:
+        from engine.record.session import keep_private
+
+        keep_private()  # the parts written into SESSION/live are as private as the session
         if len(args) != 1:
             raise TandemError("give one SESSION directory, or `-- COMMAND...` to run one")
         session = Path(args[0]).expanduser().absolute()
@@ -82,7 +87,7 @@ def live(
     command = list(args)
     directory = (session_dir or Path(f"tandem-live-{time.strftime('%Y%m%d-%H%M%S')}")).expanduser().absolute()
     jar = jvm.agent_jar()
-    options = launch.agent_options(directory, live=pause_ring)
+    options = launch.agent_options(directory, live=pause_ring, secret_events=secret_events)
     env = launch.recording_environment(directory, jar, options)
     sessions.create_session(directory, {
         "kind": "live", "command": shlex.join(command), "argv": command, "cwd": str(Path.cwd()),

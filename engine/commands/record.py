@@ -13,6 +13,8 @@ def record(
     settings: Optional[Path] = typer.Option(None, "--settings", help="A .jfc file to start from instead of the JDK's default settings."),
     event: List[str] = typer.Option([], "--event", help="Extra JFR event setting, NAME or NAME#setting=value (repeatable)."),
     live: bool = typer.Option(False, "--live", help="Also write JVM pauses into jvm-PID/pauses.ring, for `tandem live SESSION` (low latency)."),
+    secret_events: bool = typer.Option(False, "--secret-events", help="Also record the JFR events that carry the "
+                                       "environment, system properties and command lines (off by default: docs/session.md)."),
 ) -> None:
     """Run COMMAND; every JVM it starts records JFR pauses into SESSION (and every CPython its GIL states)."""
     import shlex
@@ -27,7 +29,8 @@ def record(
         raise TandemError(f"{settings}: settings file not found")
     jar = jvm.agent_jar()
     directory = Path(output).expanduser().absolute()
-    options = launch.agent_options(directory, settings.absolute() if settings else None, event, live=live)
+    options = launch.agent_options(directory, settings.absolute() if settings else None, event, live=live,
+                                 secret_events=secret_events)
     env = launch.recording_environment(directory, jar, options)
     sessions.create_session(directory, {
         "kind": "record",

@@ -343,7 +343,7 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
     young, old = _jstr(reader.youngCollector()), _jstr(reader.oldCollector())
     meta = {
         "chunks": [first_index, run[-1].index],
-        "jvm_name": _jstr(reader.jvmName()),
+        "jvm_name": _jstr(reader.jvmName()) or jvm_json.get("vm_name"),
         "jvm_version": _jstr(reader.jvmVersion()) or jvm_json.get("vm_version"),
         "jvm_vendor": _jstr(reader.jvmVendor()) or jvm_json.get("java_vendor"),
         "jvm_pid": pid,

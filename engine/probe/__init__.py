@@ -211,8 +211,9 @@ def start_session(session: str | os.PathLike, **options: Any) -> dict:
 
     A process forked from this one records into its own py-<pid> directory."""
     global _session_dir, _start_options
-    directory = Path(session) / f"py-{os.getpid()}"
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    from engine.record.session import private_directory
+
+    directory = private_directory(Path(session) / f"py-{os.getpid()}")
     status = _start_files(directory / "gil.ring", directory / "gil.events", directory / "probe.json",
                           directory / "threads.jsonl", **options)
     if _session_dir is None:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.errors import TandemError
+from engine.record import session
 
 SESSION_VARIABLE = "TANDEM_SESSION"
 # NAME, or NAME#setting=value, as `jfr configure` takes them (e.g. jdk.ObjectAllocationSample#throttle=100/s).
@@ -22,7 +23,7 @@ _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def agent_options(session: Path, settings: Path | str | None = None, events: Sequence[str] = (),
-                  duration_s: float | None = None, live: bool = False) -> str:
+                  duration_s: float | None = None, live: bool = False, secret_events: bool = False) -> str:
     """The option string after `tandem-agent.jar=` (parsed by java-agent's AgentOptions)."""
     _check_option_path("session directory", session)
     parts = [f"session={session}"]
@@ -38,6 +39,8 @@ def agent_options(session: Path, settings: Path | str | None = None, events: Seq
         parts.append(f"duration={duration_s:g}")
     if live:
         parts.append("live=true")  # also write pauses into jvm-PID/pauses.ring (docs/live.md)
+    if secret_events:
+        parts.append("secret_events=true")  # keep JFR's environment, properties, command lines
     return ",".join(parts)
 
 
@@ -69,7 +72,8 @@ def run_forwarding_signals(argv: Sequence[str], env: dict[str, str], on_signal=N
     winds down on it).
     """
     try:
-        child = subprocess.Popen(list(argv), env=env)
+        # The command keeps the user's umask: tandem's own (077, keep_private) is not its business.
+        child = subprocess.Popen(list(argv), env=env, umask=session.user_umask())
     except FileNotFoundError:
         raise TandemError(f"{argv[0]}: command not found") from None
     except PermissionError:

@@ -1,24 +1,69 @@
-"""The session directory (docs/session.md) from the recorder's side: create it, describe it."""
+"""The session directory (docs/session.md) from the recorder's side: create it, describe it.
+
+A session is private to the user who records it: its directories are 0700 and its files
+0600 (docs/session.md, "Who can read a session"). tandem's own process creates files with
+umask 077 once it starts a session; the command it runs keeps the user's umask.
+"""
 from __future__ import annotations
 
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
 from engine.errors import TandemError
 
 
-def create_session(path: Path, description: dict) -> Path:
-    """Makes SESSION (absolute) and writes session.json with `description` plus both clocks."""
-    path = Path(path).expanduser().absolute()
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise TandemError(f"{path}: already exists and is not an empty directory; choose a new -o")
+_user_umask: int | None = None
+
+
+def keep_private() -> None:
+    """From now on this process creates files 0600 and directories 0700."""
+    global _user_umask
+    previous = os.umask(0o077)
+    if _user_umask is None:
+        _user_umask = previous
+
+
+def user_umask() -> int:
+    """The umask the user had before keep_private() (for the command tandem runs), or -1: unchanged."""
+    return -1 if _user_umask is None else _user_umask
+
+
+def private_directory(path: Path, *, empty: bool = False) -> Path:
+    """Creates `path` 0700, or accepts an existing real directory (not a symbolic link) of this user.
+
+    Anything else (a link planted where the session goes, a directory another user made) is
+    refused: writing into it would hand what we record to whoever controls it. `empty`:
+    an existing directory must also be empty (a session directory is never reused).
+    """
+    path = Path(path)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+        return path
+    except FileExistsError:
+        pass
     except OSError as err:
-        raise TandemError(f"{path}: cannot create the session directory ({err.strerror})") from None
+        raise TandemError(f"{path}: cannot create the directory ({err.strerror})") from None
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise TandemError(f"{path}: already exists and is not a directory (a symbolic link?); choose a new -o")
+    if info.st_uid != os.geteuid():
+        raise TandemError(f"{path}: belongs to another user (uid {info.st_uid}); choose a directory of your own")
+    if empty and any(path.iterdir()):
+        raise TandemError(f"{path}: already exists and is not an empty directory; choose a new -o")
+    os.chmod(path, 0o700, follow_symlinks=False)
+    return path
+
+
+def create_session(path: Path, description: dict) -> Path:
+    """Makes SESSION (absolute, private) and writes session.json with `description` plus both clocks."""
+    path = Path(path).expanduser().absolute()
+    keep_private()
+    private_directory(path, empty=True)
     start_monotonic_ns, start_wall_ns = clock_pair()
     write_description(path, {
         **description,
@@ -49,7 +94,13 @@ def read_description(path: Path) -> dict:
 def write_description(path: Path, description: dict) -> None:
     # Through a rename: an analysis started meanwhile never reads half a file.
     tmp = path / "session.json.tmp"
-    tmp.write_text(json.dumps(description, indent=2) + "\n")
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(description, indent=2) + "\n")
     os.replace(tmp, path / "session.json")
 
 

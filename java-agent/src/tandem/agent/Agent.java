@@ -44,8 +44,11 @@ public final class Agent {
     private static void leaveReasonInSession(AgentOptions options, String reason) {
         try {
             Path directory = options.session.resolve("jvm-" + ProcessHandle.current().pid());
-            Files.createDirectories(directory);
-            Files.write(directory.resolve("agent-error.txt"), List.of("tandem-agent: " + reason));
+            PrivateFiles.directories(directory);
+            Path file = directory.resolve("agent-error.txt");
+            Files.deleteIfExists(file);
+            Files.createFile(file, PrivateFiles.FILE_ATTRIBUTE);
+            Files.write(file, List.of("tandem-agent: " + reason));
         } catch (Throwable ignored) {
             // the stderr line is all we can do
         }

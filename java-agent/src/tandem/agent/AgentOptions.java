@@ -17,6 +17,8 @@ import java.util.List;
  *   live=true                       optional: also write pauses into SESSION/jvm-PID/pauses.ring
  *   flush_ms=200                    optional (live): JFR flush interval in ms for the live stream
  *                                   (default 200; 0 = JFR's own, about 1 s); see LivePauses
+ *   secret_events=true              optional: leave the events that carry the environment, system
+ *                                   properties and command lines to the base settings (see PauseEvents)
  * </pre>
  *
  * Values are split at the first '=' only, so an event setting may hold its own '='.
@@ -30,9 +32,10 @@ final class AgentOptions {
     final boolean live;
     /** JFR flush interval asked for the live stream, ms; 0 = leave JFR's default (1 s). */
     final long flushMillis;
+    final boolean secretEvents;
 
     private AgentOptions(String raw, Path session, String settings, List<String> events, double durationSeconds,
-                         boolean live, long flushMillis) {
+                         boolean live, long flushMillis, boolean secretEvents) {
         this.raw = raw;
         this.session = session;
         this.settings = settings;
@@ -40,6 +43,7 @@ final class AgentOptions {
         this.durationSeconds = durationSeconds;
         this.live = live;
         this.flushMillis = flushMillis;
+        this.secretEvents = secretEvents;
     }
 
     static AgentOptions parse(String raw) {
@@ -49,6 +53,7 @@ final class AgentOptions {
         List<String> events = new ArrayList<>();
         double duration = 0;
         boolean live = false;
+        boolean secretEvents = false;
         long flushMillis = LivePauses.DEFAULT_FLUSH_MILLIS;
         for (String pair : text.split(",")) {
             if (pair.isBlank()) {
@@ -103,14 +108,28 @@ final class AgentOptions {
                         throw new IllegalArgumentException("flush_ms=" + value + " must be in [0, 60000]");
                     }
                     break;
+                case "secret_events":
+                    secretEvents = bool(key, value);
+                    break;
                 default:
                     throw new IllegalArgumentException("unknown option '" + key
-                            + "' (known: session, settings, events, duration, live, flush_ms)");
+                            + "' (known: session, settings, events, duration, live, flush_ms, secret_events)");
             }
         }
         if (session == null) {
             throw new IllegalArgumentException("no session=<directory> in options '" + text + "'");
         }
-        return new AgentOptions(text, session, settings, Collections.unmodifiableList(events), duration, live, flushMillis);
+        return new AgentOptions(text, session, settings, Collections.unmodifiableList(events), duration, live, flushMillis,
+                secretEvents);
+    }
+
+    private static boolean bool(String key, String value) {
+        if (value.equalsIgnoreCase("true")) {
+            return true;
+        }
+        if (value.equalsIgnoreCase("false")) {
+            return false;
+        }
+        throw new IllegalArgumentException(key + "=" + value + " is not true or false");
     }
 }

@@ -40,7 +40,10 @@ final class ChunkKeeper {
         }
         for (Path chunk : chunksIn(repository)) {
             try {
-                Files.createDirectories(kept);
+                if (!Files.isDirectory(kept)) {
+                    PrivateFiles.directory(kept);
+                }
+                PrivateFiles.set(chunk, PrivateFiles.FILE); // the link shares the chunk's mode
                 Files.createLink(kept.resolve(chunk.getFileName()), chunk);
             } catch (FileAlreadyExistsException known) {
                 // linked before
@@ -71,6 +74,8 @@ final class ChunkKeeper {
      */
     synchronized void writeRecording(Path destination) throws IOException {
         Path tmp = destination.resolveSibling(destination.getFileName() + ".tmp");
+        Files.deleteIfExists(tmp);
+        Files.createFile(tmp, PrivateFiles.FILE_ATTRIBUTE);
         byte[] buffer = new byte[1 << 16];
         try (OutputStream out = new FileOutputStream(tmp.toFile())) {
             for (Path chunk : chunksIn(kept)) {

@@ -19,7 +19,8 @@ import jdk.jfr.Configuration;
  * Layers, later ones win: the base (.jfc given with settings=, else the JDK's "default"),
  * then the pause events tandem needs (default.jfc records safepoints only above 10 ms and
  * SafepointEnd not at all; see shared/notes/jfr.md) and default.jfc's per-chunk thread dump
- * switched off, then the user's events=.
+ * switched off, then the events that carry secrets switched off (unless secret_events=true),
+ * then the user's events=.
  */
 final class PauseEvents {
     private PauseEvents() {}
@@ -40,9 +41,30 @@ final class PauseEvents {
             "jdk.OldGarbageCollection",
             "tandem.ClockSync");
 
+    /**
+     * Events whose values are secrets the service may hold: its environment, its system and
+     * security properties, command lines (its own JVM and Java arguments, every process on
+     * the host, processes it starts), the option strings of other agents (license keys), and
+     * the free-text messages of thrown errors. tandem reads none of them; they are left out
+     * unless secret_events=true (or the user names one with events=).
+     */
+    static final List<String> SECRET_CARRYING = List.of(
+            "jdk.InitialEnvironmentVariable",
+            "jdk.InitialSystemProperty",
+            "jdk.JVMInformation",          // jvmArguments, jvmFlags, javaArguments
+            "jdk.SystemProcess",           // command line of every process on the host
+            "jdk.ProcessStart",            // command lines the service runs (JDK 23+)
+            "jdk.InitialSecurityProperty",
+            "jdk.SecurityPropertyModification",
+            "jdk.JavaAgent",               // other agents' options (JDK 22+)
+            "jdk.NativeAgent",
+            "jdk.JavaErrorThrow",          // messages
+            "jdk.JavaExceptionThrow");
+
     private static final Pattern TIMESPAN_WITHOUT_SPACE = Pattern.compile("(\\d+)(ns|us|ms|s|m|h|d)");
 
-    static Map<String, String> settings(String base, List<String> userEvents) throws IOException, ParseException {
+    static Map<String, String> settings(String base, List<String> userEvents, boolean secretEvents)
+            throws IOException, ParseException {
         Map<String, String> settings = new LinkedHashMap<>(baseConfiguration(base).getSettings());
         for (String event : ZERO_THRESHOLD) {
             settings.put(event + "#enabled", "true");
@@ -58,6 +80,11 @@ final class PauseEvents {
         // Tells ingest whether ticks are the OS clock or the TSC (and at which frequency).
         settings.put("jdk.CPUTimeStampCounter#enabled", "true");
         settings.put("jdk.CPUTimeStampCounter#period", "beginChunk");
+        if (!secretEvents) {
+            for (String event : SECRET_CARRYING) {
+                settings.put(event + "#enabled", "false");
+            }
+        }
         for (String event : userEvents) {
             addUserEvent(settings, event);
         }

@@ -64,8 +64,10 @@ final class SessionRecording {
     }
 
     private void begin() throws Exception {
-        Map<String, String> settings = PauseEvents.settings(options.settings, options.events); // bad input: no files
-        Files.createDirectories(repository);
+        Map<String, String> settings = PauseEvents.settings(options.settings, options.events, options.secretEvents); // bad input: no files
+        PrivateFiles.directories(options.session);
+        PrivateFiles.directory(directory);
+        PrivateFiles.directory(repository);
         JfrRepository.use(repository, inst);
         ClockSyncEvent.registerChunkHook();
 
@@ -81,6 +83,7 @@ final class SessionRecording {
         long monotonicAfter = System.nanoTime();
         recording.start(); // the first clock sync comes from beginChunk
         chunkKeeper.keepNewChunks();
+        PrivateFiles.tighten(repository); // JFR made its chunk directory with the JVM's umask
 
         describeJvm(monotonicBefore + (monotonicAfter - monotonicBefore) / 2, wall);
         if (options.live) {
@@ -135,6 +138,7 @@ final class SessionRecording {
                 Thread.sleep(CLOCK_SYNC_PERIOD_MILLIS);
                 ClockSyncEvent.commitNow();
                 chunkKeeper.keepNewChunks();
+                PrivateFiles.tighten(repository); // a new chunk after a rotation
             }
         } catch (InterruptedException stopped) {
             // close() stops us
@@ -200,6 +204,7 @@ final class SessionRecording {
                 }
             }
             chunkKeeper.discard();
+            PrivateFiles.tighten(directory); // recording.jfr as JFR's dump made it
             description.put("stop_reason", reason);
             description.put("end_monotonic_ns", System.nanoTime());
             writeDescription("closed");
@@ -255,6 +260,7 @@ final class SessionRecording {
         description.put("options", options.raw);
         description.put("settings", options.settings != null ? options.settings : "default");
         description.put("events", options.events);
+        description.put("secret_events", options.secretEvents);
         description.put("duration_s", options.durationSeconds > 0 ? options.durationSeconds : null);
         description.put("recording", directory.relativize(recordingFile).toString());
         description.put("repository", directory.relativize(repository).toString());
