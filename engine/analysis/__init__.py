@@ -80,11 +80,27 @@ class Analysis:
         ]
 
 
-def _dropped_events(attrs: dict) -> int:
+def _dropped_events(attrs: dict, key: str = "dropped") -> int:
     processes = attrs.get("processes")
     if processes:
-        return int(sum(p.get("dropped") or 0 for p in processes))
-    return int(attrs.get("dropped") or 0)
+        return int(sum(p.get(key) or 0 for p in processes))
+    return int(attrs.get(key) or 0)
+
+
+def _jfr_lost(attrs: dict) -> dict:
+    """What ingest could not read of the JFR files (docs/pauses.md, "Damage"): bytes, pause
+    events (None when some loss could not be counted) and one line per chunk."""
+    sources = attrs.get("sources") or []
+    damage = [d for s in sources for d in s.get("damage") or []]
+    cut = [s for s in sources if s.get("lost_bytes")]
+    counts = [d.get("lost_pause_events") for d in damage] + [None for _ in cut]
+    return {
+        "bytes": int(sum(d["lost_bytes"] for d in damage) + sum(s["lost_bytes"] for s in cut)),
+        "pause_events": None if None in counts else int(sum(counts)),
+        "chunks": [f"{s['source']} chunk {d['chunk']}: from byte {d['from_byte']}, {d['lost_bytes']} bytes"
+                   for s in sources for d in s.get("damage") or []]
+                  + [f"{s['source']}: last {s['lost_bytes']} bytes (incomplete chunk)" for s in cut],
+    }
 
 
 def _span(pauses: pd.DataFrame, gil: pd.DataFrame) -> tuple[int, int]:
@@ -130,6 +146,8 @@ def correlate(
         "pauses": len(pauses),
         "gil_intervals": len(gil),
         "dropped_events": _dropped_events(gil.attrs),
+        "drain_lost_events": _dropped_events(gil.attrs, "drain_lost"),
+        "jfr_lost": _jfr_lost(pauses.attrs),
         "duplicate_gil_rows_dropped": duplicate_gil_rows,
         "slack_ns": int(slack_ns),
         "alignment": alignment,

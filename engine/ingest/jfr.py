@@ -21,6 +21,7 @@ import pandas as pd
 from engine.clock import align
 from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET, Chunk, ChunkScan, scan_chunks, split_runs
 from engine.errors import TandemError, TandemWarning
+from engine.ingest import jfr_chunks
 
 KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
 # The JFR event types each kind comes from (for witnesses such as `jfr print --events`).
@@ -73,9 +74,9 @@ def read_pauses(
 
 def _lost_message(scan: ChunkScan) -> str:
     return (
-        f"{scan.path}: truncated or unfinished recording: the last {scan.lost_bytes} of "
-        f"{scan.file_size} bytes ({100 * scan.lost_bytes / scan.file_size:.1f}%) are not a complete chunk "
-        f"and were skipped; {len(scan.chunks)} complete chunk(s) read"
+        f"{scan.path}: truncated or unfinished recording: chunk {len(scan.chunks)} (from byte {scan.complete_bytes}) "
+        f"is not complete: the last {scan.lost_bytes} of {scan.file_size} bytes ({100 * scan.lost_bytes / scan.file_size:.1f}%) "
+        f"were skipped, pause events in them not countable; {len(scan.chunks)} complete chunk(s) read"
     )
 
 
@@ -125,37 +126,102 @@ def _session_end_wall_ns(path: Path) -> int | None:
 def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) -> tuple[list[dict], dict]:
     runs = split_runs(scan.chunks)
     jvm_json = _agent_description(scan.path)
-    frames, run_meta = [], []
+    frames, run_meta, damages = [], [], []
+    watched = _reader_event_types(jvm_options)
+    walks = {w.chunk.index: w for w in jfr_chunks.walk_chunks(scan.path, scan.chunks, watched)}
     for run in runs:
-        if len(runs) == 1 and scan.lost_bytes == 0 and scan.unfinished is None:
-            reader = _run_java_reader(scan.path, scan.path, run, bar, jvm_options)
-        else:
-            # jdk.jfr reads a path, not a byte range: hand it a copy of this run's usable
-            # chunks (only for truncated or unfinished files and files holding several JVM
-            # runs), an unfinished chunk cut at its last flush and marked finished.
-            with tempfile.TemporaryDirectory(prefix="tandem-ingest-") as tmpdir:
-                copy = _copy_chunks(scan.path, run, Path(tmpdir) / f"run{run[0].index}.jfr")
-                reader = _run_java_reader(scan.path, copy, run, bar, jvm_options)
-        if int(reader.eventsSeen()) == 0:
-            # jdk.jfr's EventStream swallows parse errors and just stops: say so rather than
-            # return an empty table as if the JVM had never paused.
-            warnings.warn(
-                f"{scan.path}: jdk.jfr found no events at all in chunks {run[0].index}-{run[-1].index}: "
-                "the recording is damaged (or was made with every JVM event disabled)",
-                TandemWarning, stacklevel=4,
-            )
-        frame, meta = _run_columns(scan, run, reader, jvm_json)
-        frames.append(frame)
-        run_meta.append(meta)
+        pieces, damage = _read_run(scan, run, walks, watched, bar, jvm_options)
+        damages.extend(damage)
+        for piece, reader in pieces:
+            if int(reader.eventsSeen()) == 0 and not damage:
+                # jdk.jfr's EventStream swallows parse errors and just stops: say so rather than
+                # return an empty table as if the JVM had never paused.
+                warnings.warn(
+                    f"{scan.path}: jdk.jfr found no events at all in chunks {piece[0].index}-{piece[-1].index}: "
+                    "the recording is damaged (or was made with every JVM event disabled)",
+                    TandemWarning, stacklevel=4,
+                )
+            frame, meta = _run_columns(scan, piece, reader, jvm_json)
+            frames.append(frame)
+            run_meta.append(meta)
+    if damages:
+        warnings.warn(jfr_chunks.damage_message(scan.path, damages, len(scan.chunks)), TandemWarning, stacklevel=4)
+    if not run_meta:
+        raise TandemError(f"{scan.path}: jdk.jfr cannot read any chunk of this recording: "
+                          + "; ".join(d.describe() for d in damages))
     source = {
         "source": str(scan.path),
         "jfr_format": scan.format_version,
         "file_bytes": scan.file_size,
         "chunks": len(scan.chunks),
         "lost_bytes": scan.lost_bytes,
+        "damage": [d.as_metadata() for d in damages],
+        "damaged_bytes": sum(d.lost_bytes for d in damages),
+        "lost_pause_events": _lost_pause_events(damages),
         "runs": run_meta,
     }
     return frames, source
+
+
+def _lost_pause_events(damages: list) -> int | None:
+    """Pause events lost in damaged chunks; None when some loss could not be counted."""
+    counts = [d.lost_pause_events for d in damages]
+    return None if None in counts else sum(counts)
+
+
+def _read_run(scan: ChunkScan, run: list[Chunk], walks: dict, watched: tuple[str, ...], bar: "_Progress",
+              jvm_options: tuple[str, ...]) -> tuple[list, list]:
+    """Reads one JVM run: [(chunks, reader)] and the damage found (jfr_chunks.Damage list).
+
+    The run is read whole; when jdk.jfr delivers fewer events than the structural walk saw
+    (or cannot read it), each chunk is read alone, so one damaged chunk costs only itself
+    and the loss is placed in its chunk."""
+    walked = sum(len(walks[c.index].event_types) for c in run)
+    try:
+        reader = _read_chunks(scan, run, bar, jvm_options)
+    except TandemError as err:
+        reader, whole_error = None, err
+    if reader is not None and int(reader.eventsSeen()) >= walked and all(walks[c.index].metadata_readable for c in run):
+        damage = [jfr_chunks.chunk_damage(walks[c.index], len(walks[c.index].event_types), watched, PAUSE_EVENT_TYPES)
+                  for c in run]
+        return [(run, reader)], [d for d in damage if d is not None]
+    if reader is None and len(run) == 1 and not isinstance(whole_error, _JdkJfrError):
+        raise whole_error  # a timeout, not damage
+    pieces, damage = [], []
+    quiet = _Progress(None, 0)
+    for chunk in run:
+        walk = walks[chunk.index]
+        try:
+            alone = reader if len(run) == 1 else _read_chunks(scan, [chunk], quiet, jvm_options)
+            error = None if alone is not None else whole_error.reason
+        except _JdkJfrError as err:
+            alone, error = None, err.reason
+        delivered = None if alone is None else int(alone.eventsSeen())
+        found = jfr_chunks.chunk_damage(walk, delivered, watched, PAUSE_EVENT_TYPES, error)
+        if found is not None:
+            damage.append(found)
+        if alone is not None and walk.metadata_readable:  # else what jdk.jfr made of it cannot be checked
+            pieces.append(([chunk], alone))
+    return pieces, damage
+
+
+def _read_chunks(scan: ChunkScan, run: list[Chunk], bar: "_Progress", jvm_options: tuple[str, ...]):
+    if len(scan.chunks) == len(run) and scan.lost_bytes == 0 and scan.unfinished is None:
+        return _run_java_reader(scan.path, scan.path, run, bar, jvm_options)
+    # jdk.jfr reads a path, not a byte range: hand it a copy of these chunks (only for
+    # truncated, unfinished or damaged files and files holding several JVM runs), an
+    # unfinished chunk cut at its last flush and marked finished.
+    with tempfile.TemporaryDirectory(prefix="tandem-ingest-") as tmpdir:
+        copy = _copy_chunks(scan.path, run, Path(tmpdir) / f"run{run[0].index}.jfr")
+        return _run_java_reader(scan.path, copy, run, bar, jvm_options)
+
+
+def _reader_event_types(jvm_options: tuple[str, ...]) -> tuple[str, ...]:
+    """The event types PauseReader subscribes to: the ones whose delivery the walk checks."""
+    from engine import jvm
+
+    jpype = jvm.start_jvm(extra_options=jvm_options)
+    return tuple(str(t) for t in jpype.JClass("tandem.ingest.PauseReader").EVENT_TYPES)
 
 
 def _copy_chunks(path: Path, run: list[Chunk], dest: Path) -> Path:
@@ -205,6 +271,14 @@ def _agent_description(path: Path) -> dict:
         except (OSError, ValueError):
             continue
     return {}
+
+
+class _JdkJfrError(TandemError):
+    """jdk.jfr threw while reading (damage), as opposed to the reading guard's timeout."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 # The reading guard: far above jdk.jfr's real speed (tens of MB/s on the pause types alone,
@@ -265,7 +339,7 @@ def _run_java_reader(path: Path, java_path: Path, run: list[Chunk], bar: "_Progr
         err = failure[0]
         if isinstance(err, jpype.JException):
             message = str(err.getMessage() or err.getClass().getSimpleName())
-            raise TandemError(f"{path}: jdk.jfr cannot read this recording: {message}") from None
+            raise _JdkJfrError(f"{path}: jdk.jfr cannot read this recording: {message}", message) from None
         raise err
     return reader
 

@@ -25,11 +25,20 @@ def header_line(header: dict) -> str:
     slack = f"; near misses within {_duration(header['slack_ns'])}" if header.get("slack_ns") else ""
     if header.get("offset_ns") is not None:
         slack += f"; pauses shifted by {header['offset_ns']} ns (explicit offset, clocks not checked)"
+    drain_lost = f" (+{header['drain_lost_events']} not written: events file)" if header.get("drain_lost_events") else ""
     return (
         f"span {span_s:.3f} s; Python pids {python}; JVM pids {jvms}; "
         f"{header.get('pauses', 0)} pauses, {header.get('gil_intervals', 0)} GIL intervals; "
-        f"dropped events {header.get('dropped_events', 0)}; clock error: {errors or 'unknown'}{slack}"
+        f"dropped events {header.get('dropped_events', 0)}{drain_lost}; {_jfr_lost(header.get('jfr_lost'))}"
+        f"clock error: {errors or 'unknown'}{slack}"
     )
+
+
+def _jfr_lost(lost: dict | None) -> str:
+    if not lost or not lost.get("bytes"):
+        return ""
+    events = "uncounted" if lost.get("pause_events") is None else str(lost["pause_events"])
+    return f"JFR not read: {lost['bytes']} bytes, pause events lost {events} ({'; '.join(lost['chunks'])}); "
 
 
 def _cell(value) -> str:

@@ -1,0 +1,309 @@
+"""A structural walk of each JFR chunk's events, beside jdk.jfr (spec: docs/pauses.md, "Damage").
+
+jdk.jfr's EventStream ends a chunk quietly when it meets damage. The walk reads what a
+chunk holds without interpreting events: the chunk's metadata event (type names to ids),
+then every event's size and type id from the first byte after the header to the chunk's
+end. It knows where each event of the types ingest reads starts, so that when jdk.jfr
+delivers fewer of them than the walk saw, ingest can say which chunk, from which byte,
+how many bytes and how many pause events were lost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from engine.clock.chunks import HEADER_SIZE, Chunk
+
+METADATA_TYPE_ID = 0
+CHECKPOINT_TYPE_ID = 1
+EVENT_SUPER_TYPE = "jdk.jfr.Event"
+
+# Why a walk stopped before the chunk's end (codes of the numba kernel).
+_PROBLEMS = {
+    1: "an event size runs past the chunk's end or is not positive",
+    2: "an event's size or type id is cut by the chunk's end",
+    3: "an event has a type id the chunk's metadata does not declare",
+}
+
+
+class MetadataError(ValueError):
+    """The chunk's metadata event cannot be parsed: jdk.jfr cannot read the chunk at all."""
+
+
+@dataclass
+class ChunkWalk:
+    """What one chunk holds, as far as its structure can be followed."""
+
+    chunk: Chunk
+    type_ids: dict[str, int]          # event type name -> id, from the chunk's metadata (empty: unreadable)
+    walked_to: int                    # absolute file offset the walk reached (chunk end when intact)
+    problem: str | None               # why the walk stopped early, or why the chunk cannot be read
+    event_offsets: np.ndarray = field(repr=False)  # absolute offsets of the watched events, file order
+    event_types: np.ndarray = field(repr=False)    # their type ids
+
+    @property
+    def end(self) -> int:
+        return self.chunk.offset + self.chunk.size
+
+    @property
+    def metadata_readable(self) -> bool:
+        return bool(self.type_ids)
+
+    def ids_of(self, names) -> np.ndarray:
+        return np.array([self.type_ids[n] for n in names if n in self.type_ids], dtype=np.int64)
+
+    def count(self, names) -> int:
+        return int(np.isin(self.event_types, self.ids_of(names)).sum())
+
+
+def walk_chunks(path: Path, chunks: list[Chunk], watched: tuple[str, ...]) -> list[ChunkWalk]:
+    """Walks each chunk of `path`; `watched`: the event type names whose offsets are kept."""
+    buffer = np.memmap(path, dtype=np.uint8, mode="r") if chunks else np.zeros(0, np.uint8)
+    return [walk_chunk(buffer, chunk, watched) for chunk in chunks]
+
+
+def walk_chunk(buffer: np.ndarray, chunk: Chunk, watched: tuple[str, ...]) -> ChunkWalk:
+    start, end = chunk.offset + HEADER_SIZE, chunk.offset + chunk.size
+    empty = np.zeros(0, np.int64)
+    try:
+        event_ids = read_event_types(buffer, chunk)
+    except MetadataError as err:
+        return ChunkWalk(chunk, {}, start, f"its metadata cannot be read ({err})", empty, empty)
+    known = np.zeros(max(event_ids.values(), default=0) + 2, dtype=np.bool_)
+    for type_id in event_ids.values():
+        if type_id >= 0:
+            known[type_id] = True
+    known[METADATA_TYPE_ID] = known[CHECKPOINT_TYPE_ID] = True
+    watch = np.zeros(len(known), dtype=np.bool_)
+    for name in watched:
+        if name in event_ids:
+            watch[event_ids[name]] = True
+    offsets, types, reached, code = _walk(buffer, start, end, known, watch)
+    return ChunkWalk(chunk, event_ids, int(reached), _PROBLEMS.get(int(code)), offsets, types)
+
+
+# ---------------------------------------------------------------- the event stream
+
+
+@numba.njit(cache=True)
+def _varint(buffer, pos, end):
+    """JFR's compressed integer at `pos` (7 bits a byte, the 9th byte whole): (value, next pos), pos -1 if cut."""
+    value = 0
+    for i in range(9):
+        if pos >= end:
+            return 0, -1
+        b = np.int64(buffer[pos])
+        pos += 1
+        if i == 8:
+            return value + (b << 56), pos
+        value += (b & 0x7F) << (7 * i)
+        if b < 0x80:
+            return value, pos
+    return value, pos
+
+
+@numba.njit(cache=True)
+def _walk(buffer, start, end, known, watch):
+    """Follows sizes from `start` to `end`: (offsets, type ids of watched events, reached, problem code)."""
+    count = 0
+    pos = start
+    code = 0
+    # Pass 1: how far the structure holds, and how many watched events lie before that.
+    while pos < end:
+        size, after_size = _varint(buffer, pos, end)
+        if after_size < 0:
+            code = 2
+            break
+        type_id, after_type = _varint(buffer, after_size, end)
+        if after_type < 0:
+            code = 2
+            break
+        if size <= 0 or size > end - pos or after_type > pos + size:
+            code = 1
+            break
+        if type_id < 0 or type_id >= known.shape[0] or not known[type_id]:
+            code = 3
+            break
+        if watch[type_id]:
+            count += 1
+        pos += size
+    reached = pos
+    offsets = np.empty(count, np.int64)
+    types = np.empty(count, np.int64)
+    pos = start
+    i = 0
+    while pos < reached:
+        size, after_size = _varint(buffer, pos, end)
+        type_id, _ = _varint(buffer, after_size, end)
+        if watch[type_id]:
+            offsets[i] = pos
+            types[i] = type_id
+            i += 1
+        pos += size
+    return offsets, types, reached, code
+
+
+# ---------------------------------------------------------------- the metadata event
+
+
+class _Reader:
+    def __init__(self, buffer: np.ndarray, pos: int, end: int):
+        self.buffer, self.pos, self.end = buffer, pos, end
+
+    def varint(self) -> int:
+        value, pos = _varint(self.buffer, self.pos, self.end)
+        if pos < 0:
+            raise MetadataError("cut by the end of its event")
+        self.pos = pos
+        return int(value)
+
+    def count(self, what: str) -> int:
+        n = self.varint()
+        if not 0 <= n <= self.end - self.pos:
+            raise MetadataError(f"{what} count {n} does not fit in the event")
+        return n
+
+    def string(self) -> str | None:
+        if self.pos >= self.end:
+            raise MetadataError("cut by the end of its event")
+        encoding = int(self.buffer[self.pos])
+        self.pos += 1
+        if encoding == 0:
+            return None
+        if encoding == 1:
+            return ""
+        if encoding in (3, 5):  # UTF-8 / Latin-1 bytes
+            n = self.count("string byte")
+            raw = bytes(self.buffer[self.pos:self.pos + n])
+            self.pos += n
+            return raw.decode("utf-8" if encoding == 3 else "latin-1", "replace")
+        if encoding == 4:  # chars, one compressed integer each
+            return "".join(chr(self.varint() & 0xFFFF) for _ in range(self.count("string char")))
+        raise MetadataError(f"unknown string encoding {encoding}")
+
+
+def read_event_types(buffer: np.ndarray, chunk: Chunk) -> dict[str, int]:
+    """Event type name -> type id, from the metadata event the chunk header points to.
+
+    Layout as jdk.jfr reads it (ChunkHeader.readMetadata, MetadataReader): size, type id 0,
+    start time, duration, metadata id, a string pool (count, strings), then one element tree
+    whose elements are (name, attribute pairs, children), every name and value an index into
+    the pool; event types are the `class` elements under `metadata` whose superType is
+    jdk.jfr.Event.
+    """
+    metadata_offset = _metadata_offset(buffer, chunk)
+    chunk_end = chunk.offset + chunk.size
+    if not HEADER_SIZE <= metadata_offset < chunk.size:
+        raise MetadataError(f"its offset {metadata_offset} lies outside the chunk")
+    reader = _Reader(buffer, chunk.offset + metadata_offset, chunk_end)
+    size = reader.varint()
+    if not 0 < size <= chunk_end - (chunk.offset + metadata_offset):
+        raise MetadataError(f"size {size} does not fit in the chunk")
+    reader.end = chunk.offset + metadata_offset + size
+    if reader.varint() != METADATA_TYPE_ID:
+        raise MetadataError("the event at its offset is not a metadata event")
+    for _ in range(3):  # start time, duration, metadata id
+        reader.varint()
+    pool = [reader.string() for _ in range(reader.count("string pool"))]
+
+    def name(index: int) -> str | None:
+        if not 0 <= index < len(pool):
+            raise MetadataError(f"string index {index} outside its pool of {len(pool)}")
+        return pool[index]
+
+    types: dict[str, int] = {}
+
+    def element(parent: str | None, depth: int) -> None:
+        if depth > 32:
+            raise MetadataError("its element tree is nested deeper than any JDK writes")
+        tag = name(reader.varint())
+        attributes = {}
+        for _ in range(reader.count("attribute")):
+            key = name(reader.varint())
+            attributes[key] = name(reader.varint())
+        if tag == "class" and parent == "metadata" and attributes.get("superType") == EVENT_SUPER_TYPE:
+            try:
+                types[attributes["name"]] = int(attributes["id"])
+            except (KeyError, TypeError, ValueError):
+                raise MetadataError("an event class without a name or a numeric id") from None
+        for _ in range(reader.count("child")):
+            element(tag, depth + 1)
+
+    element(None, 0)
+    if not types:
+        raise MetadataError("it declares no event type")
+    return types
+
+
+def _metadata_offset(buffer: np.ndarray, chunk: Chunk) -> int:
+    if chunk.header:
+        raw = chunk.header
+    else:
+        raw = bytes(buffer[chunk.offset:chunk.offset + HEADER_SIZE])
+    return int.from_bytes(raw[24:32], "big", signed=True)
+
+
+# ---------------------------------------------------------------- what jdk.jfr lost
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One chunk jdk.jfr did not read to its end."""
+
+    chunk: int                        # index in the file
+    chunk_offset: int                 # where the chunk starts in the file
+    from_byte: int                    # absolute file offset from which nothing was read
+    lost_bytes: int                   # from `from_byte` to the chunk's end
+    lost_pause_events: int | None     # pause events the walk saw there; None: not countable
+    reason: str
+
+    def as_metadata(self) -> dict:
+        return dict(self.__dict__)
+
+    def describe(self) -> str:
+        events = ("pause events not countable" if self.lost_pause_events is None
+                  else f"{self.lost_pause_events} pause event(s)")
+        return (f"chunk {self.chunk} (at byte {self.chunk_offset}): {self.reason}; lost from byte {self.from_byte}: "
+                f"{self.lost_bytes} bytes, {events}")
+
+
+def chunk_damage(walk: ChunkWalk, delivered: int | None, watched: tuple[str, ...], pause_types: tuple[str, ...],
+                 error: str | None = None) -> Damage | None:
+    """Compares what jdk.jfr delivered from one chunk (`delivered` events of the `watched`
+    types, None if it could not read the chunk) with what the walk saw there."""
+    chunk = walk.chunk
+    if not walk.metadata_readable:
+        return Damage(chunk.index, chunk.offset, chunk.offset, chunk.size, None, f"unreadable: {walk.problem}")
+    pause_ids = walk.ids_of(pause_types)
+    is_pause = np.isin(walk.event_types, pause_ids)
+    walked = len(walk.event_types)
+    if delivered is None:
+        reason = f"jdk.jfr cannot read it ({error})" if error else "jdk.jfr cannot read it"
+        return Damage(chunk.index, chunk.offset, chunk.offset, chunk.size, int(is_pause.sum()) if not walk.problem else None,
+                      reason)
+    if delivered < walked:
+        start = int(walk.event_offsets[delivered])
+        lost = int(is_pause[delivered:].sum())
+        reason = f"jdk.jfr stopped after {delivered} of the {walked} events it reads"
+        if walk.problem:
+            reason += f", and the walk stopped at byte {walk.walked_to}: {walk.problem}"
+        return Damage(chunk.index, chunk.offset, start, walk.end - start, None if walk.problem else lost, reason)
+    if walk.problem:
+        return Damage(chunk.index, chunk.offset, walk.walked_to, walk.end - walk.walked_to, None,
+                      f"damaged at byte {walk.walked_to}: {walk.problem}")
+    return None
+
+
+def damage_message(path: Path, damages: list[Damage], chunks: int) -> str:
+    """One line for a file's damaged chunks."""
+    pauses = [d.lost_pause_events for d in damages]
+    counted = sum(p for p in pauses if p is not None)
+    if None not in pauses:
+        total = f"{counted} pause event(s)"
+    else:
+        total = f"at least {counted} pause event(s)" if counted else "an uncounted number of pause events"
+    return (f"{path}: damaged recording: {len(damages)} of {chunks} chunk(s) not read to the end, "
+            f"{sum(d.lost_bytes for d in damages)} bytes and {total} lost: " + "; ".join(d.describe() for d in damages))
