@@ -1,4 +1,9 @@
-"""Perfetto export: the trace obeys the trace-event format's rules and says what the analysis says."""
+"""Perfetto export, both formats: the trace obeys its format's rules and says what the analysis says.
+
+The protobuf trace is decoded with the `perfetto` package's own protos, as trace processor reads
+it: per packet sequence its interned names, its defaults (track, clock) and its incremental
+clock; begin/end events sorted by time (stably, file order at one instant) and matched per track.
+"""
 from __future__ import annotations
 
 import json
@@ -36,93 +41,207 @@ def _tables():
         while t < 2_000 * MS:
             length = int(rng.integers(1, 20 * MS))
             rows.append((77, tid, f"worker-{tid}", str(rng.choice(["released", "waiting"])), t, t + length))
-            t += length + int(rng.integers(1, 10 * MS))
+            t += length + int(rng.integers(0, 10 * MS))  # 0: a state starts where the previous ends
     gil = pd.DataFrame(rows, columns=["pid", "tid", "thread_name", "state", "start_ns", "end_ns"])
     return pauses, gil
 
 
+def decode_json(path: Path) -> tuple[dict, list[dict]]:
+    """tracks {key: {name, process}}, slices [{track, name, cat, start, end, args, flows_out, flows_in}]."""
+    events = json.loads(path.read_text())["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    tracks = {(e["pid"], e["tid"]): {"name": e["args"]["name"], "process": processes.get(e["pid"])}
+              for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    ns = lambda us: int(round(us * 1000))  # noqa: E731
+    starts = {(e["pid"], e["tid"], e["id"]): e for e in events if e["ph"] == "s"}
+    slices = []
+    for e in events:
+        if e["ph"] == "X":
+            slices.append({"track": (e["pid"], e["tid"]), "name": e["name"], "cat": e["cat"], "start": ns(e["ts"]),
+                           "end": ns(e["ts"]) + ns(e["dur"]), "args": e.get("args", {}), "flows_out": [], "flows_in": []})
+    # A flow leaves the slice enclosing its start and ends at the slice enclosing its finish (bp=e).
+    by_track = defaultdict(list)
+    for s in slices:
+        by_track[s["track"]].append(s)
+
+    def innermost(track, at, pause=False):
+        inside = [(s["end"] - s["start"], -i, s) for i, s in enumerate(by_track[track])
+                  if s["start"] <= at < s["end"] and (not pause or "pause_id" in s["args"])]
+        return min(inside, key=lambda x: x[:2])[2]  # the shortest; of equal ones, the child (written after its parent)
+
+    for e in events:
+        if e["ph"] == "s":  # (inside a safepoint it binds to its synchronize or operation part, within the pause)
+            innermost((e["pid"], e["tid"]), ns(e["ts"]), pause=True)["flows_out"].append(e["id"])
+        elif e["ph"] == "f":
+            innermost((e["pid"], e["tid"]), ns(e["ts"]))["flows_in"].append(e["id"])
+    assert {i for (_, _, i) in starts} == {e["id"] for e in events if e["ph"] == "f"}
+    return tracks, slices
+
+
+def _annotation(a):
+    if a.array_values:
+        return [_annotation(v) for v in a.array_values]
+    kind = a.WhichOneof("value")
+    return getattr(a, kind) if kind else None
+
+
+def decode_proto(path: Path) -> tuple[dict, list[dict]]:
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    trace = pb.Trace()
+    trace.ParseFromString(path.read_bytes())
+    state: dict[int, dict] = {}
+    descriptors, events = {}, []
+    for order, packet in enumerate(trace.packet):
+        seq = state.setdefault(packet.trusted_packet_sequence_id, {"names": {}, "args": {}, "clock": None, "defaults": None})
+        if packet.incremental_state_cleared:
+            seq.update(names={}, args={}, clock=None)
+        if packet.HasField("trace_packet_defaults"):
+            seq["defaults"] = packet.trace_packet_defaults
+        for n in packet.interned_data.event_names:
+            seq["names"][n.iid] = n.name
+        for n in packet.interned_data.debug_annotation_names:
+            seq["args"][n.iid] = n.name
+        if packet.HasField("track_descriptor"):
+            descriptors[packet.track_descriptor.uuid] = packet.track_descriptor
+        if packet.HasField("clock_snapshot"):
+            for clock in packet.clock_snapshot.clocks:
+                if clock.is_incremental:
+                    seq["clock"] = clock.timestamp
+        if packet.HasField("track_event"):
+            event = packet.track_event
+            defaults = seq["defaults"]
+            assert not packet.HasField("timestamp_clock_id") and defaults.timestamp_clock_id >= 64
+            seq["clock"] += packet.timestamp  # the sequence's incremental clock
+            track = event.track_uuid if event.HasField("track_uuid") else defaults.track_event_defaults.track_uuid
+            events.append((seq["clock"], order, track, event, seq))
+    tracks = {}
+    for uuid, d in descriptors.items():
+        if d.HasField("process"):
+            continue
+        parent = descriptors[d.parent_uuid]
+        tracks[uuid] = {"name": d.thread.thread_name if d.HasField("thread") else d.name, "process": parent.process.process_name,
+                        "pid": parent.process.pid, "tid": d.thread.tid if d.HasField("thread") else None}
+    open_slices: dict[int, list[dict]] = defaultdict(list)
+    slices = []
+    for ts, _, track, event, seq in sorted(events, key=lambda e: (e[0], e[1])):
+        if event.type == event.TYPE_SLICE_BEGIN:
+            s = {"track": track, "name": seq["names"][event.name_iid], "start": ts, "end": None,
+                 "args": {seq["args"][a.name_iid]: _annotation(a) for a in event.debug_annotations},
+                 "flows_out": list(event.flow_ids), "flows_in": list(event.terminating_flow_ids)}
+            open_slices[track].append(s)
+            slices.append(s)
+        else:
+            assert event.type == event.TYPE_SLICE_END and open_slices[track], "an end without a begin"
+            open_slices[track].pop()["end"] = ts
+    assert not any(open_slices.values()), "slices left open"
+    for s in slices:
+        s["cat"] = "overlap" if s["name"].startswith("JVM pause: ") else "gil" if tracks[s["track"]]["tid"] is not None else "jvm"
+    return tracks, slices
+
+
 @pytest.fixture(scope="module")
-def trace(tmp_path_factory):
+def analysis(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     pauses, gil = _tables()
     analysis = correlate(pauses, gil)
     analysis.write(out)
-    path = export_perfetto(out, out / "trace.json")
-    return analysis, json.loads(path.read_text())
+    return analysis, out
+
+
+@pytest.fixture(scope="module", params=["proto", "json"])
+def trace(request, analysis):
+    result, out = analysis
+    path = export_perfetto(out, out / f"trace.{request.param}", fmt=request.param)
+    return result, request.param, (decode_proto if request.param == "proto" else decode_json)(path)
 
 
 def test_every_track_is_named_and_nests(trace):
-    analysis, doc = trace
-    events = doc["traceEvents"]
-    named_threads = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    named_procs = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    analysis, fmt, (tracks, slices) = trace
     by_track = defaultdict(list)
-    for e in events:
-        if e["ph"] == "X":
-            assert e["dur"] >= 0
-            assert (e["pid"], e["tid"]) in named_threads, e
-            assert e["pid"] in named_procs
-            by_track[(e["pid"], e["tid"])].append(e)
-    for track, slices in by_track.items():
-        stamps = [e["ts"] for e in slices]
-        assert stamps == sorted(stamps), f"timestamps go back on {track}"
-        stack: list[float] = []  # end times of open slices: complete events must nest properly
-        for e in slices:
-            while stack and stack[-1] <= e["ts"] + 1e-9:
+    for s in slices:
+        assert s["end"] >= s["start"]
+        assert tracks[s["track"]]["name"] and tracks[s["track"]]["process"], s
+        by_track[s["track"]].append(s)
+    for track, of_track in by_track.items():
+        stack: list[int] = []  # end times of open slices: slices must nest properly
+        for s in sorted(of_track, key=lambda s: (s["start"], -s["end"])):
+            while stack and stack[-1] <= s["start"] and not (s["end"] == s["start"] == stack[-1]):
                 stack.pop()
-            end = e["ts"] + e["dur"]
-            assert not stack or end <= stack[-1] + 1e-6, f"slice {e['name']} at {e['ts']} crosses its parent on {track}"
-            stack.append(end)
+            assert not stack or s["end"] <= stack[-1], f"slice {s['name']} at {s['start']} crosses its parent on {track}"
+            stack.append(s["end"])
 
 
 def test_flows_are_paired_and_overlaps_are_marked(trace):
-    analysis, doc = trace
-    events = doc["traceEvents"]
-    starts = {e["id"] for e in events if e["ph"] == "s"}
-    finishes = {e["id"] for e in events if e["ph"] == "f"}
-    assert starts == finishes
+    analysis, fmt, (tracks, slices) = trace
+    out = [f for s in slices for f in s["flows_out"]]
+    into = [f for s in slices for f in s["flows_in"]]
+    assert sorted(out) == sorted(into) and len(set(out)) == len(out)
+    # Each flow leaves the pause it names and ends at a mark naming it.
+    leaves = {f: s for s in slices for f in s["flows_out"]}
+    for s in slices:
+        for f in s["flows_in"]:
+            assert s["name"].startswith("JVM pause: ")
+            assert leaves[f]["args"]["pause_id"] in s["args"]["pause_ids"]
     hits = analysis.overlaps[~analysis.overlaps["near_miss"] & (analysis.overlaps["overlap_ns"] > 0)]
     assert len(hits) > 0
-    marked = [e for e in events if e["ph"] == "X" and e["name"].startswith("JVM pause: ")]
+    marks = [s for s in slices if s["name"].startswith("JVM pause: ")]
+    tid_of = lambda s: tracks[s["track"]]["tid"] if fmt == "proto" else s["track"][1]  # noqa: E731
     # Every hit's pause is named by a mark on its thread that covers the hit.
     for hit in hits.itertuples():
-        covering = [e for e in marked if e["tid"] == hit.tid and hit.pause_id in e["args"]["pause_ids"]
-                    and e["ts"] <= hit.start_ns / 1000 + 1e-3 and hit.end_ns / 1000 <= e["ts"] + e["dur"] + 1e-3]
+        covering = [m for m in marks if tid_of(m) == hit.tid and hit.pause_id in m["args"]["pause_ids"]
+                    and m["start"] <= hit.start_ns and hit.end_ns <= m["end"]]
         assert len(covering) == 1, hit
-    # Marked time per thread is the union of that thread's overlaps (computed here by brute force).
+    # Marked time per thread is the union of that thread's overlaps (computed here by brute force, in us).
     for tid, of_thread in hits.groupby("tid"):
         covered = set()
         for hit in of_thread.itertuples():
             covered.update(range(hit.start_ns // 1000, hit.end_ns // 1000))
-        drawn = sum(e["dur"] for e in marked if e["tid"] == tid)
+        drawn = sum(m["end"] - m["start"] for m in marks if tid_of(m) == tid) / 1000
         assert drawn == pytest.approx(len(covered), rel=1e-3, abs=len(of_thread) + 1)
-    assert len(starts) >= len(hits) - sum(1 for pid in hits["pause_id"] if pid not in set(analysis.pauses["pause_id"]))
+    assert len(out) == len(hits)  # every (pause, thread interval) hit has its arrow
 
 
 def test_every_pause_and_state_is_drawn(trace):
-    analysis, doc = trace
-    events = doc["traceEvents"]
-    jvm_slices = [e for e in events if e["ph"] == "X" and e["cat"] == "jvm" and "pause_id" in e.get("args", {})]
-    assert sorted(e["args"]["pause_id"] for e in jvm_slices) == sorted(analysis.pauses["pause_id"].tolist())
-    gil_slices = [e for e in events if e["ph"] == "X" and e["cat"] == "gil" and e["name"] in ("released", "waiting")]
-    assert len(gil_slices) == int((analysis.gil["end_ns"] > analysis.gil["start_ns"]).sum())
-    assert any(e["name"] == "held" for e in events if e["ph"] == "X")
+    analysis, fmt, (tracks, slices) = trace
+    pauses = sorted((s["args"]["pause_id"], s["start"], s["end"]) for s in slices if s["cat"] == "jvm" and "pause_id" in s["args"])
+    expected = analysis.pauses
+    assert pauses == sorted(zip(expected["pause_id"].tolist(), expected["start_ns"].tolist(), expected["end_ns"].tolist()))
+    states = sorted((s["name"], s["start"], s["end"]) for s in slices if s["cat"] == "gil" and s["name"] in ("released", "waiting"))
+    gil = analysis.gil[analysis.gil["end_ns"] > analysis.gil["start_ns"]]
+    assert states == sorted(zip(gil["state"].astype(str), gil["start_ns"], gil["end_ns"]))
+    held = [s for s in slices if s["name"] == "held"]
+    assert bool(held) == (fmt == "json")  # protobuf: a thread's gaps are its held time (docs/perfetto.md)
+    names = {t["name"] for t in tracks.values()}
+    assert {"worker-101 (101)", "safepoints", "GC pauses"} <= names
 
 
 def test_cli_refuses_a_directory_without_results(tmp_path):
     tandem = Path(sys.executable).parent / "tandem"
-    proc = subprocess.run([str(tandem), "export", "perfetto", str(tmp_path), "-o", str(tmp_path / "t.json")], capture_output=True, text=True)
+    proc = subprocess.run([str(tandem), "export", "perfetto", str(tmp_path), "-o", str(tmp_path / "t.pftrace")], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "pauses.parquet: missing" in proc.stderr
 
 
-def test_embedded_jvm_shares_one_process_with_python():
-    from engine.report.perfetto import perfetto_trace
-
+@pytest.mark.parametrize("fmt", ["proto", "json"])
+def test_embedded_jvm_shares_one_process_with_python(tmp_path, fmt):
     pauses, gil = _tables()
     pauses["jvm_pid"] = 77  # JPype: the JVM lives in the Python process
-    analysis = correlate(pauses, gil)
-    events = perfetto_trace(analysis.pauses, analysis.gil, analysis.overlaps)["traceEvents"]
-    names = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
-    assert names == ["JVM + Python 77"]
-    assert sum(1 for e in events if e["ph"] == "M" and e["name"] == "process_sort_index") == 1
+    correlate(pauses, gil).write(tmp_path)
+    path = export_perfetto(tmp_path, tmp_path / "t", fmt=fmt)
+    tracks, _ = (decode_proto if fmt == "proto" else decode_json)(path)
+    assert {t["process"] for t in tracks.values()} == {"JVM + Python 77"}
+
+
+def test_live_parts_export_like_one_results_directory(tmp_path, analysis):
+    """`tandem live` writes the same tables in parts: the trace of the parts is the trace of their union."""
+    result, out = analysis
+    for name, table in (("pauses", result.pauses), ("gil", result.gil), ("overlaps", result.overlaps)):
+        for part, rows in enumerate(np.array_split(np.arange(len(table)), 3), 1):
+            directory = tmp_path / "live" / f"part-{part:06d}"
+            directory.mkdir(parents=True, exist_ok=True)
+            table.iloc[rows].to_parquet(directory / f"{name}.parquet")
+    whole = decode_proto(export_perfetto(out, tmp_path / "whole.pftrace"))
+    parts = decode_proto(export_perfetto(tmp_path / "live", tmp_path / "parts.pftrace"))
+    key = lambda s: (s["name"], s["start"], s["end"])  # noqa: E731
+    assert sorted(map(key, whole[1])) == sorted(map(key, parts[1]))

@@ -1,23 +1,31 @@
-"""Both runtimes on one timeline: the results of `tandem analyze` as a Chrome trace-event JSON
-that ui.perfetto.dev (and chrome://tracing) opens.
+"""Both runtimes on one timeline for ui.perfetto.dev: the results of `tandem analyze` (or the
+parts of `tandem live`) as Perfetto's native protobuf trace (default) or Chrome trace-event
+JSON (`--format json`, the legacy format). docs/perfetto.md has the layout and the sizes.
 
-Layout, all on CLOCK_MONOTONIC (trace `ts` is microseconds with nanosecond fractions):
+Layout, all on CLOCK_MONOTONIC:
 - one process per JVM, with a track per pause family: safepoints (each with its
-  time-to-safepoint and its VM operation inside), GC pauses, whole GC collections,
-  VM operations without a safepoint, JIT compilation, deoptimization. Slices that overlap
+  time-to-safepoint and its VM operation inside), GC pauses, whole GC collections, VM
+  operations without a safepoint, JIT compilation, deoptimization. Slices that overlap
   without nesting (concurrent collections) are spread over extra lanes of that family;
-- one process per Python interpreter, with a track per thread showing `held`, `released`
-  and `waiting`; where a JVM pause overlaps a released or waiting interval, a red slice
-  `JVM pause: <name>` sits inside it, linked by a flow arrow from the pause.
+- one process per Python interpreter, with a track per thread showing `released` and
+  `waiting` (and, in JSON, `held` in between); where a JVM pause overlaps a released or
+  waiting interval, a slice `JVM pause: <name>` sits inside it, linked by a flow arrow from
+  the pause.
 
-Every event is a complete event (`ph: X`), so begin/end are balanced by construction;
-events are written in timestamp order, parents before their children.
+Streaming: the pauses are read whole (tens of bytes a pause); GIL intervals and overlaps are
+read batch by batch and spilled to one file per Python thread next to the output, then drawn
+one thread at a time, so memory is bounded by the busiest thread's rows, not the session's.
+Both formats are written from the same tracks and slices (`_Slices`); each track's slices come
+in time order, parents before their children.
 """
 from __future__ import annotations
 
 import json
 import os
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -31,29 +39,154 @@ JVM_TRACKS = {
     "compilation": "JIT compilation",
     "deoptimization": "deoptimization",
 }
-_LANE_STRIDE = 100  # synthetic tids of a JVM: family index * stride + lane
+FORMATS = ("proto", "json")
+_LANE_STRIDE = 100  # JSON tids of a JVM's tracks: family index * stride + lane + 1
 _UNKNOWN_JVM_PID = 0  # pauses brought from elsewhere without jvm_pid
+_BATCH_ROWS = 1 << 18
+STATES = ("released", "waiting", "held")  # codes 0, 1, 2 in the spill files
+_MARK = 3  # code of an overlap mark among a thread's slices
+_STATE_COLOR = {"released": "grey", "waiting": "bad", "held": "good"}
+_PAUSE_ARGS = ("pause_id", "kind", "duration_ns", "cause", "gc_id", "safepoint_id", "unmatched", "os_thread_id")
 
 
-def _us(ns) -> float:
-    return round(int(ns) / 1000.0, 3)
+@dataclass
+class _Track:
+    uuid: int
+    pid: int
+    tid: int  # JSON tid: the OS thread id for Python, a synthetic one per JVM track
+    name: str
+    thread: bool  # a Python thread (Perfetto thread track), else a named track of a JVM
+    rank: int = 0
 
 
-def _slice(name: str, pid: int, tid: int, start_ns: int, end_ns: int, cat: str, args: dict | None = None, color: str | None = None) -> dict:
-    event = {"name": name, "cat": cat, "ph": "X", "pid": int(pid), "tid": int(tid), "ts": _us(start_ns), "dur": _us(end_ns - start_ns)}
-    if args:
-        event["args"] = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in args.items() if v is not None and v is not pd.NA}
-    if color:
-        event["cname"] = color
-    return event
+@dataclass
+class _Slices:
+    """One track's slices, columnar, in drawing order (start, longer first, parents first)."""
+    start: np.ndarray
+    end: np.ndarray
+    depth: np.ndarray
+    name: np.ndarray  # index into names
+    names: list[str]
+    cat: str | list[str]  # one category for all, or per name
+    color: dict[str, str] = field(default_factory=dict)  # per name
+    args: dict[int, dict] = field(default_factory=dict)  # slice index -> debug arguments
+    flows_out: dict[int, list[int]] = field(default_factory=dict)  # slice index -> flow ids starting there
+    flows_in: dict[int, list[tuple[int, _Track, int, int]]] = field(default_factory=dict)  # -> (flow id, from track, at ns, pause id)
+
+    def category(self, name_index: int) -> str:
+        return self.cat if isinstance(self.cat, str) else self.cat[name_index]
 
 
-def _meta(kind: str, pid: int, tid: int | None, value) -> dict:
-    key = "sort_index" if kind.endswith("sort_index") else "name"
-    event = {"name": kind, "ph": "M", "pid": int(pid), "args": {key: value}}
-    if tid is not None:
-        event["tid"] = int(tid)
-    return event
+# ---- input -------------------------------------------------------------------------------------
+
+
+def _table_files(results: Path, name: str) -> list[Path]:
+    """`tandem analyze` writes RESULTS/<name>.parquet; `tandem live` RESULTS/part-*/<name>.parquet."""
+    from engine.errors import TandemError
+
+    single = results / f"{name}.parquet"
+    if single.exists():
+        return [single]
+    parts = sorted(results.glob(f"part-*/{name}.parquet"))
+    if not parts:
+        raise TandemError(f"{single}: missing; RESULTS must be the -o directory of `tandem analyze` or of `tandem live`")
+    return parts
+
+
+def _batches(files: list[Path], wanted: tuple[str, ...]) -> Iterator:
+    import pyarrow.parquet as pq
+
+    from engine.errors import TandemError
+
+    for path in files:
+        try:
+            handle = pq.ParquetFile(path)
+        except (OSError, ValueError) as err:
+            raise TandemError(f"{path}: not a readable Parquet table: {err}") from None
+        columns = [c for c in wanted if c in handle.schema_arrow.names]
+        yield from handle.iter_batches(batch_size=_BATCH_ROWS, columns=columns)
+
+
+def _ints(batch, name: str) -> np.ndarray:
+    return batch.column(name).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _state_codes(batch) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    states = batch.column("state").cast("string")
+    return pc.equal(states, "waiting").to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _read_pauses(results: Path) -> pd.DataFrame:
+    from engine.store import read_table
+
+    frames = [read_table(path) for path in _table_files(results, "pauses")]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame({"pause_id": pd.Series([], dtype="int64"), "kind": [], "name": [], "start_ns": pd.Series([], dtype="int64"),
+                             "end_ns": pd.Series([], dtype="int64")})
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+class _ThreadSpill:
+    """GIL intervals and overlaps of each Python thread, one pass over each table, in files of
+    int64 records per thread (a thread's rows never all sit in memory with another's)."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.threads: dict[tuple[int, int], int] = {}
+        self.names: dict[tuple[int, int], str] = {}
+        self.rows = 0
+
+    def _file(self, kind: str, key: tuple[int, int]) -> Path:
+        index = self.threads.setdefault(key, len(self.threads))
+        return self.dir / f"{kind}-{index}.bin"
+
+    def _append(self, kind: str, pid: np.ndarray, tid: np.ndarray, records: np.ndarray) -> None:
+        order = np.lexsort((tid, pid))
+        pid, tid, records = pid[order], tid[order], records[order]
+        cuts = np.flatnonzero((pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(pid)]):
+            with open(self._file(kind, (int(pid[lo]), int(tid[lo]))), "ab") as out:
+                records[lo:hi].tofile(out)
+
+    def add_gil(self, files: list[Path], progress: Callable[[int], None]) -> None:
+        for batch in _batches(files, ("pid", "tid", "state", "start_ns", "end_ns", "thread_name")):
+            pid, tid = _ints(batch, "pid"), _ints(batch, "tid")
+            if "thread_name" in batch.schema.names:
+                self._learn_names(pid, tid, batch.column("thread_name"))
+            records = np.column_stack([_ints(batch, "start_ns"), _ints(batch, "end_ns"), _state_codes(batch)])
+            self._append("gil", pid, tid, records)
+            self.rows += len(pid)
+            progress(len(pid))
+
+    def _learn_names(self, pid: np.ndarray, tid: np.ndarray, names) -> None:
+        import pyarrow.compute as pc
+
+        valid = pc.is_valid(names).to_numpy(zero_copy_only=False)
+        if not valid.any():
+            return
+        keys, first = np.unique(np.column_stack([pid[valid], tid[valid]]), axis=0, return_index=True)
+        rows = np.flatnonzero(valid)[first]
+        for (p, t), row in zip(keys.tolist(), rows.tolist()):
+            self.names.setdefault((p, t), str(names[row]))
+
+    def add_overlaps(self, files: list[Path]) -> None:
+        for batch in _batches(files, ("pause_id", "pid", "tid", "state", "start_ns", "end_ns", "near_miss")):
+            start, end = _ints(batch, "start_ns"), _ints(batch, "end_ns")
+            hit = end > start
+            if "near_miss" in batch.schema.names:
+                hit &= ~batch.column("near_miss").to_numpy(zero_copy_only=False).astype(bool)
+            records = np.column_stack([start, end, _state_codes(batch), _ints(batch, "pause_id")])[hit]
+            self._append("overlaps", _ints(batch, "pid")[hit], _ints(batch, "tid")[hit], records)
+
+    def load(self, kind: str, key: tuple[int, int], width: int) -> np.ndarray:
+        path = self.dir / f"{kind}-{self.threads[key]}.bin"
+        return np.fromfile(path, np.int64).reshape(-1, width) if path.exists() else np.zeros((0, width), np.int64)
+
+
+# ---- what is drawn -----------------------------------------------------------------------------
 
 
 def _lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -72,186 +205,395 @@ def _lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return lanes
 
 
-def _jvm_events(pauses: pd.DataFrame) -> tuple[list[dict], dict[int, tuple[int, int]]]:
-    """Slices of every pause; also where each pause was drawn (pid, tid), for flow arrows."""
-    events: list[dict] = []
-    placed: dict[int, tuple[int, int]] = {}
+def _plain(value):
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+        return None
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _jvm_tracks(pauses: pd.DataFrame, next_uuid: Callable[[], int]) -> list[tuple[_Track, pd.DataFrame]]:
+    """A track per (JVM, pause family, lane) with the pauses drawn on it, sorted by start."""
+    out = []
     if pauses.empty:
-        return events, placed
+        return out
     jvm_pid = pauses["jvm_pid"] if "jvm_pid" in pauses else pd.Series(_UNKNOWN_JVM_PID, index=pauses.index)
-    pauses = pauses.assign(_pid=jvm_pid.fillna(_UNKNOWN_JVM_PID).astype(np.int64))
+    pauses = pauses.assign(_pid=jvm_pid.fillna(_UNKNOWN_JVM_PID).astype(np.int64), kind=pauses["kind"].astype(str))
     for pid, of_jvm in pauses.groupby("_pid", sort=True):
-        events.append(_meta("process_name", pid, None, f"JVM {pid}" if pid != _UNKNOWN_JVM_PID else "JVM"))
-        events.append(_meta("process_sort_index", pid, None, 0))
-        kinds = list(JVM_TRACKS) + sorted(set(of_jvm["kind"].astype(str)) - set(JVM_TRACKS))
+        kinds = list(JVM_TRACKS) + sorted(set(of_jvm["kind"]) - set(JVM_TRACKS))
         for family, kind in enumerate(kinds):
-            rows = of_jvm[of_jvm["kind"].astype(str) == kind].sort_values(["start_ns", "end_ns"], kind="stable")
+            rows = of_jvm[of_jvm["kind"] == kind].sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="stable")
             if rows.empty:
                 continue
             lanes = _lanes(rows["start_ns"].to_numpy(), rows["end_ns"].to_numpy())
             label = JVM_TRACKS.get(kind, kind)
             for lane in range(int(lanes.max()) + 1):
                 tid = family * _LANE_STRIDE + lane + 1
-                events.append(_meta("thread_name", pid, tid, label if lane == 0 else f"{label} ({lane + 1})"))
-                events.append(_meta("thread_sort_index", pid, tid, tid))
-            for row, lane in zip(rows.itertuples(index=False), lanes.tolist()):
-                tid = family * _LANE_STRIDE + lane + 1
-                placed[int(row.pause_id)] = (int(pid), tid)
-                events.extend(_pause_slices(row, pid, tid))
-    return events, placed
-
-
-def _pause_slices(row, pid: int, tid: int) -> list[dict]:
-    get = row._asdict().get
-    name = str(row.name)
-    operation = get("operation")
-    title = f"{name}: {operation}" if row.kind == "safepoint" and isinstance(operation, str) and operation != name else name
-    args = {"pause_id": row.pause_id, "kind": row.kind, "duration_ns": int(row.end_ns - row.start_ns),
-            "cause": get("cause"), "gc_id": get("gc_id"), "safepoint_id": get("safepoint_id"),
-            "unmatched": get("unmatched"), "os_thread_id": get("os_thread_id")}
-    out = [_slice(title, pid, tid, row.start_ns, row.end_ns, "jvm", args, color="terrible" if row.kind in ("safepoint", "gc_pause") else None)]
-    ttsp = get("time_to_safepoint_ns")
-    if row.kind == "safepoint" and ttsp is not None and ttsp is not pd.NA and 0 < int(ttsp) <= row.end_ns - row.start_ns:
-        # Reaching the safepoint (jdk.SafepointBegin), then the operation with the world stopped.
-        sync_end = row.start_ns + int(ttsp)
-        out.append(_slice("synchronize (time to safepoint)", pid, tid, row.start_ns, sync_end, "jvm"))
-        if sync_end < row.end_ns:
-            out.append(_slice(operation if isinstance(operation, str) else "operation", pid, tid, sync_end, row.end_ns, "jvm"))
+                track = _Track(next_uuid(), int(pid), tid, label if lane == 0 else f"{label} ({lane + 1})", thread=False, rank=tid)
+                out.append((track, rows[lanes == lane]))
     return out
 
 
-def _held_intervals(threads: pd.DataFrame) -> pd.DataFrame:
-    """Complement of a thread's released/waiting intervals within its inferred lifetime."""
-    from engine.analysis.gil_state import merge_intervals, thread_lifetimes
-
-    not_holding = merge_intervals(threads, ["pid", "tid"])
-    held = []
-    for (pid, tid), life in thread_lifetimes(threads).set_index(["pid", "tid"]).iterrows():
-        gaps = not_holding[(not_holding.pid == pid) & (not_holding.tid == tid)]
-        edges = np.concatenate([[life.start_ns], gaps.end_ns.to_numpy()]), np.concatenate([gaps.start_ns.to_numpy(), [life.end_ns]])
-        for start, end in zip(*edges):
-            if end > start:
-                held.append((pid, tid, "held", start, end))
-    return pd.DataFrame(held, columns=["pid", "tid", "state", "start_ns", "end_ns"])
-
-
-_STATE_COLOR = {"held": "good", "released": "grey", "waiting": "bad"}
-
-
-def _python_events(gil: pd.DataFrame, overlaps: pd.DataFrame, pauses: pd.DataFrame, placed: dict, flow_start: int) -> list[dict]:
-    events: list[dict] = []
-    if gil.empty:
-        return events
-    names = {}
-    if "thread_name" in gil:
-        named = gil.dropna(subset=["thread_name"]).drop_duplicates(["pid", "tid"])
-        names = {(int(p), int(t)): str(n) for p, t, n in zip(named.pid, named.tid, named.thread_name)}
-    for pid in sorted(set(gil["pid"].astype(np.int64).tolist())):
-        events.append(_meta("process_name", pid, None, f"Python {pid}"))
-        events.append(_meta("process_sort_index", pid, None, 1))
-    for (pid, tid) in sorted(set(zip(gil["pid"].astype(np.int64).tolist(), gil["tid"].astype(np.int64).tolist()))):
-        label = names.get((pid, tid))
-        events.append(_meta("thread_name", pid, tid, f"{label} ({tid})" if label else f"thread {tid}"))
-    states = pd.concat([gil[["pid", "tid", "state", "start_ns", "end_ns"]], _held_intervals(gil)], ignore_index=True)
-    for row in states.itertuples(index=False):
-        if row.end_ns > row.start_ns:
-            events.append(_slice(str(row.state), row.pid, row.tid, row.start_ns, row.end_ns, "gil", color=_STATE_COLOR.get(str(row.state))))
-    hits = overlaps[~overlaps["near_miss"]] if "near_miss" in overlaps else overlaps
-    hits = hits[hits["end_ns"] > hits["start_ns"]]
-    pause_names = dict(zip(pauses["pause_id"].astype(np.int64).tolist(), pauses["name"].astype(str).tolist())) if not pauses.empty else {}
-    flow_id = flow_start
-    for mark in _overlap_marks(hits):
-        ids = mark["pause_ids"]
-        title = " + ".join(dict.fromkeys(pause_names.get(i, "pause") for i in ids))
-        events.append(_slice(f"JVM pause: {title}", mark["pid"], mark["tid"], mark["start_ns"], mark["end_ns"], "overlap",
-                             {"pause_ids": ids, "state": mark["state"]}, color="terrible"))
-        for pause_id, start_ns in zip(ids, mark["starts"]):
-            if pause_id in placed:
-                jpid, jtid = placed[pause_id]
-                flow = {"name": "pause hits Python", "cat": "overlap", "id": flow_id, "ts": _us(start_ns)}
-                events.append({**flow, "ph": "s", "pid": jpid, "tid": jtid})
-                events.append({**flow, "ph": "f", "bp": "e", "pid": int(mark["pid"]), "tid": int(mark["tid"])})
-                flow_id += 1
-    return events
+def _pause_slices(rows: pd.DataFrame, flows: dict[int, list[int]]) -> _Slices:
+    """A lane's pauses; a safepoint gets its time to safepoint and its operation inside."""
+    starts, ends, depths, names = [], [], [], []
+    index: dict[str, int] = {}
+    args, flows_out = {}, {}
+    for row in rows.to_dict("records"):
+        name, operation, kind = str(row["name"]), _plain(row.get("operation")), row["kind"]
+        title = f"{name}: {operation}" if kind == "safepoint" and isinstance(operation, str) and operation != name else name
+        start, end = int(row["start_ns"]), int(row["end_ns"])
+        at = len(starts)
+        starts.append(start), ends.append(end), depths.append(0), names.append(index.setdefault(title, len(index)))
+        args[at] = {k: v for k in _PAUSE_ARGS if (v := _plain(row.get(k, end - start if k == "duration_ns" else None))) is not None}
+        args[at]["duration_ns"] = end - start
+        if int(row["pause_id"]) in flows:
+            flows_out[at] = flows[int(row["pause_id"])]
+        ttsp = _plain(row.get("time_to_safepoint_ns"))
+        if kind == "safepoint" and ttsp is not None and 0 < int(ttsp) <= end - start:
+            # Reaching the safepoint (jdk.SafepointBegin), then the operation with the world stopped.
+            sync_end = start + int(ttsp)
+            for a, b, label in ((start, sync_end, "synchronize (time to safepoint)"),
+                                (sync_end, end, operation if isinstance(operation, str) else "operation")):
+                if b > a or label.startswith("synchronize"):
+                    starts.append(a), ends.append(b), depths.append(1), names.append(index.setdefault(label, len(index)))
+    color = {title: "terrible" for title in index} if rows["kind"].iloc[0] in ("safepoint", "gc_pause") else {}
+    return _Slices(np.array(starts, np.int64), np.array(ends, np.int64), np.array(depths, np.int8), np.array(names, np.int32),
+                   list(index), "jvm", color, args, flows_out)
 
 
-def _overlap_marks(hits: pd.DataFrame) -> list[dict]:
-    """Overlaps of one thread and state merged where they overlap each other.
+def _overlap_marks(overlaps: np.ndarray) -> list[tuple[int, int, int, list[int], list[int]]]:
+    """A thread's overlaps (start, end, state, pause_id rows) merged where they overlap each
+    other: (start, end, state, pause ids, their overlap starts).
 
     Pauses nest and overlap (a GC pause inside its safepoint, inside its collection), so
     their overlaps with one GIL interval would cross each other on the thread's track;
     one mark per merged stretch keeps the track properly nested. Touching stretches stay
     apart: a released interval ends exactly where the thread's waiting interval starts.
     """
-    marks: list[dict] = []
-    ordered = hits.sort_values(["pid", "tid", "state", "start_ns"], kind="stable")
-    for row in ordered.itertuples(index=False):
-        key = (int(row.pid), int(row.tid), str(row.state))
+    marks: list = []
+    order = np.lexsort((overlaps[:, 0], overlaps[:, 2]))
+    for start, end, state, pause_id in overlaps[order].tolist():
         last = marks[-1] if marks else None
-        if last is not None and (last["pid"], last["tid"], last["state"]) == key and row.start_ns < last["end_ns"]:
-            last["end_ns"] = max(last["end_ns"], int(row.end_ns))
-            last["pause_ids"].append(int(row.pause_id))
-            last["starts"].append(int(row.start_ns))
+        if last is not None and last[2] == state and start < last[1]:
+            last[1] = max(last[1], end)
+            last[3].append(pause_id)
+            last[4].append(start)
         else:
-            marks.append({"pid": key[0], "tid": key[1], "state": key[2], "start_ns": int(row.start_ns), "end_ns": int(row.end_ns),
-                          "pause_ids": [int(row.pause_id)], "starts": [int(row.start_ns)]})
+            marks.append([start, end, state, [pause_id], [start]])
     return marks
 
 
-def _merge_process_metadata(events: list[dict]) -> list[dict]:
-    """One name per process: a JVM embedded in Python (JPype) or Python in a JVM (Jep) shares
-    its pid, so both sides' tracks sit under one process named for both."""
-    names: dict[int, list[str]] = {}
-    sorted_pids: set[int] = set()
-    out = []
-    for event in events:
-        if event["ph"] == "M" and event["name"] == "process_name":
-            names.setdefault(event["pid"], []).append(event["args"]["name"])
-        elif event["ph"] == "M" and event["name"] == "process_sort_index":
-            if event["pid"] not in sorted_pids:  # the JVM's (first) order wins
-                sorted_pids.add(event["pid"])
-                out.append(event)
+def _held(intervals: np.ndarray) -> np.ndarray:
+    """Gaps between a thread's (merged) released/waiting intervals within its inferred lifetime."""
+    if not len(intervals):
+        return np.zeros((0, 2), np.int64)
+    starts, ends = intervals[:, 0], np.maximum.accumulate(intervals[:, 1])
+    gap = starts[1:] > ends[:-1]
+    return np.column_stack([ends[:-1][gap], starts[1:][gap]])
+
+
+def _thread_slices(gil: np.ndarray, overlaps: np.ndarray, pause_names: dict[int, str], placed: dict[int, _Track],
+                   flow_base: int, held: bool) -> tuple[_Slices, int]:
+    """A thread's states (and held gaps), with its overlap marks inside; the flows into the marks
+    are numbered from flow_base (returns the next free number)."""
+    gil = gil[gil[:, 1] > gil[:, 0]]
+    gil = gil[np.lexsort((-gil[:, 1], gil[:, 0]))]
+    # A state interval starting inside the previous one (bad input) is cut so the track nests.
+    if len(gil) > 1:
+        reach = np.maximum.accumulate(gil[:, 1])
+        gil[1:, 0] = np.maximum(gil[1:, 0], reach[:-1])
+        gil = gil[gil[:, 1] > gil[:, 0]]
+    parts = [gil[:, :3]]
+    if held:
+        gaps = _held(gil)
+        parts.append(np.column_stack([gaps, np.full(len(gaps), 2, np.int64)]))
+    marks = _overlap_marks(overlaps) if len(overlaps) else []
+    names = list(STATES)
+    index = {name: i for i, name in enumerate(names)}
+    mark_rows = np.zeros((len(marks), 3), np.int64)
+    flows_in: dict = {}
+    args: dict = {}
+    for i, (start, end, state, ids, starts) in enumerate(marks):
+        title = "JVM pause: " + " + ".join(dict.fromkeys(pause_names.get(p, "pause") for p in ids))
+        mark_rows[i] = (start, end, index.setdefault(title, len(names)))
+        if len(names) < len(index):
+            names.append(title)
+        links = []
+        for pause_id, at in zip(ids, starts):
+            if pause_id in placed:
+                links.append((flow_base, placed[pause_id], at, pause_id))
+                flow_base += 1
+        flows_in[i] = links
+        args[i] = {"pause_ids": ids, "state": STATES[state]}
+    rows = np.concatenate(parts + [mark_rows]) if marks else np.concatenate(parts)
+    depth = np.r_[np.zeros(len(rows) - len(marks), np.int8), np.ones(len(marks), np.int8)]
+    order = np.lexsort((depth, -rows[:, 1], rows[:, 0]))
+    # Mark arguments and flows are keyed by their position in the drawing order.
+    position = np.empty(len(order), np.int64)
+    position[order] = np.arange(len(order))
+    first_mark = len(rows) - len(marks)
+    flows_in = {int(position[first_mark + i]): v for i, v in flows_in.items()}
+    args = {int(position[first_mark + i]): v for i, v in args.items()}
+    cats = ["gil"] * len(STATES) + ["overlap"] * (len(names) - len(STATES))
+    color = {**_STATE_COLOR, **{n: "terrible" for n in names[len(STATES):]}}
+    return _Slices(rows[order, 0], rows[order, 1], depth[order], rows[order, 2].astype(np.int32), names, cats, color, args,
+                   flows_in=flows_in), flow_base
+
+
+# ---- writers -----------------------------------------------------------------------------------
+
+
+def _us(ns) -> str:
+    return f"{int(ns) / 1000.0:.3f}"
+
+
+class _JsonWriter:
+    """Chrome trace-event JSON: complete events (`ph: X`), so begin/end balance by construction."""
+
+    def __init__(self, out, metadata: dict):
+        self.out = out
+        self.metadata = metadata
+        self.first = True
+        out.write('{"displayTimeUnit":"ns","traceEvents":[')
+
+    def _event(self, event: dict | str) -> None:
+        self.out.write(("" if self.first else ",\n") + (event if isinstance(event, str) else json.dumps(event, separators=(",", ":"), default=str)))
+        self.first = False
+
+    def process(self, uuid: int, pid: int, name: str, rank: int) -> None:
+        self._event({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
+        self._event({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": rank}})
+
+    def track(self, track: _Track, parent: int, s: _Slices) -> None:
+        self._event({"name": "thread_name", "ph": "M", "pid": track.pid, "tid": track.tid, "args": {"name": track.name}})
+        if not track.thread:
+            self._event({"name": "thread_sort_index", "ph": "M", "pid": track.pid, "tid": track.tid, "args": {"sort_index": track.rank}})
+        prefix = f'"ph":"X","pid":{track.pid},"tid":{track.tid}'
+        plain = [json.dumps(n) for n in s.names]
+        cats = [json.dumps(s.category(i)) for i in range(len(s.names))]
+        colors = [f',"cname":"{s.color[n]}"' if n in s.color else "" for n in s.names]
+        for i, (start, end, name) in enumerate(zip(s.start.tolist(), s.end.tolist(), s.name.tolist())):
+            extra = f',"args":{json.dumps(s.args[i], separators=(",", ":"), default=str)}' if i in s.args else ""
+            self._event(f'{{"name":{plain[name]},"cat":{cats[name]},{prefix},"ts":{_us(start)},"dur":{_us(end - start)}{colors[name]}{extra}}}')
+            for flow_id, source, at, _ in s.flows_in.get(i, ()):
+                flow = f'"name":"pause hits Python","cat":"overlap","id":{flow_id},"ts":{_us(at)}'
+                self._event(f'{{{flow},"ph":"s","pid":{source.pid},"tid":{source.tid}}}')
+                self._event(f'{{{flow},"ph":"f","bp":"e","pid":{track.pid},"tid":{track.tid}}}')
+
+    def close(self) -> None:
+        self.out.write('],"otherData":' + json.dumps({"clock": "CLOCK_MONOTONIC", "producer": "tandem", **self.metadata}, default=str) + "}\n")
+
+
+def _event_order(s: _Slices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Begin and end events of a track's slices in an order that nests: (times, is_end, slice).
+
+    At one instant: ends before begins (touching slices), deeper ends first, shallower begins
+    first; an empty slice ends right after it begins."""
+    n = len(s.start)
+    empty = s.end == s.start
+    times = np.r_[s.start, s.end]
+    is_end = np.r_[np.zeros(n, bool), np.ones(n, bool)]
+    phase = np.r_[np.ones(n, np.int8), np.where(empty, 2, 0).astype(np.int8)]
+    depth = np.r_[s.depth, -s.depth].astype(np.int64)
+    which = np.r_[np.arange(n), np.arange(n)]
+    tiebreak = np.r_[np.arange(n), -np.arange(n)]  # a parent begins before, and ends after, a child drawn after it
+    order = np.lexsort((tiebreak, depth, phase, times))
+    return times[order], is_end[order], which[order]
+
+
+class _ProtoWriter:
+    """Perfetto's TrackEvent protobuf, through the `perfetto` package's protos.
+
+    Each track is a packet sequence of its own: its descriptor, interned names, a clock
+    snapshot defining an incremental clock (so a timestamp is the few bytes of its delta) and
+    the track as the sequence's default (so events carry no track uuid)."""
+
+    _INCREMENTAL_CLOCK = 64  # sequence-scoped clock ids are 64-127
+    _MONOTONIC = 3  # ClockSnapshot.Clock.BuiltinClocks.MONOTONIC
+
+    def __init__(self, out, metadata: dict):
+        from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+        self.pb = pb
+        self.out = out
+        self.sequences = 1
+        trace = pb.Trace()
+        packet = trace.packet.add(trusted_packet_sequence_id=1)
+        packet.clock_snapshot.primary_trace_clock = self._MONOTONIC
+        packet.clock_snapshot.clocks.add(clock_id=self._MONOTONIC, timestamp=0)
+        packet.clock_snapshot.clocks.add(clock_id=6, timestamp=0)  # BOOTTIME: only to have a pair
+        out.write(trace.SerializeToString())
+
+    def process(self, uuid: int, pid: int, name: str, rank: int) -> None:
+        trace = self.pb.Trace()
+        packet = trace.packet.add(trusted_packet_sequence_id=1)
+        packet.track_descriptor.uuid = uuid
+        packet.track_descriptor.process.pid = pid
+        packet.track_descriptor.process.process_name = name
+        packet.track_descriptor.child_ordering = self.pb.TrackDescriptor.ChildTracksOrdering.EXPLICIT
+        self.out.write(trace.SerializeToString())
+
+    def track(self, track: _Track, parent: int, s: _Slices) -> None:
+        pb = self.pb
+        self.sequences += 1
+        seq = self.sequences
+        trace = pb.Trace()
+        head = trace.packet.add(trusted_packet_sequence_id=seq, sequence_flags=pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED)
+        head.incremental_state_cleared = True
+        d = head.track_descriptor
+        d.uuid, d.parent_uuid = track.uuid, parent
+        d.sibling_order_rank = track.rank
+        if track.thread:
+            d.thread.pid, d.thread.tid, d.thread.thread_name = track.pid, track.tid, track.name
         else:
-            out.append(event)
-    for pid, labels in names.items():
-        label = labels[0] if len(labels) == 1 else " + ".join(l.split(" ")[0] for l in labels) + f" {pid}"
-        out.append(_meta("process_name", pid, None, label))
-    return out
+            d.name = track.name
+        head.trace_packet_defaults.timestamp_clock_id = self._INCREMENTAL_CLOCK
+        head.trace_packet_defaults.track_event_defaults.track_uuid = track.uuid
+        for iid, name in enumerate(s.names, 1):
+            head.interned_data.event_names.add(iid=iid, name=name)
+        arg_names = sorted({k for a in s.args.values() for k in a})
+        for iid, name in enumerate(arg_names, 1):
+            head.interned_data.debug_annotation_names.add(iid=iid, name=name)
+        arg_iid = {name: iid for iid, name in enumerate(arg_names, 1)}
+        times, is_end, which = _event_order(s)
+        base = int(times[0]) if len(times) else 0
+        clock = trace.packet.add(trusted_packet_sequence_id=seq, timestamp=base, timestamp_clock_id=self._MONOTONIC)
+        clock.clock_snapshot.clocks.add(clock_id=self._INCREMENTAL_CLOCK, timestamp=base, is_incremental=True)
+        clock.clock_snapshot.clocks.add(clock_id=self._MONOTONIC, timestamp=base)
+        deltas = np.diff(np.r_[base, times]).tolist()
+        BEGIN, END = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END
+        add = trace.packet.add
+        flows_in, flows_out, args = s.flows_in, s.flows_out, s.args
+        names = s.name.tolist()
+        for delta, end, i in zip(deltas, is_end.tolist(), which.tolist()):
+            if end:
+                add(timestamp=delta, trusted_packet_sequence_id=seq).track_event.type = END
+                continue
+            event = add(timestamp=delta, trusted_packet_sequence_id=seq).track_event
+            event.type = BEGIN
+            event.name_iid = names[i] + 1
+            if i in flows_out:
+                event.flow_ids.extend(flows_out[i])
+            if i in flows_in:
+                event.terminating_flow_ids.extend(link[0] for link in flows_in[i])
+            if i in args:
+                for key, value in args[i].items():
+                    _annotate(event.debug_annotations.add(name_iid=arg_iid[key]), value)
+            if len(trace.packet) >= 4096:
+                self.out.write(trace.SerializeToString())
+                trace = pb.Trace()
+                add = trace.packet.add
+        self.out.write(trace.SerializeToString())
+
+    def close(self) -> None:
+        pass
 
 
-def _order(event: dict) -> tuple:
-    # Metadata first; then by time; at one instant the longer slice (the parent) first,
-    # flow ends after the slice that encloses them.
-    if event["ph"] == "M":
-        return (0, 0.0, 0.0, 0)
-    return (1, event["ts"], -event.get("dur", -1.0), {"X": 0, "s": 1, "f": 2}[event["ph"]])
+def _annotate(annotation, value) -> None:
+    if isinstance(value, bool):
+        annotation.bool_value = value
+    elif isinstance(value, int):
+        annotation.int_value = value
+    elif isinstance(value, float):
+        annotation.double_value = value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _annotate(annotation.array_values.add(), item)
+    else:
+        annotation.string_value = str(value)
 
 
-def perfetto_trace(pauses: pd.DataFrame, gil: pd.DataFrame, overlaps: pd.DataFrame, metadata: dict | None = None) -> dict:
-    """The trace as a dict in Chrome trace-event JSON form."""
-    jvm, placed = _jvm_events(pauses)
-    python = _python_events(gil, overlaps, pauses, placed, flow_start=1)
-    events = sorted(_merge_process_metadata(jvm + python), key=_order)
-    return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"clock": "CLOCK_MONOTONIC", "producer": "tandem", **(metadata or {})}}
+# ---- export ------------------------------------------------------------------------------------
 
 
-def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike) -> Path:
-    """Write the trace of the results in RESULTS_DIR (from `tandem analyze`) to OUTPUT, atomically."""
+def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, fmt: str | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> Path:
+    """Write the trace of the results in RESULTS_DIR (`tandem analyze -o`, or `tandem live`'s
+    parts) to OUTPUT, atomically. fmt: "proto" or "json"; default by OUTPUT's suffix (.json:
+    JSON, else protobuf). progress(done, total): GIL rows read and drawn so far."""
     from engine.errors import TandemError
-    from engine.store import read_table
 
-    results = Path(results_dir)
-    tables = {}
-    for name in ("pauses", "gil", "overlaps"):
-        path = results / f"{name}.parquet"
-        if not path.exists():
-            raise TandemError(f"{path}: missing; RESULTS must be the -o directory of `tandem analyze`")
-        tables[name] = read_table(path)
-    header = tables["overlaps"].attrs.get("analysis", {})
-    trace = perfetto_trace(tables["pauses"], tables["gil"], tables["overlaps"], {"results": str(results), "clock_errors": header.get("clock")})
-    output = Path(output)
+    results, output = Path(results_dir), Path(output)
+    fmt = fmt or ("json" if output.suffix.lower() == ".json" else "proto")
+    if fmt not in FORMATS:
+        raise TandemError(f"--format {fmt}: not one of {', '.join(FORMATS)}")
+    files = {name: _table_files(results, name) for name in ("pauses", "gil", "overlaps")}
+    header = {}
+    try:
+        import pyarrow.parquet as pq
+
+        raw = (pq.read_schema(files["overlaps"][0]).metadata or {}).get(b"tandem")
+        header = json.loads(raw).get("analysis", {}) if raw else {}
+    except (OSError, ValueError):
+        pass
+    total = sum(_row_count(path) for path in files["gil"])
+    done = 0
+
+    def advance(rows: int) -> None:
+        nonlocal done
+        done += rows
+        if progress is not None:
+            progress(done, 2 * total)
+
+    pauses = _read_pauses(results)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
-    tmp.write_text(json.dumps(trace, separators=(",", ":"), default=str))
+    with tempfile.TemporaryDirectory(prefix=".tandem-export-", dir=output.parent) as spill_dir, open(tmp, "wb" if fmt == "proto" else "w") as out:
+        spill = _ThreadSpill(Path(spill_dir))
+        spill.add_gil(files["gil"], advance)
+        spill.add_overlaps(files["overlaps"])
+        metadata = {"results": str(results), "clock_errors": header.get("clock")}
+        writer = _ProtoWriter(out, metadata) if fmt == "proto" else _JsonWriter(out, metadata)
+        _draw(writer, pauses, spill, held=fmt == "json", advance=advance)
+        writer.close()
     os.replace(tmp, output)
     return output
+
+
+def _row_count(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (OSError, ValueError):
+        return 0
+
+
+def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, held: bool, advance: Callable[[int], None]) -> None:
+    uuids = iter(range(1, 1 << 62))
+    jvm = _jvm_tracks(pauses, lambda: next(uuids))
+    placed = {int(pid): track for track, rows in jvm for pid in rows["pause_id"].tolist()}
+    pause_names = dict(zip(pauses["pause_id"].astype(np.int64).tolist(), pauses["name"].astype(str).tolist())) if len(pauses) else {}
+    threads = sorted(spill.threads)
+    # Flow ids first (a pause's begin names the flows that leave it): thread by thread, the
+    # marks' flows are numbered in drawing order; the same numbering is redone when drawing.
+    flows: dict[int, list[int]] = {}
+    flow_base: dict[tuple[int, int], int] = {}
+    next_flow = 1
+    for key in threads:
+        flow_base[key] = next_flow
+        overlaps = spill.load("overlaps", key, 4)
+        if len(overlaps):
+            slices, next_flow = _thread_slices(np.zeros((0, 3), np.int64), overlaps, pause_names, placed, next_flow, held=False)
+            for links in slices.flows_in.values():
+                for flow_id, _, _, pause_id in links:
+                    flows.setdefault(pause_id, []).append(flow_id)
+    # Processes: a JVM embedded in Python (JPype) or Python in a JVM (Jep) shares its pid, so
+    # both sides' tracks sit under one process named for both.
+    jvm_pids = sorted({t.pid for t, _ in jvm})
+    python_pids = sorted({pid for pid, _ in threads})
+    process_uuid = {}
+    for pid in sorted(set(jvm_pids) | set(python_pids)):
+        process_uuid[pid] = next(uuids)
+        both = pid in jvm_pids and pid in python_pids
+        name = f"JVM + Python {pid}" if both else (f"JVM {pid}" if pid != _UNKNOWN_JVM_PID else "JVM") if pid in jvm_pids else f"Python {pid}"
+        writer.process(process_uuid[pid], pid, name, 0 if pid in jvm_pids else 1)
+    for track, rows in jvm:
+        writer.track(track, process_uuid[track.pid], _pause_slices(rows, flows))
+    for key in threads:
+        label = spill.names.get(key)
+        track = _Track(next(uuids), key[0], key[1], f"{label} ({key[1]})" if label else f"thread {key[1]}", thread=True, rank=key[1])
+        gil = spill.load("gil", key, 3)
+        slices, _ = _thread_slices(gil, spill.load("overlaps", key, 4), pause_names, placed, flow_base[key], held)
+        writer.track(track, process_uuid[key[0]], slices)
+        advance(len(gil))
