@@ -245,3 +245,18 @@ def test_live_parts_export_like_one_results_directory(tmp_path, analysis):
     parts = decode_proto(export_perfetto(tmp_path / "live", tmp_path / "parts.pftrace"))
     key = lambda s: (s["name"], s["start"], s["end"])  # noqa: E731
     assert sorted(map(key, whole[1])) == sorted(map(key, parts[1]))
+
+
+@pytest.mark.parametrize("fmt", ["proto", "json"])
+def test_a_thread_drawn_in_chunks_is_the_thread_drawn_at_once(tmp_path, analysis, monkeypatch, fmt):
+    """Long threads are drawn a chunk of states at a time: small chunks give the same trace."""
+    from engine.report import perfetto
+
+    _, out = analysis
+    decode = decode_proto if fmt == "proto" else decode_json
+    whole = decode(export_perfetto(out, tmp_path / "whole", fmt=fmt))
+    monkeypatch.setattr(perfetto, "_CHUNK_ROWS", 7)
+    chunked = decode(export_perfetto(out, tmp_path / "chunked", fmt=fmt))
+    key = lambda s: (s["name"], s["start"], s["end"], len(s["flows_in"]), len(s["flows_out"]))  # noqa: E731
+    assert sorted(map(key, whole[1])) == sorted(map(key, chunked[1]))
+    assert len(whole[1]) > 7 * 20

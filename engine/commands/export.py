@@ -22,9 +22,21 @@ def perfetto(
 
     from engine.report.perfetto import export_perfetto
 
-    with Progress(TextColumn("exporting"), BarColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("export", total=None)
-        path = export_perfetto(results, output, fmt, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    bar = Progress(TextColumn("exporting"), BarColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    task = None
+
+    def progress(done: int, total: int) -> None:  # shown once the inputs were found readable
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task("export", total=total)
+        bar.update(task, completed=done, total=total)
+
+    try:
+        path = export_perfetto(results, output, fmt, progress=progress)
+    finally:
+        if task is not None:
+            bar.stop()
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): open it at https://ui.perfetto.dev (Open trace file)")
 
 

@@ -44,9 +44,10 @@ _LANE_STRIDE = 100  # JSON tids of a JVM's tracks: family index * stride + lane 
 _UNKNOWN_JVM_PID = 0  # pauses brought from elsewhere without jvm_pid
 _BATCH_ROWS = 1 << 18
 STATES = ("released", "waiting", "held")  # codes 0, 1, 2 in the spill files
-_MARK = 3  # code of an overlap mark among a thread's slices
 _STATE_COLOR = {"released": "grey", "waiting": "bad", "held": "good"}
 _PAUSE_ARGS = ("pause_id", "kind", "duration_ns", "cause", "gc_id", "safepoint_id", "unmatched", "os_thread_id")
+_ARG_NAMES = (*_PAUSE_ARGS, "pause_ids", "state")
+_ARG_IID = {name: iid for iid, name in enumerate(_ARG_NAMES, 1)}
 
 
 @dataclass
@@ -233,7 +234,7 @@ def _jvm_tracks(pauses: pd.DataFrame, next_uuid: Callable[[], int]) -> list[tupl
     return out
 
 
-def _pause_slices(rows: pd.DataFrame, flows: dict[int, list[int]]) -> _Slices:
+def _pause_slices(rows: pd.DataFrame, flows: tuple[np.ndarray, np.ndarray]) -> _Slices:
     """A lane's pauses; a safepoint gets its time to safepoint and its operation inside."""
     starts, ends, depths, names = [], [], [], []
     index: dict[str, int] = {}
@@ -246,8 +247,9 @@ def _pause_slices(rows: pd.DataFrame, flows: dict[int, list[int]]) -> _Slices:
         starts.append(start), ends.append(end), depths.append(0), names.append(index.setdefault(title, len(index)))
         args[at] = {k: v for k in _PAUSE_ARGS if (v := _plain(row.get(k, end - start if k == "duration_ns" else None))) is not None}
         args[at]["duration_ns"] = end - start
-        if int(row["pause_id"]) in flows:
-            flows_out[at] = flows[int(row["pause_id"])]
+        lo, hi = np.searchsorted(flows[0], int(row["pause_id"]), "left"), np.searchsorted(flows[0], int(row["pause_id"]), "right")
+        if hi > lo:
+            flows_out[at] = flows[1][lo:hi].tolist()
         ttsp = _plain(row.get("time_to_safepoint_ns"))
         if kind == "safepoint" and ttsp is not None and 0 < int(ttsp) <= end - start:
             # Reaching the safepoint (jdk.SafepointBegin), then the operation with the world stopped.
@@ -261,41 +263,57 @@ def _pause_slices(rows: pd.DataFrame, flows: dict[int, list[int]]) -> _Slices:
                    list(index), "jvm", color, args, flows_out)
 
 
-def _overlap_marks(overlaps: np.ndarray) -> list[tuple[int, int, int, list[int], list[int]]]:
-    """A thread's overlaps (start, end, state, pause_id rows) merged where they overlap each
-    other: (start, end, state, pause ids, their overlap starts).
+@dataclass
+class _Marks:
+    """A thread's overlaps (rows: start, end, state, pause_id) merged where they overlap each
+    other, one mark per merged stretch of one state; marks sorted by start.
 
     Pauses nest and overlap (a GC pause inside its safepoint, inside its collection), so
     their overlaps with one GIL interval would cross each other on the thread's track;
     one mark per merged stretch keeps the track properly nested. Touching stretches stay
     apart: a released interval ends exactly where the thread's waiting interval starts.
-    """
-    marks: list = []
-    order = np.lexsort((overlaps[:, 0], overlaps[:, 2]))
-    for start, end, state, pause_id in overlaps[order].tolist():
-        last = marks[-1] if marks else None
-        if last is not None and last[2] == state and start < last[1]:
-            last[1] = max(last[1], end)
-            last[3].append(pause_id)
-            last[4].append(start)
-        else:
-            marks.append([start, end, state, [pause_id], [start]])
-    return marks
+    A row's flow id is flow_base + its index here (0: its pause is not drawn)."""
+    rows: np.ndarray
+    flow: np.ndarray
+    first: np.ndarray  # per mark: its rows are rows[first[k]:last[k]]
+    last: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    state: np.ndarray
+
+
+def _overlap_marks(overlaps: np.ndarray, placed_ids: np.ndarray, flow_base: int) -> _Marks:
+    rows = overlaps[np.lexsort((overlaps[:, 0], overlaps[:, 2]))]
+    starts, ends, states = rows[:, 0], rows[:, 1], rows[:, 2]
+    new = np.zeros(len(rows), bool)
+    for state in np.unique(states).tolist():  # each state's rows are contiguous, sorted by start
+        at = np.flatnonzero(states == state)
+        reach = np.maximum.accumulate(ends[at])
+        new[at[0]] = True
+        new[at[1:]] = starts[at[1:]] >= reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:], len(rows)]
+    mark_end = np.maximum.reduceat(ends, first) if len(first) else ends[:0]
+    placed = np.isin(rows[:, 3], placed_ids)
+    flow = np.where(placed, flow_base + np.arange(len(rows)), 0)
+    order = np.argsort(starts[first], kind="stable")
+    return _Marks(rows, flow, first[order], last[order], starts[first][order], mark_end[order], states[first][order])
 
 
 def _held(intervals: np.ndarray) -> np.ndarray:
-    """Gaps between a thread's (merged) released/waiting intervals within its inferred lifetime."""
+    """Gaps between a thread's (sorted, non-overlapping) released/waiting intervals."""
     if not len(intervals):
         return np.zeros((0, 2), np.int64)
-    starts, ends = intervals[:, 0], np.maximum.accumulate(intervals[:, 1])
-    gap = starts[1:] > ends[:-1]
-    return np.column_stack([ends[:-1][gap], starts[1:][gap]])
+    gap = intervals[1:, 0] > intervals[:-1, 1]
+    return np.column_stack([intervals[:-1, 1][gap], intervals[1:, 0][gap]])
 
 
-def _thread_slices(gil: np.ndarray, overlaps: np.ndarray, pause_names: dict[int, str], placed: dict[int, _Track],
-                   flow_base: int, held: bool) -> tuple[_Slices, int]:
-    """A thread's states (and held gaps), with its overlap marks inside; the flows into the marks
-    are numbered from flow_base (returns the next free number)."""
+_CHUNK_ROWS = 1 << 17  # a thread's slices are drawn this many states at a time
+
+
+def _thread_chunks(gil: np.ndarray, marks: _Marks, pause_names: dict[int, str], placed: dict[int, _Track],
+                   held: bool) -> Iterator[_Slices]:
+    """A thread's states (and held gaps), with its overlap marks inside, a chunk of states at a time."""
     gil = gil[gil[:, 1] > gil[:, 0]]
     gil = gil[np.lexsort((-gil[:, 1], gil[:, 0]))]
     # A state interval starting inside the previous one (bad input) is cut so the track nests.
@@ -303,41 +321,50 @@ def _thread_slices(gil: np.ndarray, overlaps: np.ndarray, pause_names: dict[int,
         reach = np.maximum.accumulate(gil[:, 1])
         gil[1:, 0] = np.maximum(gil[1:, 0], reach[:-1])
         gil = gil[gil[:, 1] > gil[:, 0]]
-    parts = [gil[:, :3]]
+    rows = gil[:, :3]
     if held:
-        gaps = _held(gil)
-        parts.append(np.column_stack([gaps, np.full(len(gaps), 2, np.int64)]))
-    marks = _overlap_marks(overlaps) if len(overlaps) else []
+        gaps = _held(rows)
+        rows = np.concatenate([rows, np.column_stack([gaps, np.full(len(gaps), 2, np.int64)])])
+        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+    cuts = list(range(0, len(rows), _CHUNK_ROWS))
+    bounds = [int(rows[c, 0]) for c in cuts] + [None]
+    for c, (lo, hi) in zip(cuts, zip(bounds, bounds[1:])):
+        part = rows[c:c + _CHUNK_ROWS]
+        k0 = np.searchsorted(marks.start, lo, "left") if c else 0
+        k1 = np.searchsorted(marks.start, hi, "left") if hi is not None else len(marks.start)
+        yield _chunk_slices(part, marks, range(k0, k1), pause_names, placed)
+
+
+def _chunk_slices(states: np.ndarray, marks: _Marks, chosen: range, pause_names: dict[int, str],
+                  placed: dict[int, _Track]) -> _Slices:
     names = list(STATES)
     index = {name: i for i, name in enumerate(names)}
-    mark_rows = np.zeros((len(marks), 3), np.int64)
+    mark_rows = np.zeros((len(chosen), 3), np.int64)
     flows_in: dict = {}
     args: dict = {}
-    for i, (start, end, state, ids, starts) in enumerate(marks):
+    for i, k in enumerate(chosen):
+        rows = marks.rows[marks.first[k]:marks.last[k]]
+        ids = rows[:, 3].tolist()
         title = "JVM pause: " + " + ".join(dict.fromkeys(pause_names.get(p, "pause") for p in ids))
-        mark_rows[i] = (start, end, index.setdefault(title, len(names)))
-        if len(names) < len(index):
+        if title not in index:
+            index[title] = len(names)
             names.append(title)
-        links = []
-        for pause_id, at in zip(ids, starts):
-            if pause_id in placed:
-                links.append((flow_base, placed[pause_id], at, pause_id))
-                flow_base += 1
-        flows_in[i] = links
-        args[i] = {"pause_ids": ids, "state": STATES[state]}
-    rows = np.concatenate(parts + [mark_rows]) if marks else np.concatenate(parts)
-    depth = np.r_[np.zeros(len(rows) - len(marks), np.int8), np.ones(len(marks), np.int8)]
+        mark_rows[i] = (marks.start[k], marks.end[k], index[title])
+        flows = marks.flow[marks.first[k]:marks.last[k]].tolist()
+        flows_in[i] = [(f, placed[p], at, p) for f, p, at in zip(flows, ids, rows[:, 0].tolist()) if f]
+        args[i] = {"pause_ids": ids, "state": STATES[int(marks.state[k])]}
+    rows = np.concatenate([states, mark_rows])
+    depth = np.r_[np.zeros(len(states), np.int8), np.ones(len(mark_rows), np.int8)]
     order = np.lexsort((depth, -rows[:, 1], rows[:, 0]))
     # Mark arguments and flows are keyed by their position in the drawing order.
     position = np.empty(len(order), np.int64)
     position[order] = np.arange(len(order))
-    first_mark = len(rows) - len(marks)
-    flows_in = {int(position[first_mark + i]): v for i, v in flows_in.items()}
-    args = {int(position[first_mark + i]): v for i, v in args.items()}
+    flows_in = {int(position[len(states) + i]): v for i, v in flows_in.items()}
+    args = {int(position[len(states) + i]): v for i, v in args.items()}
     cats = ["gil"] * len(STATES) + ["overlap"] * (len(names) - len(STATES))
     color = {**_STATE_COLOR, **{n: "terrible" for n in names[len(STATES):]}}
     return _Slices(rows[order, 0], rows[order, 1], depth[order], rows[order, 2].astype(np.int32), names, cats, color, args,
-                   flows_in=flows_in), flow_base
+                   flows_in=flows_in)
 
 
 # ---- writers -----------------------------------------------------------------------------------
@@ -364,10 +391,12 @@ class _JsonWriter:
         self._event({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
         self._event({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": rank}})
 
-    def track(self, track: _Track, parent: int, s: _Slices) -> None:
+    def track(self, track: _Track, parent: int) -> None:
         self._event({"name": "thread_name", "ph": "M", "pid": track.pid, "tid": track.tid, "args": {"name": track.name}})
         if not track.thread:
             self._event({"name": "thread_sort_index", "ph": "M", "pid": track.pid, "tid": track.tid, "args": {"sort_index": track.rank}})
+
+    def slices(self, track: _Track, s: _Slices) -> None:
         prefix = f'"ph":"X","pid":{track.pid},"tid":{track.tid}'
         plain = [json.dumps(n) for n in s.names]
         cats = [json.dumps(s.category(i)) for i in range(len(s.names))]
@@ -433,12 +462,12 @@ class _ProtoWriter:
         packet.track_descriptor.child_ordering = self.pb.TrackDescriptor.ChildTracksOrdering.EXPLICIT
         self.out.write(trace.SerializeToString())
 
-    def track(self, track: _Track, parent: int, s: _Slices) -> None:
+    def track(self, track: _Track, parent: int) -> None:
         pb = self.pb
         self.sequences += 1
-        seq = self.sequences
+        self.seq, self.iids, self.last_ts = self.sequences, {}, None
         trace = pb.Trace()
-        head = trace.packet.add(trusted_packet_sequence_id=seq, sequence_flags=pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED)
+        head = trace.packet.add(trusted_packet_sequence_id=self.seq, sequence_flags=pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED)
         head.incremental_state_cleared = True
         d = head.track_descriptor
         d.uuid, d.parent_uuid = track.uuid, parent
@@ -449,18 +478,31 @@ class _ProtoWriter:
             d.name = track.name
         head.trace_packet_defaults.timestamp_clock_id = self._INCREMENTAL_CLOCK
         head.trace_packet_defaults.track_event_defaults.track_uuid = track.uuid
-        for iid, name in enumerate(s.names, 1):
-            head.interned_data.event_names.add(iid=iid, name=name)
-        arg_names = sorted({k for a in s.args.values() for k in a})
-        for iid, name in enumerate(arg_names, 1):
+        for iid, name in enumerate(_ARG_NAMES, 1):
             head.interned_data.debug_annotation_names.add(iid=iid, name=name)
-        arg_iid = {name: iid for iid, name in enumerate(arg_names, 1)}
+        self.out.write(trace.SerializeToString())
+
+    def slices(self, track: _Track, s: _Slices) -> None:
+        """The next slices of the current track (after those already written)."""
+        pb, seq = self.pb, self.seq
         times, is_end, which = _event_order(s)
-        base = int(times[0]) if len(times) else 0
-        clock = trace.packet.add(trusted_packet_sequence_id=seq, timestamp=base, timestamp_clock_id=self._MONOTONIC)
-        clock.clock_snapshot.clocks.add(clock_id=self._INCREMENTAL_CLOCK, timestamp=base, is_incremental=True)
-        clock.clock_snapshot.clocks.add(clock_id=self._MONOTONIC, timestamp=base)
-        deltas = np.diff(np.r_[base, times]).tolist()
+        if not len(times):
+            return
+        trace = pb.Trace()
+        if self.last_ts is None:
+            self.last_ts = int(times[0])
+            clock = trace.packet.add(trusted_packet_sequence_id=seq, timestamp=self.last_ts, timestamp_clock_id=self._MONOTONIC)
+            clock.clock_snapshot.clocks.add(clock_id=self._INCREMENTAL_CLOCK, timestamp=self.last_ts, is_incremental=True)
+            clock.clock_snapshot.clocks.add(clock_id=self._MONOTONIC, timestamp=self.last_ts)
+        deltas = np.diff(np.r_[self.last_ts, times]).tolist()
+        self.last_ts = int(times[-1])
+        iid = []
+        new_names = []
+        for name in s.names:
+            if name not in self.iids:
+                self.iids[name] = len(self.iids) + 1
+                new_names.append(name)
+            iid.append(self.iids[name])
         BEGIN, END = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END
         add = trace.packet.add
         flows_in, flows_out, args = s.flows_in, s.flows_out, s.args
@@ -469,16 +511,21 @@ class _ProtoWriter:
             if end:
                 add(timestamp=delta, trusted_packet_sequence_id=seq).track_event.type = END
                 continue
-            event = add(timestamp=delta, trusted_packet_sequence_id=seq).track_event
+            packet = add(timestamp=delta, trusted_packet_sequence_id=seq)
+            if new_names:  # names first used in this batch, interned with its first event
+                for name in new_names:
+                    packet.interned_data.event_names.add(iid=self.iids[name], name=name)
+                new_names = []
+            event = packet.track_event
             event.type = BEGIN
-            event.name_iid = names[i] + 1
+            event.name_iid = iid[names[i]]
             if i in flows_out:
                 event.flow_ids.extend(flows_out[i])
             if i in flows_in:
                 event.terminating_flow_ids.extend(link[0] for link in flows_in[i])
             if i in args:
                 for key, value in args[i].items():
-                    _annotate(event.debug_annotations.add(name_iid=arg_iid[key]), value)
+                    _annotate(event.debug_annotations.add(name_iid=_ARG_IID[key]), value)
             if len(trace.packet) >= 4096:
                 self.out.write(trace.SerializeToString())
                 trace = pb.Trace()
@@ -565,19 +612,22 @@ def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, held: bool, advance
     placed = {int(pid): track for track, rows in jvm for pid in rows["pause_id"].tolist()}
     pause_names = dict(zip(pauses["pause_id"].astype(np.int64).tolist(), pauses["name"].astype(str).tolist())) if len(pauses) else {}
     threads = sorted(spill.threads)
-    # Flow ids first (a pause's begin names the flows that leave it): thread by thread, the
-    # marks' flows are numbered in drawing order; the same numbering is redone when drawing.
-    flows: dict[int, list[int]] = {}
+    placed_ids = np.array(sorted(placed), np.int64)
+    # Flow ids first (a pause's begin names the flows that leave it): an overlaps row's flow
+    # id is its thread's base + its index among the thread's sorted rows (_Marks).
     flow_base: dict[tuple[int, int], int] = {}
+    pause_of_flow, flow_ids = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     next_flow = 1
     for key in threads:
         flow_base[key] = next_flow
-        overlaps = spill.load("overlaps", key, 4)
-        if len(overlaps):
-            slices, next_flow = _thread_slices(np.zeros((0, 3), np.int64), overlaps, pause_names, placed, next_flow, held=False)
-            for links in slices.flows_in.values():
-                for flow_id, _, _, pause_id in links:
-                    flows.setdefault(pause_id, []).append(flow_id)
+        marks = _overlap_marks(spill.load("overlaps", key, 4), placed_ids, next_flow)
+        drawn = marks.flow > 0
+        pause_of_flow.append(marks.rows[drawn, 3])
+        flow_ids.append(marks.flow[drawn])
+        next_flow += len(marks.rows)
+    pause_of_flow, flow_ids = np.concatenate(pause_of_flow), np.concatenate(flow_ids)
+    order = np.lexsort((flow_ids, pause_of_flow))
+    flows = (pause_of_flow[order], flow_ids[order])
     # Processes: a JVM embedded in Python (JPype) or Python in a JVM (Jep) shares its pid, so
     # both sides' tracks sit under one process named for both.
     jvm_pids = sorted({t.pid for t, _ in jvm})
@@ -589,11 +639,14 @@ def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, held: bool, advance
         name = f"JVM + Python {pid}" if both else (f"JVM {pid}" if pid != _UNKNOWN_JVM_PID else "JVM") if pid in jvm_pids else f"Python {pid}"
         writer.process(process_uuid[pid], pid, name, 0 if pid in jvm_pids else 1)
     for track, rows in jvm:
-        writer.track(track, process_uuid[track.pid], _pause_slices(rows, flows))
+        writer.track(track, process_uuid[track.pid])
+        writer.slices(track, _pause_slices(rows, flows))
     for key in threads:
         label = spill.names.get(key)
         track = _Track(next(uuids), key[0], key[1], f"{label} ({key[1]})" if label else f"thread {key[1]}", thread=True, rank=key[1])
         gil = spill.load("gil", key, 3)
-        slices, _ = _thread_slices(gil, spill.load("overlaps", key, 4), pause_names, placed, flow_base[key], held)
-        writer.track(track, process_uuid[key[0]], slices)
+        marks = _overlap_marks(spill.load("overlaps", key, 4), placed_ids, flow_base[key])
+        writer.track(track, process_uuid[key[0]])
+        for slices in _thread_chunks(gil, marks, pause_names, placed, held):
+            writer.slices(track, slices)
         advance(len(gil))
