@@ -21,6 +21,15 @@ def live(
     alert_exec: Optional[str] = typer.Option(None, "--alert-exec", help="Run this shell command per alert (alert JSON in $TANDEM_ALERT)."),
     secret_events: bool = typer.Option(False, "--secret-events", help="Also record the JFR events that carry the "
                                        "environment, system properties and command lines (off by default: docs/session.md)."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port at /metrics "
+                                               "(docs/metrics.md); 0: any free port."),
+    metrics_addr: str = typer.Option("0.0.0.0", "--metrics-addr", help="Address the metrics server listens on."),
+    metrics_linger: str = typer.Option("0", "--metrics-linger", help="At the end, keep /metrics up until one scrape has read the "
+                                       "final values, at most this long, e.g. 15s."),
+    otlp: Optional[str] = typer.Option(None, "--otlp", help="Push the same metrics with OTLP/HTTP to this URL, "
+                                       "e.g. http://collector:4318/v1/metrics."),
+    otlp_interval: str = typer.Option("10s", "--otlp-interval", help="How often to push with --otlp."),
+    service: str = typer.Option("", "--service", help="Service name for the metrics (label `service`, OTel service.name)."),
     pause_ring: bool = typer.Option(True, "--pause-ring/--no-pause-ring", hidden=True,
                                     help="With a command: JVM pauses from the agent's pause ring (default) or the JFR repository only "
                                     "(for bench/bench_live.py's before/after)."),
@@ -48,6 +57,17 @@ def live(
     roll_ns, slack_ns = parse_duration_ns(roll), parse_duration_ns(slack)
     if roll_ns <= 0:
         raise typer.BadParameter("--roll must be positive")
+    metrics = None
+    if metrics_port is not None or otlp:
+        from engine.live.metrics import LiveMetrics
+
+        try:
+            metrics = LiveMetrics(port=metrics_port, addr=metrics_addr, otlp_url=otlp, service=service,
+                                  otlp_interval_s=parse_duration_ns(otlp_interval) / 1e9)
+        except OSError as err:
+            raise TandemError(f"--metrics-port {metrics_port}: cannot listen on {metrics_addr}: {err.strerror or err}") from None
+        if metrics.prometheus is not None:
+            console.print(f"[dim]tandem: metrics at http://{metrics_addr}:{metrics.prometheus.port}/metrics[/dim]")
     bound_allocator()  # before the JVM's and our threads exist
     # The in-process JVM that reads JFR: started here, in the main thread, before any signal
     # handler of ours; -Xrs keeps it from handling SIGINT/SIGTERM itself. A small heap: the
@@ -69,6 +89,7 @@ def live(
             raise TandemError(f"{session}: not a session directory")
         run = LiveRun(session, output or session / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view,
                       follow_recorder=True)
+        _observe(run, metrics)
 
         def stop(signum, _frame):
             run.stop.set()
@@ -79,6 +100,7 @@ def live(
                       "stops by itself once its recorder has finished)[/dim]")
         with view:
             run.run()
+        _close(metrics, metrics_linger)
         console.print(f"[dim]tandem: {len(run.writer.parts_written)} part(s) in {run.writer.out}[/dim]")
         return
 
@@ -94,6 +116,7 @@ def live(
         "agent_options": options, "java_tool_options": env["JAVA_TOOL_OPTIONS"],
     })
     run = LiveRun(directory, output or directory / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view)
+    _observe(run, metrics)
     console.print(f"[dim]tandem: running `{shlex.join(command)}` live into {directory}[/dim]")
     with view:
         loop = threading.Thread(target=run.run, name="tandem-live", daemon=True)
@@ -111,11 +134,27 @@ def live(
         run.command_done.set()
         while loop.is_alive():
             loop.join(0.2)
+    _close(metrics, metrics_linger)
     if run.error is not None:
         raise run.error
     console.print(f"[dim]tandem: {len(run.writer.parts_written)} part(s) in {run.writer.out}; "
                   f"`{command[0]}` exited with {exit_code}[/dim]")
     raise typer.Exit(exit_code)
+
+
+def _observe(run, metrics) -> None:
+    if metrics is not None:
+        from engine.live.metrics import run_state
+
+        metrics.bind(run_state(run))
+        run.writer.observers.append(metrics.rows)
+
+
+def _close(metrics, linger: str) -> None:
+    if metrics is not None:
+        from engine.commands.analyze import parse_duration_ns
+
+        metrics.close(parse_duration_ns(linger) / 1e9)
 
 
 def register(app: typer.Typer) -> None:

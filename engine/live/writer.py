@@ -39,6 +39,9 @@ class RollingWriter:
         self.header = dict(header or {})
         self.index = 1 + max((int(p.name.split("-")[1]) for p in self.out.glob("part-*") if p.name.split("-")[1].isdigit()), default=0)
         self.parts_written: list[Path] = []
+        # Called with each batch of rows handed to the parts ({table: rows}), on the loop's
+        # thread: engine/live/metrics.py counts what the parts get.
+        self.observers: list = []
         # Parts are written by a thread of their own (pyarrow releases the GIL while it writes):
         # a roll must not hold up the loop that reads the rings.
         self._queue: queue.Queue = queue.Queue()
@@ -52,9 +55,14 @@ class RollingWriter:
 
     def add(self, pauses: pd.DataFrame, gil: pd.DataFrame, overlaps: pd.DataFrame, **more: pd.DataFrame) -> None:
         """Rows for the current part; `more`: pause_impact=..., gil_free=..."""
+        batch = {}
         for name, frame in (("pauses", pauses), ("gil", gil), ("overlaps", overlaps), *more.items()):
             if frame is not None and len(frame):
                 self._buffers[name].append(frame)
+                batch[name] = frame
+        for observer in self.observers:
+            if batch:
+                observer(batch)
 
     def due(self, now_ns: int | None = None) -> bool:
         now = time.monotonic_ns() if now_ns is None else now_ns

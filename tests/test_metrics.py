@@ -1,0 +1,257 @@
+"""`tandem live --metrics-port / --otlp` (engine/live/metrics.py) against real parts: a real
+Prometheus server scraping a `tandem live` run of the demo workload, `promtool check metrics`
+on what it serves, and an OTLP/HTTP receiver here decoding the exporter's requests with the
+OpenTelemetry protobuf classes. The witness is the run's own live Parquet parts."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.live.writer import read_parts
+
+TANDEM = [sys.executable, "-m", "engine"]
+SERVICE = "demo-svc"
+ALLOWED_LABELS = {"service", "pid", "kind", "jvm_gc_name", "jvm_gc_action", "le", "job", "instance", "__name__"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prometheus_binaries() -> tuple[str, str]:
+    found = shutil.which("prometheus"), shutil.which("promtool")
+    if not all(found):
+        message = "prometheus/promtool missing: `make test` installs Debian's prometheus package (apt-get, as root)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+class _OtlpReceiver(BaseHTTPRequestHandler):
+    requests: list = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = ExportMetricsServiceRequest()
+        request.ParseFromString(body)
+        type(self).requests.append((self.path, self.headers.get("Content-Type"), request))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def _query(port: int, promql: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body = json.load(response)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One `tandem live` run of the demo (15 s) serving /metrics to a real Prometheus that
+    scrapes every second, and pushing OTLP every second to a receiver in this process."""
+    prometheus, promtool = _prometheus_binaries()
+    tmp = tmp_path_factory.mktemp("metrics")
+    metrics_port, prom_port = _free_port(), _free_port()
+    (tmp / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+        f"scrape_configs:\n  - job_name: tandem\n    static_configs:\n      - targets: ['127.0.0.1:{metrics_port}']\n")
+    server = subprocess.Popen([prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                               f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "w"))
+    _OtlpReceiver.requests = []
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpReceiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    session = tmp / "session"
+    live = subprocess.Popen([*TANDEM, "live", "--session", str(session), "--roll", "5s", "--metrics-port", str(metrics_port),
+                             "--metrics-addr", "127.0.0.1", "--metrics-linger", "20s", "--service", SERVICE,
+                             "--otlp", f"http://127.0.0.1:{receiver.server_port}/v1/metrics", "--otlp-interval", "1s",
+                             "--", sys.executable, "-m", "engine.demo.workload", "--seconds", "15", "--gc-period", "0.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    exposition = None
+    try:
+        # While it runs: what /metrics serves, for promtool.
+        deadline = time.monotonic() + 120
+        while live.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+                    text = response.read().decode()
+                if "tandem_pauses_total{" in text:
+                    exposition = text
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        out, err = live.communicate(timeout=240)
+        assert live.returncode == 0, err
+        time.sleep(1.5)  # the scrape the linger waited for is stored
+        yield {"session": session, "exposition": exposition, "prom_port": prom_port, "promtool": promtool,
+               "otlp": list(_OtlpReceiver.requests), "stderr": err}
+    finally:
+        if live.poll() is None:
+            live.kill()
+        server.terminate()
+        server.wait(timeout=30)
+        receiver.shutdown()
+
+
+def _parquet_totals(session: Path) -> dict:
+    out = session / "live"
+    impact, gil, pauses = read_parts(out, "pause_impact"), read_parts(out, "gil"), read_parts(out, "pauses")
+    kinds = impact["kind"].astype(str)
+    lengths = gil["end_ns"] - gil["start_ns"]
+    gc = pauses[pauses["kind"].astype(str) == "gc"]
+    return {
+        "pauses": impact.groupby(kinds).size().to_dict(),
+        "hit": impact[impact["overlap_ns"] > 0].groupby(kinds).size().to_dict(),
+        "overlap_s": (impact.groupby(kinds)["overlap_ns"].sum() / 1e9).to_dict(),
+        "amplified": impact[impact["amplified"].astype(bool)].groupby(kinds).size().to_dict(),
+        "release_s": lengths[gil["state"].astype(str) == "released"].sum() / 1e9,
+        "wait_s": lengths[gil["state"].astype(str) == "waiting"].sum() / 1e9,
+        "gc": gc.groupby(gc["name"].astype(str)).size().to_dict(),
+        "gc_s": ((gc["end_ns"] - gc["start_ns"]).groupby(gc["name"].astype(str)).sum() / 1e9).to_dict(),
+    }
+
+
+def _by_kind(results: list[dict], label: str = "kind") -> dict:
+    return {r["metric"][label]: float(r["value"][1]) for r in results}
+
+
+@pytest.mark.slow
+def test_prometheus_stores_what_the_live_parquet_says(run):
+    totals = _parquet_totals(run["session"])
+    assert sum(totals["pauses"].values()) > 20 and totals["overlap_s"] and totals["gc"]
+    last = lambda name: _query(run["prom_port"], f'sum by (kind) (last_over_time({name}{{service="{SERVICE}"}}[10m]))')  # noqa: E731
+    assert _by_kind(last("tandem_pauses_total")) == {k: float(v) for k, v in totals["pauses"].items()}
+    hit = _by_kind(last("tandem_pauses_hit_python_total"))
+    assert {k: v for k, v in hit.items() if v} == {k: float(v) for k, v in totals["hit"].items()}
+    overlap = _by_kind(last("tandem_pause_python_overlap_seconds_total"))
+    assert overlap.keys() == totals["overlap_s"].keys()
+    for kind, seconds in totals["overlap_s"].items():
+        assert overlap[kind] == pytest.approx(seconds, rel=1e-9, abs=1e-9)
+    amplified = _by_kind(last("tandem_pauses_amplified_total"))
+    assert {k: v for k, v in amplified.items() if v} == {k: float(v) for k, v in totals["amplified"].items()}
+    for name, key in (("tandem_gil_release_seconds_total", "release_s"), ("tandem_gil_wait_seconds_total", "wait_s")):
+        (row,) = _query(run["prom_port"], f"sum(last_over_time({name}[10m]))")
+        assert float(row["value"][1]) == pytest.approx(totals[key], rel=1e-9)
+    gc = _query(run["prom_port"], "sum by (jvm_gc_name) (last_over_time(jvm_gc_duration_seconds_count[10m]))")
+    assert _by_kind(gc, "jvm_gc_name") == {k: float(v) for k, v in totals["gc"].items()}
+    # Live: Prometheus scraped the counters many times while the run went on, rising.
+    (samples,) = _query(run["prom_port"], "sum(count_over_time(tandem_gil_release_seconds_total[10m]))")
+    assert float(samples["value"][1]) >= 5
+    (lag,) = _query(run["prom_port"], "max_over_time(tandem_watermark_lag_seconds[10m])")
+    assert 0 < float(lag["value"][1]) < 30
+    # Bounded labels only: never a thread id.
+    series = _query(run["prom_port"], '{job="tandem"}')
+    assert {label for s in series for label in s["metric"]} <= ALLOWED_LABELS
+
+
+@pytest.mark.slow
+def test_promtool_accepts_the_exposition(run):
+    assert run["exposition"], "no /metrics read during the run"
+    check = subprocess.run([run["promtool"], "check", "metrics"], input=run["exposition"], capture_output=True, text=True)
+    assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr
+    assert 'jvm_gc_duration_seconds_bucket{jvm_gc_action="' in run["exposition"]
+    assert 'le="0.01"' in run["exposition"] and 'le="10.0"' in run["exposition"]
+
+
+def _points(requests, name):
+    """Data points of metric NAME in the last request that has it (cumulative temporality)."""
+    for _, _, request in reversed(requests):
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == name:
+                        return rm, metric
+    raise AssertionError(f"{name} never exported")
+
+
+def _attrs(point) -> dict:
+    return {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in point.attributes}
+
+
+@pytest.mark.slow
+def test_otlp_receiver_decodes_the_same_measurements(run):
+    requests = run["otlp"]
+    assert len(requests) >= 3, "pushed while running, and once more at the end"
+    path, content_type, _ = requests[0]
+    assert path == "/v1/metrics" and content_type == "application/x-protobuf"
+    totals = _parquet_totals(run["session"])
+    resource, gc = _points(requests, "jvm.gc.duration")
+    assert {a.key: a.value.string_value for a in resource.resource.attributes}["service.name"] == SERVICE
+    assert gc.unit == "s"
+    got = {}
+    for point in gc.histogram.data_points:
+        attrs = _attrs(point)
+        assert set(attrs) == {"process.pid", "jvm.gc.name", "jvm.gc.action"}
+        assert list(point.explicit_bounds) == [0.01, 0.1, 1.0, 10.0]
+        got[attrs["jvm.gc.name"]] = (point.count, point.sum)
+    assert {k: c for k, (c, _) in got.items()} == totals["gc"]
+    for name, (_, seconds) in got.items():
+        assert seconds == pytest.approx(totals["gc_s"][name], rel=1e-9)
+    _, pauses = _points(requests, "tandem.pauses")
+    assert pauses.sum.is_monotonic
+    assert {_attrs(p)["tandem.pause.kind"]: p.as_int or p.as_double for p in pauses.sum.data_points} == totals["pauses"]
+    _, overlap = _points(requests, "tandem.pause.python_overlap.time")
+    for point in overlap.sum.data_points:
+        assert point.as_double == pytest.approx(totals["overlap_s"][_attrs(point)["tandem.pause.kind"]], rel=1e-9, abs=1e-9)
+    _, release = _points(requests, "tandem.gil.release.time")
+    assert sum(p.as_double for p in release.sum.data_points) == pytest.approx(totals["release_s"], rel=1e-9)
+
+
+def test_one_push_equals_many_pushes(tmp_path):
+    """The counters of rows handed over in one batch equal those of the same rows in pieces."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engine.live.metrics import LiveMetrics
+
+    rng = np.random.default_rng(3)
+    n = 200
+    pauses = pd.DataFrame({"pause_id": np.arange(n), "kind": rng.choice(["gc", "safepoint", "gc_pause"], n),
+                           "name": rng.choice(["G1New", "G1Old"], n), "start_ns": np.arange(n) * 10**7,
+                           "end_ns": np.arange(n) * 10**7 + rng.integers(1, 10**8, n), "jvm_pid": 42})
+    impact = pauses[["pause_id", "kind"]].assign(overlap_ns=rng.integers(0, 10**6, n), amplified=rng.random(n) < 0.2)
+    gil = pd.DataFrame({"pid": rng.choice([7, 8], 5 * n), "state": rng.choice(["released", "waiting"], 5 * n),
+                        "start_ns": np.arange(5 * n) * 1000, "end_ns": np.arange(5 * n) * 1000 + rng.integers(0, 999, 5 * n)})
+
+    def exposition(pieces: int) -> dict:
+        metrics = LiveMetrics(port=0, addr="127.0.0.1", service="s")
+        try:
+            split = lambda frame: [frame.iloc[rows] for rows in np.array_split(np.arange(len(frame)), pieces)]  # noqa: E731
+            for p, i, g in zip(split(pauses), split(impact), split(gil)):
+                metrics.rows({"pauses": p, "gil": g})
+                metrics.rows({"pause_impact": i})
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics.prometheus.port}/metrics") as response:
+                text = response.read().decode()
+        finally:
+            metrics.close()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    one, many = exposition(1), exposition(13)
+    assert one.keys() == many.keys()
+    for key, value in one.items():
+        assert many[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+    assert one[("tandem_pauses_total", (("kind", "gc"), ("pid", "42"), ("service", "s")))] == (pauses["kind"] == "gc").sum()
