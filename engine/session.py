@@ -5,8 +5,11 @@ their producers said about themselves. Reading them is ingest's job.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from engine.errors import TandemError
@@ -58,6 +61,48 @@ class Session:
         if not jvms and not pythons:
             raise TandemError(f"{path}: the session holds no JVM recording and no GIL events (was anything started under `tandem record`?)")
         return cls(path, _read_json(path / "session.json"), jvms, pythons)
+
+    def identity(self) -> "SessionIdentity":
+        """Where this session lands in a fleet dataset (docs/fleet.md, "Session identity")."""
+        return session_identity(self.path, self.description,
+                                [j.description for j in self.jvms] + [p.description for p in self.pythons])
+
+
+@dataclass(frozen=True)
+class SessionIdentity:
+    """host and date (UTC day of the session's start) partition a fleet dataset; session_id names
+    the session's file in each partition: unique per (host, boot, start instant)."""
+
+    host: str
+    date: str  # yyyy-mm-dd
+    session_id: str
+    boot_id: str | None
+    start_wall_ns: int
+    start_monotonic_ns: int | None
+
+    def as_metadata(self) -> dict:
+        return {"session_id": self.session_id, "host": self.host, "date": self.date, "boot_id": self.boot_id,
+                "start_wall_ns": self.start_wall_ns, "start_monotonic_ns": self.start_monotonic_ns}
+
+
+def session_identity(path: Path, description: dict, producers: list[dict] = ()) -> SessionIdentity:
+    """From session.json (hostname, boot_id, start_wall_ns, start_monotonic_ns, as `tandem record`
+    writes them); a session without one borrows them from its first producer's jvm.json/probe.json."""
+    facts = dict(description)
+    for producer in producers:
+        for key in ("hostname", "boot_id", "start_wall_ns", "start_monotonic_ns"):
+            facts.setdefault(key, producer.get(key))
+    if not facts.get("hostname") or not facts.get("start_wall_ns"):
+        raise TandemError(f"{path}: session.json names no hostname or start time (record with `tandem record`, "
+                          "or add \"hostname\" and \"start_wall_ns\")")
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", str(facts["hostname"]))
+    start_wall_ns = int(facts["start_wall_ns"])
+    start = datetime.fromtimestamp(start_wall_ns / 1e9, tz=timezone.utc)
+    digest = hashlib.sha256(f"{host}\0{facts.get('boot_id')}\0{facts.get('start_monotonic_ns')}\0{start_wall_ns}".encode())
+    session_id = f"{start:%Y%m%dT%H%M%SZ}-{digest.hexdigest()[:16]}"
+    monotonic = facts.get("start_monotonic_ns")
+    return SessionIdentity(host, f"{start:%Y-%m-%d}", session_id, facts.get("boot_id"), start_wall_ns,
+                           int(monotonic) if monotonic is not None else None)
 
 
 def _pid_from_name(name: str) -> int | None:

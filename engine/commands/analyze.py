@@ -21,7 +21,9 @@ def parse_duration_ns(text: str) -> int:
 
 def analyze(
     session: Optional[Path] = typer.Argument(None, help="A session directory written by `tandem record` / `tandem live`."),
-    out: Path = typer.Option(..., "-o", "--out", help="Directory for the result tables (replaced if present)."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Directory for the result tables (replaced if present)."),
+    dataset: Optional[Path] = typer.Option(None, "--dataset", help="A fleet dataset root: write SESSION's tables into "
+                                           "ROOT/<table>/host=<host>/date=<day>/<session-id>.parquet (docs/fleet.md)."),
     jfr: List[Path] = typer.Option([], "--jfr", help="JFR recording(s) of the JVM side (repeatable)."),
     gil: List[Path] = typer.Option([], "--gil", help="GIL probe file(s) or Parquet GIL tables (repeatable)."),
     pauses: List[Path] = typer.Option([], "--pauses", help="Parquet table(s) of JVM pauses (docs/results.md)."),
@@ -32,6 +34,7 @@ def analyze(
     """Find which JVM pauses hit which Python threads; write OUT/*.parquet and print the summary.
 
     Give a SESSION, or the two sides separately: --jfr/--pauses for the JVM, --gil for Python.
+    With --dataset, SESSION's results join a fleet dataset (with or without -o).
     """
     from engine.analysis import correlate
     from engine.analysis.sources import gil_from, pauses_from
@@ -39,14 +42,27 @@ def analyze(
 
     if session is None and not (jfr or pauses) and not gil:
         raise TandemError("nothing to analyze: give a SESSION directory, or --jfr/--pauses and --gil")
+    if out is None and dataset is None:
+        raise TandemError("where to: give -o OUT, --dataset ROOT, or both")
+    if dataset is not None and (session is None or jfr or pauses or gil):
+        raise TandemError("--dataset takes one SESSION directory (its session.json names the host and day), "
+                          "not --jfr/--pauses/--gil")
     slack_ns = parse_duration_ns(slack)
     pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
     gil_df, gil_source = gil_from(session if not gil else None, gil)
     result = correlate(pauses_df, gil_df, slack_ns=slack_ns, offset_ns=offset,
                        pauses_source=pauses_source, gil_source=gil_source)
-    result.write(out)
+    if out is not None:
+        result.write(out)
     result.summary()
-    typer.echo(f"results in {out}/: {', '.join(f'{name}.parquet' for name in result.tables())}")
+    if out is not None:
+        typer.echo(f"results in {out}/: {', '.join(f'{name}.parquet' for name in result.tables())}")
+    if dataset is not None:
+        from engine.fleet.dataset import write_session
+        from engine.session import Session
+
+        files = write_session(result, dataset, Session.open(session))
+        typer.echo(f"dataset {dataset}: session {files['sessions'].stem} under {files['sessions'].parent.relative_to(dataset / 'sessions')}")
 
 
 def register(app: typer.Typer) -> None:
