@@ -30,6 +30,8 @@ def live(
                                        "e.g. http://collector:4318/v1/metrics."),
     otlp_interval: str = typer.Option("10s", "--otlp-interval", help="How often to push with --otlp."),
     service: str = typer.Option("", "--service", help="Service name for the metrics (label `service`, OTel service.name)."),
+    python: List[str] = typer.Option([], "--python", help="With a command: an interpreter it runs, to build the GIL probe for "
+                                     "before it starts (repeatable; others are built on first use)."),
     pause_ring: bool = typer.Option(True, "--pause-ring/--no-pause-ring", hidden=True,
                                     help="With a command: JVM pauses from the agent's pause ring (default) or the JFR repository only "
                                     "(for bench/bench_live.py's before/after)."),
@@ -115,6 +117,8 @@ def live(
         "kind": "live", "command": shlex.join(command), "argv": command, "cwd": str(Path.cwd()),
         "agent_options": options, "java_tool_options": env["JAVA_TOOL_OPTIONS"],
     })
+    with console.status("building the GIL probe for the interpreters found"):
+        launch.prebuild_probes(directory, env, python)
     run = LiveRun(directory, output or directory / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view)
     _observe(run, metrics)
     console.print(f"[dim]tandem: running `{shlex.join(command)}` live into {directory}[/dim]")

@@ -15,6 +15,8 @@ def record(
     live: bool = typer.Option(False, "--live", help="Also write JVM pauses into jvm-PID/pauses.ring, for `tandem live SESSION` (low latency)."),
     secret_events: bool = typer.Option(False, "--secret-events", help="Also record the JFR events that carry the "
                                        "environment, system properties and command lines (off by default: docs/session.md)."),
+    python: List[str] = typer.Option([], "--python", help="An interpreter the command runs, to build the GIL probe for before it starts "
+                                     "(repeatable; others are built on first use)."),
 ) -> None:
     """Run COMMAND; every JVM it starts records JFR pauses into SESSION (and every CPython its GIL states)."""
     import shlex
@@ -42,6 +44,8 @@ def record(
     })
 
     console = Console(stderr=True)  # stdout belongs to the command
+    with console.status("building the GIL probe for the interpreters found"):
+        launch.prebuild_probes(directory, env, python)
     console.print(f"[dim]tandem: recording `{shlex.join(command)}` into {directory}[/dim]")
     try:
         pid, exit_code = launch.run_forwarding_signals(command, env)
@@ -50,13 +54,17 @@ def record(
         raise
     sessions.finish_session(directory, pid=pid, exit_code=exit_code)
 
-    with console.status("reading what was captured") as status:
-        try:
-            jfr_tool = jvm.jdk_tool("jfr")
-        except TandemError:
-            jfr_tool = None
-        captures = summary.collect(directory, jfr_tool, status)
-    summary.print_summary(console, directory, captures)
+    try:
+        with console.status("reading what was captured") as status:
+            try:
+                jfr_tool = jvm.jdk_tool("jfr")
+            except TandemError:
+                jfr_tool = None
+            captures = summary.collect(directory, jfr_tool, status)
+        summary.print_summary(console, directory, captures)
+    except Exception as err:  # the command's exit code is what counts; say what went wrong in one line
+        console.print(f"[yellow]tandem: could not read all that {directory} captured: {type(err).__name__}: {err}[/yellow]",
+                      highlight=False)
     console.print(f"[dim]tandem: `{command[0]}` exited with {exit_code}[/dim]")
     raise typer.Exit(exit_code)
 

@@ -79,16 +79,19 @@ _names_path: Optional[Path] = None
 
 def _record_thread_name(thread: threading.Thread) -> None:
     """Remember tid -> name, and append it to the side file when new or changed."""
+    # After a fork the child's thread object keeps the parent's native_id (threading's
+    # _after_fork resets only its ident): the running thread's own id is the true one.
+    tid = threading.get_native_id() if thread.ident == threading.get_ident() else thread.native_id
     with _names_lock:
-        if thread.native_id is None or _thread_names.get(thread.native_id) == thread.name:
+        if tid is None or _thread_names.get(tid) == thread.name:
             return
-        _thread_names[thread.native_id] = thread.name
+        _thread_names[tid] = thread.name
         path = _names_path
     if path is not None:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
-                os.write(fd, (json.dumps({"tid": thread.native_id, "name": thread.name}) + "\n").encode())
+                os.write(fd, (json.dumps({"tid": tid, "name": thread.name}) + "\n").encode())
             finally:
                 os.close(fd)
         except OSError:  # a thread start must never fail because of the probe
@@ -171,7 +174,30 @@ def _start_files(ring: Path, events: Path, meta: Path, names: Path, **options: A
     _watch_thread_names()
     _write_meta("recording", status)
     atexit.register(stop)
+    _stop_at_os_exit()
     return status
+
+
+_original_os_exit: Optional[Callable] = None
+
+
+def _stop_at_os_exit() -> None:
+    """os._exit skips atexit: a multiprocessing fork worker ends with it, as do servers'
+    forked children. Stop first there too, so the events file is closed and probe.json
+    counts every event."""
+    global _original_os_exit
+    if _original_os_exit is not None:
+        return
+    original = _original_os_exit = os._exit
+
+    def _exit(status):
+        try:
+            stop()
+        except BaseException:  # exiting must never fail because of the probe
+            pass
+        original(status)
+
+    os._exit = _exit
 
 
 def start(

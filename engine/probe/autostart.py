@@ -7,7 +7,9 @@ runs at interpreter start-up:
 
 With TANDEM_SESSION unset this costs one dict lookup (site has already imported os).
 With it set, the probe records into $TANDEM_SESSION/py-<pid>/ (docs/session.md); a
-failure prints one line on stderr and never stops the user's program.
+failure names the interpreter once in the session (start_hook.note_unprobed) and never
+stops the user's program. Interpreters that do not read this site-packages get the probe
+through start_hook.py, a `sitecustomize` that `tandem record` puts on PYTHONPATH.
 
     python -m engine.probe.autostart install [SITE_DIR]   # done by `make build`
     python -m engine.probe.autostart uninstall [SITE_DIR]
@@ -58,7 +60,9 @@ def run() -> None:
             engine.probe.start_session(session, backend=os.environ.get("TANDEM_PROBE_BACKEND", "auto"),
                                        wait_when_full=os.environ.get("TANDEM_PROBE_WAIT_WHEN_FULL") == "1")
     except Exception as err:  # never break the interpreter being observed
-        print(f"tandem: GIL probe not started in pid {os.getpid()}: {err}", file=sys.stderr)
+        from engine.probe.start_hook import note_unprobed
+
+        note_unprobed(session, str(err))
 
 
 def install(site_dir: str | os.PathLike | None = None) -> Path:

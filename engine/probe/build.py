@@ -1,75 +1,48 @@
 """Build the GIL probe for another CPython interpreter and run that interpreter with it.
 
-The extension in the tree is built by setup.py for the venv's Python only. Tests and users
-that want the probe inside another interpreter (3.12, 3.13, a service's own Python) call
-`build_probe(python)`: it compiles engine/probe/*.c with gcc against that interpreter's
-headers into a cache directory holding a dependency-free copy of the `engine` package root
-(engine/__init__.py, engine/errors.py, engine/probe/*.py), and returns that directory:
-put it on PYTHONPATH (`probe_env`). Rebuilt only when a source or the interpreter changes.
+The extension in the tree is built by setup.py for the venv's Python only. For any other
+interpreter (3.12, 3.13, a service's own Python, one embedded in a JVM) `build_probe`
+compiles engine/probe/*.c with gcc against that interpreter's headers into a cache
+directory, TANDEM_CACHE/probe/<key> (key: start_hook.probe_dir_name, from the interpreter's
+version, headers, extension suffix and a digest of the sources), holding a dependency-free
+copy of the `engine` package root (engine/__init__.py, engine/errors.py, engine/probe/*.py)
+and the start hook as `sitecustomize.py`. Rebuilt only when a source or the interpreter
+changes; concurrent builds of one key wait for the first (a lock file).
 
-The directory also holds a `sitecustomize.py` start hook: `.pth` files are only read from
-site directories, so an interpreter that gets the probe through PYTHONPATH starts it from
-there when TANDEM_SESSION is set (and then runs the next sitecustomize on sys.path, if any).
+`tandem record` pre-builds for the interpreters it can find (`prebuild`) and puts
+`hook_dir()` on PYTHONPATH (`hook_environment`); an interpreter it did not know builds on
+first use (start_hook.py runs `python -m engine.probe.build --info JSON`).
 """
 from __future__ import annotations
 
+import argparse
+import fcntl
 import hashlib
+import inspect
 import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 from engine.errors import TandemError
+from engine.probe import start_hook
 
 PROBE_DIR = Path(__file__).resolve().parent
 ENGINE_DIR = PROBE_DIR.parent
 # Files an interpreter needs to `import engine.probe` without tandem's dependencies.
 _PYTHON_FILES = [ENGINE_DIR / "__init__.py", ENGINE_DIR / "errors.py"] + sorted(PROBE_DIR.glob("*.py"))
+_HOOK_SOURCE = Path(start_hook.__file__)
 
 # As setup.py compiles the venv's build: only PyInit exported, direct calls inside the .so.
 COMPILE_FLAGS = ["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden", "-fno-semantic-interposition", "-fno-plt"]
 
-_QUERY = (
-    "import json, sys, sysconfig; print(json.dumps({"
-    "'version': sys.version.split()[0], 'include': sysconfig.get_paths()['include'], "
-    "'ext_suffix': sysconfig.get_config_var('EXT_SUFFIX'), "
-    "'gil_disabled': bool(sysconfig.get_config_var('Py_GIL_DISABLED')), 'executable': sys.executable}))"
-)
-
-
-_SITECUSTOMIZE = '''"""tandem start hook for interpreters that get engine.probe through PYTHONPATH.
-
-Written by engine/probe/build.py. Starts the GIL probe when TANDEM_SESSION is set, then
-imports the next `sitecustomize` on sys.path so that one still runs.
-"""
-import os
-import sys
-
-if os.environ.get("TANDEM_SESSION"):
-    import engine.probe.autostart
-
-    engine.probe.autostart.run()
-
-
-def _run_next_sitecustomize():
-    here = os.path.dirname(os.path.abspath(__file__))
-    saved = sys.path[:]
-    this_module = sys.modules.pop("sitecustomize", None)
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    try:
-        import sitecustomize  # noqa: F401  (the next one, if any)
-    except ImportError:
-        pass
-    finally:
-        sys.path[:] = saved
-        if "sitecustomize" not in sys.modules:  # none further: site's import must find us
-            sys.modules["sitecustomize"] = this_module
-
-
-_run_next_sitecustomize()
-'''
+# Run in the other interpreter (-I: nothing of the service's environment), the same code
+# the start hook runs in-process.
+_QUERY = (inspect.getsource(start_hook.interpreter_info)
+          + "import json, sys\nprint(json.dumps(interpreter_info()))\n")
 
 
 def cache_root() -> Path:
@@ -78,58 +51,159 @@ def cache_root() -> Path:
 
 
 def describe_interpreter(python: str | os.PathLike) -> dict:
-    """Version, include dir, extension suffix and free-threading of PYTHON."""
+    """Version, include dir, extension suffix and free-threading of PYTHON (start_hook.interpreter_info)."""
     try:
         out = subprocess.run([str(python), "-I", "-c", _QUERY], check=True, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.CalledProcessError) as err:
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
         raise TandemError(f"cannot run {python} to learn its build: {err}") from None
     return json.loads(out.stdout)
 
 
-def build_probe(python: str | os.PathLike, cache: Path | None = None) -> Path:
-    """Compile the probe for PYTHON; returns the directory to put on PYTHONPATH."""
-    info = describe_interpreter(python)
-    if info["gil_disabled"]:
-        raise TandemError(f"no GIL to watch: {python} is a free-threaded build of CPython")
-    sources = sorted(PROBE_DIR.glob("*.c"))
-    headers = sorted(PROBE_DIR.glob("*.h"))
-    digest = hashlib.sha256(json.dumps(info, sort_keys=True).encode())
-    digest.update(_SITECUSTOMIZE.encode())
-    digest.update(" ".join(COMPILE_FLAGS).encode())  # a flags-only change must rebuild
-    for path in sources + headers + _PYTHON_FILES:
+def sources_digest() -> str:
+    """Digest of everything a probe build is made of (sources, Python files, flags)."""
+    digest = hashlib.sha256(" ".join(COMPILE_FLAGS).encode())  # a flags-only change must rebuild
+    for path in sorted(PROBE_DIR.glob("*.c")) + sorted(PROBE_DIR.glob("*.h")) + _PYTHON_FILES:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
-    root = (cache or cache_root()) / "probe" / f"py{info['version']}-{digest.hexdigest()[:16]}"
-    if (root / "engine" / "probe" / f"_probe{info['ext_suffix']}").exists():
+    return digest.hexdigest()[:16]
+
+
+# Oldest CPython the probe knows the GIL of (docs/probe.md).
+MIN_VERSION = (3, 11)
+
+
+def build_probe(python: str | os.PathLike, cache: Path | None = None) -> Path:
+    """Compile the probe for PYTHON; returns the directory to put on PYTHONPATH."""
+    return build_for(describe_interpreter(python), cache, str(python))
+
+
+def build_for(info: dict, cache: Path | None = None, name: str | None = None) -> Path:
+    """Compile the probe for the interpreter INFO describes (describe_interpreter); returns
+    its cache directory. A TandemError says why it cannot be built."""
+    name = name or f"Python {info['version']}"
+    if info["gil_disabled"]:
+        raise TandemError(f"no GIL to watch: {name} is a free-threaded build of CPython")
+    if tuple(int(part) for part in info["version"].split(".")[:2]) < MIN_VERSION:
+        raise TandemError(f"Python {info['version']} is older than the probe supports (3.11+)")
+    root = (cache or cache_root()) / "probe" / start_hook.probe_dir_name(info, sources_digest())
+    built = root / "engine" / "probe" / f"_probe{info['ext_suffix']}"
+    if built.exists():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key; the others wait and use it
+        if not built.exists():
+            _compile(info, root)
+    return root
+
+
+def _compile(info: dict, root: Path) -> None:
+    if not Path(info["include"], "Python.h").exists():
+        raise TandemError(f"no headers for Python {info['version']} ({info['include']}/Python.h missing; "
+                          "install the interpreter's -dev package)")
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise TandemError("no C compiler (gcc) to build the GIL probe")
     staging = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
     try:
         (staging / "engine" / "probe").mkdir(parents=True)
         for path in _PYTHON_FILES:
             shutil.copy2(path, staging / path.relative_to(ENGINE_DIR.parent))
-        (staging / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-        gcc = shutil.which("gcc") or shutil.which("cc")
-        if gcc is None:
-            raise TandemError("no C compiler (gcc) to build the GIL probe")
-        command = [gcc, "-shared", "-fPIC", *COMPILE_FLAGS, f"-I{info['include']}",
-                   *map(str, sources), "-o", str(staging / "engine" / "probe" / f"_probe{info['ext_suffix']}"), "-lpthread"]
+        shutil.copy2(_HOOK_SOURCE, staging / "sitecustomize.py")
+        command = [gcc, "-shared", "-fPIC", *COMPILE_FLAGS, f"-I{info['include']}", *map(str, sorted(PROBE_DIR.glob("*.c"))),
+                   "-o", str(staging / "engine" / "probe" / f"_probe{info['ext_suffix']}"), "-lpthread"]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            raise TandemError(f"building the GIL probe for Python {info['version']} failed: {result.stderr.strip().splitlines()[-1:]}")
-        try:
-            os.rename(staging, root)
-        except OSError:  # another process built it at the same time: use theirs
-            if not root.exists():
-                raise
+            raise TandemError(f"building the GIL probe for Python {info['version']} failed: "
+                              f"{(result.stderr.strip().splitlines() or ['gcc failed'])[-1]}")
+        os.rename(staging, root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return root
+
+
+def hook_dir(cache: Path | None = None) -> Path:
+    """A directory holding only the start hook as sitecustomize.py (for PYTHONPATH)."""
+    text = _HOOK_SOURCE.read_bytes()
+    directory = (cache or cache_root()) / "hook" / hashlib.sha256(text).hexdigest()[:16]
+    if not (directory / "sitecustomize.py").exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f"sitecustomize.py.{os.getpid()}.tmp"
+        tmp.write_bytes(text)
+        os.replace(tmp, directory / "sitecustomize.py")
+    return directory
+
+
+def hook_environment(env: dict, cache: Path | None = None) -> dict:
+    """ENV plus what the start hook needs: itself first on PYTHONPATH, the cache, the
+    sources' digest, and this Python to build probes on first use."""
+    cache = cache or cache_root()
+    env = dict(env)
+    env["PYTHONPATH"] = _prepend_path(hook_dir(cache), env.get("PYTHONPATH"))
+    env["TANDEM_CACHE"] = str(cache)
+    env["TANDEM_PROBE_SOURCES"] = sources_digest()
+    env["TANDEM_PROBE_BUILDER"] = sys.executable
+    return env
+
+
+def interpreters_to_prebuild(extra: list[str] = (), path: str | None = None) -> list[str]:
+    """The interpreters tandem can find before a command starts: its own, `python3` on PATH,
+    and those the user named (--python); each named once (by real path)."""
+    found = [sys.executable, shutil.which("python3", path=path if path is not None else os.environ.get("PATH")), *extra]
+    seen, result = set(), []
+    for python in filter(None, found):
+        real = os.path.realpath(python)
+        if real not in seen:
+            seen.add(real)
+            result.append(str(python))
+    return result
+
+
+def prebuild(pythons: list[str], session: Path | None = None, cache: Path | None = None) -> dict[str, Path | str]:
+    """Build (or find) the probe of each of PYTHONS, in parallel: python -> its directory, or
+    why it cannot be probed (then also named in SESSION/unprobed/, as the start hook would)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(python: str) -> Path | str:
+        key = None
+        try:
+            info = describe_interpreter(python)
+            key = start_hook.probe_dir_name(info, sources_digest())
+            return build_for(info, cache, python)
+        except TandemError as err:
+            # tandem's own interpreter has its in-tree build (the .pth hook): only another
+            # interpreter on its prefix would miss this one, and it names itself on first use.
+            if session is not None and python != sys.executable:
+                start_hook.note_unprobed(str(session), str(err), key, name=python, say=False)
+            return str(err)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(pythons), os.cpu_count() or 1))) as pool:
+        return dict(zip(pythons, pool.map(one, pythons)))
 
 
 def probe_env(python: str | os.PathLike, base: dict | None = None) -> dict:
     """Environment in which PYTHON can `import engine.probe` (built for it)."""
     env = dict(os.environ if base is None else base)
-    root = build_probe(python)
-    env["PYTHONPATH"] = os.pathsep.join([str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = _prepend_path(build_probe(python), env.get("PYTHONPATH"))
     return env
+
+
+def _prepend_path(directory: Path, existing: str | None) -> str:
+    return os.pathsep.join([str(directory)] + ([existing] if existing else []))
+
+
+def main(argv: list[str]) -> int:
+    """`python -m engine.probe.build --info JSON [--cache DIR]`: the start hook's build on first use."""
+    parser = argparse.ArgumentParser(prog="python -m engine.probe.build")
+    parser.add_argument("--info", required=True, help="the interpreter's start_hook.interpreter_info(), as JSON")
+    parser.add_argument("--cache", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        print(build_for(json.loads(args.info), args.cache))
+    except TandemError as err:
+        print(err, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

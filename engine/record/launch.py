@@ -2,7 +2,10 @@
 
 JVMs pick the agent up from JAVA_TOOL_OPTIONS (every JVM start honours it, embedded ones
 too: JPype's startJVM, JNI hosts); CPython interpreters start the GIL probe when
-TANDEM_SESSION is set (the probe's start-up hook). docs/session.md is the contract.
+TANDEM_SESSION is set: tandem's own through the `.pth` hook, every other (another prefix or
+version, embedded with Jep) through the `sitecustomize` start hook put first on PYTHONPATH
+(engine/probe/start_hook.py), with probes pre-built for the interpreters we can find.
+docs/session.md is the contract.
 """
 from __future__ import annotations
 
@@ -56,10 +59,24 @@ def java_tool_options(existing: str | None, jar: Path, options: str) -> str:
 
 
 def recording_environment(session: Path, jar: Path, options: str) -> dict[str, str]:
-    env = dict(os.environ)
+    from engine.probe.build import hook_environment
+
+    env = hook_environment(os.environ)
     env["JAVA_TOOL_OPTIONS"] = java_tool_options(env.get("JAVA_TOOL_OPTIONS"), jar, options)
     env[SESSION_VARIABLE] = str(session)
     return env
+
+
+def prebuild_probes(session: Path, env: dict[str, str], pythons: Sequence[str] = ()) -> dict[str, Path | str]:
+    """Build the GIL probe now for the interpreters the command will likely run (tandem's,
+    `python3` on the command's PATH, PYTHONS from --python); python -> probe directory, or
+    why it cannot be probed (also named in SESSION/unprobed/). Others build on first use."""
+    from engine.probe.build import interpreters_to_prebuild, prebuild
+
+    for python in pythons:
+        if not os.access(python, os.X_OK):
+            raise TandemError(f"--python {python}: not an executable file")
+    return prebuild(interpreters_to_prebuild(list(pythons), env.get("PATH", "")), session)
 
 
 def run_forwarding_signals(argv: Sequence[str], env: dict[str, str], on_signal=None) -> tuple[int, int]:

@@ -45,6 +45,8 @@ def jfr_event_counts(jfr_tool: Path, files: list[Path]) -> tuple[dict[str, int],
     # The jfr tool is a JVM: under an outer `tandem record` it would record itself.
     env = {k: v for k, v in os.environ.items() if k != "JAVA_TOOL_OPTIONS"}
     for file in files:
+        if not file.exists():  # gone since listed: print_summary names it
+            continue
         run = subprocess.run([str(jfr_tool), "summary", str(file)], capture_output=True, text=True, env=env)
         if run.returncode != 0:
             return counts, (run.stderr.strip().splitlines() or ["jfr summary failed"])[-1]
@@ -56,11 +58,17 @@ def jfr_event_counts(jfr_tool: Path, files: list[Path]) -> tuple[dict[str, int],
 
 
 def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCapture]:
-    """Every jvm-*/ and py-*/ of the session. `status`: a rich Status to narrate slow steps."""
+    """Every jvm-*/ and py-*/ of the session. `status`: a rich Status to narrate slow steps.
+
+    Files may vanish while we look (a short-lived JVM's repository is deleted at its exit):
+    such a file is left out, and the reading goes on."""
     captures = []
     for directory in sorted(session.glob("jvm-*")):
         description = _read_json(directory / "jvm.json")
-        files, _closed = jvm_recordings(directory)
+        try:
+            files, _closed = jvm_recordings(directory)
+        except OSError:  # its repository went away while we listed it
+            files = []
         capture = ProcessCapture("jvm", directory, description, files)
         agent_error = agent_error_line(directory)
         if agent_error:
@@ -73,16 +81,28 @@ def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCa
             capture.event_counts, unreadable = jfr_event_counts(jfr_tool, files)
             capture.problem = capture.problem or unreadable
         captures.append(capture)
-    for directory in sorted(session.glob("py-*")):
-        files = sorted(p for p in directory.iterdir() if p.is_file())
+    for directory in sorted(d for d in session.glob("py-*") if d.is_dir()):
+        try:
+            files = sorted(p for p in directory.iterdir() if p.is_file())
+        except OSError:
+            files = []
         captures.append(ProcessCapture("python", directory, _read_json(directory / "probe.json"), files))
     return captures
+
+
+def unprobed_interpreters(session: Path) -> list[dict]:
+    """The interpreters that ran without the GIL probe, with the reason (SESSION/unprobed/)."""
+    from engine.probe.start_hook import UNPROBED_DIR
+
+    return [entry for entry in map(_read_json, sorted((session / UNPROBED_DIR).glob("*.json"))) if entry]
 
 
 def print_summary(console, session: Path, captures: list[ProcessCapture]) -> None:
     """A table of processes and event counts, then the files, one per line (paths are long)."""
     from rich.table import Table
 
+    for entry in unprobed_interpreters(session):
+        console.print(f"[yellow]not probed: {entry.get('interpreter')}: {entry.get('reason')}[/yellow]", highlight=False)
     if not captures:
         console.print(f"[yellow]nothing was captured in {session}: no JVM and no Python interpreter recorded[/yellow]")
         return
@@ -92,8 +112,12 @@ def print_summary(console, session: Path, captures: list[ProcessCapture]) -> Non
     table.add_column("size", justify="right", no_wrap=True)
     for column in (*KEY_EVENTS.values(), "events"):
         table.add_column(column, justify="right", no_wrap=True)
+    sizes = {file: _file_size(file) for capture in captures for file in capture.files}
+    vanished = [file for file, size in sizes.items() if size is None]
     for capture in captures:
-        size = _size(sum(f.stat().st_size for f in capture.files)) if capture.files else "-"
+        capture.files = [file for file in capture.files if sizes[file] is not None]
+    for capture in captures:
+        size = _size(sum(sizes[f] for f in capture.files)) if capture.files else "-"
         counts = capture.event_counts
         numbers = [str(counts.get(name, 0)) if counts else "-" for name in KEY_EVENTS]
         numbers.append(str(sum(counts.values())) if counts else "-")
@@ -101,9 +125,19 @@ def print_summary(console, session: Path, captures: list[ProcessCapture]) -> Non
     console.print(table)
     for capture in captures:
         for file in capture.files:
-            console.print(f"  {file.relative_to(session)} [dim]({_size(file.stat().st_size)})[/dim]", highlight=False)
+            console.print(f"  {file.relative_to(session)} [dim]({_size(sizes[file])})[/dim]", highlight=False)
         if capture.problem:
             console.print(f"[yellow]{capture.directory.name}: {capture.problem}[/yellow]")
+    if vanished:
+        console.print(f"[yellow]{len(vanished)} file(s) went away before they could be read (a process cleaned up at its exit): "
+                      f"{', '.join(str(f.relative_to(session)) for f in vanished)}[/yellow]", highlight=False)
+
+
+def _file_size(file: Path) -> int | None:
+    try:
+        return file.stat().st_size
+    except OSError:
+        return None
 
 
 def agent_error_line(jvm_dir: Path) -> str | None:

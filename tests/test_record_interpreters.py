@@ -1,0 +1,170 @@
+"""`tandem record` probes every CPython its command starts (issue 15): other versions and
+prefixes through the sitecustomize start hook, probes pre-built or built on first use,
+multiprocessing workers (spawn, fork, forkserver), and interpreters that cannot be probed
+named once. Real interpreters, real sessions; the witness of each GIL interval is the
+monotonic_ns() bracket the workload took around its own sleep.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import default_java_home, python_params
+from engine.ingest.gil import read_gil
+from engine.ring.reader import read_events
+from test_probe import assert_matches_sleeps
+from test_record_helpers import jdk_env, read_json, run_tandem
+
+# Fifty 10 ms sleeps in the main thread, bracketed; the witness goes to OUT/<pid>.json.
+SLEEPER = r'''
+import json, os, sys, threading, time
+
+def sleeps(out):
+    brackets = []
+    for _ in range(50):
+        before = time.monotonic_ns()
+        time.sleep(0.010)
+        brackets.append((before, time.monotonic_ns()))
+    with open(os.path.join(out, "%d.json" % os.getpid()), "w") as f:
+        json.dump({"tid": threading.get_native_id(), "brackets": brackets, "version": sys.version.split()[0],
+                   "probe": "engine.probe" in sys.modules}, f)
+'''
+
+
+def witnesses(out: Path) -> dict[int, dict]:
+    return {int(p.stem): json.loads(p.read_text()) for p in out.glob("*.json")}
+
+
+def assert_each_process_recorded_its_sleeps(session: Path, found: dict[int, dict]) -> None:
+    """Every witness process has its own py-<pid>/ whose released intervals match its sleeps."""
+    for pid, witness in found.items():
+        assert (session / f"py-{pid}").is_dir(), (pid, sorted(p.name for p in session.iterdir()))
+        df = read_gil(session / f"py-{pid}")
+        first, last = witness["brackets"][0][0], witness["brackets"][-1][1]
+        mine = df[(df.tid == witness["tid"]) & (df.state == "released") & (df.start_ns >= first) & (df.end_ns <= last)]
+        assert_matches_sleeps(mine, witness["brackets"])
+
+
+def other_pythons() -> list[Path]:
+    return [p.values[0] for p in python_params() if p.values[0] is not None and Path(p.values[0]).resolve() != Path(sys.executable).resolve()]
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_every_version_records_under_tandem_record(python, tmp_path):
+    """A service on 3.11, 3.12 or 3.13 (outside tandem's venv) started by a shell script records
+    its sleeps into its own py-<pid>/ with no change to it."""
+    if python is None:
+        pytest.skip("interpreter missing")
+    out = tmp_path / "out"
+    out.mkdir()
+    service = tmp_path / "service.py"
+    service.write_text(SLEEPER + "sleeps(sys.argv[1])\n")
+    script = tmp_path / "run-service.sh"
+    script.write_text(f"#!/bin/sh\nexec {python} {service} {out}\n")
+    script.chmod(0o755)
+    run = run_tandem("record", "-o", str(tmp_path / "s"), "--python", str(python), "--", str(script),
+                     env=jdk_env(default_java_home()), timeout=300)
+    assert run.returncode == 0, run.stderr
+    found = witnesses(out)
+    assert len(found) == 1 and next(iter(found.values()))["probe"]
+    assert_each_process_recorded_its_sleeps(tmp_path / "s", found)
+    assert not (tmp_path / "s" / "unprobed").exists()
+
+
+def test_an_interpreter_nobody_named_builds_its_probe_on_first_use(tmp_path):
+    """With an empty cache and the interpreter neither tandem's nor on PATH nor --python, the
+    first start builds its probe (once, for all its processes) and records; the next session
+    finds it built."""
+    pythons = other_pythons()
+    if not pythons:
+        pytest.skip("no interpreter other than tandem's here")
+    python = pythons[-1]
+    out = tmp_path / "out"
+    out.mkdir()
+    service = tmp_path / "service.py"
+    service.write_text(SLEEPER + "import subprocess\n"
+                       "if len(sys.argv) > 2:\n"
+                       "    procs = [subprocess.Popen([sys.executable, __file__, sys.argv[1]]) for _ in range(2)]\n"
+                       "    sys.exit(sum(p.wait() for p in procs))\n"
+                       "sleeps(sys.argv[1])\n")
+    env = jdk_env(default_java_home(), TANDEM_CACHE=str(tmp_path / "cache"))
+    run = run_tandem("record", "-o", str(tmp_path / "s"), "--", str(python), str(service), str(out), "parent",
+                     env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert_each_process_recorded_its_sleeps(tmp_path / "s", witnesses(out))
+    assert len(witnesses(out)) == 2
+    built = [p for p in (tmp_path / "cache" / "probe").iterdir() if p.is_dir() and p.name.startswith(f"py{witnesses(out).popitem()[1]['version']}")]
+    assert len(built) == 1, built
+
+
+def test_an_interpreter_that_cannot_be_probed_is_named_once_and_runs_on(tmp_path):
+    """No compiler on the service's PATH and no probe built for its interpreter: its three
+    processes run unharmed, exit code passed through, and the session names it once with the
+    reason."""
+    pythons = other_pythons()
+    if not pythons:
+        pytest.skip("no interpreter other than tandem's here")
+    python = pythons[-1]
+    code = ("import subprocess, sys\n"
+            "for _ in range(3):\n"
+            "    subprocess.run([sys.executable, '-c', 'print(\"worker ran\")'], check=True)\n"
+            "sys.exit(7)\n")
+    env = jdk_env(default_java_home(), TANDEM_CACHE=str(tmp_path / "cache"))
+    env["PATH"] = str(tmp_path / "empty")  # no gcc
+    run = run_tandem("record", "-o", str(tmp_path / "s"), "--", str(python), "-c", code, env=env, timeout=300)
+    assert run.returncode == 7, run.stderr
+    assert run.stdout.count("worker ran") == 3
+    named = [json.loads(p.read_text()) for p in (tmp_path / "s" / "unprobed").glob("*.json")]
+    assert len(named) == 1, named
+    assert "no C compiler" in named[0]["reason"]
+    assert run.stderr.count("no C compiler") == 2  # the process's own line, and the record summary's
+    assert not list((tmp_path / "s").glob("py-*"))
+
+
+MULTIPROCESSING = SLEEPER + r'''
+import multiprocessing
+
+if __name__ == "__main__":
+    out, method = sys.argv[1], sys.argv[2]
+    ctx = multiprocessing.get_context(method)
+    workers = [ctx.Process(target=sleeps, args=(out,)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    sys.exit(max(w.exitcode for w in workers))
+'''
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+def test_multiprocessing_workers_each_record(method, tmp_path):
+    """Each multiprocessing worker (spawn, fork, forkserver) records into its own py-<pid>/.
+    A fork worker ends with os._exit: its probe.json is still closed and counts every event,
+    and its threads.jsonl names its own main thread, not its parent's."""
+    pythons = other_pythons()
+    python = pythons[-1] if pythons else Path(sys.executable)
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "mp.py"
+    script.write_text(MULTIPROCESSING)
+    session = tmp_path / "s"
+    run = run_tandem("record", "-o", str(session), "--", str(python), str(script), str(out), method,
+                     env=jdk_env(default_java_home()), timeout=300)
+    assert run.returncode == 0, run.stderr
+    found = witnesses(out)
+    assert len(found) == 2
+    assert_each_process_recorded_its_sleeps(session, found)
+    for pid, witness in found.items():
+        meta = read_json(session / f"py-{pid}" / "probe.json")
+        assert meta["state"] == "closed" and meta["pid"] == pid
+        events = read_events(session / f"py-{pid}" / "gil.events")
+        assert events.closed and meta["events"] == events.produced > 0
+        names = {json.loads(line)["tid"]: json.loads(line)["name"]
+                 for line in (session / f"py-{pid}" / "threads.jsonl").read_text().splitlines()}
+        assert names.get(witness["tid"]) == "MainThread", names
+        other_processes = {int(p.name[3:]) for p in session.glob("py-*")} - {pid}
+        assert not set(names) & other_processes, names
