@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import pytest
 from conftest import default_java_home, python_params
 from engine.ingest.gil import read_gil
 from engine.ring.reader import read_events
-from test_probe import assert_matches_sleeps
+from test_probe import MS, assert_matches_sleeps
 from test_record_helpers import jdk_env, read_json, run_tandem
 
 # Fifty 10 ms sleeps in the main thread, bracketed; the witness goes to OUT/<pid>.json.
@@ -168,3 +170,64 @@ def test_multiprocessing_workers_each_record(method, tmp_path):
         assert names.get(witness["tid"]) == "MainThread", names
         other_processes = {int(p.name[3:]) for p in session.glob("py-*")} - {pid}
         assert not set(names) & other_processes, names
+
+
+VENV_SITE = Path(sysconfig.get_paths()["purelib"])
+JEP_JAR = next(iter(sorted((VENV_SITE / "jep").glob("jep-*.jar"))), None)
+
+
+def run_jep_service(tmp_path: Path, kind: str) -> tuple[Path, dict]:
+    """tests/jep_service/Service.java set up as Jep's users do (no change for tandem): the
+    interpreter is the venv's base (another prefix: tandem's .pth is not read), found through
+    LD_LIBRARY_PATH, Jep through java.library.path, packages through PYTHONPATH."""
+    classes = tmp_path / "classes"
+    subprocess.run(["javac", "--release", "17", "-cp", str(JEP_JAR), "-d", str(classes),
+                    str(Path(__file__).parent / "jep_service" / "Service.java")], check=True)
+    libdir = sysconfig.get_config_var("LIBDIR")
+    script = tmp_path / "run-service.sh"
+    script.write_text("#!/bin/sh\n"
+                      f"export PYTHONPATH={VENV_SITE}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+                      f"export LD_LIBRARY_PATH={libdir}\n"
+                      f"exec java -Djava.library.path={VENV_SITE / 'jep'} -cp {JEP_JAR}:{classes} Service \"$@\"\n")
+    script.chmod(0o755)
+    session = tmp_path / "S"
+    run = run_tandem("record", "-o", str(session), "--", str(script), kind, env=jdk_env(default_java_home()), timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return session, json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(JEP_JAR is None or not sysconfig.get_config_var("Py_ENABLE_SHARED"),
+                    reason="jep is not installed in the venv, or its Python has no libpython to embed")
+@pytest.mark.parametrize("kind", ["shared", "sub"])
+def test_jep_service_records_every_python_thread(kind, tmp_path):
+    """Three Java threads run Python through Jep (SharedInterpreter / SubInterpreter), a Java
+    timer forces GCs: every thread's fifty 10 ms sleeps are released intervals inside their own
+    brackets, and every forced GC overlaps a Python thread that had released or was waiting
+    for the GIL (tandem analyze's join)."""
+    import engine
+
+    session, out = run_jep_service(tmp_path, kind)
+    assert len(out["workers"]) == 3
+    pythons = list(session.glob("py-*"))
+    assert len(pythons) == 1 and (session / f"jvm-{pythons[0].name[3:]}").is_dir()  # one process: the JVM
+    analysis = engine.analyze(session)
+    gil = analysis.gil
+    for worker in out["workers"]:
+        # Three threads share one GIL on two cores with the GC's workers: a sleeper may wait
+        # for the GIL, or for a CPU, after its sleep, inside its bracket. Each sleep is one
+        # released interval of at least 10 ms inside its own bracket, 50 of 50.
+        released = gil[(gil.tid == worker["tid"]) & (gil.state == "released")]
+        for before, after in worker["brackets"]:
+            inside = released[(released.start_ns >= before) & (released.end_ns <= after)]
+            assert ((inside.end_ns - inside.start_ns) >= 10 * MS).sum() == 1, (before, after, inside)
+    pauses, overlaps = analysis.pauses, analysis.overlaps
+    # The GCs while all three threads run Python (the first may come before Jep is up).
+    running = (max(w["brackets"][0][0] for w in out["workers"]), min(w["brackets"][-1][1] for w in out["workers"]))
+    gcs = [(before, after) for before, after in out["gcs"] if running[0] <= before and after <= running[1]]
+    assert len(gcs) >= 5, (running, out["gcs"])
+    for before, after in gcs:
+        forced = pauses[(pauses.kind == "gc_pause") & (pauses.start_ns >= before) & (pauses.end_ns <= after)]
+        assert len(forced) == 1, (before, after)
+        hit = overlaps[(overlaps.pause_id == forced.pause_id.iloc[0]) & overlaps.state.isin(["released", "waiting"])
+                       & (overlaps.overlap_ns > 0)]
+        assert set(hit.tid) & {w["tid"] for w in out["workers"]}, forced

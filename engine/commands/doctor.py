@@ -69,6 +69,24 @@ def _probe_rows() -> list[tuple[str, str]]:
     return rows
 
 
+def _interpreter_rows() -> list[tuple[str, str]]:
+    """Every CPython found here and whether `tandem record` will probe it, and how."""
+    from engine.probe.build import machine_interpreters, probe_plan
+
+    rows, not_runnable = [], []
+    for python in machine_interpreters():
+        probed, how = probe_plan(python)
+        if how.startswith("cannot run"):  # e.g. a pyenv shim of a version not selected
+            not_runnable.append(python)
+            continue
+        rows.append((f"interpreter {python}", f"[green]probed[/green]: {how}" if probed else f"[red]not probed[/red]: {how}"))
+    if not_runnable:
+        rows.append(("on PATH, not runnable", ", ".join(not_runnable)))
+    rows.append(("interpreters, never", "runs with -I, -E or -S (they skip PYTHONPATH or site), and children of programs "
+                 "that clear the environment"))
+    return rows
+
+
 def doctor() -> None:
     """Show the JDK, the JFR tick source and the GIL probe backends available here."""
     from rich.console import Console
@@ -87,7 +105,7 @@ def doctor() -> None:
     except TandemError as err:
         table.add_row("JDK", f"[red]{err}[/red]")
     table.add_row("JFR ticks", _tick_source())
-    for check, result in _probe_rows():
+    for check, result in _probe_rows() + _interpreter_rows():
         table.add_row(check, result)
     Console().print(table)
 

@@ -53,9 +53,12 @@ def cache_root() -> Path:
 def describe_interpreter(python: str | os.PathLike) -> dict:
     """Version, include dir, extension suffix and free-threading of PYTHON (start_hook.interpreter_info)."""
     try:
-        out = subprocess.run([str(python), "-I", "-c", _QUERY], check=True, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+        out = subprocess.run([str(python), "-I", "-c", _QUERY], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
         raise TandemError(f"cannot run {python} to learn its build: {err}") from None
+    if out.returncode != 0:
+        lines = [line.strip() for line in out.stderr.splitlines() if line.strip()] or [f"exit status {out.returncode}"]
+        raise TandemError(f"cannot run {python} to learn its build: {lines[-1] if 'Traceback' in lines[0] else lines[0]}")
     return json.loads(out.stdout)
 
 
@@ -156,6 +159,42 @@ def interpreters_to_prebuild(extra: list[str] = (), path: str | None = None) -> 
             seen.add(real)
             result.append(str(python))
     return result
+
+
+def machine_interpreters(path: str | None = None) -> list[str]:
+    """tandem's Python and every `python3` / `python3.N` on PATH (by real path, once each)."""
+    import re
+
+    candidates = [sys.executable]
+    for directory in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
+        try:
+            names = sorted(os.listdir(directory or "."))
+        except OSError:
+            continue
+        candidates += [os.path.join(directory, name) for name in names if re.fullmatch(r"python3(\.\d+t?)?", name)]
+    return interpreters_to_prebuild(candidates[1:], path="")
+
+
+def probe_plan(python: str, cache: Path | None = None) -> tuple[bool, str]:
+    """Whether PYTHON will be probed under `tandem record`, and how (or why not); compiles nothing."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return True, "tandem's own interpreter: in-tree build, started by the .pth hook"
+    try:
+        info = describe_interpreter(python)
+    except TandemError as err:
+        return False, str(err)
+    if info["gil_disabled"]:
+        return False, f"Python {info['version']}: free-threaded, no GIL to watch"
+    if tuple(int(part) for part in info["version"].split(".")[:2]) < MIN_VERSION:
+        return False, f"Python {info['version']}: older than the probe supports (3.11+)"
+    root = (cache or cache_root()) / "probe" / start_hook.probe_dir_name(info, sources_digest())
+    if (root / "engine" / "probe" / f"_probe{info['ext_suffix']}").exists():
+        return True, f"Python {info['version']}: probe built ({root}), started by the sitecustomize hook"
+    if not Path(info["include"], "Python.h").exists():
+        return False, f"Python {info['version']}: no headers ({info['include']}/Python.h) to build the probe"
+    if not (shutil.which("gcc") or shutil.which("cc")):
+        return False, f"Python {info['version']}: no C compiler (gcc) to build the probe"
+    return True, f"Python {info['version']}: probe built at `tandem record` start or on first use (~2 s, once)"
 
 
 def prebuild(pythons: list[str], session: Path | None = None, cache: Path | None = None) -> dict[str, Path | str]:
