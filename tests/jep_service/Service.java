@@ -3,8 +3,14 @@ import jep.SharedInterpreter;
 import jep.SubInterpreter;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.CyclicBarrier;
 
-/** A Java service running Python in three Java threads through Jep, with a timer forcing GCs. */
+/**
+ * A Java service running Python in three Java threads through Jep (a SharedInterpreter each,
+ * or a SubInterpreter with argument "sub"), with a timer forcing GCs while they run. Prints one
+ * JSON line: each thread's tid and the monotonic brackets of its sleeps, and the nanoTime
+ * bracket of each System.gc(). Used by tests/test_record_interpreters.py.
+ */
 public class Service {
     static final String PY =
         "import json, threading, time\n" +
@@ -22,9 +28,11 @@ public class Service {
         boolean sub = args.length > 0 && args[0].equals("sub");
         List<String> results = new ArrayList<>();
         List<Thread> workers = new ArrayList<>();
+        CyclicBarrier ready = new CyclicBarrier(4);  // three interpreters up, and the timer
         for (int w = 0; w < 3; w++) {
             Thread t = new Thread(() -> {
                 try (Interpreter interp = sub ? new SubInterpreter() : new SharedInterpreter()) {
+                    ready.await();
                     interp.exec(PY);
                     String r = (String) interp.getValue("result");
                     synchronized (results) { results.add(r); }
@@ -38,7 +46,7 @@ public class Service {
         List<long[]> gcs = new ArrayList<>();
         Thread timer = new Thread(() -> {
             try {
-                Thread.sleep(200);
+                ready.await();
                 while (true) {
                     long before = System.nanoTime();
                     System.gc();
@@ -47,7 +55,10 @@ public class Service {
                     Thread.sleep(50);
                 }
             } catch (InterruptedException e) {
-                // done
+                // the workers are done
+            } catch (Exception e) {
+                e.printStackTrace();
+                System.exit(4);
             }
         }, "gc-timer");
         for (Thread t : workers) t.start();
