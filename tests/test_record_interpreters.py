@@ -227,7 +227,7 @@ def test_jep_service_records_every_python_thread(kind, tmp_path):
     # The GCs while all three threads run Python (the first may come before Jep is up).
     running = (max(w["brackets"][0][0] for w in out["workers"]), min(w["brackets"][-1][1] for w in out["workers"]))
     gcs = [(before, after) for before, after in out["gcs"] if running[0] <= before and after <= running[1]]
-    assert len(gcs) >= 5, (running, out["gcs"])
+    assert len(gcs) >= 3, (running, out["gcs"])
     for before, after in gcs:
         forced = pauses[(pauses.kind == "gc_pause") & (pauses.start_ns >= before) & (pauses.end_ns <= after)]
         assert len(forced) == 1, (before, after)
