@@ -24,6 +24,14 @@ JFR repository re-read, as before), same workload, same machine, back to back.
 TANDEM_BENCH_LIVE_SECONDS (default 60) sets the latency runs' length,
 TANDEM_BENCH_LIVE_SOAK_SECONDS (default 600: tandem live warms up for ~5 minutes, docs/live.md "Memory over a long run"; 0 skips it) the soak's,
 TANDEM_BENCH_LIVE_BEFORE=0 skips the repository-only run.
+
+- Metrics (`--metrics-port`, engine/live/metrics.py): TANDEM_BENCH_LIVE_METRICS_PAIRS (default
+  3, 0 skips) pairs of runs of TANDEM_BENCH_LIVE_METRICS_SECONDS (default 30) with the pause
+  ring, one without metrics and one serving /metrics scraped every second by a thread here
+  (Prometheus' default is 15 s), back to back, the order alternating. Bar: tandem live's CPU
+  with metrics at most 2% above without (the median of the pairs' ratios); the p99 of the
+  runs with metrics stays within BAR_P99_S. The accounted figure beside it: the CPU tandem
+  live itself measured in its metrics code (its last line), over its CPU.
 """
 from __future__ import annotations
 
@@ -49,6 +57,9 @@ BEFORE = os.environ.get("TANDEM_BENCH_LIVE_BEFORE", "1") != "0"
 SOAK_SLOPE_BAR = 1.0
 KEPT_BYTES_PER_PAUSE = 32  # reconciliation indexes 24 + the summary's overlap of a pause that hit Python 8
 SOAK_PRINT_EVERY_S = 30.0
+METRICS_PAIRS = int(os.environ.get("TANDEM_BENCH_LIVE_METRICS_PAIRS", "3"))
+METRICS_SECONDS = float(os.environ.get("TANDEM_BENCH_LIVE_METRICS_SECONDS", "30"))
+METRICS_CPU_BAR = 1.02
 BAR_P99_S = 1.3
 RING_KINDS = ("safepoint", "gc_pause", "gc")
 
@@ -98,16 +109,31 @@ def _tail_ring(session: Path, stop: threading.Event, lat_ns: list[int]) -> None:
         stop.wait(0.02)
 
 
-def run_once(ring: bool, seconds: float, workdir: Path, workload: tuple[str, ...] = (), name: str | None = None) -> dict:
+def _scrape(port: int, stop: threading.Event, every_s: float = 1.0) -> None:
+    import urllib.request
+
+    while not stop.wait(every_s):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                response.read()
+        except OSError:
+            pass
+
+
+def run_once(ring: bool, seconds: float, workdir: Path, workload: tuple[str, ...] = (), name: str | None = None,
+             metrics_port: int | None = None) -> dict:
     import pandas as pd
 
     session = workdir / (name or ("ring" if ring else "repository"))
+    metrics = ("--metrics-port", str(metrics_port), "--metrics-addr", "127.0.0.1") if metrics_port is not None else ()
     argv = [sys.executable, "-c", "from engine.commands import main; main()", "live", "--session", str(session),
-            "--pause-ring" if ring else "--no-pause-ring", "--roll", "10s", "--",
+            "--pause-ring" if ring else "--no-pause-ring", "--roll", "10s", *metrics, "--",
             sys.executable, "-m", "engine.demo.workload", "--seconds", f"{seconds:g}", *workload]
     stop, anchor = threading.Event(), []
     tail = threading.Thread(target=_tail_ring, args=(session, stop, anchor), daemon=True)
     tail.start()
+    if metrics_port is not None:
+        threading.Thread(target=_scrape, args=(metrics_port, stop), daemon=True).start()
     began = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # tandem live's own figures (not its children's: the workload and the JVM), sampled
@@ -155,7 +181,43 @@ def run_once(ring: bool, seconds: float, workdir: Path, workload: tuple[str, ...
         # tandem live's last headline (engine/live/view.py): late rows, and late pauses older
         # than the join's GIL archive, which may miss pairs.
         "headline": next((line for line in reversed(err.splitlines()) if line.startswith("tandem live: ")), ""),
+        "metrics_cost": next((line for line in reversed(err.splitlines()) if "metrics: counting rows took" in line), ""),
     }
+
+
+def _metrics_cpu(console, workdir: Path, p) -> list[Row]:
+    """Paired runs without and with --metrics-port (scraped every second): CPU and latency."""
+    import re
+    import socket
+
+    ratios, on_lat, accounted = [], [], []
+    for pair in range(METRICS_PAIRS):
+        runs = {}
+        for on in ((False, True) if pair % 2 == 0 else (True, False)):
+            port = None
+            if on:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    port = s.getsockname()[1]
+            runs[on] = run_once(True, METRICS_SECONDS, workdir, name=f"metrics-{pair}-{int(on)}", metrics_port=port)
+        off, on = runs[False], runs[True]
+        ratios.append(on["cpu_s"] / off["cpu_s"])
+        on_lat.append(on["lat"])
+        spent = [float(x) for x in re.findall(r"([0-9.]+) s CPU", on["metrics_cost"])]
+        accounted.append(sum(spent) / on["cpu_s"])
+        console.print(f"metrics pair {pair + 1}: tandem live CPU {off['cpu_s']:.2f} s without, {on['cpu_s']:.2f} s with "
+                      f"(x{ratios[-1]:.3f}); p99 without {p(off['lat'], 99):.3f} s, with {p(on['lat'], 99):.3f} s; "
+                      f"{on['metrics_cost'].strip()} ({100 * accounted[-1]:.2f}% of its CPU); load {open('/proc/loadavg').read().split()[0]}")
+    lat = np.concatenate(on_lat)
+    median = float(np.median(ratios))
+    return [
+        Row("live", f"tandem live CPU with /metrics scraped every 1 s vs without (median of {METRICS_PAIRS} pairs, "
+            f"{METRICS_SECONDS:g} s runs)", median, 1.0, "x", f"<= {METRICS_CPU_BAR}x", median <= METRICS_CPU_BAR),
+        Row("live", "metrics code's own CPU (accounted in tandem live) vs its whole CPU", float(np.median(accounted)), 1.0, "fraction",
+            "report", None),
+        Row("live", "pause end -> live row p99 with metrics served vs bar", p(lat, 99), BAR_P99_S, "s", f"<= {BAR_P99_S} s",
+            p(lat, 99) <= BAR_P99_S),
+    ]
 
 
 def _trace_arrays(trace: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -211,6 +273,8 @@ def main(console) -> list[Row]:
     tmp = tempfile.mkdtemp(prefix="tandem-bench-live-")
     keep = False  # a soak whose results differ from offline is kept for inspection
     try:
+        if METRICS_PAIRS > 0:
+            rows.extend(_metrics_cpu(console, Path(tmp), p))
         before = run_once(False, seconds, Path(tmp)) if BEFORE else None
         after = run_once(True, seconds, Path(tmp))
         for label, r in (("before: JFR repository", before), ("after: pause ring", after)):

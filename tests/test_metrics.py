@@ -255,3 +255,16 @@ def test_one_push_equals_many_pushes(tmp_path):
     for key, value in one.items():
         assert many[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
     assert one[("tandem_pauses_total", (("kind", "gc"), ("pid", "42"), ("service", "s")))] == (pauses["kind"] == "gc").sum()
+
+
+@pytest.mark.slow
+def test_grafana_dashboard_queries_run_on_prometheus(run):
+    """Every query of docs/grafana-tandem.json is valid PromQL and finds the run's series."""
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana-tandem.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(exprs) >= 8
+    for expr in exprs:
+        promql = expr.replace("$service", SERVICE).replace("$pid", ".*").replace("$__rate_interval", "2m")
+        results = _query(run["prom_port"], promql)
+        if "tandem_watermark_lag_seconds" not in expr:  # a gauge: stale once tandem live has gone
+            assert results, promql

@@ -102,7 +102,7 @@ def live(
                       "stops by itself once its recorder has finished)[/dim]")
         with view:
             run.run()
-        _close(metrics, metrics_linger)
+        _close(metrics, metrics_linger, console)
         console.print(f"[dim]tandem: {len(run.writer.parts_written)} part(s) in {run.writer.out}[/dim]")
         return
 
@@ -138,7 +138,7 @@ def live(
         run.command_done.set()
         while loop.is_alive():
             loop.join(0.2)
-    _close(metrics, metrics_linger)
+    _close(metrics, metrics_linger, console)
     if run.error is not None:
         raise run.error
     console.print(f"[dim]tandem: {len(run.writer.parts_written)} part(s) in {run.writer.out}; "
@@ -154,11 +154,12 @@ def _observe(run, metrics) -> None:
         run.writer.observers.append(metrics.rows)
 
 
-def _close(metrics, linger: str) -> None:
+def _close(metrics, linger: str, console) -> None:
     if metrics is not None:
         from engine.commands.analyze import parse_duration_ns
 
         metrics.close(parse_duration_ns(linger) / 1e9)
+        console.print(f"[dim]tandem: {metrics.cost()}[/dim]")
 
 
 def register(app: typer.Typer) -> None:

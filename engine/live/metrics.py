@@ -76,6 +76,7 @@ class _Prometheus:
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
         self.service = service
         self.scrapes = 0
+        self.collect_cpu_s = 0.0  # CPU of the state read at scrapes (the text formatting is not counted)
         self._state = state
         self.instruments = {}
         for m in METRICS:
@@ -91,6 +92,13 @@ class _Prometheus:
                 return []
 
             def collect(self):
+                began = time.thread_time()
+                try:
+                    yield from self._collect()
+                finally:
+                    outer.collect_cpu_s += time.thread_time() - began
+
+            def _collect(self):
                 state = outer._state()
                 outer.scrapes += 1
                 dropped = CounterMetricFamily(DROPPED.prometheus, DROPPED.help, labels=["service", "pid"])
@@ -187,6 +195,14 @@ class LiveMetrics:
         self._jvm_of_pause: dict[int, int] = {}
         self._lock = threading.Lock()
         self.rows_seen_at: float | None = None  # monotonic time of the last rows() call
+        self.rows_cpu_s = 0.0  # CPU spent on the loop's thread counting rows
+
+    def cost(self) -> str:
+        """One line: what serving the metrics cost (said at the end of a run)."""
+        line = f"metrics: counting rows took {self.rows_cpu_s:.3f} s CPU"
+        if self.prometheus is not None:
+            line += f"; {self.prometheus.scrapes} scrapes, reading state {self.prometheus.collect_cpu_s:.3f} s CPU"
+        return line
 
     def bind(self, state: Callable[[], dict]) -> None:
         self._state = state
@@ -196,6 +212,13 @@ class LiveMetrics:
             sink.add(metric, value, labels)
 
     def rows(self, tables: dict[str, pd.DataFrame]) -> None:
+        began = time.thread_time()
+        try:
+            self._rows(tables)
+        finally:
+            self.rows_cpu_s += time.thread_time() - began
+
+    def _rows(self, tables: dict[str, pd.DataFrame]) -> None:
         with self._lock:
             pauses = tables.get("pauses")
             if pauses is not None and len(pauses):
