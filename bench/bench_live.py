@@ -181,7 +181,8 @@ def run_once(ring: bool, seconds: float, workdir: Path, workload: tuple[str, ...
         # tandem live's last headline (engine/live/view.py): late rows, and late pauses older
         # than the join's GIL archive, which may miss pairs.
         "headline": next((line for line in reversed(err.splitlines()) if line.startswith("tandem live: ")), ""),
-        "metrics_cost": next((line for line in reversed(err.splitlines()) if "metrics: counting rows took" in line), ""),
+        # tandem live's last words on its metrics' cost (the console may have wrapped the line)
+        "metrics_cost": " ".join(err.split()).rpartition("tandem: metrics: ")[2].split("tandem:")[0],
     }
 
 
@@ -204,6 +205,7 @@ def _metrics_cpu(console, workdir: Path, p) -> list[Row]:
         ratios.append(on["cpu_s"] / off["cpu_s"])
         on_lat.append(on["lat"])
         spent = [float(x) for x in re.findall(r"([0-9.]+) s CPU", on["metrics_cost"])]
+        assert len(spent) == 2, on["metrics_cost"]
         accounted.append(sum(spent) / on["cpu_s"])
         console.print(f"metrics pair {pair + 1}: tandem live CPU {off['cpu_s']:.2f} s without, {on['cpu_s']:.2f} s with "
                       f"(x{ratios[-1]:.3f}); p99 without {p(off['lat'], 99):.3f} s, with {p(on['lat'], 99):.3f} s; "
