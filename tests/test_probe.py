@@ -301,12 +301,13 @@ def test_decoder_refuses_what_it_cannot_relocate():
             _probe._insn_length(bytes.fromhex(code))
 
 
-HOT_HOOKS = ("tandem_stamp", "mutex_lock_hook", "other_mutex_locked", "cond_timedwait_hook", "save_thread_hook", "restore_thread_hook",
+HOT_HOOKS = ("tandem_stamp", "tandem_stamp_drop", "mutex_lock_hook", "other_mutex_locked", "cond_timedwait_hook", "save_thread_hook", "restore_thread_hook",
              *(f"{kind}_gil_hook_{i}" for kind in ("take", "drop") for i in range(4)))
 # Where the hooks may branch outside their page: the stamp's slow path (a thread's first
-# stamp, a new ring, a full lane) and a sub-interpreter GIL's first take, not taken on a
+# stamp, a new ring, a full lane), a code not in the thread's one-entry cache (interned or
+# looked up in the code table) and a sub-interpreter GIL's first take, not taken on a
 # steady hand-over.
-HOT_HOOKS_SLOW_PATHS = ("stamp_general", "maybe_other_gil_taken")
+HOT_HOOKS_SLOW_PATHS = ("stamp_general", "tandem_code_slow", "maybe_other_gil_taken")
 DIRECT_BRANCH = re.compile(r"^\s*[0-9a-f]+:\s+(?:callq?|j[a-z]+)\s+([0-9a-f]+) <([^>+]+)", re.MULTILINE)
 
 

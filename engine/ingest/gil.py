@@ -1,6 +1,6 @@
 """GIL events -> intervals: the `gil` table (issue 4).
 
-    read_gil(path) -> DataFrame[pid, tid, thread_name, state, start_ns, end_ns]
+    read_gil(path) -> DataFrame[pid, tid, thread_name, state, start_ns, end_ns, function, file, line]
 
 `state` is 'released' (the thread runs without the GIL: native code, I/O, a JPype call
 into Java) or 'waiting' (it asked for the GIL and has not got it yet). Times are
@@ -15,6 +15,10 @@ DROP) yields no interval. Sampling-backend records (SAMPLE_HELD/SAMPLE_FREE: who
 the GIL at each change seen) are turned into DROP/TAKE_ACQUIRED first, so their intervals
 are as coarse as the sampling period and never 'waiting'.
 
+`function`, `file`, `line`: the Python code the thread was in when it gave the GIL up (the
+DROP's code, engine/ingest/codes.py); a waiting interval has the code of the thread's
+release before it (a forced switch: the code that was running), or none before any.
+
 `gil_free_gaps` gives the global gaps when no thread holds the GIL; `gil_holds` the
 per-thread holding intervals.
 """
@@ -28,9 +32,10 @@ import numpy as np
 import pandas as pd
 
 from engine.errors import TandemError
+from engine.ingest.codes import read_code_table, resolve
 from engine.ring.layout import GIL_DROP, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 
-COLUMNS = ["pid", "tid", "thread_name", "state", "start_ns", "end_ns"]
+COLUMNS = ["pid", "tid", "thread_name", "state", "start_ns", "end_ns", "function", "file", "line"]
 STATES = ["released", "waiting"]
 
 
@@ -60,18 +65,35 @@ def _by_thread(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray):
     return mono_ns[order].astype(np.int64), tid[order].astype(np.int64), kind[order].astype(np.int64)
 
 
-def events_to_intervals(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray, pid: int = 0) -> pd.DataFrame:
+def _code_of_intervals(th: np.ndarray, k: np.ndarray, aux: np.ndarray) -> np.ndarray:
+    """Per event (grouped by thread): the aux of the thread's last DROP at or before it
+    (NO_FRAME before the thread's first DROP): the code an interval starting there is in."""
+    from engine.ingest.codes import NO_FRAME
+
+    position = np.arange(len(k))
+    last_drop = np.maximum.accumulate(np.where(k == GIL_DROP, position, -1)) if len(k) else position
+    own = (last_drop >= 0) & (th[np.maximum(last_drop, 0)] == th)
+    return np.where(own, aux[np.maximum(last_drop, 0)], np.uint64(NO_FRAME)).astype(np.uint64)
+
+
+def events_to_intervals(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray, pid: int = 0, aux: np.ndarray | None = None) -> pd.DataFrame:
     """Released/waiting intervals from GIL events (arrays of equal length, production order).
 
-    Returns the gil table without thread names (column thread_name all missing)."""
+    Returns the gil table without thread names (column thread_name all missing). AUX (the
+    records' aux): the `code` column holds each interval's code (engine/ingest/codes.py),
+    0 without it."""
     mono_ns, tid, kind = np.asarray(mono_ns), np.asarray(tid), np.asarray(kind)
+    aux = np.zeros(len(kind), np.uint64) if aux is None else np.asarray(aux, dtype=np.uint64)
     sampled = np.isin(kind, (GIL_SAMPLE_HELD, GIL_SAMPLE_FREE))
     if sampled.any():
         s_t, s_tid, s_kind = sampling_to_events(mono_ns[sampled], tid[sampled], kind[sampled])
         mono_ns = np.concatenate([mono_ns[~sampled], s_t])
         tid = np.concatenate([tid[~sampled], s_tid])
         kind = np.concatenate([kind[~sampled], s_kind])
+        aux = np.concatenate([aux[~sampled], np.zeros(len(s_t), np.uint64)])
+    order = np.argsort(tid, kind="stable")
     t, th, k = _by_thread(mono_ns, tid, kind)
+    code = _code_of_intervals(th, k, aux[order])
     same = th[1:] == th[:-1]
     first, second = k[:-1], k[1:]
     released = same & (first == GIL_DROP) & ((second == GIL_TAKE_REQUEST) | (second == GIL_TAKE_ACQUIRED))
@@ -88,6 +110,7 @@ def events_to_intervals(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray, 
             "state": pd.Categorical.from_codes(state, categories=STATES),
             "start_ns": t[:-1][keep],
             "end_ns": t[1:][keep],
+            "code": code[:-1][keep],
         }
     )
     return df.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
@@ -231,7 +254,10 @@ def read_gil(path: str | os.PathLike) -> pd.DataFrame:
         header, records, lost, closed = _load(events_path)
         meta = _description(events_path)
         pid = int(header.producer_pid)
-        df = events_to_intervals(records["mono_ns"], records["tid"], records["kind"], pid=pid)
+        df = events_to_intervals(records["mono_ns"], records["tid"], records["kind"], pid=pid, aux=records["aux"])
+        codes_path = _side_file(events_path, session_name="gil.codes", suffix=".codes")
+        code = resolve(df.pop("code").to_numpy(), read_code_table(codes_path), recorded=codes_path.exists())
+        df[list(code.columns)] = code
         names = _thread_names(events_path, meta)
         if names:
             df["thread_name"] = df["tid"].map(names).astype("string")
@@ -249,7 +275,10 @@ def read_gil(path: str | os.PathLike) -> pd.DataFrame:
                 "events": int(len(records)),
             }
         )
-    df = pd.concat(frames, ignore_index=True) if frames else events_to_intervals(np.array([]), np.array([]), np.array([]))
+    if not frames:
+        empty = events_to_intervals(np.array([]), np.array([]), np.array([]))
+        frames = [pd.concat([empty.drop(columns="code"), resolve(np.array([], np.uint64), {}, recorded=False)], axis=1)]
+    df = pd.concat(frames, ignore_index=True)
     df["state"] = pd.Categorical(df["state"], categories=STATES)
     df["thread_name"] = df["thread_name"].astype("string")
     df.attrs["processes"] = processes

@@ -155,16 +155,16 @@ def _write_meta(state: str, status: dict, final: bool = False) -> None:
             _meta_path = None
 
 
-def _start_files(ring: Path, events: Path, meta: Path, names: Path, **options: Any) -> dict:
+def _start_files(ring: Path, events: Path, meta: Path, names: Path, codes: Path, **options: Any) -> dict:
     global _meta_path, _names_path
     probe = _native()
-    for path in (ring, events, names):
-        try:  # the ring creates both exclusively (O_EXCL); starting again overwrites
+    for path in (ring, events, names, codes):
+        try:  # the ring creates them exclusively (O_EXCL); starting again overwrites
             path.unlink()
         except FileNotFoundError:
             pass
     try:
-        status = probe.start(str(ring), str(events), **options)
+        status = probe.start(str(ring), str(events), codes_path=str(codes), **options)
     except probe.ProbeError as err:
         raise TandemError(str(err)) from None
     _meta_path = meta
@@ -212,7 +212,8 @@ def start(
     """Start recording GIL events of this process into FILE.
 
     FILE receives the drained events (the ring's record layout, docs/ring.md); the live
-    ring is FILE.ring and the description (pid, version, backend, thread names) FILE.json.
+    ring is FILE.ring, the description (pid, version, backend, thread names) FILE.json and
+    the code table (the Python code each release was in, docs/ring.md) FILE.codes.
     backend: "auto" (precise, else exported, else sampling) or one of them by name.
     clock: the stamps' clock: "auto" (TANDEM_PROBE_CLOCK if set, else "tsc" where the TSC
     is invariant and the kernel's clocksource is tsc), "tsc" (where usable) or
@@ -229,11 +230,11 @@ def start(
     options = dict(backend=backend, capacity=capacity, drain_period_us=drain_period_us, sample_period_us=sample_period_us,
                    clock=clock, wait_when_full=wait_when_full)
     return _start_files(file.with_name(file.name + ".ring"), file, file.with_name(file.name + ".json"),
-                        file.with_name(file.name + ".threads.jsonl"), **options)
+                        file.with_name(file.name + ".threads.jsonl"), file.with_name(file.name + ".codes"), **options)
 
 
 def start_session(session: str | os.PathLike, **options: Any) -> dict:
-    """Record into SESSION/py-<pid>/ (gil.ring, gil.events, probe.json; docs/session.md).
+    """Record into SESSION/py-<pid>/ (gil.ring, gil.events, gil.codes, probe.json; docs/session.md).
 
     A process forked from this one records into its own py-<pid> directory."""
     global _session_dir, _start_options
@@ -241,7 +242,7 @@ def start_session(session: str | os.PathLike, **options: Any) -> dict:
 
     directory = private_directory(Path(session) / f"py-{os.getpid()}")
     status = _start_files(directory / "gil.ring", directory / "gil.events", directory / "probe.json",
-                          directory / "threads.jsonl", **options)
+                          directory / "threads.jsonl", directory / "gil.codes", **options)
     if _session_dir is None:
         os.register_at_fork(after_in_child=_restart_in_fork_child)
     _session_dir = Path(session)

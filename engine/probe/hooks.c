@@ -1,5 +1,6 @@
 /* GIL hooks: stamps and the precise/exported backends (see hooks.h). */
 #define _GNU_SOURCE
+#include "code_capture.h"   /* first: CPython's internal headers */
 #include "hooks.h"
 
 #include <dlfcn.h>
@@ -123,6 +124,7 @@ static struct {
         int dry_clock;                       /* benchmark: no ring, a stamp still reads its clock  */
         int other_gils_high;                 /* GOT method: entries of other_gils in use (below)   */
         int switch_offset;                   /* GOT method: switch_mutex - mutex in a GIL, bytes   */
+        struct _gil_runtime_state *main_gil; /* inline hooks: the holder of a drop is read here    */
     } g;
     tandem_patch take_patches[TANDEM_MAX_COPIES], drop_patches[TANDEM_MAX_COPIES];
     tandem_thread_slot slots[HOT_PAGE_SLOTS];
@@ -167,13 +169,19 @@ int tandem_hooks_clock_is_tsc(void) {
     return stamp_tsc;
 }
 
-static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid) {
+/* A stamp of a DROP with WITH_CODE 1 records the code TSTATE runs (code_capture.h); a
+ * TSTATE of (PyThreadState *)1 says the holder is not known. The code is read inside the
+ * in_stamp window: stop waits for it as for the record (the table closes after the ring). */
+static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot *s, uint16_t kind, uint32_t tid, int with_code,
+                                                             PyThreadState *tstate) {
     s->in_stamp = 1;
     if (__builtin_expect(membarrier_ready != 1, 0)) __atomic_thread_fence(__ATOMIC_SEQ_CST);
     else __asm__ volatile("" ::: "memory");
     tandem_ring *ring = active_ring;
     if (ring != NULL) {
-        tandem_ring_emit_gil_fast(ring, hot.ring_id, kind, tid, stamp_time());
+        uint64_t ring_id = hot.ring_id;
+        uint64_t aux = with_code ? tandem_code_aux(&tandem_my_lane, tstate, ring_id) : 0;
+        tandem_ring_emit_gil_fast(ring, ring_id, kind, tid, stamp_time(), aux);
         s->events++;
     }
     __asm__ volatile("" ::: "memory");
@@ -183,13 +191,13 @@ static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot 
 /* Every case of the stamp: the first stamp of a thread, no membarrier, the clock_gettime
  * clock, an emit that needs the ring's full path (a new ring, the shared lane, a lane past
  * its room limit). */
-static __attribute__((noinline)) void stamp_general(uint16_t kind) {
+static __attribute__((noinline)) void stamp_general(uint16_t kind, int with_code, PyThreadState *tstate) {
     tandem_thread_slot *s = my_slot;
     if (__builtin_expect(s == NULL, 0)) {
         s = slot_for_this_thread();
         if (s == NULL) return;
     }
-    stamp_with(s, kind, s->tid);
+    stamp_with(s, kind, s->tid, with_code, tstate);
 }
 
 /* The common case inline (no call, no register to save and restore in the callers' leaf
@@ -197,25 +205,28 @@ static __attribute__((noinline)) void stamp_general(uint16_t kind) {
  * thread that has its slot and a private lane with room in the active ring. Same protocol
  * as stamp_with; leaving the fast path lowers in_stamp before stamp_general raises it
  * again and re-reads the ring, which is the protocol from the start. */
-static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind) {
+static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind, int with_code, PyThreadState *tstate) {
     lane_cache *c = my_lane_fast();
     tandem_thread_slot *s = c->hook_slot;
     if (__builtin_expect(s == NULL || membarrier_ready != 1 || !stamp_tsc, 0)) {
-        stamp_general(kind);
+        stamp_general(kind, with_code, tstate);
         return;
     }
     s->in_stamp = 1;
     __asm__ volatile("" ::: "memory");
     tandem_ring *ring = active_ring;
     if (ring != NULL) {
+        uint64_t ring_id = hot.ring_id, aux = 0;
+        /* a code not in the thread's cache: the general path (no call here keeps this a leaf) */
+        int code_known = !with_code || tandem_code_aux_cached(c, tstate, ring_id, &aux);
         uint64_t t = tandem_rdtsc();
-        if (__builtin_expect(c->ring_id != hot.ring_id || c->head >= c->limit, 0)) {
+        if (__builtin_expect(!code_known || c->ring_id != ring_id || c->head >= c->limit, 0)) {
             __asm__ volatile("" ::: "memory");
             s->in_stamp = 0;
-            stamp_general(kind);
+            stamp_general(kind, with_code, tstate);
             return;
         }
-        tandem_lane_write(c, kind, s->tid, t);
+        tandem_lane_write(c, kind, s->tid, t, aux);
         s->events++;
     } else if (__builtin_expect(hot.dry_clock, 0)) {
         uint64_t t = tandem_rdtsc();             /* read, kept, written nowhere */
@@ -226,7 +237,13 @@ static inline __attribute__((always_inline)) void stamp_fast(uint16_t kind) {
 }
 
 HOT_CODE __attribute__((aligned(4096))) void tandem_stamp(uint16_t kind) {
-    stamp_fast(kind);
+    stamp_fast(kind, 0, NULL);
+}
+
+/* A release by the thread whose state is TSTATE (the GIL's holder): the record carries the
+ * code it runs. */
+HOT_CODE __attribute__((noinline)) static void tandem_stamp_drop(PyThreadState *tstate) {
+    stamp_fast(TANDEM_GIL_DROP, 1, tstate);
 }
 
 /* ---- Lazy take request --------------------------------------------------------------
@@ -347,9 +364,10 @@ static inline __attribute__((always_inline)) void set_gil_state(lane_cache *c, i
 HOT_CODE static int gil_mutex_locked(pthread_mutex_t *mutex) {
     lane_cache *c = my_lane_fast();
     if (gil_state(c) == GIL_HOLDING) {           /* drop_gil: it releases once it has the lock */
+        PyThreadState *holder = tandem_gil_holder_of_mutex(mutex); /* drop_gil stored it just before */
         int rc = real_mutex_lock(mutex);
         set_gil_state(c, GIL_DROPPED);
-        tandem_stamp(TANDEM_GIL_DROP);
+        tandem_stamp_drop(holder);
         return rc;
     }
     set_gil_state(c, GIL_TAKING);                 /* take_gil */
@@ -556,7 +574,7 @@ void tandem_stamp_for(uint16_t kind, uint32_t tid) {
         s = slot_for_this_thread();
         if (s == NULL) return;
     }
-    stamp_with(s, kind, tid);
+    stamp_with(s, kind, tid, 0, NULL);
 }
 
 /* Called before any hook can run (install) and before a ring is set. */
@@ -619,6 +637,18 @@ int tandem_hooks_threads_seen(void) {
  * the thread (PyThread_exit_thread during finalization) it never returns, which is fine:
  * pthread_exit unwinds through this frame using its ordinary unwind tables. */
 
+/* At drop_gil's entry the GIL's last_holder is the thread that took it last, the one
+ * dropping it, unless a sub-interpreter's own GIL is dropped (the inline hooks do not tell
+ * GILs apart): then the holder read is another thread's and says "not known". */
+static inline __attribute__((always_inline)) PyThreadState *inline_drop_holder(void) {
+    struct _gil_runtime_state *gil = hot.main_gil;
+    if (gil == NULL) return (PyThreadState *)1;
+    PyThreadState *holder = tandem_gil_holder_of_mutex((pthread_mutex_t *)&gil->mutex);
+    tandem_thread_slot *s = my_lane_fast()->hook_slot;
+    if (holder == NULL || s == NULL || holder->native_thread_id != (unsigned long)s->tid) return (PyThreadState *)1;
+    return holder;
+}
+
 typedef uintptr_t (*six_register_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t);
 
 #define TAKE_GIL_HOOK(i)                                                                             \
@@ -632,7 +662,7 @@ typedef uintptr_t (*six_register_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t,
 #define DROP_GIL_HOOK(i)                                                                             \
     HOT_CODE static uintptr_t drop_gil_hook_##i(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d, uintptr_t e, \
                                        uintptr_t f) {                                                \
-        tandem_stamp(TANDEM_GIL_DROP); /* at entry: drop_gil may block in a forced switch */        \
+        tandem_stamp_drop(inline_drop_holder()); /* at entry: drop_gil may block in a forced switch */ \
         return ((six_register_fn)drop_patches[i].original)(a, b, c, d, e, f);                       \
     }
 TAKE_GIL_HOOK(0) TAKE_GIL_HOOK(1) TAKE_GIL_HOOK(2) TAKE_GIL_HOOK(3)
@@ -706,6 +736,11 @@ int tandem_hooks_install_precise(char *err, size_t errlen) {
         return -1;
     }
     patched_functions = drops + takes;
+#if PY_VERSION_HEX >= 0x030C0000
+    hot.main_gil = PyInterpreterState_Main()->ceval.gil;
+#else
+    hot.main_gil = &_PyRuntime.ceval.gil;
+#endif
     if (!lazy_request) {
         pthread_mutex_lock(&got_mutex);
         install_lazy_request();
@@ -730,7 +765,11 @@ static restore_thread_fn real_restore_thread;
 static dlopen_fn real_dlopen;
 
 HOT_CODE static void *save_thread_hook(void) {
-    tandem_stamp(TANDEM_GIL_DROP);
+#if PY_VERSION_HEX >= 0x030D0000
+    tandem_stamp_drop(PyThreadState_GetUnchecked());  /* still current at PyEval_SaveThread's entry */
+#else
+    tandem_stamp_drop(_PyThreadState_UncheckedGet());
+#endif
     return real_save_thread();
 }
 

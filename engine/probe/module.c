@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "codes.h"
 #include "hooks.h"
 #include "patch.h"
 #include "ring.h"
@@ -127,6 +128,10 @@ static PyObject *status_dict(void) {
     Py_XDECREF(clock);
     Py_XDECREF(reason);
     PyDict_SetItemString(d, "wait_when_full", probe.wait_when_full ? Py_True : Py_False);
+    /* the code table (codes.h): code objects named, and refused once it was full */
+    PyObject *codes = Py_BuildValue("{s:I,s:I}", "interned", tandem_codes_count(), "refused", tandem_codes_refused());
+    if (codes) PyDict_SetItemString(d, "codes", codes);
+    Py_XDECREF(codes);
     if (method_is("got")) {
         /* sub-interpreters' own GILs (GOT method): known now, learned since install, not kept */
         int learned, missed, now = tandem_hooks_other_gils(&learned, &missed);
@@ -160,19 +165,20 @@ static PyObject *status_dict(void) {
     return d;
 }
 
-static PyObject *start_locked(const char *ring_path, const char *events_path, const char *backend, unsigned int capacity,
-                              unsigned int drain_period_us, unsigned int sample_period_us, const char *clock,
-                              int wait_when_full);
+static PyObject *start_locked(const char *ring_path, const char *events_path, const char *codes_path, const char *backend,
+                              unsigned int capacity, unsigned int drain_period_us, unsigned int sample_period_us,
+                              const char *clock, int wait_when_full);
 
 static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"ring_path", "events_path", "backend", "capacity", "drain_period_us",
-                             "sample_period_us", "clock", "wait_when_full", NULL};
-    const char *ring_path, *events_path, *backend = "auto", *clock = "auto";
+                             "sample_period_us", "clock", "wait_when_full", "codes_path", NULL};
+    const char *ring_path, *events_path, *backend = "auto", *clock = "auto", *codes_path = NULL;
     unsigned int capacity = PROBE_DEFAULT_CAPACITY, drain_period_us = 20000, sample_period_us = 100;
     int wait_when_full = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|sIIIsp:start", kwlist, &ring_path, &events_path, &backend,
-                                     &capacity, &drain_period_us, &sample_period_us, &clock, &wait_when_full))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|sIIIspz:start", kwlist, &ring_path, &events_path, &backend,
+                                     &capacity, &drain_period_us, &sample_period_us, &clock, &wait_when_full,
+                                     &codes_path))
         return NULL;
 #ifdef Py_GIL_DISABLED
     PyErr_SetString(ProbeError, "no GIL to watch: this is a free-threaded build of CPython");
@@ -189,15 +195,15 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     probe.starting = 1;
-    PyObject *started = start_locked(ring_path, events_path, backend, capacity, drain_period_us, sample_period_us, clock,
-                                     wait_when_full);
+    PyObject *started = start_locked(ring_path, events_path, codes_path, backend, capacity, drain_period_us,
+                                     sample_period_us, clock, wait_when_full);
     probe.starting = 0;
     return started;
 }
 
-static PyObject *start_locked(const char *ring_path, const char *events_path, const char *backend, unsigned int capacity,
-                              unsigned int drain_period_us, unsigned int sample_period_us, const char *clock,
-                              int wait_when_full) {
+static PyObject *start_locked(const char *ring_path, const char *events_path, const char *codes_path, const char *backend,
+                              unsigned int capacity, unsigned int drain_period_us, unsigned int sample_period_us,
+                              const char *clock, int wait_when_full) {
     /* A ring inherited through fork() is left mapped, never closed: its drain thread's
      * condition variable had a waiter in the parent, so destroying it here would block. */
     probe.ring_from_parent = NULL;
@@ -244,8 +250,11 @@ static PyObject *start_locked(const char *ring_path, const char *events_path, co
      * there to find. wait_when_full=True trades that for a lossless events file. */
     tandem_ring_options opt = {capacity, version, chosen, lanes, (uint32_t)clock_tsc, (uint32_t)wait_when_full};
     tandem_ring *ring = tandem_ring_create(ring_path, &opt, err, sizeof err);
-    if (ring == NULL || tandem_ring_start_drain(ring, events_path, drain_period_us, err, sizeof err) != 0) {
+    /* The code table (codes.h) before any stamp can reach the ring; none: releases unnamed. */
+    if (ring == NULL || (codes_path && tandem_codes_open(codes_path, err, sizeof err) != 0) ||
+        tandem_ring_start_drain(ring, events_path, drain_period_us, err, sizeof err) != 0) {
         if (ring) tandem_ring_close(ring);
+        tandem_codes_close();
         if (probe.hooks_installed) tandem_hooks_uninstall();
         probe.hooks_installed = 0;
         PyErr_Format(ProbeError, "cannot start the GIL probe: %s", err);
@@ -265,6 +274,7 @@ static PyObject *start_locked(const char *ring_path, const char *events_path, co
     if (strcmp(chosen, "sampling") == 0 && tandem_sampling_start(sample_period_us, err, sizeof err) != 0) {
         tandem_hooks_set_ring(NULL);
         tandem_ring_close(ring);
+        tandem_codes_close();
         probe.ring = NULL;
         probe.backend = NULL;
         PyErr_Format(ProbeError, "cannot start the GIL probe: %s", err);
@@ -291,6 +301,7 @@ static PyObject *probe_stop(PyObject *self, PyObject *unused) {
     Py_BEGIN_ALLOW_THREADS
     tandem_ring_close(ring);
     Py_END_ALLOW_THREADS
+    tandem_codes_close();   /* no stamp in flight since set_ring(NULL); the GIL is held */
     probe.ring = NULL;
     probe.backend = NULL;
     return final;
@@ -447,6 +458,7 @@ static PyObject *probe_hooks_only(PyObject *self, PyObject *arg) {
 
 static void after_fork_child(void) {
     tandem_hooks_after_fork_child();
+    tandem_codes_after_fork_child();
     tandem_sampling_after_fork_child();
     if (probe.ring) {
         probe.ring_from_parent = probe.ring;  /* the parent's: leaked on purpose (see start) */

@@ -498,7 +498,8 @@ static __attribute__((noinline)) int wait_for_room(tandem_ring *ring, ring_lane 
 }
 
 /* Lane 0, any number of producers: the version 1 protocol (CAS claim, commit by seq). */
-static __attribute__((noinline)) void emit_shared(tandem_ring *ring, lane_cache *c, uint16_t event, uint32_t tid, uint64_t mono_ns) {
+static __attribute__((noinline)) void emit_shared(tandem_ring *ring, lane_cache *c, uint16_t event, uint32_t tid, uint64_t mono_ns,
+                                                  uint64_t aux) {
     ring_lane *lane = &ring->lanes[0];
     /* Now and then look again for a private lane (threads holding them may have exited). */
     if (++c->shared_events >= 65536u && ring->lane_count > 1) c->ring_id = 0;
@@ -534,21 +535,21 @@ static __attribute__((noinline)) void emit_shared(tandem_ring *ring, lane_cache 
     slot->tid = tid;
     slot->kind = event;
     slot->lane = 0;
-    slot->aux = 0;
+    slot->aux = aux;
     atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
 }
 
-void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint64_t mono_ns) {
+void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint64_t mono_ns, uint64_t aux) {
     if (__builtin_expect(ring->hot.fork_generation != current_generation(), 0))
         return; /* a fork child writing into the parent's ring would corrupt its positions */
     lane_cache *c = &my_lane;
     if (__builtin_expect(c->ring_id != ring->hot.id, 0)) take_lane(ring, c);
     if (__builtin_expect(c->shared, 0)) {
-        emit_shared(ring, c, event, tid, mono_ns);
+        emit_shared(ring, c, event, tid, mono_ns, aux);
         return;
     }
     if (__builtin_expect(c->head < c->limit, 1)) { /* room by the cached limit (callers other than the fast path) */
-        tandem_lane_write(c, event, tid, mono_ns);
+        tandem_lane_write(c, event, tid, mono_ns, aux);
         return;
     }
     /* Private lane, past the room limit of the fast path: read the real tail (acquire pairs
@@ -577,7 +578,7 @@ void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint6
     } else {
         c->limit = c->tail_cache + c->capacity / 2;
     }
-    tandem_lane_write(c, event, tid, mono_ns);
+    tandem_lane_write(c, event, tid, mono_ns, aux);
 }
 
 /* ---- Drain thread ------------------------------------------------------------------- */

@@ -87,7 +87,8 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
  * pthread_setspecific, which glibc may satisfy with a calloc the first time in a thread),
  * and a thread on the shared lane does so again every 65536 events; a lane reaching half
  * full wakes the drain (its mutex and condition variable, once per drain pass). */
-void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint64_t mono_ns);
+/* AUX: the record's aux (a DROP's code, codes.h; 0 for other events). */
+void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint64_t mono_ns, uint64_t aux);
 
 /* Start a native thread (no GIL) that appends committed records, each lane's in order, to
  * EVENTS_PATH every PERIOD_US microseconds (more often, down to 100 us, while a lane is

@@ -37,7 +37,7 @@ typedef struct {
     uint32_t tid;
     uint16_t kind;
     uint16_t lane;        /* index of the lane the record was produced into */
-    uint64_t aux;         /* 0 for GIL events; count of lost events in a LOST marker */
+    uint64_t aux;         /* DROP: the code (codes.h); other GIL events 0; LOST marker: count of lost events */
 } ring_gil_record;
 
 /* First member of struct tandem_ring (ring.c): what the fast path reads of the ring. */
@@ -70,6 +70,12 @@ typedef struct __attribute__((aligned(64))) {
     unsigned hook_gil_state;   /* hooks.c: the thread's GIL state and its generation (GOT method) */
     int hook_learning;         /* hooks.c: this thread is learning the GIL's mutexes */
     void *hook_last_lock;      /* hooks.c: the last mutex this thread locked that is no known GIL's */
+    /* code_capture.h: the code this thread last released in (a one-entry cache of the code
+     * table), valid for the ring code_ring only */
+    void *code_key;            /* the code object */
+    void *code_min_instr;      /* its first traceable instruction: a frame before it is incomplete */
+    uint64_t code_ring;
+    uint32_t code_id;
     uint16_t lane_index;
     uint16_t shared;           /* no private lane was free: producing into lane 0 */
 } lane_cache;
@@ -89,12 +95,10 @@ static inline uint64_t tandem_record_word(uint32_t tid, uint16_t event, uint64_t
  * writer side, for external readers that may still be copying the slot's previous record:
  * mark the slot empty, then a release fence so the mark is visible before any new field
  * value; then the fields, commit the slot's seq, publish the lane's head (plain moves on
- * x86-64). `aux` is not stored: it is 0 in every ring slot from creation on and no producer
- * ever writes anything else there (LOST markers exist only in events files), so the
- * slot's previous record already holds the right value. 4 stores per record: seq, time,
- * tid+kind+lane, seq, plus the head. */
+ * x86-64). 5 stores per record: seq, time, tid+kind+lane, aux (the code of a DROP, 0
+ * otherwise), seq, plus the head. */
 static inline __attribute__((always_inline)) void tandem_lane_write(lane_cache *c, uint16_t event, uint32_t tid,
-                                                                    uint64_t mono_ns) {
+                                                                    uint64_t mono_ns, uint64_t aux) {
     uint64_t pos = c->head;
     ring_gil_record *slot = &c->slots[pos & c->mask];
     /* Fetch the line of the slot 8 positions on: a lane's lines were last written a lap ago
@@ -109,6 +113,7 @@ static inline __attribute__((always_inline)) void tandem_lane_write(lane_cache *
     slot->mono_ns = mono_ns;
     uint64_t word = tandem_record_word(tid, event, c->tag);
     __builtin_memcpy(&slot->tid, &word, 8);
+    slot->aux = aux;
     atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
     atomic_store_explicit(&c->lane->head, pos + 1, memory_order_release);
     c->head = pos + 1;
@@ -116,14 +121,14 @@ static inline __attribute__((always_inline)) void tandem_lane_write(lane_cache *
 
 /* RING_ID: ((tandem_ring_hot *)ring)->id, passed by a caller that keeps it at hand. */
 static inline __attribute__((always_inline)) void tandem_ring_emit_gil_fast(tandem_ring *ring, uint64_t ring_id, uint16_t event,
-                                                                            uint32_t tid, uint64_t mono_ns) {
+                                                                            uint32_t tid, uint64_t mono_ns, uint64_t aux) {
     lane_cache *c = &tandem_my_lane;
     /* Private lane with room by the cached limit (the shared lane has limit 0). */
     if (__builtin_expect(c->ring_id == ring_id && c->head < c->limit, 1)) {
-        tandem_lane_write(c, event, tid, mono_ns);
+        tandem_lane_write(c, event, tid, mono_ns, aux);
         return;
     }
-    tandem_ring_emit_gil(ring, event, tid, mono_ns); /* every other case */
+    tandem_ring_emit_gil(ring, event, tid, mono_ns, aux); /* every other case */
 }
 
 #endif

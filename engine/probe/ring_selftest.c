@@ -43,7 +43,7 @@ static void *stress_main(void *arg) {
     pthread_barrier_wait(w->start);
     uint64_t tag = (uint64_t)w->thread_number << 40;
     for (uint64_t i = 0; i < w->events; i++) {
-        tandem_ring_emit_gil(w->ring, (uint16_t)(1 + i % 5), w->thread_number, tag | i);
+        tandem_ring_emit_gil(w->ring, (uint16_t)(1 + i % 5), w->thread_number, tag | i, 0);
         if (w->burst && (i + 1) % w->burst == 0) {
             struct timespec pause = {0, (long)w->pause_us * 1000};
             nanosleep(&pause, NULL);
@@ -149,7 +149,7 @@ static void *bench_main(void *arg) {
         for (uint64_t i = 0; i < per_block; i++) {
             clock_gettime(CLOCK_MONOTONIC, &ts);
             uint64_t mono = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-            tandem_ring_emit_gil(w->ring, TANDEM_GIL_DROP, bench_cached_tid, mono);
+            tandem_ring_emit_gil(w->ring, TANDEM_GIL_DROP, bench_cached_tid, mono, 0);
         }
         t1 = now_ns();
         if ((double)(t1 - t0) / (double)per_block < best_stamp) best_stamp = (double)(t1 - t0) / (double)per_block;
@@ -249,7 +249,7 @@ static PyObject *tsc_selftest(PyObject *self, PyObject *args, PyObject *kwargs) 
         b[i] = tandem_monotonic_ns();
         uint64_t t = tandem_rdtsc();
         a[i] = tandem_monotonic_ns();
-        tandem_ring_emit_gil(ring, (uint16_t)(1 + i % 3), 1, t);
+        tandem_ring_emit_gil(ring, (uint16_t)(1 + i % 3), 1, t, 0);
         if ((i + 1) % burst == 0) {
             struct timespec pause = {0, (long)pause_us * 1000};
             nanosleep(&pause, NULL);
