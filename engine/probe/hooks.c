@@ -179,9 +179,9 @@ static inline __attribute__((always_inline)) void stamp_with(tandem_thread_slot 
     else __asm__ volatile("" ::: "memory");
     tandem_ring *ring = active_ring;
     if (ring != NULL) {
-        uint64_t ring_id = hot.ring_id;
+        uint64_t ring_id = hot.ring_id, t = stamp_time(); /* before the code: interning may take a while */
         uint64_t aux = with_code ? tandem_code_aux(&tandem_my_lane, tstate, ring_id) : 0;
-        tandem_ring_emit_gil_fast(ring, ring_id, kind, tid, stamp_time(), aux);
+        tandem_ring_emit_gil_fast(ring, ring_id, kind, tid, t, aux);
         s->events++;
     }
     __asm__ volatile("" ::: "memory");
