@@ -248,11 +248,20 @@ def test_live_parts_export_like_one_results_directory(tmp_path, analysis):
 
 
 @pytest.mark.parametrize("fmt", ["proto", "json"])
-def test_a_thread_drawn_in_chunks_is_the_thread_drawn_at_once(tmp_path, analysis, monkeypatch, fmt):
-    """Long threads are drawn a chunk of states at a time: small chunks give the same trace."""
+@pytest.mark.parametrize("order", ["sorted", "shuffled"])
+def test_a_thread_drawn_in_chunks_is_the_thread_drawn_at_once(tmp_path, analysis, monkeypatch, fmt, order):
+    """Long threads are read and drawn a chunk of states at a time (rows in start order, as
+    tandem writes them) or loaded whole and sorted (any other order): small chunks give the
+    same trace."""
     from engine.report import perfetto
 
-    _, out = analysis
+    result, out = analysis
+    if order == "shuffled":
+        for name in ("pauses", "overlaps"):
+            (tmp_path / "in").mkdir(exist_ok=True)
+            (tmp_path / "in" / f"{name}.parquet").write_bytes((out / f"{name}.parquet").read_bytes())
+        result.gil.sample(frac=1, random_state=1).to_parquet(tmp_path / "in" / "gil.parquet")
+        out = tmp_path / "in"
     decode = decode_proto if fmt == "proto" else decode_json
     whole = decode(export_perfetto(out, tmp_path / "whole", fmt=fmt))
     monkeypatch.setattr(perfetto, "_CHUNK_ROWS", 7)

@@ -42,7 +42,7 @@ JVM_TRACKS = {
 FORMATS = ("proto", "json")
 _LANE_STRIDE = 100  # JSON tids of a JVM's tracks: family index * stride + lane + 1
 _UNKNOWN_JVM_PID = 0  # pauses brought from elsewhere without jvm_pid
-_BATCH_ROWS = 1 << 18
+_BATCH_ROWS = 1 << 16
 STATES = ("released", "waiting", "held")  # codes 0, 1, 2 in the spill files
 _STATE_COLOR = {"released": "grey", "waiting": "bad", "held": "good"}
 _PAUSE_ARGS = ("pause_id", "kind", "duration_ns", "cause", "gc_id", "safepoint_id", "unmatched", "os_thread_id")
@@ -139,6 +139,8 @@ class _ThreadSpill:
         self.threads: dict[tuple[int, int], int] = {}
         self.names: dict[tuple[int, int], str] = {}
         self.rows = 0
+        self.last_start: dict[tuple[int, int], int] = {}
+        self.unsorted: set[tuple[int, int]] = set()  # threads whose GIL rows did not come in start order
 
     def _file(self, kind: str, key: tuple[int, int]) -> Path:
         index = self.threads.setdefault(key, len(self.threads))
@@ -149,8 +151,14 @@ class _ThreadSpill:
         pid, tid, records = pid[order], tid[order], records[order]
         cuts = np.flatnonzero((pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])) + 1
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(pid)]):
-            with open(self._file(kind, (int(pid[lo]), int(tid[lo]))), "ab") as out:
-                records[lo:hi].tofile(out)
+            key = (int(pid[lo]), int(tid[lo]))
+            with open(self._file(kind, key), "ab") as out:
+                records[lo:hi].tofile(out)  # (lexsort is stable: a thread's rows keep their order)
+            if kind == "gil":
+                starts = records[lo:hi, 0]
+                if starts[0] < self.last_start.get(key, starts[0]) or (np.diff(starts) < 0).any():
+                    self.unsorted.add(key)
+                self.last_start[key] = max(self.last_start.get(key, starts[0]), int(starts.max()))
 
     def add_gil(self, files: list[Path], progress: Callable[[int], None]) -> None:
         for batch in _batches(files, ("pid", "tid", "state", "start_ns", "end_ns", "thread_name")):
@@ -181,6 +189,23 @@ class _ThreadSpill:
                 hit &= ~batch.column("near_miss").to_numpy(zero_copy_only=False).astype(bool)
             records = np.column_stack([start, end, _state_codes(batch), _ints(batch, "pause_id")])[hit]
             self._append("overlaps", _ints(batch, "pid")[hit], _ints(batch, "tid")[hit], records)
+
+    def gil_chunks(self, key: tuple[int, int]) -> Iterator[np.ndarray]:
+        """A thread's GIL rows in start order, _CHUNK_ROWS at a time: read a chunk at a time when
+        they came in start order (`tandem analyze` and `tandem live` write them so), else
+        loaded whole and sorted."""
+        path = self.dir / f"gil-{self.threads[key]}.bin"
+        if not path.exists():
+            return
+        if key in self.unsorted:
+            rows = self.load("gil", key, 3)
+            rows = rows[np.lexsort((-rows[:, 1], rows[:, 0]))]
+            for at in range(0, len(rows), _CHUNK_ROWS):
+                yield rows[at:at + _CHUNK_ROWS]
+            return
+        with open(path, "rb") as spilled:
+            while (rows := np.fromfile(spilled, np.int64, count=3 * _CHUNK_ROWS)).size:
+                yield rows.reshape(-1, 3)
 
     def load(self, kind: str, key: tuple[int, int], width: int) -> np.ndarray:
         path = self.dir / f"{kind}-{self.threads[key]}.bin"
@@ -311,28 +336,45 @@ def _held(intervals: np.ndarray) -> np.ndarray:
 _CHUNK_ROWS = 1 << 17  # a thread's slices are drawn this many states at a time
 
 
-def _thread_chunks(gil: np.ndarray, marks: _Marks, pause_names: dict[int, str], placed: dict[int, _Track],
-                   held: bool) -> Iterator[_Slices]:
-    """A thread's states (and held gaps), with its overlap marks inside, a chunk of states at a time."""
-    gil = gil[gil[:, 1] > gil[:, 0]]
-    gil = gil[np.lexsort((-gil[:, 1], gil[:, 0]))]
-    # A state interval starting inside the previous one (bad input) is cut so the track nests.
-    if len(gil) > 1:
-        reach = np.maximum.accumulate(gil[:, 1])
-        gil[1:, 0] = np.maximum(gil[1:, 0], reach[:-1])
+def _states(chunks: Iterator[np.ndarray], held: bool) -> Iterator[np.ndarray]:
+    """(start, end, state code) rows of a thread in start order, chunk by chunk: empty ones
+    dropped, a state starting inside an earlier one (bad input) cut so the track nests, and
+    with `held`, the gaps between states (code 2)."""
+    reach = None  # the end of the last state so far
+    for gil in chunks:
         gil = gil[gil[:, 1] > gil[:, 0]]
-    rows = gil[:, :3]
-    if held:
-        gaps = _held(rows)
-        rows = np.concatenate([rows, np.column_stack([gaps, np.full(len(gaps), 2, np.int64)])])
-        rows = rows[np.argsort(rows[:, 0], kind="stable")]
-    cuts = list(range(0, len(rows), _CHUNK_ROWS))
-    bounds = [int(rows[c, 0]) for c in cuts] + [None]
-    for c, (lo, hi) in zip(cuts, zip(bounds, bounds[1:])):
-        part = rows[c:c + _CHUNK_ROWS]
-        k0 = np.searchsorted(marks.start, lo, "left") if c else 0
-        k1 = np.searchsorted(marks.start, hi, "left") if hi is not None else len(marks.start)
-        yield _chunk_slices(part, marks, range(k0, k1), pause_names, placed)
+        if not len(gil):
+            continue
+        gil = gil[np.lexsort((-gil[:, 1], gil[:, 0]))]
+        ends = np.maximum.accumulate(gil[:, 1])
+        gil[:, 0] = np.maximum(gil[:, 0], np.r_[gil[0, 0] if reach is None else reach, ends[:-1]])
+        gil = gil[gil[:, 1] > gil[:, 0]]
+        if not len(gil):
+            continue
+        rows = gil[:, :3]
+        if held:
+            gaps = _held(rows)
+            if reach is not None and rows[0, 0] > reach:
+                gaps = np.r_[[[reach, rows[0, 0]]], gaps]
+            rows = np.concatenate([rows, np.column_stack([gaps, np.full(len(gaps), 2, np.int64)])])
+            rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        reach = int(gil[-1, 1])
+        yield rows
+
+
+def _thread_chunks(chunks: Iterator[np.ndarray], marks: _Marks, pause_names: dict[int, str], placed: dict[int, _Track],
+                   held: bool) -> Iterator[_Slices]:
+    """A thread's states (and held gaps), with its overlap marks inside, a chunk at a time. A
+    mark lies inside a state, so it belongs to the chunk up to the next chunk's first start."""
+    pending, k0 = np.zeros((0, 3), np.int64), 0
+    for rows in _states(chunks, held):
+        if len(pending):
+            k1 = int(np.searchsorted(marks.start, rows[0, 0], "left"))
+            yield _chunk_slices(pending, marks, range(k0, k1), pause_names, placed)
+            k0 = k1
+        pending = rows
+    if len(pending) or k0 < len(marks.start):
+        yield _chunk_slices(pending, marks, range(k0, len(marks.start)), pause_names, placed)
 
 
 def _chunk_slices(states: np.ndarray, marks: _Marks, chosen: range, pause_names: dict[int, str],
@@ -644,9 +686,8 @@ def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, held: bool, advance
     for key in threads:
         label = spill.names.get(key)
         track = _Track(next(uuids), key[0], key[1], f"{label} ({key[1]})" if label else f"thread {key[1]}", thread=True, rank=key[1])
-        gil = spill.load("gil", key, 3)
         marks = _overlap_marks(spill.load("overlaps", key, 4), placed_ids, flow_base[key])
         writer.track(track, process_uuid[key[0]])
-        for slices in _thread_chunks(gil, marks, pause_names, placed, held):
+        for slices in _thread_chunks(spill.gil_chunks(key), marks, pause_names, placed, held):
             writer.slices(track, slices)
-        advance(len(gil))
+            advance(int((slices.name < 2).sum()))  # released and waiting rows
