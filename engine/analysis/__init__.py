@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engine.analysis.clock import check_same_clock, clock_facts
-from engine.analysis.gil_state import gil_free_intervals
-from engine.analysis.impact import pause_impact
-from engine.analysis.inputs import read_input_table
-from engine.analysis.summary import summary_table
-from engine.join import check_gil, check_pauses, overlap_frame
+import pyarrow as pa
 
-RESULT_TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact", "summary")
+from engine.analysis.clock import check_same_clock, clock_facts
+from engine.correlate import END, RESULT_TABLES, Correlator
+from engine.correlate.inputs import gil_rows_from_frame
+from engine.correlate.schema import to_pandas
+from engine.join import check_gil, check_pauses
 
 
 @dataclass
@@ -103,12 +102,6 @@ def _jfr_lost(attrs: dict) -> dict:
     }
 
 
-def _span(pauses: pd.DataFrame, gil: pd.DataFrame) -> tuple[int, int]:
-    starts = [int(t["start_ns"].min()) for t in (pauses, gil) if len(t)]
-    ends = [int(t["end_ns"].max()) for t in (pauses, gil) if len(t)]
-    return (min(starts), max(ends)) if starts else (0, 0)
-
-
 def correlate(
     pauses: pd.DataFrame,
     gil: pd.DataFrame,
@@ -132,37 +125,46 @@ def correlate(
         pauses["start_ns"] += offset_ns
         pauses["end_ns"] += offset_ns
 
-    overlaps = overlap_frame(pauses, gil, slack_ns=slack_ns)
-    gil_free = gil_free_intervals(gil)
-    impact = pause_impact(pauses, gil, overlaps, gil_free)
-    span_start, span_end = _span(pauses, gil)
+    core = Correlator(slack_ns, gil_source=gil_clock.source, pauses_source=pause_clock.source)
+    pushed = core.push(pauses=pauses, gil=gil_rows_from_frame(gil), watermark_ns=END)
+    finished = core.finish()
+    overlaps = pa.concat_tables([pushed.overlaps, finished.overlaps])
+    gil_free = pa.concat_tables([pushed.gil_free, finished.gil_free])
+    gil_free = gil_free.sort_by([("pid", "ascending"), ("start_ns", "ascending")])
+    header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, duplicate_gil_rows)
+    return Analysis(
+        pauses=pauses,
+        gil=gil,
+        gil_free=to_pandas(gil_free, "gil_free"),
+        overlaps=to_pandas(overlaps, "overlaps"),
+        pause_impact=to_pandas(core.pause_impact(), "pause_impact"),
+        summary_table=core.summary(),
+        header=header,
+    )
+
+
+def _header(core: Correlator, pauses: pd.DataFrame, gil_attrs: dict, pause_clock, gil_clock, alignment: str,
+            offset_ns: int | None, duplicate_gil_rows: int) -> dict:
+    """The facts every result file carries (docs/results.md, "Outputs")."""
+    span_start, span_end = (core.span[0], core.span[1]) if core.span_ns or core.pauses or core.gil_intervals else (0, 0)
     jvm_pids = pauses["jvm_pid"].dropna().astype(np.int64).unique() if "jvm_pid" in pauses.columns else []
-    header = {
-        "span_start_ns": span_start,
-        "span_end_ns": span_end,
-        "span_ns": span_end - span_start,
-        "python_pids": sorted(int(p) for p in gil["pid"].unique()),
+    return {
+        "span_start_ns": int(span_start),
+        "span_end_ns": int(span_end),
+        "span_ns": int(span_end - span_start),
+        "python_pids": core.python_pids(),
         "jvm_pids": sorted(int(p) for p in jvm_pids),
-        "pauses": len(pauses),
-        "gil_intervals": len(gil),
-        "dropped_events": _dropped_events(gil.attrs),
-        "drain_lost_events": _dropped_events(gil.attrs, "drain_lost"),
+        "pauses": core.pauses,
+        "gil_intervals": core.gil_intervals,
+        "dropped_events": _dropped_events(gil_attrs),
+        "drain_lost_events": _dropped_events(gil_attrs, "drain_lost"),
         "jfr_lost": _jfr_lost(pauses.attrs),
-        "duplicate_gil_rows_dropped": duplicate_gil_rows,
-        "slack_ns": int(slack_ns),
+        "duplicate_gil_rows_dropped": int(duplicate_gil_rows),
+        "slack_ns": int(core.slack_ns),
         "alignment": alignment,
         "offset_ns": offset_ns,
         "clock": {"pauses": pause_clock.as_metadata(), "gil": gil_clock.as_metadata()},
     }
-    return Analysis(
-        pauses=pauses,
-        gil=gil,
-        gil_free=gil_free,
-        overlaps=overlaps,
-        pause_impact=impact,
-        summary_table=summary_table(impact, overlaps, span_end - span_start),
-        header=header,
-    )
 
 
 def analyze(pauses, gil=None, *, slack_ns: int = 0, offset_ns: int | None = None) -> Analysis:

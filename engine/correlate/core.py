@@ -1,0 +1,478 @@
+"""The correlation core: pauses and GIL intervals in, final rows of every result table out.
+
+    core = Correlator(slack_ns=S, lifetimes=...)
+    rows = core.push(pauses=..., gil=..., watermark_ns=W)   # any number of times
+    rows = core.finish()                                     # everything still pending
+    core.summary()                                           # the summary table so far
+
+A push with watermark W promises that no row pushed later starts before W (a GIL row that
+does is refused). A pause is *final* once nothing still to come can change its rows: every
+later GIL interval starts at or after W > end + S, and who held the GIL is known up to its
+end. Its overlaps rows and its pause_impact row are then emitted, in pause start order, and
+gil_free rows as soon as their end is known. `tandem analyze` drives the core over a whole
+session block by block; the union of what any sequence of pushes emits is the same as one
+push then finish (tests/test_correlate.py checks it with random window edges).
+
+Who holds the GIL depends on thread lifetimes, which are inferred (docs/results.md,
+"gil_free"): a thread lives from its first interval's start to its last interval's end. That
+last end is a fact about the future: the driver says what it knows through `lifetimes`
+(offline: a first pass over the session; live: /proc). Without it, gil_free and
+pause_impact of the time after a thread's latest interval wait for `finish()`.
+
+Memory: the pauses not final yet, the GIL intervals they or later pauses may still pair with
+(end >= min(W, oldest pending pause start) - S), rows not swept yet, and one entry per
+thread and per process.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from engine.correlate import kernels
+from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
+from engine.errors import TandemError
+
+NONE = kernels.NONE
+
+
+@dataclass
+class GilRows:
+    """A batch of GIL intervals as arrays: state 0 released, 1 waiting."""
+
+    pid: np.ndarray
+    tid: np.ndarray
+    state: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.start_ns.size)
+
+    @classmethod
+    def empty(cls) -> "GilRows":
+        z = np.zeros(0, np.int64)
+        return cls(z, z, np.zeros(0, np.int8), z, z)
+
+
+@dataclass
+class Rows:
+    """Rows that became final in one push (Arrow tables with the schemas of engine.correlate.schema)."""
+
+    overlaps: pa.Table
+    pause_impact: pa.Table
+    gil_free: pa.Table
+
+    def tables(self) -> dict[str, pa.Table]:
+        return {"overlaps": self.overlaps, "pause_impact": self.pause_impact, "gil_free": self.gil_free}
+
+
+class Lifetimes:
+    """What a driver knows of thread lifetimes. `thread_ends`: per thread, the end of its lifetime
+    (a thread whose value is past its latest interval lives on), or NONE if not known;
+    `process_ends`: per process, the end of its span (END: goes on)."""
+
+    def thread_ends(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        return np.full(pid.size, NONE, np.int64)
+
+    def process_ends(self, pid: np.ndarray) -> np.ndarray:
+        return np.full(pid.size, END, np.int64)
+
+
+class KnownLifetimes(Lifetimes):
+    """Lifetimes of a whole recorded session (pid, tid, start_ns, end_ns), known before the pass."""
+
+    def __init__(self, table: pd.DataFrame):
+        self._threads = {(int(p), int(t)): int(e) for p, t, e in zip(table["pid"], table["tid"], table["end_ns"])}
+        ends = table.groupby("pid")["end_ns"].max() if len(table) else pd.Series(dtype=np.int64)
+        self._processes = {int(p): int(e) for p, e in ends.items()}
+
+    def thread_ends(self, pid, tid):
+        return np.array([self._threads.get((int(p), int(t)), NONE) for p, t in zip(pid, tid)], np.int64)
+
+    def process_ends(self, pid):
+        return np.array([self._processes.get(int(p), END) for p in pid], np.int64)
+
+
+def _grow(array: np.ndarray, n: int, fill) -> np.ndarray:
+    if array.size >= n:
+        return array
+    out = np.full(max(n, 2 * array.size, 16), fill, array.dtype)
+    out[:array.size] = array
+    return out
+
+
+class Correlator:
+    def __init__(self, slack_ns: int = 0, *, lifetimes: Lifetimes | None = None, gil_source: str = "gil table",
+                 pauses_source: str = "pauses table"):
+        if slack_ns < 0:
+            raise ValueError(f"slack_ns must be >= 0, got {slack_ns}")
+        self.slack_ns = int(slack_ns)
+        self.lifetimes = lifetimes or Lifetimes()
+        self.gil_source, self.pauses_source = gil_source, pauses_source
+        self.watermark_ns = NONE
+        self._swept = NONE  # gil_free and lifetimes are final before this
+        # Threads (dense index) and processes (dense index): state of the gil_free sweep.
+        self._thread_index: dict[tuple[int, int], int] = {}
+        self._pid_index: dict[int, int] = {}
+        self.t_pid = np.zeros(0, np.int64)
+        self.t_tid = np.zeros(0, np.int64)
+        self.t_pidx = np.zeros(0, np.int64)
+        self.t_first = np.zeros(0, np.int64)
+        self.t_seen_end = np.zeros(0, np.int64)
+        self.t_run = np.zeros(0, np.bool_)
+        self.t_reach = np.zeros(0, np.int64)
+        self.t_reach_closed = np.zeros(0, np.int64)
+        self.t_open_row = np.zeros(0, np.bool_)
+        self.t_alive = np.zeros(0, np.bool_)
+        self.t_dead = np.zeros(0, np.bool_)
+        self.p_pid = np.zeros(0, np.int64)
+        self.p_holding = np.zeros(0, np.int64)
+        self.p_alive = np.zeros(0, np.int64)
+        self.p_in_span = np.zeros(0, np.bool_)
+        self.p_free_since = np.zeros(0, np.int64)
+        self.p_close_start = np.zeros(0, np.int64)
+        self.p_close_end = np.zeros(0, np.int64)
+        self.p_last_end = np.zeros(0, np.int64)
+        # Retained GIL rows, sorted by start (ties: arrival order).
+        self.r_tidx = np.zeros(0, np.int64)
+        self.r_state = np.zeros(0, np.int8)
+        self.r_start = np.zeros(0, np.int64)
+        self.r_end = np.zeros(0, np.int64)
+        # gil_free segments a pending or later pause may still overlap.
+        self.f_pidx = np.zeros(0, np.int64)
+        self.f_start = np.zeros(0, np.int64)
+        self.f_end = np.zeros(0, np.int64)
+        # Pauses not final yet, sorted by (start_ns, arrival); every pause seen (few), for duplicates.
+        self._pending: pd.DataFrame | None = None
+        self._pauses_seen: pd.DataFrame | None = None
+        self._next_seq = 0
+        self.jvm_tids: set[int] = set()
+        # Summary: every final pause_impact row (a few per second of JVM pauses) and the distinct
+        # (kind, name, thread) with an exact overlap.
+        self._impact: list[pa.Table] = []
+        self._affected: set[tuple[str, str, int]] = set()
+        self.gil_intervals = 0
+        self.duplicate_gil_rows = 0
+        self.pauses = 0
+        self.span = [END, NONE]
+
+    # ---- input -----------------------------------------------------------------------------
+
+    def push(self, *, pauses: pd.DataFrame | None = None, gil: GilRows | None = None, watermark_ns: int) -> Rows:
+        """Add rows of both sides (pauses checked by engine.join.check_pauses, any order); return
+        the rows that became final."""
+        watermark_ns = int(watermark_ns)
+        if watermark_ns < self.watermark_ns:
+            raise ValueError(f"watermark went backwards: {watermark_ns} < {self.watermark_ns}")
+        if pauses is not None and len(pauses):
+            self._add_pauses(pauses)
+        if gil is not None and len(gil):
+            self._add_gil(gil)
+        self.watermark_ns = watermark_ns
+        return self._advance(final=False)
+
+    def finish(self) -> Rows:
+        """Nothing more will come: every pending row, final."""
+        self.watermark_ns = END
+        return self._advance(final=True)
+
+    def _late(self, starts: np.ndarray, source: str) -> None:
+        if starts.size and self.watermark_ns > NONE and int(starts.min()) < self.watermark_ns:
+            raise TandemError(f"{source}: an interval starts at {int(starts.min())} ns, before the watermark "
+                              f"{self.watermark_ns} ns already passed")
+
+    def _add_pauses(self, pauses: pd.DataFrame) -> None:
+        self._late(pauses["start_ns"].to_numpy(np.int64), self.pauses_source)
+        if self._pauses_seen is not None:
+            both = pd.concat([self._pauses_seen, pauses], ignore_index=True)
+            repeated = both["pause_id"].duplicated().to_numpy()
+            identical = both.duplicated().to_numpy()
+            if (repeated & ~identical).any():
+                pause_id = int(both["pause_id"][repeated & ~identical].iloc[0])
+                raise TandemError(f"{self.pauses_source}: pause_id {pause_id} names two different pauses")
+            pauses = pauses[~identical[len(self._pauses_seen):]]
+            self._pauses_seen = both[~identical].reset_index(drop=True)
+        else:
+            self._pauses_seen = pauses.reset_index(drop=True)
+        if not len(pauses):
+            return
+        batch = pauses.reset_index(drop=True).copy()
+        batch["_seq"] = np.arange(self._next_seq, self._next_seq + len(batch), dtype=np.int64)
+        self._next_seq += len(batch)
+        self.pauses += len(batch)
+        if "os_thread_id" in batch.columns:
+            self.jvm_tids.update(int(t) for t in batch["os_thread_id"].dropna().unique())
+        self.span = [min(self.span[0], int(batch["start_ns"].min())), max(self.span[1], int(batch["end_ns"].max()))]
+        pending = batch if self._pending is None else pd.concat([self._pending, batch], ignore_index=True)
+        self._pending = pending.sort_values(["start_ns", "_seq"], ignore_index=True)
+
+    def _index_threads(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        codes, uniques = pd.factorize(pid.astype(np.int64) * (1 << 32) + tid.astype(np.int64))
+        index = np.empty(len(uniques), np.int64)
+        for i, key in enumerate(np.asarray(uniques).tolist()):
+            p, t = key >> 32, key & 0xFFFFFFFF
+            known = self._thread_index.get((p, t))
+            if known is None:
+                known = self._new_thread(p, t)
+            index[i] = known
+        return index[codes]
+
+    def _new_thread(self, pid: int, tid: int) -> int:
+        pidx = self._pid_index.get(pid)
+        if pidx is None:
+            pidx = len(self._pid_index)
+            self._pid_index[pid] = pidx
+            n = pidx + 1
+            self.p_pid = _grow(self.p_pid, n, 0)
+            self.p_holding = _grow(self.p_holding, n, 0)
+            self.p_alive = _grow(self.p_alive, n, 0)
+            self.p_in_span = _grow(self.p_in_span, n, False)
+            self.p_free_since = _grow(self.p_free_since, n, NONE)
+            self.p_close_start = _grow(self.p_close_start, n, NONE)
+            self.p_close_end = _grow(self.p_close_end, n, NONE)
+            self.p_last_end = _grow(self.p_last_end, n, NONE)
+            self.p_pid[pidx] = pid
+        index = len(self._thread_index)
+        self._thread_index[(pid, tid)] = index
+        n = index + 1
+        for name, fill in (("t_pid", 0), ("t_tid", 0), ("t_pidx", 0), ("t_first", END), ("t_seen_end", NONE),
+                           ("t_run", False), ("t_reach", NONE), ("t_reach_closed", NONE), ("t_open_row", False),
+                           ("t_alive", False), ("t_dead", False)):
+            setattr(self, name, _grow(getattr(self, name), n, fill))
+        self.t_pid[index], self.t_tid[index], self.t_pidx[index] = pid, tid, pidx
+        return index
+
+    @property
+    def n_threads(self) -> int:
+        return len(self._thread_index)
+
+    @property
+    def n_pids(self) -> int:
+        return len(self._pid_index)
+
+    def _add_gil(self, gil: GilRows) -> None:
+        start = np.asarray(gil.start_ns, np.int64)
+        end = np.asarray(gil.end_ns, np.int64)
+        self._late(start, self.gil_source)
+        tidx = self._index_threads(np.asarray(gil.pid), np.asarray(gil.tid))
+        state = np.asarray(gil.state, np.int8)
+        if not kernels_sorted(start):
+            order = np.argsort(start, kind="stable")
+            start, end, tidx, state = start[order], end[order], tidx[order], state[order]
+        n_old = self.r_start.size
+        all_start = np.concatenate([self.r_start, start])
+        if n_old and start.size and start[0] < self.r_start[-1]:
+            order = np.argsort(all_start, kind="stable")  # two sorted runs: a merge
+        else:
+            order = None
+
+        def merged(old, new):
+            both = np.concatenate([old, new])
+            return both if order is None else both[order]
+
+        r_start = all_start if order is None else all_start[order]
+        r_end, r_tidx, r_state = merged(self.r_end, end), merged(self.r_tidx, tidx), merged(self.r_state, state)
+        is_new = merged(np.zeros(n_old, np.bool_), np.ones(start.size, np.bool_))
+        dup = kernels.duplicate_rows(r_start, r_end, r_tidx, r_state, is_new)
+        n_dup = int(np.count_nonzero(dup))
+        if n_dup:
+            keep = ~dup
+            r_start, r_end, r_tidx, r_state, is_new = r_start[keep], r_end[keep], r_tidx[keep], r_state[keep], is_new[keep]
+        self.duplicate_gil_rows += n_dup
+        self.gil_intervals += start.size - n_dup
+        self.r_start, self.r_end, self.r_tidx, self.r_state = r_start, r_end, r_tidx, r_state
+        self.span = [min(self.span[0], int(start[0])), max(self.span[1], int(end.max()))]
+        # Each thread's first non-empty start and latest end; each process's latest end.
+        nonempty = end > start
+        t, s, e = tidx[nonempty], start[nonempty], end[nonempty]
+        np.minimum.at(self.t_first, t, s)
+        np.maximum.at(self.t_seen_end, t, e)
+        np.maximum.at(self.p_last_end, self.t_pidx[t], e)
+
+    # ---- finalization ------------------------------------------------------------------------
+
+    def _advance(self, final: bool) -> Rows:
+        w = self.watermark_ns
+        nt, npids = self.n_threads, self.n_pids
+        seen = self.t_seen_end[:nt]
+        if final:
+            self.t_dead[:nt] = True
+            span_end = self.p_last_end[:npids].copy()
+            frontier = END
+        else:
+            ends = self.lifetimes.thread_ends(self.t_pid[:nt], self.t_tid[:nt])
+            quiet = seen < w  # no interval seen past W: alive (holding) or gone?
+            unknown = quiet & (ends == NONE)
+            self.t_dead[:nt] = quiet & ~unknown & (ends <= seen)
+            frontier = min(w, int(seen[unknown].min())) if unknown.any() else w
+            span_end = self.lifetimes.process_ends(self.p_pid[:npids])
+            span_end = np.where(span_end == NONE, END, span_end)
+        free = self._sweep(frontier, span_end)
+        overlaps, impact = self._finalize_pauses(frontier, final)
+        self._prune()
+        return Rows(overlaps, impact, free)
+
+    def _sweep(self, frontier: int, span_end: np.ndarray) -> pa.Table:
+        if frontier <= self._swept:
+            return empty_table("gil_free")
+        i0 = int(np.searchsorted(self.r_start, self._swept, "left")) if self._swept > NONE else 0
+        i1 = int(np.searchsorted(self.r_start, frontier, "left"))
+        nt, npids = self.n_threads, self.n_pids
+        order = np.argsort(self.t_pidx[:nt], kind="stable")
+        ptr = np.searchsorted(self.t_pidx[:nt][order], np.arange(npids + 1)).astype(np.int64)
+        size = 2 * (i1 - i0) + 2 * npids + 1
+        out_pid, out_start, out_end = np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size, np.int64)
+        n = kernels.sweep_gil_free(
+            self.t_pidx[self.r_tidx], self.r_tidx, self.r_start, self.r_end, i0, i1, frontier, ptr, order.astype(np.int64),
+            self.t_run[:nt], self.t_reach[:nt], self.t_reach_closed[:nt], self.t_open_row[:nt], self.t_seen_end[:nt],
+            self.t_dead[:nt], self.t_alive[:nt], self.p_holding[:npids], self.p_alive[:npids], self.p_in_span[:npids],
+            np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids], self.p_close_start[:npids],
+            self.p_close_end[:npids], out_pid, out_start, out_end)
+        self._swept = frontier
+        pidx, start, end = out_pid[:n], out_start[:n], out_end[:n]
+        order = np.lexsort((start, pidx))
+        pidx, start, end = pidx[order], start[order], end[order]
+        self.f_pidx = np.concatenate([self.f_pidx, pidx])
+        self.f_start = np.concatenate([self.f_start, start])
+        self.f_end = np.concatenate([self.f_end, end])
+        pid = self.p_pid[pidx]
+        order = np.lexsort((start, pid))
+        return pa.table({"pid": pid[order], "start_ns": start[order], "end_ns": end[order],
+                         "duration_ns": (end - start)[order]}, schema=SCHEMAS["gil_free"])
+
+    def _finalize_pauses(self, frontier: int, final: bool) -> tuple[pa.Table, pa.Table]:
+        pending = self._pending
+        if pending is None or not len(pending):
+            return empty_table("overlaps"), empty_table("pause_impact")
+        ends = pending["end_ns"].to_numpy(np.int64)
+        done = (ends + self.slack_ns < self.watermark_ns) & (ends <= frontier) if not final else np.ones(len(pending), bool)
+        # In start order: a pause waits for every pause that started before it.
+        n = len(pending) if done.all() else int(np.argmin(done))
+        if n == 0:
+            return empty_table("overlaps"), empty_table("pause_impact")
+        batch = pending.iloc[:n].reset_index(drop=True)
+        self._pending = pending.iloc[n:].reset_index(drop=True)
+        return self._pause_rows(batch, frontier)
+
+    def _pause_rows(self, batch: pd.DataFrame, frontier: int) -> tuple[pa.Table, pa.Table]:
+        from engine.join.pairs import overlap_pairs, overlap_totals
+
+        p_start = batch["start_ns"].to_numpy(np.int64)
+        p_end = batch["end_ns"].to_numpy(np.int64)
+        pair_b, pair_a = overlap_pairs(p_start, p_end, self.r_start, self.r_end, slack_ns=self.slack_ns)
+        g_start, g_end = self.r_start[pair_a], self.r_end[pair_a]
+        later_start = np.maximum(p_start[pair_b], g_start)
+        earlier_end = np.minimum(p_end[pair_b], g_end)
+        overlapping = later_start < earlier_end
+        tidx = self.r_tidx[pair_a]
+        overlaps = pa.table({
+            "pause_id": batch["pause_id"].to_numpy(np.int64)[pair_b],
+            "pid": self.t_pid[tidx],
+            "tid": self.t_tid[tidx],
+            "state": state_strings(self.r_state[pair_a]),
+            "start_ns": np.where(overlapping, later_start, earlier_end),
+            "end_ns": np.where(overlapping, earlier_end, later_start),
+            "overlap_ns": np.where(overlapping, earlier_end - later_start, 0),
+            "slack_ns": np.where(overlapping, 0, later_start - earlier_end),
+            "near_miss": ~overlapping,
+        }, schema=SCHEMAS["overlaps"])
+
+        nt = self.n_threads
+        own = (batch["os_thread_id"].astype("Int64").fillna(-1).to_numpy(np.int64) if "os_thread_id" in batch.columns
+               else np.full(len(batch), -1, np.int64))
+        whole_vm = batch["kind"].isin(WHOLE_VM_KINDS).to_numpy(bool)
+        if "at_safepoint" in batch.columns:
+            whole_vm = whole_vm | batch["at_safepoint"].astype("boolean").fillna(False).to_numpy(bool)
+        life_end = np.where(self.t_dead[:nt], self.t_seen_end[:nt], END)
+        jvm = np.isin(self.t_tid[:nt], np.fromiter(self.jvm_tids, np.int64, len(self.jvm_tids)))
+        columns = np.zeros((len(batch), 8), np.int64)
+        kernels.pause_columns(p_start, p_end, own, whole_vm, pair_b, pair_a, self.r_tidx, self.r_state, self.r_start,
+                              self.r_end, self.t_tid[:nt], self.t_first[:nt], life_end, jvm, columns)
+        f_start, f_end = self._free_so_far(frontier)
+        _, free_ns = overlap_totals(p_start, p_end, f_start, f_end)
+        amplifying = columns[:, 7]
+        impact = pa.table({
+            "pause_id": batch["pause_id"].to_numpy(np.int64),
+            "kind": pa.array(batch["kind"].astype(object), pa.string()),
+            "name": pa.array(batch["name"].astype(object), pa.string()),
+            "start_ns": p_start,
+            "end_ns": p_end,
+            "duration_ns": p_end - p_start,
+            "threads_released": columns[:, 0],
+            "released_ns": columns[:, 1],
+            "threads_waiting": columns[:, 2],
+            "waiting_ns": columns[:, 3],
+            "overlap_ns": columns[:, 4],
+            "hit_python": columns[:, 4] > 0,
+            "near_misses": columns[:, 5],
+            "threads_holding": columns[:, 6],
+            "gil_free_ns": free_ns,
+            "gil_free": free_ns > 0,
+            "amplifying_tid": pa.array(amplifying, pa.int64(), mask=amplifying < 0),
+            "amplified": amplifying >= 0,
+        }, schema=SCHEMAS["pause_impact"])
+        self._impact.append(impact.append_column("_seq", pa.array(batch["_seq"].to_numpy(np.int64))))
+        exact = np.flatnonzero(overlapping)
+        if exact.size:
+            kind_name = pd.factorize(batch["kind"].astype(str) + "\0" + batch["name"].astype(str))
+            keys = np.unique(kind_name[0][pair_b[exact]].astype(np.int64) * (1 << 32) + tidx[exact])
+            for key in keys.tolist():
+                kind, name = kind_name[1][key >> 32].split("\0", 1)
+                self._affected.add((kind, name, key & 0xFFFFFFFF))
+        return overlaps, impact
+
+    def _free_so_far(self, frontier: int) -> tuple[np.ndarray, np.ndarray]:
+        """gil_free segments known up to the frontier: those written, and each process's current one."""
+        npids = self.n_pids
+        since = self.p_free_since[:npids]
+        current = since != NONE
+        return (np.concatenate([self.f_start, since[current]]),
+                np.concatenate([self.f_end, np.full(int(current.sum()), frontier, np.int64)]))
+
+    def _prune(self) -> None:
+        w = self.watermark_ns
+        pending_from = int(self._pending["start_ns"].iloc[0]) if self._pending is not None and len(self._pending) else END
+        horizon = min(w, pending_from)
+        keep = (self.r_end >= horizon - self.slack_ns) | (self.r_start >= self._swept)
+        if not keep.all():
+            self.r_start, self.r_end, self.r_tidx, self.r_state = (
+                self.r_start[keep], self.r_end[keep], self.r_tidx[keep], self.r_state[keep])
+        keep = self.f_end > horizon
+        if not keep.all():
+            self.f_pidx, self.f_start, self.f_end = self.f_pidx[keep], self.f_start[keep], self.f_end[keep]
+
+    # ---- aggregates ----------------------------------------------------------------------------
+
+    @property
+    def span_ns(self) -> int:
+        return max(0, self.span[1] - self.span[0]) if self.span[1] > NONE else 0
+
+    def pause_impact(self) -> pa.Table:
+        """Every final pause_impact row so far, in the order the pauses were pushed."""
+        if not self._impact:
+            return empty_table("pause_impact")
+        table = pa.concat_tables(self._impact)
+        self._impact = [table]
+        return table.take(pa.compute.sort_indices(table, [("_seq", "ascending")])).drop_columns(["_seq"])
+
+    def summary(self) -> pd.DataFrame:
+        """The summary table over the final pauses so far (docs/results.md, "summary")."""
+        from engine.correlate.summary import summary_table
+
+        affected = pd.DataFrame(list(self._affected), columns=["kind", "name", "thread"])
+        affected = affected.groupby(["kind", "name"]).size() if len(affected) else pd.Series(dtype=np.int64)
+        from engine.correlate.schema import to_pandas
+
+        return summary_table(to_pandas(self.pause_impact(), "pause_impact"), affected, self.span_ns)
+
+    def python_pids(self) -> list[int]:
+        return sorted(int(p) for p in self.p_pid[:self.n_pids])
+
+
+def kernels_sorted(values: np.ndarray) -> bool:
+    from engine.join.kernels import is_sorted
+
+    return bool(is_sorted(values)) if values.size else True

@@ -1,0 +1,233 @@
+"""numba kernels of the correlation core (engine/correlate/core.py says what calls them when).
+
+Everything per GIL row runs here, in one pass over rows sorted by start: duplicate rows,
+the gil_free sweep, and each pause's columns of pause_impact from its overlap pairs.
+Threads and processes are small dense indexes (a few hundred at most); their state lives in
+arrays the core keeps between calls.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+NONE = -(1 << 62)  # "no time": no run, no free segment
+END = 1 << 62
+
+
+@njit(cache=True, nogil=True)
+def duplicate_rows(start, end, tidx, state, is_new) -> np.ndarray:
+    """True for each new row equal (thread, state, start, end) to an earlier row; rows sorted by start."""
+    n = start.size
+    dup = np.zeros(n, np.bool_)
+    run = 0
+    for i in range(1, n):
+        if start[i] != start[run]:
+            run = i
+            continue
+        if not is_new[i]:
+            continue
+        for j in range(run, i):
+            if not dup[j] and end[j] == end[i] and tidx[j] == tidx[i] and state[j] == state[i]:
+                dup[i] = True
+                break
+    return dup
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _open_free(p, t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out):
+    """pid p becomes free at t: rejoin a segment closed at t, else emit the closed one and start anew."""
+    if close_end[p] == t:
+        free_since[p] = close_start[p]
+    else:
+        if close_end[p] != NONE:
+            out_pid[n_out] = p
+            out_start[n_out] = close_start[p]
+            out_end[n_out] = close_end[p]
+            n_out += 1
+        free_since[p] = t
+    close_end[p] = NONE
+    return n_out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _close_free(p, t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out):
+    """pid p stops being free at t: the segment is held back until it cannot rejoin (touching ones join)."""
+    if free_since[p] != NONE:
+        if free_since[p] < t:
+            if close_end[p] != NONE:
+                out_pid[n_out] = p
+                out_start[n_out] = close_start[p]
+                out_end[n_out] = close_end[p]
+                n_out += 1
+            close_start[p] = free_since[p]
+            close_end[p] = t
+        free_since[p] = NONE
+    return n_out
+
+
+@njit(cache=True, nogil=True)
+def _end_runs_before(p, t, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_end, t_dead, t_alive,
+                     p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
+                     out_pid, out_start, out_end, n_out):
+    """Apply, in time order, the ends of pid p's runs (merged released/waiting intervals) before t."""
+    while True:
+        best = -1
+        best_t = t
+        for k in range(pid_threads_ptr[p], pid_threads_ptr[p + 1]):
+            th = pid_threads[k]
+            if t_run[th] and t_reach[th] < best_t:
+                best = th
+                best_t = t_reach[th]
+        if best < 0:
+            return n_out
+        t_run[best] = False
+        if t_seen_end[best] == best_t and t_dead[best]:
+            # Its last interval ended: the thread's inferred lifetime ends here (it did not hold).
+            t_alive[best] = False
+            p_alive[p] -= 1
+            if p_alive[p] == 0 and best_t >= p_span_end[p]:
+                n_out = _close_free(p, best_t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+                p_in_span[p] = False
+        else:
+            p_holding[p] += 1
+            if p_holding[p] == 1:
+                n_out = _close_free(p, best_t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+
+
+@njit(cache=True, nogil=True)
+def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads_ptr, pid_threads,
+                   t_run, t_reach, t_reach_closed, t_open_row, t_seen_end, t_dead, t_alive,
+                   p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
+                   out_pid, out_start, out_end) -> int:
+    """Advance the per-process holder count over rows i0..i1 (sorted by start, all before frontier),
+    then over every run end before frontier; write the gil_free segments that became final.
+
+    Per thread: t_run/t_reach (its current run of merged intervals and where it ends; END while an
+    open row is in it), t_alive (within its inferred lifetime), t_dead (its lifetime ends with its
+    last interval seen). Per process: p_holding (living threads holding the GIL), p_alive,
+    p_in_span, p_span_end (the process's span ends there once no thread is alive), free_since (start of the free segment now, or
+    NONE) and the last closed segment (close_start/close_end), held back because a segment
+    closing and reopening at one instant is one segment. Returns the number of segments written.
+    """
+    n_out = 0
+    for i in range(i0, i1):
+        s = r_start[i]
+        e = r_end[i]
+        if e <= s:
+            continue
+        p = r_pidx[i]
+        th = r_tidx[i]
+        n_out = _end_runs_before(p, s, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_end, t_dead, t_alive,
+                                 p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
+                                 out_pid, out_start, out_end, n_out)
+        is_open = e >= END
+        if t_run[th]:  # touching or overlapping its current run: the run goes on
+            if is_open:
+                t_open_row[th] = True
+            elif e > t_reach_closed[th]:
+                t_reach_closed[th] = e
+            t_reach[th] = END if t_open_row[th] else t_reach_closed[th]
+            continue
+        t_run[th] = True
+        t_open_row[th] = is_open
+        t_reach_closed[th] = s if is_open else e
+        t_reach[th] = END if is_open else e
+        if not t_alive[th]:
+            t_alive[th] = True
+            p_alive[p] += 1
+            if not p_in_span[p]:
+                p_in_span[p] = True
+                if p_holding[p] == 0:
+                    n_out = _open_free(p, s, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+        else:
+            p_holding[p] -= 1
+            if p_holding[p] == 0:
+                n_out = _open_free(p, s, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+    for p in range(p_holding.size):
+        n_out = _end_runs_before(p, frontier, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_end, t_dead, t_alive,
+                                 p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
+                                 out_pid, out_start, out_end, n_out)
+        if close_end[p] != NONE:
+            out_pid[n_out] = p
+            out_start[n_out] = close_start[p]
+            out_end[n_out] = close_end[p]
+            n_out += 1
+            close_end[p] = NONE
+    return n_out
+
+
+@njit(cache=True, nogil=True)
+def pause_columns(p_start, p_end, p_own_tid, p_whole_vm, pair_b, pair_a, r_tidx, r_state, r_start, r_end,
+                  t_tid, t_first, t_life_end, t_jvm, out):
+    """pause_impact's per-pause columns from the pairs of each pause (ordered by pause, then GIL start).
+
+    out[b] = threads_released, released_ns, threads_waiting, waiting_ns, overlap_ns, near_misses,
+    threads_holding, amplifying_tid (-1: none). A thread holds the GIL during the part of the pause
+    inside its lifetime [t_first, t_life_end) not covered by its released/waiting intervals.
+    """
+    n_threads = t_tid.size
+    seen_state = np.full((2, n_threads), -1, np.int64)  # pause index that last counted the thread
+    cov_mark = np.full(n_threads, -1, np.int64)
+    cov_reach = np.zeros(n_threads, np.int64)
+    cov_total = np.zeros(n_threads, np.int64)
+    k = 0
+    n_pairs = pair_b.size
+    for b in range(p_start.size):
+        ps = p_start[b]
+        pe = p_end[b]
+        threads = np.zeros(2, np.int64)
+        sums = np.zeros(2, np.int64)
+        union = 0
+        reach = NONE
+        near = 0
+        while k < n_pairs and pair_b[k] == b:
+            a = pair_a[k]
+            k += 1
+            lo = max(ps, r_start[a])
+            hi = min(pe, r_end[a])
+            if lo >= hi:
+                near += 1
+                continue
+            th = r_tidx[a]
+            st = r_state[a]
+            if seen_state[st, th] != b:
+                seen_state[st, th] = b
+                threads[st] += 1
+            sums[st] += hi - lo
+            if lo > reach:  # segment starts never decrease: GIL starts are sorted, clipped at ps
+                union += hi - lo
+                reach = hi
+            elif hi > reach:
+                union += hi - reach
+                reach = hi
+            if cov_mark[th] != b:
+                cov_mark[th] = b
+                cov_total[th] = hi - lo
+                cov_reach[th] = hi
+            elif lo > cov_reach[th]:
+                cov_total[th] += hi - lo
+                cov_reach[th] = hi
+            elif hi > cov_reach[th]:
+                cov_total[th] += hi - cov_reach[th]
+                cov_reach[th] = hi
+        holding = 0
+        amplifying = -1
+        for th in range(n_threads):
+            alive = min(pe, t_life_end[th]) - max(ps, t_first[th])
+            if alive <= 0:
+                continue
+            covered = cov_total[th] if cov_mark[th] == b else 0
+            if alive - covered > 0:
+                holding += 1
+                tid = t_tid[th]
+                if tid == p_own_tid[b] or (p_whole_vm[b] and t_jvm[th]):
+                    if amplifying < 0 or tid < amplifying:
+                        amplifying = tid
+        out[b, 0] = threads[0]
+        out[b, 1] = sums[0]
+        out[b, 2] = threads[1]
+        out[b, 3] = sums[1]
+        out[b, 4] = union
+        out[b, 5] = near
+        out[b, 6] = holding
+        out[b, 7] = amplifying

@@ -1,0 +1,76 @@
+"""The result tables' names, columns and dtypes (spec: docs/results.md), in one place.
+
+Every producer (offline analysis, `tandem live`) and every reader builds its empty tables
+and its Arrow schemas from here.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+# A time after everything: the watermark of a finished stream, the end of an interval still open.
+END = 1 << 62
+
+GIL_STATES = ("released", "waiting")  # state codes 0 and 1
+PAUSE_KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
+# Kinds during which the whole VM is stopped: every thread running Java code waits.
+WHOLE_VM_KINDS = ("safepoint", "gc_pause")
+
+PAUSE_COLUMNS = ("pause_id", "kind", "name", "start_ns", "end_ns")
+GIL_COLUMNS = ("pid", "tid", "state", "start_ns", "end_ns")
+# Pause columns the correlation reads beyond PAUSE_COLUMNS, when present (pause amplification).
+PAUSE_FACT_COLUMNS = ("os_thread_id", "at_safepoint")
+
+RESULT_TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact", "summary")
+# Tables of one row per something, produced row group by row group (summary is an aggregate).
+ROW_TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact")
+
+_I8, _STR, _BOOL, _F8 = pa.int64(), pa.string(), pa.bool_(), pa.float64()
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "pauses": pa.schema([("pause_id", _I8), ("kind", _STR), ("name", _STR), ("start_ns", _I8), ("end_ns", _I8),
+                         ("duration_ns", _I8)]),
+    "gil": pa.schema([("pid", _I8), ("tid", _I8), ("thread_name", _STR), ("state", _STR), ("start_ns", _I8),
+                      ("end_ns", _I8)]),
+    "gil_free": pa.schema([("pid", _I8), ("start_ns", _I8), ("end_ns", _I8), ("duration_ns", _I8)]),
+    "overlaps": pa.schema([("pause_id", _I8), ("pid", _I8), ("tid", _I8), ("state", _STR), ("start_ns", _I8),
+                           ("end_ns", _I8), ("overlap_ns", _I8), ("slack_ns", _I8), ("near_miss", _BOOL)]),
+    "pause_impact": pa.schema([
+        ("pause_id", _I8), ("kind", _STR), ("name", _STR), ("start_ns", _I8), ("end_ns", _I8), ("duration_ns", _I8),
+        ("threads_released", _I8), ("released_ns", _I8), ("threads_waiting", _I8), ("waiting_ns", _I8),
+        ("overlap_ns", _I8), ("hit_python", _BOOL), ("near_misses", _I8), ("threads_holding", _I8),
+        ("gil_free_ns", _I8), ("gil_free", _BOOL), ("amplifying_tid", _I8), ("amplified", _BOOL)]),
+    "summary": pa.schema([
+        ("kind", _STR), ("name", _STR), ("pauses", _I8), ("pauses_hit", _I8), ("hits_per_hour", _F8),
+        ("mean_overlap_ms", _F8), ("p50_overlap_ms", _F8), ("p99_overlap_ms", _F8), ("max_overlap_ms", _F8),
+        ("total_overlap_ms", _F8), ("threads_affected", _I8), ("pauses_near_miss", _I8), ("pauses_amplified", _I8)]),
+}
+COLUMNS = {name: tuple(schema.names) for name, schema in SCHEMAS.items()}
+
+# pandas dtypes of the in-memory tables (engine.analysis.Analysis): nullable ints where a value
+# may be missing, pandas strings for text.
+_PANDAS_TYPES = {pa.string(): pd.StringDtype()}
+
+
+def to_pandas(table: pa.Table, name: str | None = None) -> pd.DataFrame:
+    """An Arrow result table as the DataFrame `engine.analysis` hands out (strings as pandas strings;
+    pause_impact.amplifying_tid as Int64)."""
+    frame = table.to_pandas(types_mapper=_PANDAS_TYPES.get)
+    if name == "pause_impact" or "amplifying_tid" in frame.columns:
+        frame["amplifying_tid"] = frame["amplifying_tid"].astype("Int64")
+    return frame
+
+
+def empty_table(name: str) -> pa.Table:
+    return SCHEMAS[name].empty_table()
+
+
+def empty_frame(name: str) -> pd.DataFrame:
+    """The empty DataFrame of a result table, with its dtypes."""
+    return to_pandas(empty_table(name), name)
+
+
+def state_strings(codes: np.ndarray) -> pa.Array:
+    """GIL state codes (0 released, 1 waiting) as an Arrow string array."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes, np.int8)), pa.array(GIL_STATES)).cast(pa.string())

@@ -1,0 +1,107 @@
+"""The correlation core: one push equals many pushes, for every result table.
+
+The witness is the core itself run the simplest way (everything in one push, then finish),
+which tests/test_analysis.py and tests/test_join_witness.py hold to the point model and
+DuckDB. Here the same tables go in windows with random edges, watermark at each edge; the
+rows emitted over all pushes must be the same rows, in the same order.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from engine.correlate import END, Correlator, KnownLifetimes
+from engine.correlate.inputs import gil_rows_from_frame
+from engine.errors import TandemError
+from engine.join import check_gil, check_pauses
+from test_analysis import random_scenario
+from test_join_witness import adversarial_tables, gil_frame, pauses_frame
+
+TABLES = ("overlaps", "pause_impact", "gil_free")
+
+
+def lifetimes_of(gil: pd.DataFrame) -> KnownLifetimes:
+    nonempty = gil[gil.end_ns > gil.start_ns]
+    return KnownLifetimes(nonempty.groupby(["pid", "tid"], as_index=False).agg(start_ns=("start_ns", "min"),
+                                                                              end_ns=("end_ns", "max")))
+
+
+def run(pauses, gil, slack_ns, edges=None, pauses_first=False, lifetimes=None):
+    """Emitted rows per table (concatenated over pushes), and the summary."""
+    core = Correlator(slack_ns, lifetimes=lifetimes)
+    pushes = []
+    if edges is None:
+        pushes.append(core.push(pauses=pauses, gil=gil_rows_from_frame(gil), watermark_ns=END))
+    else:
+        low = -END
+        for i, edge in enumerate([*edges, END]):
+            p = pauses if (pauses_first and i == 0) else (
+                pauses.iloc[:0] if pauses_first else pauses[(pauses.start_ns >= low) & (pauses.start_ns < edge)])
+            g = gil[(gil.start_ns >= low) & (gil.start_ns < edge)]
+            pushes.append(core.push(pauses=p, gil=gil_rows_from_frame(g), watermark_ns=edge))
+            low = edge
+    pushes.append(core.finish())
+    out = {name: pa.concat_tables([getattr(r, name) for r in pushes]).to_pandas() for name in TABLES}
+    out["gil_free"] = out["gil_free"].sort_values(["pid", "start_ns"], ignore_index=True)
+    out["pause_impact"] = out["pause_impact"].sort_values("pause_id", ignore_index=True)
+    out["summary"] = core.summary()
+    return out, core
+
+
+def assert_same(one, many):
+    for name in (*TABLES, "summary"):
+        pd.testing.assert_frame_equal(one[name], many[name], obj=name)
+
+
+def random_edges(rng, lo, hi, n):
+    return sorted(int(x) for x in rng.integers(lo, hi, n))
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("slack_ns", [0, 7])
+def test_one_push_equals_many_pushes_on_the_adversarial_tables(seed, slack_ns):
+    pauses, gil = adversarial_tables(seed)
+    pauses, (gil, _) = check_pauses(pauses), check_gil(gil)
+    rng = np.random.default_rng(seed)
+    one, _ = run(pauses, gil, slack_ns)
+    assert len(one["overlaps"]) and len(one["gil_free"]) and one["pause_impact"].hit_python.any()
+    for lifetimes in (None, lifetimes_of(gil)):
+        for n_edges in (1, 5, 40):
+            many, _ = run(pauses, gil, slack_ns, random_edges(rng, -10, 2_100, n_edges), lifetimes=lifetimes)
+            assert_same(one, many)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_one_push_equals_many_pushes_with_amplification(seed):
+    """Pauses naming JVM threads go in first (which threads are the JVM's is known from all of them)."""
+    pauses, gil = random_scenario(seed)
+    pauses, (gil, _) = check_pauses(pauses), check_gil(gil)
+    rng = np.random.default_rng(seed)
+    one, _ = run(pauses, gil, 10)
+    for lifetimes in (None, lifetimes_of(gil)):
+        many, _ = run(pauses, gil, 10, random_edges(rng, 0, 600, int(rng.integers(1, 30))), pauses_first=True,
+                      lifetimes=lifetimes)
+        assert_same(one, many)
+
+
+def test_known_lifetimes_let_rows_out_before_the_end():
+    """With lifetimes known, a pause is final once the watermark passes it; without, it waits for finish()."""
+    pauses = check_pauses(pauses_frame([(100, 200)]))
+    gil = gil_frame([(1, 1, "released", 0, 50), (1, 1, "released", 150, 160), (1, 2, "waiting", 10, 1_000)])
+    for lifetimes, expected in ((lifetimes_of(gil), 1), (None, 0)):
+        core = Correlator(lifetimes=lifetimes)
+        rows = core.push(pauses=pauses, gil=gil_rows_from_frame(gil), watermark_ns=300)
+        assert len(rows.pause_impact) == expected
+    rows = core.push(watermark_ns=400)  # has thread 1 ended at 160, or does it hold the GIL since? Not known.
+    assert len(rows.pause_impact) == 0 and len(core.finish().pause_impact) == 1
+
+
+def test_a_row_before_the_watermark_is_refused():
+    core = Correlator()
+    core.push(gil=gil_rows_from_frame(gil_frame([(1, 1, "released", 0, 50)])), watermark_ns=100)
+    with pytest.raises(TandemError, match="before the watermark"):
+        core.push(gil=gil_rows_from_frame(gil_frame([(1, 1, "released", 60, 70)])), watermark_ns=200)
+    with pytest.raises(ValueError, match="backwards"):
+        core.push(watermark_ns=50)
