@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -103,6 +104,105 @@ def same_pairs(a: tuple, b: tuple) -> bool:
     return key_a.size == key_b.size and bool(np.array_equal(key_a, key_b))
 
 
+# ---- end to end: `tandem analyze --pauses P.parquet --gil G.parquet` vs DuckDB overlap pairs ----------
+
+E2E_THREADS = 8
+
+
+def write_e2e_tables(directory, n_gil: int, n_pauses: int, seed: int = 2) -> tuple:
+    """P.parquet and G.parquet of the shape in docs/results.md: E2E_THREADS threads whose
+    intervals (1-200 us, 70% released / 30% waiting) follow each other with gaps, written
+    sorted by start as the probe's ingest writes them; pauses 0.1-50 ms."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    span = int(SPAN_NS * n_gil / N_GIL)
+    per_thread = n_gil // E2E_THREADS
+    length = rng.integers(1_000, 200_000, (E2E_THREADS, per_thread))
+    gap = rng.integers(1, 2 * span // per_thread - 100_000, (E2E_THREADS, per_thread))
+    start = np.cumsum(gap + np.concatenate([np.zeros((E2E_THREADS, 1), np.int64), length[:, :-1]], axis=1), axis=1)
+    order = np.argsort(start.ravel(), kind="stable")
+    tid = np.repeat(np.arange(1000, 1000 + E2E_THREADS), per_thread)[order]
+    g_start = start.ravel()[order]
+    g_end = g_start + length.ravel()[order]
+    state = pa.DictionaryArray.from_arrays(pa.array((rng.random(g_start.size) >= 0.7).astype(np.int8)),
+                                           pa.array(["released", "waiting"])).cast(pa.string())
+    gil = pa.table({"pid": np.full(g_start.size, 4242, np.int64), "tid": tid.astype(np.int64), "state": state,
+                    "start_ns": g_start, "end_ns": g_end})
+    p_start = np.sort(rng.integers(0, span, n_pauses))
+    kinds = np.array(["gc_pause", "safepoint", "vm_operation"])[rng.integers(0, 3, n_pauses)]
+    pauses = pa.table({"pause_id": np.arange(n_pauses, dtype=np.int64), "kind": kinds,
+                       "name": np.char.add(kinds, "-name"), "start_ns": p_start,
+                       "end_ns": p_start + rng.integers(100_000, 50_000_000, n_pauses)})
+    paths = (Path(directory) / "P.parquet", Path(directory) / "G.parquet")
+    pq.write_table(pauses, paths[0])
+    pq.write_table(gil, paths[1])
+    return paths
+
+
+DUCKDB_OVERLAPS = """
+COPY (SELECT p.pause_id, g.pid, g.tid, g.state, greatest(p.start_ns, g.start_ns) AS start_ns,
+             least(p.end_ns, g.end_ns) AS end_ns, least(p.end_ns, g.end_ns) - greatest(p.start_ns, g.start_ns) AS overlap_ns
+      FROM read_parquet('{pauses}') p JOIN read_parquet('{gil}') g
+        ON g.start_ns < p.end_ns AND p.start_ns < g.end_ns AND g.start_ns < g.end_ns AND p.start_ns < p.end_ns)
+TO '{out}' (FORMAT parquet)
+"""
+
+
+def run_measured(argv: list[str], env: dict | None = None) -> tuple[float, float]:
+    """Wall seconds and peak RSS (GiB, the kernel's count for the process) of one command."""
+    import subprocess
+
+    t0 = time.perf_counter()
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - t0
+    stderr = child.stderr.read().decode(errors="replace")
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode:
+        raise RuntimeError(f"{argv[:3]} failed ({child.returncode}): {stderr[-2000:]}")
+    return seconds, usage.ru_maxrss / 2**20
+
+
+def duckdb_overlaps_command(pauses, gil, out) -> list[str]:
+    import sys
+
+    query = DUCKDB_OVERLAPS.format(pauses=pauses, gil=gil, out=out)
+    return [sys.executable, "-c", f"import duckdb; duckdb.connect().execute({query!r})"]
+
+
+def end_to_end(console, n_gil: int, n_pauses: int) -> list[Row]:
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-e2e-") as tmp:
+        pauses, gil = write_e2e_tables(tmp, n_gil, n_pauses)
+        tandem = [sys.executable, "-m", "engine", "analyze", "--pauses", str(pauses), "--gil", str(gil), "-o", f"{tmp}/out"]
+        duck = duckdb_overlaps_command(pauses, gil, f"{tmp}/duck.parquet")
+        run_measured(tandem)  # warm-up: numba's cache, the page cache
+        runs = {"tandem": [], "duckdb": []}
+        for _ in range(2):  # in turns, so that load from other work falls on both alike
+            runs["tandem"].append(run_measured(tandem))
+            runs["duckdb"].append(run_measured(duck))
+        (ours_s, ours_gib), (duck_s, duck_gib) = (min(runs[k]) for k in ("tandem", "duckdb"))
+        import pyarrow.parquet as pq
+
+        pairs = pq.read_metadata(f"{tmp}/out/overlaps.parquet").num_rows
+        duck_pairs = pq.read_metadata(f"{tmp}/duck.parquet").num_rows
+        if pairs != duck_pairs:
+            raise RuntimeError(f"tandem wrote {pairs} overlaps rows, DuckDB {duck_pairs}")
+    label = f"{n_gil / 1e6:g} M x {n_pauses / 1e3:g} k"
+    console.print(f"tandem analyze end to end ({label}, {pairs:,} pairs): {ours_s:.2f} s, peak RSS {ours_gib:.2f} GiB; "
+                  f"DuckDB overlaps to Parquet: {duck_s:.2f} s, {duck_gib:.2f} GiB")
+    return [
+        Row("join", f"tandem analyze --pauses --gil end to end vs DuckDB overlaps only ({label})", ours_s, duck_s, "s",
+            "<= 1/5x", ours_s * 5 <= duck_s),
+        Row("join", f"tandem analyze peak RSS ({label}; anchor: DuckDB's)", ours_gib, duck_gib, "GiB", "<= 1.5 GiB",
+            ours_gib <= 1.5),
+    ]
+
+
 def main(console) -> list[Row]:
     from engine.join import overlap_pairs, overlap_totals
 
@@ -154,4 +254,5 @@ def main(console) -> list[Row]:
             "join", "aggregates with 1% GIL intervals 1 s long vs without",
             long_totals_s, totals_s, "s", "<= 2x", long_totals_s <= 2 * totals_s,
         ),
+        *end_to_end(console, n_gil, n_pauses),
     ]

@@ -105,3 +105,41 @@ def test_a_row_before_the_watermark_is_refused():
         core.push(gil=gil_rows_from_frame(gil_frame([(1, 1, "released", 60, 70)])), watermark_ns=200)
     with pytest.raises(ValueError, match="backwards"):
         core.push(watermark_ns=50)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("block_rows", [7, 64, 1 << 20])
+def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch, seed, block_rows):
+    """`tandem analyze --gil G.parquet` streams G in blocks; every table equals the in-memory analysis."""
+    import os
+
+    from engine.analysis import correlate, load_results
+    from engine.analysis import stream
+    from engine.store import read_table, write_table
+
+    pauses, gil = adversarial_tables(seed) if seed % 2 else random_scenario(seed)
+    if seed >= 2:
+        gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)  # as the probe writes them
+    write_table(gil, tmp_path / "g.parquet", {"source": "test"})
+    monkeypatch.setattr(stream, "BLOCK_ROWS", block_rows)
+    old_mask = os.umask(0o027)
+    try:
+        streamed = stream.analyze_parquet(tmp_path / "out", pauses, tmp_path / "g.parquet", slack_ns=5)
+    finally:
+        os.umask(old_mask)
+    expected = correlate(pauses, read_table(tmp_path / "g.parquet"), slack_ns=5, gil_source=str(tmp_path / "g.parquet"))
+    assert not (tmp_path / "out" / "gil.parquet").exists()  # not copied: the header names it
+    assert streamed.header.pop("gil_table") == str(tmp_path / "g.parquet")
+    assert streamed.header == expected.header
+    loaded = load_results(tmp_path / "out")
+    for name, table in expected.tables().items():
+        if name == "gil":
+            pd.testing.assert_frame_equal(loaded.gil, table, check_dtype=False)
+            continue
+        path = tmp_path / "out" / f"{name}.parquet"
+        assert os.stat(path).st_mode & 0o777 == 0o640, name  # the umask's mode, not mkstemp's 0600
+        back = read_table(path)
+        assert back.attrs["analysis"]["gil_intervals"] == expected.header["gil_intervals"]
+        if name == "gil_free":
+            back = back.sort_values(["pid", "start_ns"], ignore_index=True)
+        pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)

@@ -198,12 +198,21 @@ def load_results(out_dir: str | os.PathLike) -> Analysis:
     from engine.store import read_table
 
     out = Path(out_dir)
-    tables = {}
-    for name in RESULT_TABLES:
-        path = out / f"{name}.parquet"
+
+    def read(path: Path) -> pd.DataFrame:
         if not path.exists():
             raise TandemError(f"{path}: missing; expected the -o directory of `tandem analyze`")
-        tables[name] = read_table(path)
+        return read_table(path)
+
+    tables = {"summary": read(out / "summary.parquet")}
+    gil_table = tables["summary"].attrs.get("analysis", {}).get("gil_table")
+    for name in RESULT_TABLES:
+        path = out / f"{name}.parquet"
+        if name == "gil" and gil_table and not path.exists():
+            # A streamed analysis of a Parquet GIL table names that table instead of copying it.
+            tables[name] = check_gil(read(Path(gil_table)), gil_table)[0]
+        elif name != "summary":
+            tables[name] = read(path)
     header = tables["summary"].attrs.get("analysis", {})
     return Analysis(
         pauses=tables["pauses"], gil=tables["gil"], gil_free=tables["gil_free"], overlaps=tables["overlaps"],

@@ -49,6 +49,16 @@ def analyze(
                           "not --jfr/--pauses/--gil")
     slack_ns = parse_duration_ns(slack)
     pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
+    if len(gil) == 1 and gil[0].suffix == ".parquet":
+        # A GIL table on disk: streamed through the correlation core, in bounded memory.
+        from engine.analysis.stream import analyze_parquet
+
+        with _progress(f"correlating {gil[0].name}") as advance:
+            streamed = analyze_parquet(out, pauses_df, gil[0], slack_ns=slack_ns, offset_ns=offset,
+                                       pauses_source=pauses_source, progress=advance)
+        streamed.summary()
+        typer.echo(f"results in {out}/: {', '.join(p.name for p in streamed.paths)}")
+        return
     gil_df, gil_source = gil_from(session if not gil else None, gil)
     result = correlate(pauses_df, gil_df, slack_ns=slack_ns, offset_ns=offset,
                        pauses_source=pauses_source, gil_source=gil_source)
@@ -63,6 +73,26 @@ def analyze(
 
         files = write_session(result, dataset, Session.open(session))
         typer.echo(f"dataset {dataset}: session {files['sessions'].stem} under {files['sessions'].parent.relative_to(dataset / 'sessions')}")
+
+
+class _progress:
+    """A rich progress line on stderr (GIL rows correlated so far), gone when done."""
+
+    def __init__(self, what: str):
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                  console=Console(stderr=True), transient=True)
+        self._what = what
+
+    def __enter__(self):
+        self._progress.start()
+        task = self._progress.add_task(self._what)
+        return lambda rows: self._progress.update(task, description=f"{self._what}: {rows:,} GIL intervals")
+
+    def __exit__(self, *exc):
+        self._progress.stop()
 
 
 def register(app: typer.Typer) -> None:

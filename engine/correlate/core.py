@@ -116,6 +116,8 @@ class Correlator:
         self._swept = NONE  # gil_free and lifetimes are final before this
         # Threads (dense index) and processes (dense index): state of the gil_free sweep.
         self._thread_index: dict[tuple[int, int], int] = {}
+        self._table_keys = np.full(0, -1, np.int64)  # (pid << 32 | tid) -> index, open addressing
+        self._table_values = np.zeros(0, np.int64)
         self._pid_index: dict[int, int] = {}
         self.t_pid = np.zeros(0, np.int64)
         self.t_tid = np.zeros(0, np.int64)
@@ -132,6 +134,7 @@ class Correlator:
         self.p_holding = np.zeros(0, np.int64)
         self.p_alive = np.zeros(0, np.int64)
         self.p_in_span = np.zeros(0, np.bool_)
+        self.p_min_reach = np.zeros(0, np.int64)
         self.p_free_since = np.zeros(0, np.int64)
         self.p_close_start = np.zeros(0, np.int64)
         self.p_close_end = np.zeros(0, np.int64)
@@ -210,15 +213,24 @@ class Correlator:
         self._pending = pending.sort_values(["start_ns", "_seq"], ignore_index=True)
 
     def _index_threads(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-        codes, uniques = pd.factorize(pid.astype(np.int64) * (1 << 32) + tid.astype(np.int64))
-        index = np.empty(len(uniques), np.int64)
-        for i, key in enumerate(np.asarray(uniques).tolist()):
-            p, t = key >> 32, key & 0xFFFFFFFF
-            known = self._thread_index.get((p, t))
-            if known is None:
-                known = self._new_thread(p, t)
-            index[i] = known
-        return index[codes]
+        if 2 * (self.n_threads + 1024) > self._table_keys.size:  # room for this batch's new threads
+            self._rehash(4 * (self.n_threads + 1024))
+        codes = pid.astype(np.int64) << 32 | tid.astype(np.int64)
+        new_keys = np.empty(1024, np.int64)
+        n_new = kernels.thread_codes(codes, self._table_keys, self._table_values, self.n_threads, new_keys)
+        if n_new > new_keys.size:  # pragma: no cover - more than 1024 new threads in one batch
+            raise TandemError(f"{self.gil_source}: more than 1024 new threads in one batch")
+        for key in new_keys[:n_new].tolist():
+            self._new_thread(key >> 32, key & 0xFFFFFFFF)
+        return codes
+
+    def _rehash(self, size: int) -> None:
+        size = 1 << int(np.ceil(np.log2(size)))
+        self._table_keys = np.full(size, -1, np.int64)
+        self._table_values = np.zeros(size, np.int64)
+        keys = np.array([p << 32 | t for p, t in self._thread_index], np.int64)
+        if keys.size:
+            kernels.thread_codes(keys, self._table_keys, self._table_values, 0, np.empty(keys.size, np.int64))
 
     def _new_thread(self, pid: int, tid: int) -> int:
         pidx = self._pid_index.get(pid)
@@ -230,6 +242,7 @@ class Correlator:
             self.p_holding = _grow(self.p_holding, n, 0)
             self.p_alive = _grow(self.p_alive, n, 0)
             self.p_in_span = _grow(self.p_in_span, n, False)
+            self.p_min_reach = _grow(self.p_min_reach, n, NONE)
             self.p_free_since = _grow(self.p_free_since, n, NONE)
             self.p_close_start = _grow(self.p_close_start, n, NONE)
             self.p_close_end = _grow(self.p_close_end, n, NONE)
@@ -329,7 +342,7 @@ class Correlator:
             self.t_pidx[self.r_tidx], self.r_tidx, self.r_start, self.r_end, i0, i1, frontier, ptr, order.astype(np.int64),
             self.t_run[:nt], self.t_reach[:nt], self.t_reach_closed[:nt], self.t_open_row[:nt], self.t_seen_end[:nt],
             self.t_dead[:nt], self.t_alive[:nt], self.p_holding[:npids], self.p_alive[:npids], self.p_in_span[:npids],
-            np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids], self.p_close_start[:npids],
+            np.ascontiguousarray(span_end, np.int64), self.p_min_reach[:npids], self.p_free_since[:npids], self.p_close_start[:npids],
             self.p_close_end[:npids], out_pid, out_start, out_end)
         self._swept = frontier
         pidx, start, end = out_pid[:n], out_start[:n], out_end[:n]
@@ -363,23 +376,16 @@ class Correlator:
         p_start = batch["start_ns"].to_numpy(np.int64)
         p_end = batch["end_ns"].to_numpy(np.int64)
         pair_b, pair_a = overlap_pairs(p_start, p_end, self.r_start, self.r_end, slack_ns=self.slack_ns)
-        g_start, g_end = self.r_start[pair_a], self.r_end[pair_a]
-        later_start = np.maximum(p_start[pair_b], g_start)
-        earlier_end = np.minimum(p_end[pair_b], g_end)
-        overlapping = later_start < earlier_end
-        tidx = self.r_tidx[pair_a]
-        overlaps = pa.table({
-            "pause_id": batch["pause_id"].to_numpy(np.int64)[pair_b],
-            "pid": self.t_pid[tidx],
-            "tid": self.t_tid[tidx],
-            "state": state_strings(self.r_state[pair_a]),
-            "start_ns": np.where(overlapping, later_start, earlier_end),
-            "end_ns": np.where(overlapping, earlier_end, later_start),
-            "overlap_ns": np.where(overlapping, earlier_end - later_start, 0),
-            "slack_ns": np.where(overlapping, 0, later_start - earlier_end),
-            "near_miss": ~overlapping,
-        }, schema=SCHEMAS["overlaps"])
-
+        n = pair_b.size
+        columns = {name: np.empty(n, np.int64) for name in ("pause_id", "pid", "tid", "start_ns", "end_ns", "overlap_ns",
+                                                            "slack_ns")}
+        state, near_miss = np.empty(n, np.int8), np.empty(n, np.bool_)
+        kernels.overlap_rows(pair_b, pair_a, batch["pause_id"].to_numpy(np.int64), p_start, p_end, self.r_start, self.r_end,
+                             self.r_tidx, self.r_state, self.t_pid, self.t_tid, columns["pause_id"], columns["pid"],
+                             columns["tid"], state, columns["start_ns"], columns["end_ns"], columns["overlap_ns"],
+                             columns["slack_ns"], near_miss)
+        overlaps = pa.table({**columns, "state": state_strings(state), "near_miss": near_miss}).select(
+            list(SCHEMAS["overlaps"].names)).cast(SCHEMAS["overlaps"])
         nt = self.n_threads
         own = (batch["os_thread_id"].astype("Int64").fillna(-1).to_numpy(np.int64) if "os_thread_id" in batch.columns
                else np.full(len(batch), -1, np.int64))
@@ -415,10 +421,10 @@ class Correlator:
             "amplified": amplifying >= 0,
         }, schema=SCHEMAS["pause_impact"])
         self._impact.append(impact.append_column("_seq", pa.array(batch["_seq"].to_numpy(np.int64))))
-        exact = np.flatnonzero(overlapping)
+        exact = np.flatnonzero(~near_miss)
         if exact.size:
             kind_name = pd.factorize(batch["kind"].astype(str) + "\0" + batch["name"].astype(str))
-            keys = np.unique(kind_name[0][pair_b[exact]].astype(np.int64) * (1 << 32) + tidx[exact])
+            keys = np.unique(kind_name[0][pair_b[exact]].astype(np.int64) * (1 << 32) + self.r_tidx[pair_a[exact]])
             for key in keys.tolist():
                 kind, name = kind_name[1][key >> 32].split("\0", 1)
                 self._affected.add((kind, name, key & 0xFFFFFFFF))

@@ -28,7 +28,9 @@ def _int64(batch: pa.RecordBatch, column: str, source: str) -> np.ndarray:
         raise TandemError(f"{source}: column {column!r} has missing values")
     if not (pa.types.is_integer(values.type) or pa.types.is_boolean(values.type)):
         raise TandemError(f"{source}: column {column!r} must be integers (int64 ns), found {values.type}")
-    return values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    if values.type != pa.int64():
+        values = values.cast(pa.int64())
+    return values.to_numpy(zero_copy_only=False)
 
 
 def check_gil_schema(schema: pa.Schema, source: str) -> None:
@@ -43,7 +45,13 @@ def gil_rows_from_arrow(batch: pa.RecordBatch, source: str, first_row: int = 0) 
     pid, tid = _int64(batch, "pid", source), _int64(batch, "tid", source)
     start, end = _int64(batch, "start_ns", source), _int64(batch, "end_ns", source)
     state = batch.column("state")
-    if pa.types.is_dictionary(state.type):
+    if pa.types.is_dictionary(state.type) and not state.null_count:
+        # (as ParquetGil reads it) the check runs on the dictionary, the rows only index it
+        words = state.dictionary.to_pylist()
+        if all(w in ("released", "waiting") for w in words):
+            codes = np.array([w == "waiting" for w in words], np.int8)
+            return GilRows(pid, tid, codes[state.indices.to_numpy(zero_copy_only=False)], start, end) if _ordered(
+                start, end, source, first_row) else None
         state = state.cast(state.type.value_type)
     waiting = pc.equal(state, "waiting")
     known = pc.or_(pc.equal(state, "released"), waiting)
@@ -51,8 +59,13 @@ def gil_rows_from_arrow(batch: pa.RecordBatch, source: str, first_row: int = 0) 
         bad = state.filter(pc.invert(pc.fill_null(known, False))) if not state.null_count else None
         value = bad[0].as_py() if bad is not None and len(bad) else None
         raise TandemError(f"{source}: column 'state' has value {value!r} (must be 'released' or 'waiting')")
+    _ordered(start, end, source, first_row)
+    return GilRows(pid, tid, waiting.to_numpy(zero_copy_only=False).astype(np.int8), start, end)
+
+
+def _ordered(start: np.ndarray, end: np.ndarray, source: str, first_row: int) -> bool:
     backwards = end < start
     if backwards.any():
         row = first_row + int(np.flatnonzero(backwards)[0])
         raise TandemError(f"{source}: row {row} ends before it starts (start_ns > end_ns)")
-    return GilRows(pid, tid, waiting.to_numpy(zero_copy_only=False).astype(np.int8), start, end)
+    return True

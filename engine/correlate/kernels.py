@@ -65,20 +65,24 @@ def _close_free(p, t, free_since, close_start, close_end, out_pid, out_start, ou
     return n_out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _end_runs_before(p, t, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_end, t_dead, t_alive,
-                     p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
+                     p_holding, p_alive, p_in_span, p_span_end, p_min_reach, free_since, close_start, close_end,
                      out_pid, out_start, out_end, n_out):
-    """Apply, in time order, the ends of pid p's runs (merged released/waiting intervals) before t."""
+    """Apply, in time order, the ends of pid p's runs (merged released/waiting intervals) before t.
+    p_min_reach[p] is a lower bound of its runs' ends: most rows need no scan of its threads."""
+    if p_min_reach[p] >= t:
+        return n_out
     while True:
         best = -1
-        best_t = t
+        best_t = END
         for k in range(pid_threads_ptr[p], pid_threads_ptr[p + 1]):
             th = pid_threads[k]
             if t_run[th] and t_reach[th] < best_t:
                 best = th
                 best_t = t_reach[th]
-        if best < 0:
+        p_min_reach[p] = best_t
+        if best < 0 or best_t >= t:
             return n_out
         t_run[best] = False
         if t_seen_end[best] == best_t and t_dead[best]:
@@ -97,7 +101,7 @@ def _end_runs_before(p, t, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_
 @njit(cache=True, nogil=True)
 def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads_ptr, pid_threads,
                    t_run, t_reach, t_reach_closed, t_open_row, t_seen_end, t_dead, t_alive,
-                   p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
+                   p_holding, p_alive, p_in_span, p_span_end, p_min_reach, free_since, close_start, close_end,
                    out_pid, out_start, out_end) -> int:
     """Advance the per-process holder count over rows i0..i1 (sorted by start, all before frontier),
     then over every run end before frontier; write the gil_free segments that became final.
@@ -105,7 +109,7 @@ def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
     Per thread: t_run/t_reach (its current run of merged intervals and where it ends; END while an
     open row is in it), t_alive (within its inferred lifetime), t_dead (its lifetime ends with its
     last interval seen). Per process: p_holding (living threads holding the GIL), p_alive,
-    p_in_span, p_span_end (the process's span ends there once no thread is alive), free_since (start of the free segment now, or
+    p_in_span, p_span_end (the process's span ends there once no thread is alive), p_min_reach, free_since (start of the free segment now, or
     NONE) and the last closed segment (close_start/close_end), held back because a segment
     closing and reopening at one instant is one segment. Returns the number of segments written.
     """
@@ -118,7 +122,7 @@ def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
         p = r_pidx[i]
         th = r_tidx[i]
         n_out = _end_runs_before(p, s, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_end, t_dead, t_alive,
-                                 p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
+                                 p_holding, p_alive, p_in_span, p_span_end, p_min_reach, free_since, close_start, close_end,
                                  out_pid, out_start, out_end, n_out)
         is_open = e >= END
         if t_run[th]:  # touching or overlapping its current run: the run goes on
@@ -132,6 +136,8 @@ def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
         t_open_row[th] = is_open
         t_reach_closed[th] = s if is_open else e
         t_reach[th] = END if is_open else e
+        if t_reach[th] < p_min_reach[p]:
+            p_min_reach[p] = t_reach[th]
         if not t_alive[th]:
             t_alive[th] = True
             p_alive[p] += 1
@@ -145,7 +151,7 @@ def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
                 n_out = _open_free(p, s, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
     for p in range(p_holding.size):
         n_out = _end_runs_before(p, frontier, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_end, t_dead, t_alive,
-                                 p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
+                                 p_holding, p_alive, p_in_span, p_span_end, p_min_reach, free_since, close_start, close_end,
                                  out_pid, out_start, out_end, n_out)
         if close_end[p] != NONE:
             out_pid[n_out] = p
@@ -231,3 +237,64 @@ def pause_columns(p_start, p_end, p_own_tid, p_whole_vm, pair_b, pair_a, r_tidx,
         out[b, 5] = near
         out[b, 6] = holding
         out[b, 7] = amplifying
+
+
+@njit(cache=True, nogil=True)
+def group_bounds(codes, start, end, lo, hi) -> None:
+    """Per group code: lo = min start, hi = max end over its non-empty intervals (lo/hi pre-filled)."""
+    for i in range(codes.size):
+        if end[i] > start[i]:
+            c = codes[i]
+            if start[i] < lo[c]:
+                lo[c] = start[i]
+            if end[i] > hi[c]:
+                hi[c] = end[i]
+
+
+@njit(cache=True, nogil=True)
+def thread_codes(keys, table_keys, table_values, n_known, new_keys) -> int:
+    """Dense thread index of each key ((pid << 32) | tid), from an open-addressing table (size a
+    power of two, empty slots -1) that keys not seen yet are added to, numbered from n_known on
+    and listed in new_keys (in order). Returns how many were new; keys becomes the indexes."""
+    mask = table_keys.size - 1
+    n_new = 0
+    for i in range(keys.size):
+        key = keys[i]
+        slot = ((key * -7046029254386353131) >> 40) & mask  # Fibonacci hashing (2^64 / golden ratio, signed)
+        while table_keys[slot] != key and table_keys[slot] != -1:
+            slot = (slot + 1) & mask
+        if table_keys[slot] == -1:
+            table_keys[slot] = key
+            table_values[slot] = n_known + n_new
+            new_keys[n_new] = key
+            n_new += 1
+        keys[i] = table_values[slot]
+    return n_new
+
+
+@njit(cache=True, nogil=True)
+def overlap_rows(pair_b, pair_a, p_id, p_start, p_end, r_start, r_end, r_tidx, r_state, t_pid, t_tid,
+                 pause_id, pid, tid, state, start, end, overlap, slack, near_miss) -> None:
+    """The overlaps table's columns for each pair: the overlap, or the gap of a near miss."""
+    for k in range(pair_b.size):
+        b = pair_b[k]
+        a = pair_a[k]
+        later_start = max(p_start[b], r_start[a])
+        earlier_end = min(p_end[b], r_end[a])
+        th = r_tidx[a]
+        pause_id[k] = p_id[b]
+        pid[k] = t_pid[th]
+        tid[k] = t_tid[th]
+        state[k] = r_state[a]
+        if later_start < earlier_end:
+            start[k] = later_start
+            end[k] = earlier_end
+            overlap[k] = earlier_end - later_start
+            slack[k] = 0
+            near_miss[k] = False
+        else:
+            start[k] = earlier_end
+            end[k] = later_start
+            overlap[k] = 0
+            slack[k] = later_start - earlier_end
+            near_miss[k] = True

@@ -1,9 +1,11 @@
-"""Parquet tables with tandem metadata, written atomically.
+"""Parquet tables with tandem metadata, written atomically with the user's umask.
 
-`write_table` writes to a temporary file in the destination directory and renames it into
-place (os.replace), so a reader sees the old file or the new one, never half of one.
-The table's metadata dict is stored JSON-encoded under the Parquet key-value key
-`tandem`, and comes back as `DataFrame.attrs` from `read_table`.
+`write_table` writes a DataFrame in one go; `TableWriter` writes a table row group by row
+group as it is produced (peak memory: one row group). Both write to a temporary file in the
+destination directory and rename it into place (os.replace), so a reader sees the old file
+or the new one, never half of one; the file gets the mode a plain `open()` would give
+(0666 minus the umask), not mkstemp's 0600. The metadata dict is stored JSON-encoded under
+the Parquet key-value key `tandem`, and comes back as `DataFrame.attrs` from `read_table`.
 """
 from __future__ import annotations
 
@@ -19,20 +21,40 @@ from engine.errors import TandemError
 METADATA_KEY = b"tandem"
 
 
+def _umask() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # (not thread-safe: only where /proc does not say)
+    os.umask(mask)
+    return mask
+
+
+def _temporary(path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())
+    return tmp
+
+
+def _encoded(metadata: dict) -> bytes:
+    return json.dumps(metadata, default=_json_default).encode()
+
+
 def write_table(df: pd.DataFrame, path: str | Path, metadata: dict | None = None) -> Path:
     """Writes `df` to `path` atomically with `metadata` (default: df.attrs) as JSON under `tandem`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     meta = df.attrs if metadata is None else metadata
     table = pa.Table.from_pandas(df, preserve_index=False)
-    schema_meta = dict(table.schema.metadata or {})
-    schema_meta[METADATA_KEY] = json.dumps(meta, default=_json_default).encode()
-    table = table.replace_schema_metadata(schema_meta)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: _encoded(meta)})
+    tmp = _temporary(path)
     try:
         pq.write_table(table, tmp)
         os.replace(tmp, path)
@@ -42,8 +64,56 @@ def write_table(df: pd.DataFrame, path: str | Path, metadata: dict | None = None
     return path
 
 
+class TableWriter:
+    """One Parquet file written row group by row group, renamed into place by `close(metadata)`."""
+
+    def __init__(self, path: str | Path, schema):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.path = Path(path)
+        self.rows = 0
+        self._tmp = _temporary(self.path)
+        # (a schema copied from an input table may carry the input's own `tandem` metadata)
+        schema = schema.with_metadata({k: v for k, v in (schema.metadata or {}).items() if k != METADATA_KEY})
+        # Dictionary pages for text columns only: for int64 columns of times and ids, building the
+        # dictionaries cost more than the rest of the write and saved little (bench/bench_join.py).
+        text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
+        self._writer = pq.ParquetWriter(self._tmp, schema, compression="lz4", use_dictionary=text)
+
+    def write(self, table) -> None:
+        if table.num_rows:
+            self._writer.write_table(table)
+            self.rows += table.num_rows
+
+    def close(self, metadata: dict) -> Path:
+        self._writer.add_key_value_metadata({METADATA_KEY: _encoded(metadata)})
+        self._writer.close()
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            Path(self._tmp).unlink(missing_ok=True)
+
+
+def read_metadata(path: str | Path) -> dict:
+    """The `tandem` metadata of a Parquet file, without reading its rows. (`TableWriter` adds it to
+    the file's key-value metadata at the end, `write_table` to the Arrow schema's; both are read.)"""
+    import pyarrow.parquet as pq
+
+    try:
+        raw = (pq.read_metadata(path).metadata or {}).get(METADATA_KEY)
+    except (OSError, ValueError) as err:
+        raise TandemError(f"{path}: not a readable Parquet table: {err}") from None
+    return json.loads(raw) if raw else {}
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
-    """Reads a table written by `write_table`; its metadata becomes `df.attrs`."""
+    """Reads a table written by `write_table` or `TableWriter`; its metadata becomes `df.attrs`."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -51,9 +121,11 @@ def read_table(path: str | Path) -> pd.DataFrame:
         table = pq.read_table(path)
     except (OSError, ValueError) as err:
         raise TandemError(f"{path}: not a readable Parquet table: {err}") from None
-    raw = (table.schema.metadata or {}).get(METADATA_KEY)
-    df = table.to_pandas()
-    df.attrs = json.loads(raw) if raw else {}
+    schema_metadata = table.schema.metadata or {}
+    raw = schema_metadata.get(METADATA_KEY)
+    # Written without pandas' own metadata (TableWriter): strings come back as pandas strings.
+    df = table.to_pandas() if b"pandas" in schema_metadata else table.to_pandas(types_mapper={pa.string(): pd.StringDtype()}.get)
+    df.attrs = json.loads(raw) if raw else read_metadata(path)
     return df
 
 
