@@ -120,6 +120,9 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
     pauses, gil = adversarial_tables(seed) if seed % 2 else random_scenario(seed)
     if seed >= 2:
         gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)  # as the probe writes them
+    if seed == 3:  # the code of each release, carried into overlaps
+        gil["function"] = pd.array([f"f{i % 7}" for i in range(len(gil))], dtype="string")
+        gil["line"] = pd.array([None if i % 4 == 0 else i % 11 for i in range(len(gil))], dtype="Int64")
     write_table(gil, tmp_path / "g.parquet", {"source": "test"})
     monkeypatch.setattr(stream, "BLOCK_ROWS", block_rows)
     old_mask = os.umask(0o027)
@@ -143,3 +146,24 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
         if name == "gil_free":
             back = back.sort_values(["pid", "start_ns"], ignore_index=True)
         pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
+
+
+def test_overlaps_carry_the_code_of_their_gil_interval():
+    """Columns of schema.GIL_CARRIED_COLUMNS go from each GIL row into its overlaps rows, through any windows."""
+    pauses, gil = adversarial_tables(3)
+    pauses, (gil, _) = check_pauses(pauses), check_gil(gil)
+    rng = np.random.default_rng(3)
+    gil["function"] = pd.array([f"f{i % 7}" for i in range(len(gil))], dtype="string")
+    gil["file"] = pd.array([None if i % 5 == 0 else f"m{i % 3}.py" for i in range(len(gil))], dtype="string")
+    gil["line"] = pd.array([None if i % 4 == 0 else i % 11 for i in range(len(gil))], dtype="Int64")
+    one, _ = run(pauses, gil, 3)
+    assert list(one["overlaps"].columns[-3:]) == ["function", "file", "line"]
+    assert len(one["overlaps"]) and not one["overlaps"].function.isna().any()
+    many, _ = run(pauses, gil, 3, random_edges(rng, -10, 2_100, 20))
+    assert_same(one, many)
+    from engine.join import overlap_frame
+
+    text = {"state": "string", "function": "string", "file": "string", "line": "Int64"}
+    pd.testing.assert_frame_equal(  # the join's own table (engine.join.overlap_frame) as the witness
+        one["overlaps"].astype(text),
+        overlap_frame(pauses.sort_values("start_ns", kind="stable"), gil, slack_ns=3).astype(text), check_dtype=False)

@@ -23,7 +23,7 @@ from engine.analysis.clock import check_same_clock, clock_facts
 from engine.correlate import END, Correlator, KnownLifetimes
 from engine.correlate import kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow
-from engine.correlate.schema import GIL_COLUMNS, RESULT_TABLES, SCHEMAS
+from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, RESULT_TABLES, SCHEMAS
 from engine.errors import TandemError
 from engine.join import check_pauses
 from engine.store import TableWriter, read_metadata
@@ -109,11 +109,14 @@ def analyze_parquet(out: str | os.PathLike, pauses: pd.DataFrame, gil_path: Path
                       pauses_source=pause_clock.source)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    writers = {name: TableWriter(out / f"{name}.parquet", SCHEMAS[name]) for name in ("overlaps", "gil_free")}
+    carried = [gil.file.schema_arrow.field(c) for c in GIL_CARRIED_COLUMNS if c in gil.file.schema_arrow.names]
+    writers = {"overlaps": TableWriter(out / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *carried])),
+               "gil_free": TableWriter(out / "gil_free.parquet", SCHEMAS["gil_free"])}
     try:
         first_row = 0
         pending_pauses = pauses
-        for k, batch in enumerate(gil.blocks(list(GIL_COLUMNS))):
+        columns = [c for c in (*GIL_COLUMNS, *GIL_CARRIED_COLUMNS) if c in gil.file.schema_arrow.names]
+        for k, batch in enumerate(gil.blocks(columns)):
             rows = gil_rows_from_arrow(batch, gil_clock.source, first_row)
             emitted = core.push(pauses=pending_pauses, gil=rows, watermark_ns=int(watermarks[k]))
             pending_pauses = None

@@ -32,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 
 from engine.correlate import kernels
-from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
+from engine.correlate.schema import END, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
 from engine.errors import TandemError
 
 NONE = kernels.NONE
@@ -40,13 +40,15 @@ NONE = kernels.NONE
 
 @dataclass
 class GilRows:
-    """A batch of GIL intervals as arrays: state 0 released, 1 waiting."""
+    """A batch of GIL intervals as arrays: state 0 released, 1 waiting; `carried`: the columns of
+    schema.GIL_CARRIED_COLUMNS the table has, which the overlaps rows carry."""
 
     pid: np.ndarray
     tid: np.ndarray
     state: np.ndarray
     start_ns: np.ndarray
     end_ns: np.ndarray
+    carried: pa.Table | None = None
 
     def __len__(self) -> int:
         return int(self.start_ns.size)
@@ -144,6 +146,12 @@ class Correlator:
         self.r_state = np.zeros(0, np.int8)
         self.r_start = np.zeros(0, np.int64)
         self.r_end = np.zeros(0, np.int64)
+        self.r_carried = np.zeros(0, np.int64)  # code of the row's carried values (self._carried)
+        # Carried per-interval values (GIL_CARRIED_COLUMNS), each distinct combination once: a
+        # release site is one of few thousand, so rows keep a code.
+        self._carried_codes: dict[tuple, int] = {}
+        self._carried_schema: pa.Schema | None = None
+        self._carried_table: pa.Table | None = None
         # gil_free segments a pending or later pause may still overlap.
         self.f_pidx = np.zeros(0, np.int64)
         self.f_start = np.zeros(0, np.int64)
@@ -212,6 +220,47 @@ class Correlator:
         pending = batch if self._pending is None else pd.concat([self._pending, batch], ignore_index=True)
         self._pending = pending.sort_values(["start_ns", "_seq"], ignore_index=True)
 
+    def _carried_code_of(self, gil: GilRows) -> np.ndarray:
+        """Per row, the code of its carried values (-1 when the table carries none)."""
+        if gil.carried is None or not gil.carried.num_columns:
+            if self._carried_schema is not None:
+                raise TandemError(f"{self.gil_source}: a batch without the columns {', '.join(self._carried_schema.names)} "
+                                  "the earlier ones had")
+            return np.full(len(gil), -1, np.int64)
+        table = gil.carried.combine_chunks() if isinstance(gil.carried, pa.Table) else pa.Table.from_batches([gil.carried])
+        if self._carried_schema is None:
+            self._carried_schema = table.schema
+        elif table.schema != self._carried_schema:
+            table = table.select(self._carried_schema.names).cast(self._carried_schema)
+        key = np.zeros(table.num_rows, np.int64)
+        for column in table.columns:  # mixed-radix key over each column's dictionary indexes
+            encoded = pa.compute.dictionary_encode(column.combine_chunks(), null_encoding="encode")
+            key = key * (len(encoded.dictionary) + 1) + encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        local_codes, first_rows = np.unique(key, return_index=True)
+        inverse = np.searchsorted(local_codes, key)
+        firsts = table.take(pa.array(first_rows)).to_pylist()
+        codes = np.empty(len(firsts), np.int64)
+        grew = False
+        for i, row in enumerate(firsts):
+            value = tuple(row.values())
+            code = self._carried_codes.get(value)
+            if code is None:
+                code = self._carried_codes[value] = len(self._carried_codes)
+                grew = True
+            codes[i] = code
+        if grew:
+            rows = list(self._carried_codes)
+            self._carried_table = pa.table({name: pa.array([r[i] for r in rows], self._carried_schema.field(name).type)
+                                            for i, name in enumerate(self._carried_schema.names)})
+        return codes[inverse]
+
+    def overlaps_schema(self) -> pa.Schema:
+        """The overlaps table's schema: SCHEMAS["overlaps"], then the carried columns the GIL rows have."""
+        schema = SCHEMAS["overlaps"]
+        for field in self._carried_schema or []:
+            schema = schema.append(field)
+        return schema
+
     def _index_threads(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
         if 2 * (self.n_threads + 1024) > self._table_keys.size:  # room for this batch's new threads
             self._rehash(4 * (self.n_threads + 1024))
@@ -272,9 +321,10 @@ class Correlator:
         self._late(start, self.gil_source)
         tidx = self._index_threads(np.asarray(gil.pid), np.asarray(gil.tid))
         state = np.asarray(gil.state, np.int8)
+        carried = self._carried_code_of(gil)
         if not kernels_sorted(start):
             order = np.argsort(start, kind="stable")
-            start, end, tidx, state = start[order], end[order], tidx[order], state[order]
+            start, end, tidx, state, carried = start[order], end[order], tidx[order], state[order], carried[order]
         n_old = self.r_start.size
         all_start = np.concatenate([self.r_start, start])
         if n_old and start.size and start[0] < self.r_start[-1]:
@@ -288,15 +338,16 @@ class Correlator:
 
         r_start = all_start if order is None else all_start[order]
         r_end, r_tidx, r_state = merged(self.r_end, end), merged(self.r_tidx, tidx), merged(self.r_state, state)
+        r_carried = merged(self.r_carried, carried)
         is_new = merged(np.zeros(n_old, np.bool_), np.ones(start.size, np.bool_))
         dup = kernels.duplicate_rows(r_start, r_end, r_tidx, r_state, is_new)
         n_dup = int(np.count_nonzero(dup))
         if n_dup:
             keep = ~dup
-            r_start, r_end, r_tidx, r_state, is_new = r_start[keep], r_end[keep], r_tidx[keep], r_state[keep], is_new[keep]
+            r_start, r_end, r_tidx, r_state, r_carried = r_start[keep], r_end[keep], r_tidx[keep], r_state[keep], r_carried[keep]
         self.duplicate_gil_rows += n_dup
         self.gil_intervals += start.size - n_dup
-        self.r_start, self.r_end, self.r_tidx, self.r_state = r_start, r_end, r_tidx, r_state
+        self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried = r_start, r_end, r_tidx, r_state, r_carried
         self.span = [min(self.span[0], int(start[0])), max(self.span[1], int(end.max()))]
         # Each thread's first non-empty start and latest end; each process's latest end.
         nonempty = end > start
@@ -359,13 +410,13 @@ class Correlator:
     def _finalize_pauses(self, frontier: int, final: bool) -> tuple[pa.Table, pa.Table]:
         pending = self._pending
         if pending is None or not len(pending):
-            return empty_table("overlaps"), empty_table("pause_impact")
+            return self.overlaps_schema().empty_table(), empty_table("pause_impact")
         ends = pending["end_ns"].to_numpy(np.int64)
         done = (ends + self.slack_ns < self.watermark_ns) & (ends <= frontier) if not final else np.ones(len(pending), bool)
         # In start order: a pause waits for every pause that started before it.
         n = len(pending) if done.all() else int(np.argmin(done))
         if n == 0:
-            return empty_table("overlaps"), empty_table("pause_impact")
+            return self.overlaps_schema().empty_table(), empty_table("pause_impact")
         batch = pending.iloc[:n].reset_index(drop=True)
         self._pending = pending.iloc[n:].reset_index(drop=True)
         return self._pause_rows(batch, frontier)
@@ -386,6 +437,10 @@ class Correlator:
                              columns["slack_ns"], near_miss)
         overlaps = pa.table({**columns, "state": state_strings(state), "near_miss": near_miss}).select(
             list(SCHEMAS["overlaps"].names)).cast(SCHEMAS["overlaps"])
+        if self._carried_table is not None:
+            values = self._carried_table.take(pa.array(self.r_carried[pair_a]))
+            for name in values.column_names:
+                overlaps = overlaps.append_column(values.schema.field(name), values.column(name))
         nt = self.n_threads
         own = (batch["os_thread_id"].astype("Int64").fillna(-1).to_numpy(np.int64) if "os_thread_id" in batch.columns
                else np.full(len(batch), -1, np.int64))
@@ -444,8 +499,8 @@ class Correlator:
         horizon = min(w, pending_from)
         keep = (self.r_end >= horizon - self.slack_ns) | (self.r_start >= self._swept)
         if not keep.all():
-            self.r_start, self.r_end, self.r_tidx, self.r_state = (
-                self.r_start[keep], self.r_end[keep], self.r_tidx[keep], self.r_state[keep])
+            self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried = (
+                self.r_start[keep], self.r_end[keep], self.r_tidx[keep], self.r_state[keep], self.r_carried[keep])
         keep = self.f_end > horizon
         if not keep.all():
             self.f_pidx, self.f_start, self.f_end = self.f_pidx[keep], self.f_start[keep], self.f_end[keep]

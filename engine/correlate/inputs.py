@@ -11,15 +11,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.correlate.core import GilRows
-from engine.correlate.schema import GIL_COLUMNS
+from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS
 from engine.errors import TandemError
 
 
 def gil_rows_from_frame(gil: pd.DataFrame) -> GilRows:
     """A gil table checked by engine.join.check_gil, as arrays."""
+    carried = [c for c in GIL_CARRIED_COLUMNS if c in gil.columns]
     return GilRows(gil["pid"].to_numpy(np.int64), gil["tid"].to_numpy(np.int64),
                    (gil["state"].astype("string") == "waiting").to_numpy(bool).astype(np.int8),
-                   gil["start_ns"].to_numpy(np.int64), gil["end_ns"].to_numpy(np.int64))
+                   gil["start_ns"].to_numpy(np.int64), gil["end_ns"].to_numpy(np.int64),
+                   pa.Table.from_pandas(gil[carried], preserve_index=False) if carried else None)
 
 
 def _int64(batch: pa.RecordBatch, column: str, source: str) -> np.ndarray:
@@ -50,8 +52,8 @@ def gil_rows_from_arrow(batch: pa.RecordBatch, source: str, first_row: int = 0) 
         words = state.dictionary.to_pylist()
         if all(w in ("released", "waiting") for w in words):
             codes = np.array([w == "waiting" for w in words], np.int8)
-            return GilRows(pid, tid, codes[state.indices.to_numpy(zero_copy_only=False)], start, end) if _ordered(
-                start, end, source, first_row) else None
+            _ordered(start, end, source, first_row)
+            return GilRows(pid, tid, codes[state.indices.to_numpy(zero_copy_only=False)], start, end, _carried(batch))
         state = state.cast(state.type.value_type)
     waiting = pc.equal(state, "waiting")
     known = pc.or_(pc.equal(state, "released"), waiting)
@@ -60,7 +62,12 @@ def gil_rows_from_arrow(batch: pa.RecordBatch, source: str, first_row: int = 0) 
         value = bad[0].as_py() if bad is not None and len(bad) else None
         raise TandemError(f"{source}: column 'state' has value {value!r} (must be 'released' or 'waiting')")
     _ordered(start, end, source, first_row)
-    return GilRows(pid, tid, waiting.to_numpy(zero_copy_only=False).astype(np.int8), start, end)
+    return GilRows(pid, tid, waiting.to_numpy(zero_copy_only=False).astype(np.int8), start, end, _carried(batch))
+
+
+def _carried(batch: pa.RecordBatch) -> pa.Table | None:
+    names = [c for c in GIL_CARRIED_COLUMNS if c in batch.schema.names]
+    return pa.Table.from_batches([batch.select(names)]) if names else None
 
 
 def _ordered(start: np.ndarray, end: np.ndarray, source: str, first_row: int) -> bool:

@@ -21,6 +21,11 @@ PAUSE_COLUMNS = ("pause_id", "kind", "name", "start_ns", "end_ns")
 GIL_COLUMNS = ("pid", "tid", "state", "start_ns", "end_ns")
 # Pause columns the correlation reads beyond PAUSE_COLUMNS, when present (pause amplification).
 PAUSE_FACT_COLUMNS = ("os_thread_id", "at_safepoint")
+# Per-interval columns carried from a GIL interval into its overlaps rows, when the gil table
+# has them (the Python code of a release, docs/results.md). Add a column here to carry it.
+GIL_CARRIED_COLUMNS = ("function", "file", "line")
+# Integer columns that may be missing: Int64 in pandas.
+NULLABLE_INT_COLUMNS = ("amplifying_tid", "line")
 
 RESULT_TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact", "summary")
 # Tables of one row per something, produced row group by row group (summary is an aggregate).
@@ -54,11 +59,12 @@ _PANDAS_TYPES = {pa.string(): pd.StringDtype()}
 
 
 def to_pandas(table: pa.Table, name: str | None = None) -> pd.DataFrame:
-    """An Arrow result table as the DataFrame `engine.analysis` hands out (strings as pandas strings;
-    pause_impact.amplifying_tid as Int64)."""
+    """An Arrow result table as the DataFrame `engine.analysis` hands out (strings as pandas strings,
+    integers that may be missing as Int64)."""
     frame = table.to_pandas(types_mapper=_PANDAS_TYPES.get)
-    if name == "pause_impact" or "amplifying_tid" in frame.columns:
-        frame["amplifying_tid"] = frame["amplifying_tid"].astype("Int64")
+    for column in NULLABLE_INT_COLUMNS:
+        if column in frame.columns:
+            frame[column] = frame[column].astype("Int64")
     return frame
 
 
