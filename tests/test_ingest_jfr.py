@@ -207,10 +207,11 @@ def test_truncated_first_chunk_is_one_line_error(recordings, tmp_path):
 
 
 def test_not_jfr_is_one_line_error(tmp_path):
-    for content in (b"", b"hello world\n" * 100, b"PK\x03\x04" + bytes(200)):
+    for content, message in ((b"", "empty file"), (b"hello world\n" * 100, "not a JFR recording"),
+                             (b"PK\x03\x04" + bytes(200), "not a JFR recording")):
         path = tmp_path / "x.jfr"
         path.write_bytes(content)
-        with pytest.raises(TandemError, match="not a JFR recording"):
+        with pytest.raises(TandemError, match=message):
             read_pauses(path)
     with pytest.raises(TandemError, match="cannot read"):
         read_pauses(tmp_path / "missing.jfr")

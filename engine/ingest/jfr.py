@@ -21,7 +21,7 @@ import pandas as pd
 from engine.clock import align
 from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET, Chunk, ChunkScan, scan_chunks, split_runs
 from engine.errors import TandemError, TandemWarning
-from engine.ingest import jfr_chunks
+from engine.ingest import jfr_chunks, jfr_input
 
 KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
 # The JFR event types each kind comes from (for witnesses such as `jfr print --events`).
@@ -52,12 +52,31 @@ def read_pauses(
     path_list = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     if not path_list:
         raise TandemError("no recording given")
+    with jfr_input.readable_recordings(path_list) as (readable, named):
+        if readable == path_list:
+            return _read_pauses(readable, progress, jvm_options)
+        # gzip inside: read the decompressed copies, name the user's files in what we say
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                table = _read_pauses(readable, progress, jvm_options)
+        except TandemError as err:
+            raise TandemError(named(str(err))) from None
+        finally:
+            for warning in caught:
+                warnings.warn(named(str(warning.message)), warning.category, stacklevel=2)
+        table["source"] = table["source"].map(named).astype("string")
+        table.attrs = jfr_input.named_everywhere(table.attrs, named)
+        return table
+
+
+def _read_pauses(path_list: list[Path], progress, jvm_options: tuple[str, ...]) -> pd.DataFrame:
     scans = [scan_chunks(p) for p in path_list]  # refuse bad files before starting the JVM
     for scan in scans:
         if scan.unfinished is not None:
-            warnings.warn(_unfinished_message(scan), TandemWarning, stacklevel=2)
+            warnings.warn(_unfinished_message(scan), TandemWarning, stacklevel=3)
         elif scan.lost_bytes:
-            warnings.warn(_lost_message(scan), TandemWarning, stacklevel=2)
+            warnings.warn(_lost_message(scan), TandemWarning, stacklevel=3)
 
     parts, sources = [], []
     with _Progress(progress, sum(s.complete_bytes for s in scans)) as bar:
@@ -133,19 +152,15 @@ def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) 
         pieces, damage = _read_run(scan, run, walks, watched, bar, jvm_options)
         damages.extend(damage)
         for piece, reader in pieces:
-            if int(reader.eventsSeen()) == 0 and not damage:
-                # jdk.jfr's EventStream swallows parse errors and just stops: say so rather than
-                # return an empty table as if the JVM had never paused.
-                warnings.warn(
-                    f"{scan.path}: jdk.jfr found no events at all in chunks {piece[0].index}-{piece[-1].index}: "
-                    "the recording is damaged (or was made with every JVM event disabled)",
-                    TandemWarning, stacklevel=4,
-                )
             frame, meta = _run_columns(scan, piece, reader, jvm_json)
             frames.append(frame)
             run_meta.append(meta)
     if damages:
         warnings.warn(jfr_chunks.damage_message(scan.path, damages, len(scan.chunks)), TandemWarning, stacklevel=4)
+    elif run_meta and not any(len(frame["source"][0]) for frame in frames):
+        # Intact chunks (the walk found nothing jdk.jfr missed) holding no pause event: the
+        # settings it was recorded with left them out; not damage.
+        warnings.warn(_no_pauses_message(scan.path, walks.values()), TandemWarning, stacklevel=4)
     if not run_meta:
         raise TandemError(f"{scan.path}: jdk.jfr cannot read any chunk of this recording: "
                           + "; ".join(d.describe() for d in damages))
@@ -161,6 +176,20 @@ def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) 
         "runs": run_meta,
     }
     return frames, source
+
+
+def _no_pauses_message(path: Path, walks) -> str:
+    """Which pause event types a recording without any lacks, and why that is settings."""
+    declared = {name for walk in walks for name in walk.type_ids}
+    off = [t for t in PAUSE_EVENT_TYPES if t in declared]
+    unknown = [t for t in PAUSE_EVENT_TYPES if t not in declared]
+    parts = []
+    if off:
+        parts.append(f"{', '.join(off)} known to this JVM but not recorded")
+    if unknown:
+        parts.append(f"{', '.join(unknown)} not known to the JVM that wrote it")
+    return (f"{path}: no pause events ({'; '.join(parts)}): recorded with settings that disabled them, the file is "
+            "not damaged; record with `tandem record`, or with the settings in docs/pauses.md (\"Settings\")")
 
 
 def _lost_pause_events(damages: list) -> int | None:

@@ -1,0 +1,111 @@
+"""JFR files as people have them, made readable before ingest looks at their chunks.
+
+- gzip-compressed recordings (`.jfr.gz`, or a `.jfr` that is gzip inside: JMC writes and
+  reads both) are decompressed, streamed a block at a time, into a private temporary file;
+  jdk.jfr and the chunk scan read that, and every message, warning and `source` value names
+  the user's file again (`named`). A gzip stream cut short keeps what it held, and the
+  usual salvage rules of a truncated recording apply to it.
+- an empty file is called empty (not "not a JFR recording").
+"""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import warnings
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from engine.errors import TandemError, TandemWarning
+
+GZIP_MAGIC = b"\x1f\x8b"
+_BLOCK = 1 << 20
+
+
+def is_gzip(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == GZIP_MAGIC
+    except OSError:
+        return False  # the chunk scan says what is wrong with it
+
+
+def _check_not_empty(path: Path) -> None:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return  # missing or unreadable: the chunk scan says so
+    if size == 0:
+        raise TandemError(f"{path}: empty file (0 bytes): no recording in it (was the JVM still starting, or killed before JFR wrote?)")
+
+
+def _gunzip(path: Path, dest: Path) -> None:
+    """Decompress PATH into DEST a block at a time (the members of a multi-member gzip in
+    turn); a stream cut short or damaged keeps what it held up to there, with one warning."""
+    written, problem, in_member = 0, None, False
+    decompressor = zlib.decompressobj(wbits=31)
+    with open(path, "rb") as source, open(dest, "wb") as out:
+        while problem is None and (block := source.read(_BLOCK)):
+            while block:
+                in_member = True
+                try:
+                    data = decompressor.decompress(block)
+                except zlib.error as err:
+                    problem = f"damaged gzip data ({err})"
+                    break
+                out.write(data)
+                written += len(data)
+                block = b""
+                if decompressor.eof:  # a member ended: what follows is the next one
+                    block, in_member = decompressor.unused_data, False
+                    decompressor = zlib.decompressobj(wbits=31)
+    if problem is None and in_member:
+        problem = "the gzip stream is cut short"
+    if problem and written == 0:
+        raise TandemError(f"{path}: gzip-compressed, but nothing could be decompressed ({problem})")
+    if problem:
+        warnings.warn(f"{path}: {problem} after {written} decompressed bytes: reading what it holds",
+                      TandemWarning, stacklevel=4)
+    if written == 0:
+        raise TandemError(f"{path}: empty file (gzip of 0 bytes): no recording in it")
+
+
+@contextlib.contextmanager
+def readable_recordings(paths: list[Path]) -> Iterator[tuple[list[Path], Callable[[str], str]]]:
+    """(paths jdk.jfr can read, named): gzip files decompressed into a private temporary
+    directory kept for the block; `named(text)` puts the user's file names back in a text."""
+    for path in paths:
+        _check_not_empty(path)
+    compressed = [path for path in paths if is_gzip(path)]
+    if not compressed:
+        yield paths, lambda text: text
+        return
+    with tempfile.TemporaryDirectory(prefix="tandem-gunzip-") as tmp:
+        names: dict[str, str] = {}
+        readable = []
+        for index, path in enumerate(paths):
+            if path in compressed:
+                stem = path.name[:-3] if path.name.endswith(".gz") else path.name
+                dest = Path(tmp) / f"{index}-{stem}"
+                _gunzip(path, dest)
+                names[str(dest)] = str(path)
+                path = dest
+            readable.append(path)
+
+        def named(text: str) -> str:
+            for temporary, original in names.items():
+                text = text.replace(temporary, original)
+            return text
+
+        yield readable, named
+
+
+def named_everywhere(value, named: Callable[[str], str]):
+    """VALUE (metadata: dicts, lists, strings) with `named` applied to every string in it."""
+    if isinstance(value, str):
+        return named(value)
+    if isinstance(value, dict):
+        return {key: named_everywhere(item, named) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(named_everywhere(item, named) for item in value)
+    return value
