@@ -150,7 +150,8 @@ def test_files_carry_the_session_header(fleet_run, alone):
         meta = json.loads(pq.read_schema(path).metadata[b"tandem"])
         assert meta["table"] == table
         assert meta["session"]["session_id"] == identity.session_id
-        assert meta["session"]["description"]["hostname"] == identity.host
+        assert meta["session"]["hostname"] == identity.host and meta["session"]["exit_code"] == 0
+        assert "argv" not in meta["session"] and "command" not in meta["session"]  # never the command line
         assert meta["analysis"]["pauses"] == analysis.header["pauses"]
 
 
@@ -314,3 +315,25 @@ def test_cli_joins_an_existing_cluster_and_reports_failures(fleet_sessions, corr
     assert "1 of 2 sessions failed:" in proc.stderr
     assert f"  {corrupt}: {corrupt}/jvm-" in proc.stderr and "recording.jfr" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_notebook_fleet_section_reads_the_dataset(fleet_run, alone, tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    root, _ = fleet_run
+    next(iter(alone.values()))[0].write(tmp_path / "one")
+    notebook = Path(__file__).resolve().parent.parent / "notebooks" / "explore.ipynb"
+    nb = nbformat.read(notebook, as_version=4)
+    env = {"TANDEM_RESULTS": str(tmp_path / "one"), "TANDEM_DATASET": str(root)}
+    os.environ.update(env)
+    try:
+        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                resources={"metadata": {"path": str(notebook.parent)}}).execute()
+    finally:
+        for key in env:
+            del os.environ[key]
+    fleet_cells = nb.cells[[i for i, c in enumerate(nb.cells) if c.source.startswith("## A fleet")][0]:]
+    outputs = [o for cell in fleet_cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("11 sessions on 4 hosts" in o.get("text", "") for o in outputs)
+    assert any("image/png" in o.get("data", {}) for o in outputs)

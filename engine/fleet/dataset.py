@@ -3,7 +3,7 @@
 Every result table of docs/results.md, plus `sessions` (one row per session: its span and
 counts, the denominator of rates across sessions). Each file holds one session's rows with a
 `session_id` column; host and date are hive partition columns, in the path only. Each file's
-Parquet metadata `tandem` is `{"table", "analysis": <header>, "session": <identity + session.json>}`.
+Parquet metadata `tandem` is `{"table", "analysis": <header>, "session": <identity, facts of session.json>}`.
 """
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ import pandas as pd
 from engine.session import Session, SessionIdentity
 
 SESSIONS_TABLE = "sessions"
+# What of session.json rides in each file's metadata: facts about the run, never the command
+# line or environment it holds (docs/session.md, "Who can read a session").
+SESSION_FACTS = ("kind", "hostname", "start_monotonic_ns", "start_wall_ns", "end_monotonic_ns", "end_wall_ns",
+                 "exit_code")
 
 
 def dataset_tables() -> tuple[str, ...]:
@@ -54,7 +58,8 @@ def write_session(analysis, root: str | os.PathLike, session: Session) -> dict[s
 
     root = Path(root)
     identity = session.identity()
-    meta_session = {**identity.as_metadata(), "description": session.description}
+    meta_session = {**{k: session.description[k] for k in SESSION_FACTS if k in session.description},
+                    **identity.as_metadata()}
     tables = {**analysis.tables(), SESSIONS_TABLE: sessions_row(analysis, identity, session.path)}
     staged: list[tuple[Path, Path]] = []
     try:

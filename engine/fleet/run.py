@@ -31,6 +31,7 @@ class SessionOutcome:
     date: str | None = None
     rows: dict = field(default_factory=dict)
     seconds: float = 0.0  # inside the task: open, analyze, write
+    cpu_seconds: float = 0.0  # CPU time of the worker process (every thread, the JVM's too) meanwhile
     warnings: list = field(default_factory=list)
     worker_pid: int | None = None
 
@@ -48,7 +49,7 @@ def analyze_one(source: str, path: str, root: str, slack_ns: int) -> SessionOutc
     """The body of one task (also runnable without Ray): analyze, write, report."""
     from engine.fleet.dataset import analyze_into
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -63,7 +64,7 @@ def analyze_one(source: str, path: str, root: str, slack_ns: int) -> SessionOutc
     return SessionOutcome(
         source, True, session_id=identity.session_id, host=identity.host, date=identity.date,
         rows={name: len(table) for name, table in analysis.tables().items()},
-        seconds=time.perf_counter() - started, worker_pid=os.getpid(),
+        seconds=time.perf_counter() - started, cpu_seconds=time.process_time() - cpu_started, worker_pid=os.getpid(),
         warnings=[str(w.message) for w in caught if issubclass(w.category, TandemWarning)],
     )
 
