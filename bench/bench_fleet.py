@@ -150,6 +150,8 @@ def main(console) -> list[Row]:
                                   f"{len(sessions)} sessions (inside tasks {one_run.tasks_seconds:.2f} s, "
                                   f"CPU {sum(o.cpu_seconds for o in one_run.outcomes):.2f} s)")
         one, two = min(times[1]), min(times[2])
+        console.print(f"load average after the Ray rounds (1, 5, 15 min): {os.getloadavg()}: other work on the "
+                      "machine takes CPU from both configurations")
         cold_one, cold_two = min(cold_times[1]), min(cold_times[2])
         run1, empty1 = runs[1]
         overhead = max(0.0, run1.seconds - run1.tasks_seconds) / len(sessions)

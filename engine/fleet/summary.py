@@ -35,16 +35,26 @@ def _filter(since: str | None, host: str | None) -> str:
     return " AND ".join(conditions)
 
 
-def summary_sql(root: Path, by: tuple[str, ...] = (), since: str | None = None, host: str | None = None) -> str:
-    """The summary per (by..., kind, name) over the sessions selected."""
+def selection_sql(root: Path, since: str | None = None, host: str | None = None) -> list[str]:
+    """Statements loading the selected sessions' rows (only the columns the summary reads) into
+    temporary tables: the dataset's files are read once for every grouping."""
     where = _filter(since, host)
+    return [
+        f"""CREATE TEMP TABLE impact AS SELECT session_id, host, date, pause_id, kind, name, overlap_ns, hit_python,
+                   near_misses, amplified FROM {table_source(root, 'pause_impact')} WHERE {where}""",
+        f"""CREATE TEMP TABLE overlap_rows AS SELECT session_id, host, date, pause_id, pid, tid
+                   FROM {table_source(root, 'overlaps')} WHERE {where} AND NOT near_miss""",
+        f"CREATE TEMP TABLE session_rows AS SELECT * FROM {table_source(root, 'sessions')} WHERE {where}",
+    ]
+
+
+def summary_sql(by: tuple[str, ...] = ()) -> str:
+    """The summary per (by..., kind, name) over the tables of `selection_sql`."""
     keys = "".join(f"{k}, " for k in by)
     hours_join = f"JOIN hours USING ({', '.join(by)})" if by else "CROSS JOIN hours"
     return f"""
-    WITH impact AS (SELECT * FROM {table_source(root, 'pause_impact')} WHERE {where}),
-    overlap_rows AS (SELECT * FROM {table_source(root, 'overlaps')} WHERE {where} AND NOT near_miss),
-    hours AS (SELECT {keys}sum(span_ns) / 3.6e12 AS hours FROM {table_source(root, 'sessions')} WHERE {where}
-              {'GROUP BY ' + ', '.join(by) if by else ''}),
+    WITH hours AS (SELECT {keys}sum(span_ns) / 3.6e12 AS hours FROM session_rows
+                   {'GROUP BY ' + ', '.join(by) if by else ''}),
     affected AS (
         SELECT {''.join(f'i.{k}, ' for k in by)}i.kind, i.name, count(DISTINCT (o.session_id, o.pid, o.tid)) AS threads_affected
         FROM overlap_rows o JOIN impact i ON o.session_id = i.session_id AND o.pause_id = i.pause_id
@@ -68,10 +78,6 @@ def summary_sql(root: Path, by: tuple[str, ...] = (), since: str | None = None, 
     FROM per_kind {hours_join} LEFT JOIN affected USING ({keys}kind, name)
     ORDER BY {keys}pauses_hit DESC, total_overlap_ms DESC, kind, name
     """
-
-
-def sessions_sql(root: Path, since: str | None = None, host: str | None = None) -> str:
-    return f"SELECT * FROM {table_source(root, 'sessions')} WHERE {_filter(since, host)} ORDER BY host, date, session_id"
 
 
 @dataclass
@@ -110,10 +116,12 @@ def fleet_summary(root: str | os.PathLike, since: str | None = None, host: str |
         raise TandemError(f"--host {host!r}: matches none of the dataset's hosts ({', '.join(hosts)})")
     connection = duckdb.connect()
     try:
-        sessions = connection.sql(sessions_sql(root, since, host)).df()
+        for statement in selection_sql(root, since, host):
+            connection.execute(statement)
+        sessions = connection.sql("SELECT * FROM session_rows ORDER BY host, date, session_id").df()
         if sessions.empty:
             raise TandemError(f"{root}: no session matches --since {since} --host {host}")
-        frames = {name: _typed(connection.sql(summary_sql(root, by, since, host)).df()) for name, by in GROUPINGS.items()}
+        frames = {name: _typed(connection.sql(summary_sql(by)).df()) for name, by in GROUPINGS.items()}
     except duckdb.Error as err:
         raise TandemError(f"{root}: cannot read the dataset: {str(err).splitlines()[0]}") from None
     finally:
