@@ -209,8 +209,13 @@ def load_results(out_dir: str | os.PathLike) -> Analysis:
     for name in RESULT_TABLES:
         path = out / f"{name}.parquet"
         if name == "gil" and gil_table and not path.exists():
-            # A streamed analysis of a Parquet GIL table names that table instead of copying it.
-            tables[name] = check_gil(read(Path(gil_table)), gil_table)[0]
+            # A streamed analysis names the GIL files it read instead of copying their intervals.
+            from engine.analysis.sources import gil_from
+
+            missing = [p for p in gil_table if not Path(p).exists()]
+            if missing:
+                raise TandemError(f"{missing[0]}: missing; the GIL intervals of the results in {out}")
+            tables[name] = check_gil(gil_from(paths=[Path(p) for p in gil_table])[0], ", ".join(gil_table))[0]
         elif name != "summary":
             tables[name] = read(path)
     header = tables["summary"].attrs.get("analysis", {})

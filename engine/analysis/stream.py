@@ -1,12 +1,15 @@
-"""Offline analysis in bounded memory: the correlation core driven over a whole GIL table, block
-by block, every result table written to Parquet as its rows become final.
+"""Offline analysis in bounded memory: the correlation core driven over a whole session's GIL
+intervals, block by block, every result table written to Parquet as its rows become final.
 
-Two passes over the GIL table. The first reads four columns to learn what the core cannot
-know from the past alone: where each later block starts at the earliest (the watermark
-after each block) and each thread's inferred lifetime (docs/results.md, "gil_free"). The
-second pushes the blocks. Pauses (a few per second of recording) stay in memory. Peak
-memory is about one block plus the intervals a pause still in progress may pair with.
-The GIL table itself is not copied to OUT (docs/results.md, "gil.parquet").
+The GIL side is a Parquet gil table (`ParquetGil`) or the probe's events files, one per
+process (`EventsGil`, intervals made block by block by engine.ingest.gil.EventsIntervals).
+Two passes over it. The first learns what the core cannot know from the past alone: where
+each later block starts at the earliest (the watermark after each block) and each thread's
+inferred lifetime (docs/results.md, "gil_free"). The second pushes the blocks, from the
+processes' files in the order their intervals start. Pauses (a few per second of recording)
+stay in memory. Peak memory is about one block per process plus the intervals a pause still
+in progress may pair with. The GIL intervals are not copied to OUT (docs/results.md,
+"gil.parquet").
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.analysis.clock import check_same_clock, clock_facts
-from engine.correlate import END, Correlator, KnownLifetimes
+from engine.correlate import END, Correlator, GilRows, KnownLifetimes
 from engine.correlate import kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow
 from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, RESULT_TABLES, SCHEMAS
@@ -47,6 +50,31 @@ class StreamedAnalysis:
         return self.summary_table
 
 
+def _thread_bounds(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> pd.DataFrame:
+    """key (pid << 32 | tid), start_ns, end_ns: the hull of each thread's non-empty intervals in a block."""
+    codes, uniques = pd.factorize(pid.astype(np.int64) << 32 | tid.astype(np.int64))
+    lo = np.full(len(uniques), END, np.int64)
+    hi = np.full(len(uniques), -END, np.int64)
+    kernels.group_bounds(codes.astype(np.int64), start, end, lo, hi)
+    return pd.DataFrame({"key": np.asarray(uniques, np.int64), "start_ns": lo, "end_ns": hi})
+
+
+def _lifetimes(bounds: list[pd.DataFrame]) -> pd.DataFrame:
+    threads = pd.concat(bounds, ignore_index=True) if bounds else pd.DataFrame(
+        {"key": np.zeros(0, np.int64), "start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64)})
+    threads = threads[threads.end_ns > threads.start_ns].groupby("key", as_index=False).agg(
+        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    key = threads["key"].to_numpy(np.int64)
+    threads["pid"], threads["tid"] = key >> 32, key & 0xFFFFFFFF
+    return threads[["pid", "tid", "start_ns", "end_ns"]]
+
+
+def _later_minimum(block_min: list[int]) -> np.ndarray:
+    """Per block, the earliest start in it or any later block (END past the last)."""
+    return np.append(np.minimum.accumulate(np.array(block_min[::-1], np.int64))[::-1], END) if block_min else \
+        np.array([END], np.int64)
+
+
 class ParquetGil:
     """A gil table in a Parquet file, read in blocks of BLOCK_ROWS rows."""
 
@@ -60,80 +88,120 @@ class ParquetGil:
             raise TandemError(f"{self.path}: not a readable Parquet table: {err}") from None
         check_gil_schema(self.file.schema_arrow, str(self.path))
         self.attrs = read_metadata(self.path)
+        self.source = str(self.path)
+        self.references = [str(self.path.resolve())]
+        self.carried = [self.file.schema_arrow.field(c) for c in GIL_CARRIED_COLUMNS if c in self.file.schema_arrow.names]
 
-    def blocks(self, columns=None):
+    def _blocks(self, columns):
         return self.file.iter_batches(batch_size=BLOCK_ROWS, columns=columns)
 
-    def first_pass(self) -> tuple[np.ndarray, pd.DataFrame]:
-        """The watermark after each block (the earliest start of any later block; END after the
-        last), and each thread's lifetime (pid, tid, start_ns, end_ns)."""
-        source = str(self.path)
-        block_min, keys, los, his = [], [], [], []
-        for batch in self.blocks(list(TIME_COLUMNS)):
-            pid, tid, start, end = (_int64(batch, c, source) for c in TIME_COLUMNS)
+    def first_pass(self) -> pd.DataFrame:
+        """Each thread's lifetime (pid, tid, start_ns, end_ns); the watermarks for `pushes`."""
+        block_min, bounds = [], []
+        for batch in self._blocks(list(TIME_COLUMNS)):
+            pid, tid, start, end = (_int64(batch, c, self.source) for c in TIME_COLUMNS)
             block_min.append(int(start.min()) if start.size else END)
-            codes, uniques = pd.factorize(pid * (1 << 32) + tid)
-            lo = np.full(len(uniques), END, np.int64)
-            hi = np.full(len(uniques), -END, np.int64)
-            kernels.group_bounds(codes.astype(np.int64), start, end, lo, hi)
-            keys.append(np.asarray(uniques, np.int64))
-            los.append(lo)
-            his.append(hi)
-        later_min = np.minimum.accumulate(np.array(block_min[::-1] or [END], np.int64))[::-1]
-        watermarks = np.append(later_min[1:], END) if block_min else np.array([END], np.int64)
-        threads = pd.DataFrame({"key": np.concatenate(keys) if keys else np.zeros(0, np.int64),
-                                "start_ns": np.concatenate(los) if los else np.zeros(0, np.int64),
-                                "end_ns": np.concatenate(his) if his else np.zeros(0, np.int64)})
-        threads = threads[threads.end_ns > threads.start_ns].groupby("key", as_index=False).agg(
-            start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
-        key = threads["key"].to_numpy(np.int64)
-        threads["pid"], threads["tid"] = key >> 32, key & 0xFFFFFFFF
-        return watermarks, threads[["pid", "tid", "start_ns", "end_ns"]]
+            bounds.append(_thread_bounds(pid, tid, start, end))
+        self._later = _later_minimum(block_min)
+        return _lifetimes(bounds)
+
+    def pushes(self):
+        """(GilRows, watermark, rows so far) per block."""
+        columns = [c for c in (*GIL_COLUMNS, *GIL_CARRIED_COLUMNS) if c in self.file.schema_arrow.names]
+        first_row = 0
+        for k, batch in enumerate(self._blocks(columns)):
+            rows = gil_rows_from_arrow(batch, self.source, first_row)
+            first_row += batch.num_rows
+            yield rows, int(self._later[k + 1]), first_row
 
 
-def analyze_parquet(out: str | os.PathLike, pauses: pd.DataFrame, gil_path: Path, *, slack_ns: int = 0,
-                    offset_ns: int | None = None, pauses_source: str | None = None, progress=None) -> StreamedAnalysis:
-    """Correlate a pauses table with a GIL table in a Parquet file, writing OUT/*.parquet as it goes."""
+class EventsGil:
+    """The GIL probe's events files (one per process) as one stream of interval blocks."""
+
+    def __init__(self, paths: list[Path], block_records: int | None = None):
+        from engine.ingest.gil import EventsIntervals
+
+        self.files = [EventsIntervals(Path(p), block_records or BLOCK_ROWS) for p in paths]
+        self.source = ", ".join(str(p) for p in paths)
+        self.references = [str(Path(p).resolve()) for p in paths]
+        self.carried = [pa.field("function", pa.string()), pa.field("file", pa.string()), pa.field("line", pa.int64())]
+        self.attrs: dict = {}
+
+    def first_pass(self) -> pd.DataFrame:
+        bounds = []
+        self._later = []
+        for f in self.files:
+            block_min = []
+            for tid, _state, start, end, _code in f.blocks():
+                block_min.append(int(start.min()) if start.size else END)
+                bounds.append(_thread_bounds(np.full(tid.size, f.pid, np.int64), tid, start, end))
+            self._later.append(_later_minimum(block_min))
+        # What read_gil says about the processes (engine/ingest/gil.py), for the header.
+        processes = [f.process for f in self.files]
+        self.attrs = {"processes": processes,
+                      "clock": {"domain": "monotonic", "method": "clock_gettime(CLOCK_MONOTONIC)", "error_ns": 0}}
+        if len(processes) == 1:
+            self.attrs.update(processes[0])
+        return _lifetimes(bounds)
+
+    def pushes(self):
+        """Blocks of all processes, always from the process whose remaining intervals start
+        earliest; the watermark is the earliest start of anything not pushed yet."""
+        streams = [f.blocks() for f in self.files]
+        position = [0] * len(self.files)
+        rows_so_far = 0
+        while True:
+            remaining = [later[k] for later, k in zip(self._later, position)]
+            i = int(np.argmin(remaining)) if remaining else 0
+            if not remaining or remaining[i] >= END and all(k >= len(later) - 1 for later, k in zip(self._later, position)):
+                return
+            tid, state, start, end, code = next(streams[i])
+            position[i] += 1
+            f = self.files[i]
+            watermark = min(later[k] for later, k in zip(self._later, position))
+            rows_so_far += start.size
+            carried = pa.table(f.code_columns(code))
+            yield GilRows(np.full(tid.size, f.pid, np.int64), tid, state, start, end, carried), int(watermark), rows_so_far
+
+
+def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack_ns: int = 0,
+                     offset_ns: int | None = None, pauses_source: str | None = None, progress=None) -> StreamedAnalysis:
+    """Correlate a pauses table with a streamed GIL side (ParquetGil or EventsGil), writing
+    OUT/*.parquet as it goes."""
     from engine.analysis import _header
 
-    gil = ParquetGil(gil_path)
+    lifetimes = gil.first_pass()  # (also reads what the GIL files say about their clock)
     pause_clock = clock_facts(pauses.attrs, pauses_source or pauses.attrs.get("source") or "pauses table")
-    gil_clock = clock_facts(gil.attrs, str(gil.path))
+    gil_clock = clock_facts(gil.attrs, gil.source)
     alignment = check_same_clock(pause_clock, gil_clock, offset_ns)
     pauses = check_pauses(pauses, pause_clock.source)
     if offset_ns:
         pauses["start_ns"] += offset_ns
         pauses["end_ns"] += offset_ns
-    watermarks, lifetimes = gil.first_pass()
     core = Correlator(slack_ns, lifetimes=KnownLifetimes(lifetimes), gil_source=gil_clock.source,
                       pauses_source=pause_clock.source)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    carried = [gil.file.schema_arrow.field(c) for c in GIL_CARRIED_COLUMNS if c in gil.file.schema_arrow.names]
-    writers = {"overlaps": TableWriter(out / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *carried])),
+    writers = {"overlaps": TableWriter(out / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *gil.carried])),
                "gil_free": TableWriter(out / "gil_free.parquet", SCHEMAS["gil_free"])}
     try:
-        first_row = 0
         pending_pauses = pauses
-        columns = [c for c in (*GIL_COLUMNS, *GIL_CARRIED_COLUMNS) if c in gil.file.schema_arrow.names]
-        for k, batch in enumerate(gil.blocks(columns)):
-            rows = gil_rows_from_arrow(batch, gil_clock.source, first_row)
-            emitted = core.push(pauses=pending_pauses, gil=rows, watermark_ns=int(watermarks[k]))
+        for rows, watermark, rows_so_far in gil.pushes():
+            emitted = core.push(pauses=pending_pauses, gil=rows, watermark_ns=watermark)
             pending_pauses = None
-            first_row += batch.num_rows
             for name, table in emitted.tables().items():
                 if name in writers:
                     writers[name].write(table)
             if progress is not None:
-                progress(first_row)
+                progress(rows_so_far)
         if pending_pauses is not None:
             core.push(pauses=pending_pauses, watermark_ns=END)
         for name, table in core.finish().tables().items():
             if name in writers:
                 writers[name].write(table)
         header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, core.duplicate_gil_rows)
-        # The GIL table is not copied: it is on disk already; the results name it.
-        header["gil_table"] = str(gil.path.resolve())
+        # The GIL intervals are not copied (docs/results.md, "gil.parquet"): the results name their files.
+        header["gil_table"] = gil.references
         summary = core.summary()
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
@@ -151,3 +219,8 @@ def analyze_parquet(out: str | os.PathLike, pauses: pd.DataFrame, gil_path: Path
         raise
     order = {name: i for i, name in enumerate(RESULT_TABLES)}
     return StreamedAnalysis(summary, header, sorted(paths, key=lambda p: order[p.stem]))
+
+
+def analyze_parquet(out, pauses: pd.DataFrame, gil_path: Path, **options) -> StreamedAnalysis:
+    """`analyze_streamed` of a gil table in a Parquet file."""
+    return analyze_streamed(out, pauses, ParquetGil(gil_path), **options)

@@ -49,16 +49,22 @@ def analyze(
                           "not --jfr/--pauses/--gil")
     slack_ns = parse_duration_ns(slack)
     pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
-    if len(gil) == 1 and gil[0].suffix == ".parquet":
-        # A GIL table on disk: streamed through the correlation core, in bounded memory.
-        from engine.analysis.stream import analyze_parquet
+    streamable = _streamable_gil(session if not gil else None, gil)
+    if streamable is not None:
+        # The GIL side streamed through the correlation core, in bounded memory.
+        from engine.analysis.stream import analyze_streamed
+        from engine.ingest.gil import SampledRecords
 
-        with _progress(f"correlating {gil[0].name}") as advance:
-            streamed = analyze_parquet(out, pauses_df, gil[0], slack_ns=slack_ns, offset_ns=offset,
-                                       pauses_source=pauses_source, progress=advance)
-        streamed.summary()
-        typer.echo(f"results in {out}/: {', '.join(p.name for p in streamed.paths)}")
-        return
+        try:
+            with _progress("correlating") as advance:
+                streamed = analyze_streamed(out, pauses_df, streamable, slack_ns=slack_ns, offset_ns=offset,
+                                            pauses_source=pauses_source, progress=advance)
+        except SampledRecords:
+            streamed = None  # a sampling-backend recording is read whole, below
+        if streamed is not None:
+            streamed.summary()
+            typer.echo(f"results in {out}/: {', '.join(p.name for p in streamed.paths)}")
+            return
     gil_df, gil_source = gil_from(session if not gil else None, gil)
     result = correlate(pauses_df, gil_df, slack_ns=slack_ns, offset_ns=offset,
                        pauses_source=pauses_source, gil_source=gil_source)
@@ -73,6 +79,24 @@ def analyze(
 
         files = write_session(result, dataset, Session.open(session))
         typer.echo(f"dataset {dataset}: session {files['sessions'].stem} under {files['sessions'].parent.relative_to(dataset / 'sessions')}")
+
+
+def _streamable_gil(session: Path | None, gil: list[Path]):
+    """The GIL side as a stream (engine.analysis.stream) when it is one Parquet table or only
+    events files (a session's, or given with --gil); None for what is read whole (rings)."""
+    from engine.analysis.stream import EventsGil, ParquetGil
+    from engine.errors import TandemError
+    from engine.ingest.gil import _events_files
+
+    if len(gil) == 1 and gil[0].suffix == ".parquet":
+        return ParquetGil(gil[0])
+    if any(p.suffix in (".parquet", ".ring") for p in gil):
+        return None
+    try:
+        files = [f for p in ([session] if session is not None else gil) for f in _events_files(Path(p))]
+    except TandemError:  # (reported by the whole-table path, which reads the same inputs)
+        return None
+    return EventsGil(files) if files else None
 
 
 class _progress:

@@ -228,10 +228,12 @@ class Correlator:
                                   "the earlier ones had")
             return np.full(len(gil), -1, np.int64)
         table = gil.carried.combine_chunks() if isinstance(gil.carried, pa.Table) else pa.Table.from_batches([gil.carried])
+        schema = pa.schema([pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+                            for f in table.schema])  # (dictionary-encoded text is text)
         if self._carried_schema is None:
-            self._carried_schema = table.schema
-        elif table.schema != self._carried_schema:
-            table = table.select(self._carried_schema.names).cast(self._carried_schema)
+            self._carried_schema = schema
+        elif schema.names != self._carried_schema.names:
+            table = table.select(self._carried_schema.names)
         key = np.zeros(table.num_rows, np.int64)
         for column in table.columns:  # mixed-radix key over each column's dictionary indexes
             encoded = pa.compute.dictionary_encode(column.combine_chunks(), null_encoding="encode")

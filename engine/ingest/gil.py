@@ -31,8 +31,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from numba import njit
+
 from engine.errors import TandemError
-from engine.ingest.codes import read_code_table, resolve
+from engine.ingest.codes import NO_FRAME, read_code_table, resolve
 from engine.ring.layout import GIL_DROP, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 
 COLUMNS = ["pid", "tid", "thread_name", "state", "start_ns", "end_ns", "function", "file", "line"]
@@ -68,8 +70,6 @@ def _by_thread(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray):
 def _code_of_intervals(th: np.ndarray, k: np.ndarray, aux: np.ndarray) -> np.ndarray:
     """Per event (grouped by thread): the aux of the thread's last DROP at or before it
     (NO_FRAME before the thread's first DROP): the code an interval starting there is in."""
-    from engine.ingest.codes import NO_FRAME
-
     position = np.arange(len(k))
     last_drop = np.maximum.accumulate(np.where(k == GIL_DROP, position, -1)) if len(k) else position
     own = (last_drop >= 0) & (th[np.maximum(last_drop, 0)] == th)
@@ -232,14 +232,182 @@ def _with_ring_leftovers(path: Path, events) -> tuple[np.ndarray, int]:
         ring, leftovers, _missed = read_ring(ring_path)
     except TandemError:
         return events.records, int(events.lost)
-    mine = events.header
+    last = np.zeros(events.header.lane_count, dtype=np.uint64)
+    np.maximum.at(last, events.records["lane"].astype(np.intp), events.records["seq"])
+    new, dropped = _ring_leftovers(path, events.header, last + np.uint64(1))
+    if new is None:
+        return events.records, int(events.lost)
+    return np.concatenate([events.records, new]), max(int(events.lost), dropped)
+
+
+def _ring_leftovers(path: Path, mine, next_seq: np.ndarray):
+    """The records of the ring beside an unclosed events file past what the file holds (per
+    lane, seq >= next_seq), and the ring's drop count; (None, 0) when there is no usable ring
+    (see _with_ring_leftovers)."""
+    from engine.ring.reader import read_ring
+
+    ring_path = _side_file(path, session_name="gil.ring", suffix=".ring")
+    if not ring_path.exists():
+        return None, 0
+    try:
+        ring, leftovers, _missed = read_ring(ring_path)
+    except TandemError:
+        return None, 0
     if (ring.producer_pid, ring.boot_id, ring.record_type, ring.lane_count, ring.sync_monotonic_ns) != (
             mine.producer_pid, mine.boot_id, mine.record_type, mine.lane_count, mine.sync_monotonic_ns):
-        return events.records, int(events.lost)
-    last = np.zeros(mine.lane_count, dtype=np.uint64)
-    np.maximum.at(last, events.records["lane"].astype(np.intp), events.records["seq"])
-    new = leftovers[leftovers["seq"] > last[leftovers["lane"].astype(np.intp)]]
-    return np.concatenate([events.records, new]), max(int(events.lost), int(ring.dropped))
+        return None, 0
+    return leftovers[leftovers["seq"] >= next_seq[leftovers["lane"].astype(np.intp)]], int(ring.dropped)
+
+
+# ---- streaming: one process's events file as blocks of intervals ---------------------------
+
+
+class SampledRecords(Exception):
+    """A sampling-backend recording: its records are ordered across threads, not per thread, so
+    it is read whole (read_gil), not streamed."""
+
+
+@njit(cache=True, nogil=True)
+def _pair_events(mono, tid, kind, aux, slot_of, slot_tid, last_t, last_k, last_drop, out_slot, out_state, out_start,
+                 out_end, out_code, n_slots) -> int:
+    """events_to_intervals, one block at a time: each thread's last event (last_t/last_k, and
+    the aux of its last DROP) is carried to the next block, so the pairs are those of the whole
+    stream. Rows come in the order of their closing events. Returns the rows written, or -1 at
+    a sampling-backend record. n_slots[0]: threads seen so far (slot_of maps tid -> slot)."""
+    n = 0
+    for i in range(mono.size):
+        k = kind[i]
+        if k == GIL_SAMPLE_HELD or k == GIL_SAMPLE_FREE:
+            return -1
+        t = np.int64(mono[i])
+        th = tid[i]
+        s = slot_of[th]
+        if s < 0:
+            s = n_slots[0]
+            n_slots[0] += 1
+            slot_of[th] = s
+            slot_tid[s] = th
+            last_k[s] = 0
+            last_drop[s] = NO_FRAME
+        pk = last_k[s]
+        if pk == GIL_DROP and (k == GIL_TAKE_REQUEST or k == GIL_TAKE_ACQUIRED):
+            out_state[n] = 0
+        elif pk == GIL_TAKE_REQUEST and k == GIL_TAKE_ACQUIRED and t > last_t[s]:
+            out_state[n] = 1
+        else:
+            out_state[n] = -1
+        if out_state[n] >= 0:
+            out_slot[n] = s
+            out_start[n] = last_t[s]
+            out_end[n] = t
+            out_code[n] = last_drop[s]
+            n += 1
+        if k == GIL_DROP:
+            last_drop[s] = aux[i]
+        last_k[s] = k
+        last_t[s] = t
+    return n
+
+
+@njit(cache=True, nogil=True)
+def _order_ties_by_tid(start, tid, order) -> None:
+    """order sorts rows by start (stably); within equal starts, order by tid as read_gil does."""
+    i = 0
+    n = order.size
+    while i < n:
+        j = i + 1
+        while j < n and start[order[j]] == start[order[i]]:
+            j += 1
+        for a in range(i + 1, j):  # insertion sort: runs of one start are a row or two
+            x = order[a]
+            b = a - 1
+            while b >= i and tid[order[b]] > tid[x]:
+                order[b + 1] = order[b]
+                b -= 1
+            order[b + 1] = x
+        i = j
+
+
+class EventsIntervals:
+    """The gil table of one process's events file, block by block in bounded memory: each
+    block's intervals as arrays sorted by start (then tid), with their code (the aux of the
+    DROP before them, engine/ingest/codes.py). After a full pass, `process` holds read_gil's
+    facts about the process (attrs["processes"])."""
+
+    def __init__(self, events_path: Path, block_records: int = 1 << 20):
+        from engine.ring.reader import EventsBlocks
+
+        self.path = Path(events_path)
+        self.block_records = block_records
+        self.header = EventsBlocks(self.path, block_records).header
+        self.pid = int(self.header.producer_pid)
+        self.meta = _description(self.path)
+        codes_path = _side_file(self.path, session_name="gil.codes", suffix=".codes")
+        self.recorded = codes_path.exists()
+        self.code_table = read_code_table(codes_path) if self.recorded else {}
+        self.process: dict = {}
+
+    def blocks(self):
+        """(tid, state, start_ns, end_ns, code) arrays per block; raises SampledRecords."""
+        from engine.ring.reader import EventsBlocks
+
+        reader = EventsBlocks(self.path, self.block_records)
+        slot_of = np.full(1 << 16, -1, np.int64)
+        last_t, last_k, last_drop = np.zeros(1024, np.int64), np.zeros(1024, np.int64), np.zeros(1024, np.uint64)
+        n_slots = np.zeros(1, np.int64)
+        slot_tid = np.zeros(1024, np.int64)
+        lost = 0
+
+        def convert(records):
+            nonlocal slot_of, last_t, last_k, last_drop, slot_tid
+            tid = records["tid"]
+            if tid.size and int(tid.max()) >= slot_of.size:
+                slot_of = np.concatenate([slot_of, np.full(int(tid.max()) + 1 - slot_of.size, -1, np.int64)])
+            new_threads = np.unique(tid[slot_of[tid] < 0]) if tid.size else tid[:0]
+            if n_slots[0] + new_threads.size > last_t.size:
+                grow = n_slots[0] + new_threads.size + 1024
+                last_t, last_k = np.resize(last_t, grow), np.resize(last_k, grow)
+                last_drop, slot_tid = np.resize(last_drop, grow), np.resize(slot_tid, grow)
+            size = records.size
+            out = [np.empty(size, np.int64), np.empty(size, np.int8), np.empty(size, np.int64), np.empty(size, np.int64),
+                   np.empty(size, np.uint64)]
+            n = _pair_events(records["mono_ns"], tid, records["kind"], records["aux"], slot_of, slot_tid, last_t, last_k,
+                             last_drop, *out, n_slots)
+            if n < 0:
+                raise SampledRecords(str(self.path))
+            slot, state, start, end, code = (a[:n] for a in out)
+            order = np.argsort(start, kind="stable")
+            rows_tid = slot_tid[slot]
+            _order_ties_by_tid(start, rows_tid, order)
+            return rows_tid[order], state[order], start[order], end[order], code[order]
+
+        for records in reader:
+            yield convert(records)
+        lost = reader.lost
+        events = reader.records_read
+        if not reader.closed:
+            leftovers, ring_dropped = _ring_leftovers(self.path, self.header, reader.next_seq)
+            if leftovers is not None:
+                lost = max(lost, ring_dropped)
+                events += leftovers.size
+                if leftovers.size:
+                    yield convert(leftovers)
+        self.process = {"pid": self.pid, "python_version": self.header.runtime_version, "backend": self.header.backend,
+                        "misses": self.meta.get("misses"), "boot_id": self.header.boot_id, "dropped": int(lost),
+                        "drain_lost": int(self.header.drain_lost), "closed": bool(reader.closed), "events": int(events)}
+
+    def code_columns(self, code: np.ndarray):
+        """function, file, line of each row's code, as Arrow arrays (dictionary-encoded text)."""
+        import pyarrow as pa
+
+        uniques, inverse = np.unique(code, return_inverse=True)
+        names = resolve(uniques, self.code_table, recorded=self.recorded)
+        index = pa.array(inverse.astype(np.int32))
+        return {
+            "function": pa.DictionaryArray.from_arrays(index, pa.array(names["function"].astype(object), pa.string())),
+            "file": pa.DictionaryArray.from_arrays(index, pa.array(names["file"].astype(object), pa.string())),
+            "line": pa.array(names["line"].astype(object), pa.int64()).take(index),
+        }
 
 
 def read_gil(path: str | os.PathLike) -> pd.DataFrame:

@@ -147,6 +147,14 @@ def read_events(path: str | os.PathLike) -> EventsFile:
     finally:
         os.close(fd)
     records = slots[:kept].view(header.record_dtype)
+    lane_records, lane_lost, lost, closed = _check_complete(path, header, check)
+    return EventsFile(header=header, records=records, lost=lost, trailing_bytes=trailing, closed=closed,
+                      lane_records=lane_records, lane_lost=lane_lost)
+
+
+def _check_complete(path: Path, header: RingHeader, check: "_EventsCheck"):
+    """After every record was read: (records per lane, lost per lane, lost, closed), the
+    counters of a closed file checked against what was read."""
     lane_records = tuple(int(n) for n in check.records)
     lane_lost = tuple(check.lost)
     lost = sum(lane_lost)
@@ -167,8 +175,57 @@ def read_events(path: str | os.PathLike) -> EventsFile:
                     f"{path}: closed events file holds {got} records and {got_lost} lost in lane {lane}, "
                     f"its header says {head} claimed, {unwritten} unwritten, {dropped} dropped (corrupt file)"
                 )
-    return EventsFile(header=header, records=records, lost=lost, trailing_bytes=trailing, closed=closed,
-                      lane_records=lane_records, lane_lost=lane_lost)
+    return lane_records, lane_lost, lost, closed
+
+
+class EventsBlocks:
+    """A drained events file read block by block (same checks as `read_events`; memory: one
+    block). Iterate for the records; afterwards `lost`, `closed`, `records_read`, and
+    `next_seq` (per lane: the seq its next record would have) are known."""
+
+    def __init__(self, path: str | os.PathLike, block_records: int = 1 << 20):
+        self.path = Path(path)
+        fd, st = _open_checked(self.path, "events")
+        try:
+            self.header = _read_header_page(fd, self.path, st.st_size, FILE_KIND_EVENTS)
+        finally:
+            os.close(fd)
+        self.size = st.st_size
+        self.block_records = max(1, int(block_records))
+        self.lost = 0
+        self.closed = self.header.closed
+        self.records_read = 0
+        self.next_seq = np.ones(self.header.lane_count, np.uint64)
+
+    def __iter__(self):
+        """Blocks of records (LOST markers out). Each block is a view of one buffer reused for the
+        next: use it before asking for the next one."""
+        header, path = self.header, self.path
+        count = (self.size - header.records_offset) // header.record_size
+        sub = max(1, CHUNK_BYTES // header.record_size)  # checked in cache-sized chunks, as read_events
+        block = max(sub, self.block_records // sub * sub)
+        check = _EventsCheck(path, header.record_dtype, header.lane_count, sub)
+        slots = np.empty(block, dtype=_opaque(header.record_dtype))
+        raw = memoryview(slots.view(np.uint8))
+        fd, _ = _open_checked(path, "events")
+        kept = 0
+        try:
+            for first in range(0, count, sub):
+                n = min(count - first, sub)
+                if kept + n > block:
+                    yield slots[:kept].view(header.record_dtype)
+                    kept = 0
+                _read_exactly(fd, raw[kept * header.record_size:(kept + n) * header.record_size],
+                              header.records_offset + first * header.record_size, path)
+                got = check.chunk(slots[kept:kept + n], first)
+                kept += got
+                self.records_read += got
+            if kept:
+                yield slots[:kept].view(header.record_dtype)
+        finally:
+            os.close(fd)
+        _, _, self.lost, self.closed = _check_complete(path, header, check)
+        self.next_seq = check.next_seq.copy()
 
 
 def _read_exactly(fd: int, into: memoryview, offset: int, path: Path) -> None:
