@@ -26,7 +26,7 @@ from engine.analysis.clock import check_same_clock, clock_facts
 from engine.correlate import END, Correlator, GilRows, KnownLifetimes
 from engine.correlate import kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow
-from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, RESULT_TABLES, SCHEMAS
+from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, RESULT_TABLES, SCHEMAS, state_strings
 from engine.errors import TandemError
 from engine.join import check_pauses
 from engine.store import TableWriter, read_metadata
@@ -91,6 +91,7 @@ class ParquetGil:
         self.source = str(self.path)
         self.references = [str(self.path.resolve())]
         self.carried = [self.file.schema_arrow.field(c) for c in GIL_CARRIED_COLUMNS if c in self.file.schema_arrow.names]
+        self.copy_schema = None  # the table is on disk already: not copied (docs/results.md, "gil.parquet")
 
     def _blocks(self, columns):
         return self.file.iter_batches(batch_size=BLOCK_ROWS, columns=columns)
@@ -112,7 +113,7 @@ class ParquetGil:
         for k, batch in enumerate(self._blocks(columns)):
             rows = gil_rows_from_arrow(batch, self.source, first_row)
             first_row += batch.num_rows
-            yield rows, int(self._later[k + 1]), first_row
+            yield rows, int(self._later[k + 1]), first_row, None
 
 
 class EventsGil:
@@ -125,6 +126,10 @@ class EventsGil:
         self.source = ", ".join(str(p) for p in paths)
         self.references = [str(Path(p).resolve()) for p in paths]
         self.carried = [pa.field("function", pa.string()), pa.field("file", pa.string()), pa.field("line", pa.int64())]
+        # gil.parquet: read_gil's table, written block by block (these intervals are in no table yet)
+        self.copy_schema = pa.schema([("pid", pa.int64()), ("tid", pa.int64()), ("thread_name", pa.string()),
+                                      ("state", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                                      *self.carried])
         self.attrs: dict = {}
 
     def first_pass(self) -> pd.DataFrame:
@@ -161,7 +166,21 @@ class EventsGil:
             watermark = min(later[k] for later, k in zip(self._later, position))
             rows_so_far += start.size
             carried = pa.table(f.code_columns(code))
-            yield GilRows(np.full(tid.size, f.pid, np.int64), tid, state, start, end, carried), int(watermark), rows_so_far
+            rows = GilRows(np.full(tid.size, f.pid, np.int64), tid, state, start, end, carried)
+            yield rows, int(watermark), rows_so_far, self._copy(f, rows)
+
+    def _copy(self, f, rows: GilRows) -> pa.Table:
+        """Rows of gil.parquet as read_gil makes them (thread names from the process's files)."""
+        names = f.thread_names()
+        tids, inverse = np.unique(rows.tid, return_inverse=True)
+        thread_name = pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32)),
+                                                     pa.array([names.get(int(t)) for t in tids], pa.string()))
+        columns = {"pid": rows.pid, "tid": rows.tid, "thread_name": thread_name, "state": state_strings(rows.state),
+                   "start_ns": rows.start_ns, "end_ns": rows.end_ns,
+                   **{c: rows.carried.column(c) for c in rows.carried.column_names}}
+        return pa.table({name: pa.chunked_array([columns[name]]).cast(field.type) if not isinstance(columns[name], np.ndarray)
+                         else columns[name] for name, field in zip(self.copy_schema.names, self.copy_schema)},
+                        schema=self.copy_schema)
 
 
 def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack_ns: int = 0,
@@ -184,11 +203,15 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     out.mkdir(parents=True, exist_ok=True)
     writers = {"overlaps": TableWriter(out / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *gil.carried])),
                "gil_free": TableWriter(out / "gil_free.parquet", SCHEMAS["gil_free"])}
+    if gil.copy_schema is not None:
+        writers["gil"] = TableWriter(out / "gil.parquet", gil.copy_schema)
     try:
         pending_pauses = pauses
-        for rows, watermark, rows_so_far in gil.pushes():
+        for rows, watermark, rows_so_far, copy in gil.pushes():
             emitted = core.push(pauses=pending_pauses, gil=rows, watermark_ns=watermark)
             pending_pauses = None
+            if copy is not None:
+                writers["gil"].write(copy)
             for name, table in emitted.tables().items():
                 if name in writers:
                     writers[name].write(table)
@@ -200,13 +223,13 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             if name in writers:
                 writers[name].write(table)
         header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, core.duplicate_gil_rows)
-        # The GIL intervals are not copied (docs/results.md, "gil.parquet"): the results name their files.
-        header["gil_table"] = gil.references
+        if gil.copy_schema is None:  # (docs/results.md, "gil.parquet"): the results name the table
+            header["gil_table"] = gil.references
         summary = core.summary()
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
-        stale = out / "gil.parquet"  # (of an earlier run on another input)
-        stale.unlink(missing_ok=True)
+        if gil.copy_schema is None:
+            (out / "gil.parquet").unlink(missing_ok=True)  # (of an earlier run on another input)
         for name, table in (("pause_impact", core.pause_impact()),
                             ("pauses", pa.Table.from_pandas(pauses, preserve_index=False)),
                             ("summary", pa.Table.from_pandas(summary, preserve_index=False))):

@@ -352,7 +352,7 @@ class EventsIntervals:
         from engine.ring.reader import EventsBlocks
 
         reader = EventsBlocks(self.path, self.block_records)
-        slot_of = np.full(1 << 16, -1, np.int64)
+        slot_of = np.full(1 << 16, -1, np.int32)
         last_t, last_k, last_drop = np.zeros(1024, np.int64), np.zeros(1024, np.int64), np.zeros(1024, np.uint64)
         n_slots = np.zeros(1, np.int64)
         slot_tid = np.zeros(1024, np.int64)
@@ -362,7 +362,7 @@ class EventsIntervals:
             nonlocal slot_of, last_t, last_k, last_drop, slot_tid
             tid = records["tid"]
             if tid.size and int(tid.max()) >= slot_of.size:
-                slot_of = np.concatenate([slot_of, np.full(int(tid.max()) + 1 - slot_of.size, -1, np.int64)])
+                slot_of = np.concatenate([slot_of, np.full(int(tid.max()) + 1 - slot_of.size, -1, np.int32)])
             new_threads = np.unique(tid[slot_of[tid] < 0]) if tid.size else tid[:0]
             if n_slots[0] + new_threads.size > last_t.size:
                 grow = n_slots[0] + new_threads.size + 1024
@@ -395,6 +395,11 @@ class EventsIntervals:
         self.process = {"pid": self.pid, "python_version": self.header.runtime_version, "backend": self.header.backend,
                         "misses": self.meta.get("misses"), "boot_id": self.header.boot_id, "dropped": int(lost),
                         "drain_lost": int(self.header.drain_lost), "closed": bool(reader.closed), "events": int(events)}
+
+    def thread_names(self) -> dict[int, str]:
+        if not hasattr(self, "_names"):
+            self._names = _thread_names(self.path, self.meta)
+        return self._names
 
     def code_columns(self, code: np.ndarray):
         """function, file, line of each row's code, as Arrow arrays (dictionary-encoded text)."""

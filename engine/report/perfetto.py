@@ -88,6 +88,13 @@ def _table_files(results: Path, name: str) -> list[Path]:
     single = results / f"{name}.parquet"
     if single.exists():
         return [single]
+    if name == "gil" and (results / "summary.parquet").exists():
+        # `tandem analyze --gil G.parquet` names G instead of copying it (docs/results.md, "gil.parquet").
+        from engine.store import read_metadata
+
+        named = read_metadata(results / "summary.parquet").get("analysis", {}).get("gil_table") or []
+        if named and all(Path(p).exists() for p in named):
+            return [Path(p) for p in named]
     parts = sorted(results.glob(f"part-*/{name}.parquet"))
     if not parts:
         raise TandemError(f"{single}: missing; RESULTS must be the -o directory of `tandem analyze` or of `tandem live`")

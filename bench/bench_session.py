@@ -1,0 +1,173 @@
+"""A synthetic hour of a busy service in tandem's own formats, analyzed end to end.
+
+Three Python processes of 16 threads each write GIL events files exactly as the probe's
+drain does (docs/ring.md: header page, lane table, each pass appending every lane's new
+records in turn, one lane per thread), about 14,000 intervals a second together (>= 50 M
+in the hour: 70% of releases are followed by a wait for the GIL); a pauses table of about
+20,000 JVM pauses (0.1-50 ms). `tandem analyze --pauses P.parquet --gil SESSION` runs on a
+10-minute and a 60-minute session of the same rate, and DuckDB computes only the overlap
+pairs of the same 60 minutes from a Parquet copy of the intervals, in the same run; peak RSS
+is the kernel's count for each process. TANDEM_BENCH_SESSION_MINUTES=6 shrinks the long
+session (the short one is a sixth of it) for quick checks.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bench import Row
+from bench.bench_join import DUCKDB_OVERLAPS, run_measured
+
+PROCESSES = 3
+THREADS = 16
+INTERVALS_PER_S = 14_000  # all processes together: 50.4 M intervals an hour
+PAUSES_PER_HOUR = 20_000
+DRAIN_NS = 20_000_000     # the probe's drain period: one pass of every lane
+
+
+def thread_events(rng, t0: int, span_ns: int, releases: int):
+    """One thread's (mono_ns, kind) in order: hold, DROP, released, then (70%) TAKE_REQUEST and
+    a wait, TAKE_ACQUIRED; and the intervals they make (start, end, state 0/1)."""
+    from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
+
+    hold = rng.integers(2_000, 2 * span_ns // releases - 60_000, releases)
+    released = rng.integers(1_000, 40_000, releases)
+    waits = rng.random(releases) < 0.7
+    waited = np.where(waits, rng.integers(1_000, 20_000, releases), 0)
+    drop = t0 + np.cumsum(hold + np.r_[0, (released + waited)[:-1]])
+    per = 2 + waits  # events per release: DROP, [TAKE_REQUEST], TAKE_ACQUIRED
+    n = int(per.sum())
+    first = np.r_[0, np.cumsum(per)[:-1]]
+    mono = np.empty(n, np.int64)
+    kind = np.empty(n, np.uint16)
+    mono[first], kind[first] = drop, GIL_DROP
+    request = first[waits] + 1
+    mono[request], kind[request] = drop[waits] + released[waits], GIL_TAKE_REQUEST
+    take = first + per - 1
+    mono[take], kind[take] = drop + released + waited, GIL_TAKE_ACQUIRED
+    wait_start = drop[waits] + released[waits]
+    start = np.concatenate([drop, wait_start])
+    end = np.concatenate([drop + released, wait_start + waited[waits]])
+    state = np.repeat(np.array([0, 1], np.int8), [releases, int(waits.sum())])
+    return mono, kind, (start, end, state)
+
+
+def write_events_file(path: Path, pid: int, lanes: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+    """An events file as the drain writes it (closed cleanly): lane i+1 holds thread i's records;
+    each drain pass appends, lane by lane, what was stamped since the previous pass."""
+    from engine.ring import layout as L
+
+    lane_count = 1 << (len(lanes)).bit_length()  # lane 0 is the shared one
+    header = np.zeros(1, L.HEADER_DTYPE)
+    boot = (L.current_boot_id() or "").encode()
+    header["magic"], header["version"], header["header_size"] = L.MAGIC, L.VERSION, L.HEADER_SIZE
+    header["file_kind"], header["record_type"], header["record_size"] = L.FILE_KIND_EVENTS, L.RECORD_TYPE_GIL, 32
+    header["lane_capacity"], header["producer_pid"], header["clock_id"] = 1 << 16, pid, L.CLOCK_MONOTONIC
+    header["boot_id"] = boot + b"\0" * (40 - len(boot))
+    header["runtime_version"] = b"3.11.7".ljust(32, b"\0")
+    header["backend"] = b"precise".ljust(32, b"\0")
+    header["lane_count"], header["lane_stride"] = lane_count, L.LANE_STRIDE
+    header["records_offset"], header["state"] = L.records_offset_for(lane_count), L.STATE_CLOSED
+    table = np.zeros(lane_count, L.LANE_DTYPE)
+    parts = []
+    for lane, (tid, mono, kind) in enumerate(lanes, start=1):
+        records = np.zeros(mono.size, L.GIL_RECORD_DTYPE)
+        records["seq"] = np.arange(1, mono.size + 1)
+        records["mono_ns"], records["tid"], records["kind"], records["lane"] = mono, tid, kind, lane
+        table["head"][lane] = table["tail"][lane] = mono.size
+        parts.append(records)
+    records = np.concatenate(parts)
+    # Drain order: by pass, then lane, each lane's records in their order (a stable sort).
+    records = records[np.argsort((records["mono_ns"] // DRAIN_NS) * lane_count + records["lane"], kind="stable")]
+    with open(path, "wb") as f:
+        page = bytearray(int(header["records_offset"][0]))
+        page[:L.HEADER_SIZE] = header.tobytes()
+        page[L.HEADER_SIZE:L.HEADER_SIZE + table.nbytes] = table.tobytes()
+        f.write(page)
+        records.tofile(f)
+
+
+def write_session(directory: Path, minutes: float, seed: int = 7, parquet_copy: bool = False) -> tuple[Path, Path, int]:
+    """SESSION/py-<pid>/gil.events for each process and P.parquet; returns (session, pauses, intervals)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    span = int(minutes * 60e9)
+    t0 = 10**12
+    session = directory / f"session-{minutes:g}min"
+    total = 0
+    copy = None
+    for p in range(PROCESSES):
+        pid = 100_000 + p
+        lanes, intervals = [], []
+        for t in range(THREADS):
+            releases = int(INTERVALS_PER_S * minutes * 60 / PROCESSES / THREADS / 1.7)
+            mono, kind, made = thread_events(rng, t0 + int(rng.integers(0, 10**8)), span, releases)
+            lanes.append((pid + 1 + t, mono, kind))
+            intervals.append((pid + 1 + t, *made))
+            total += made[0].size
+        (session / f"py-{pid}").mkdir(parents=True)
+        write_events_file(session / f"py-{pid}" / "gil.events", pid, lanes)
+        del lanes
+        if parquet_copy:  # DuckDB's input: the same intervals as a Parquet table
+            from engine.correlate.schema import state_strings
+
+            tid = np.concatenate([np.full(s.size, t, np.int64) for t, s, _, _ in intervals])
+            start, end, state = (np.concatenate([i[k] for i in intervals]) for k in (1, 2, 3))
+            order = np.argsort(start, kind="stable")
+            table = pa.table({"pid": np.full(tid.size, pid, np.int64), "tid": tid[order], "state": state_strings(state[order]),
+                              "start_ns": start[order], "end_ns": end[order]})
+            if copy is None:
+                copy = pq.ParquetWriter(directory / "G.parquet", table.schema)
+            copy.write_table(table)
+        del intervals
+    if copy is not None:
+        copy.close()
+    n_pauses = int(PAUSES_PER_HOUR * minutes / 60)
+    start = np.sort(rng.integers(t0, t0 + span, n_pauses))
+    kinds = np.array(["gc_pause", "safepoint", "vm_operation"])[rng.integers(0, 3, n_pauses)]
+    pauses = pa.table({"pause_id": np.arange(n_pauses, dtype=np.int64), "kind": kinds, "name": np.char.add(kinds, "-name"),
+                       "start_ns": start, "end_ns": start + rng.integers(100_000, 50_000_000, n_pauses)})
+    pq.write_table(pauses, directory / f"P-{minutes:g}min.parquet")
+    return session, directory / f"P-{minutes:g}min.parquet", total
+
+
+def main(console) -> list[Row]:
+    minutes = float(os.environ.get("TANDEM_BENCH_SESSION_MINUTES", "60"))
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-session-") as tmp:
+        tmp = Path(tmp)
+        console.print(f"writing a {minutes:g}-minute and a {minutes / 6:g}-minute session ...")
+        long_session, long_pauses, n_long = write_session(tmp, minutes, parquet_copy=True)
+        short_session, short_pauses, n_short = write_session(tmp, minutes / 6, seed=8)
+
+        def tandem(session, pauses):
+            return [sys.executable, "-m", "engine", "analyze", "--pauses", str(pauses), "--gil", str(session),
+                    "-o", str(tmp / f"out-{session.name}")]
+
+        duck = [sys.executable, "-c", "import duckdb; duckdb.connect().execute({!r})".format(
+            DUCKDB_OVERLAPS.format(pauses=long_pauses, gil=tmp / "G.parquet", out=tmp / "duck.parquet"))]
+        run_measured(tandem(short_session, short_pauses))  # warm-up: numba's cache
+        runs = {"long": [], "short": [], "duckdb": []}
+        for _ in range(2):
+            runs["long"].append(run_measured(tandem(long_session, long_pauses)))
+            runs["duckdb"].append(run_measured(duck))
+            runs["short"].append(run_measured(tandem(short_session, short_pauses)))
+        (long_s, long_gib), (short_s, short_gib), (duck_s, duck_gib) = (min(runs[k]) for k in ("long", "short", "duckdb"))
+    rate = n_long / long_s
+    console.print(f"{minutes:g} min, {n_long / 1e6:.1f} M intervals: tandem {long_s:.1f} s ({rate / 1e6:.2f} M intervals/s), "
+                  f"peak RSS {long_gib:.2f} GiB; {minutes / 6:g} min: {short_s:.1f} s, {short_gib:.2f} GiB; "
+                  f"DuckDB overlaps only: {duck_s:.1f} s, {duck_gib:.2f} GiB")
+    label = f"{minutes:g}-min session, {n_long / 1e6:.0f} M intervals"
+    return [
+        Row("session", f"tandem analyze SESSION ({label}) vs DuckDB overlaps only", long_s, duck_s, "s", "<= 1/2.5x",
+            long_s * 2.5 <= duck_s),
+        Row("session", f"intervals/s ({label}; anchor: the bar)", rate, 5e6, "intervals/s", ">= 5 M/s", rate >= 5e6),
+        Row("session", f"peak RSS ({label}; anchor: DuckDB's)", long_gib, duck_gib, "GiB", "<= 1.5 GiB", long_gib <= 1.5),
+        Row("session", f"peak RSS {minutes:g} min vs {minutes / 6:g} min", long_gib, short_gib, "GiB", "<= 1.2x",
+            long_gib <= 1.2 * short_gib),
+    ]
