@@ -26,7 +26,7 @@ class JvmSource:
 
     @property
     def pid(self) -> int | None:
-        return self.description.get("pid") or _pid_from_name(self.directory.name)
+        return self.description.get("pid") or pid_from_name(self.directory.name)
 
 
 @dataclass
@@ -40,7 +40,7 @@ class PythonSource:
 
     @property
     def pid(self) -> int | None:
-        return self.description.get("pid") or _pid_from_name(self.directory.name)
+        return self.description.get("pid") or pid_from_name(self.directory.name)
 
 
 @dataclass
@@ -105,7 +105,8 @@ def session_identity(path: Path, description: dict, producers: list[dict] = ()) 
                            int(monotonic) if monotonic is not None else None)
 
 
-def _pid_from_name(name: str) -> int | None:
+def pid_from_name(name: str) -> int | None:
+    """The pid in a process directory's name (py-<pid>, jvm-<pid>), if any."""
     tail = name.rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else None
 

@@ -137,7 +137,7 @@ class EventsGil:
         self._later = []
         for f in self.files:
             block_min = []
-            for tid, _state, start, end, _code in f.blocks():
+            for tid, _state, start, end, _code in f.blocks(ordered=False):
                 block_min.append(int(start.min()) if start.size else END)
                 bounds.append(_thread_bounds(np.full(tid.size, f.pid, np.int64), tid, start, end))
             self._later.append(_later_minimum(block_min))

@@ -347,8 +347,9 @@ class EventsIntervals:
         self.code_table = read_code_table(codes_path) if self.recorded else {}
         self.process: dict = {}
 
-    def blocks(self):
-        """(tid, state, start_ns, end_ns, code) arrays per block; raises SampledRecords."""
+    def blocks(self, ordered: bool = True):
+        """(tid, state, start_ns, end_ns, code) arrays per block (in start order unless not
+        `ordered`: then in the order the intervals closed); raises SampledRecords."""
         from engine.ring.reader import EventsBlocks
 
         reader = EventsBlocks(self.path, self.block_records)
@@ -376,8 +377,10 @@ class EventsIntervals:
             if n < 0:
                 raise SampledRecords(str(self.path))
             slot, state, start, end, code = (a[:n] for a in out)
-            order = np.argsort(start, kind="stable")
             rows_tid = slot_tid[slot]
+            if not ordered:
+                return rows_tid, state, start, end, code
+            order = np.argsort(start, kind="stable")
             _order_ties_by_tid(start, rows_tid, order)
             return rows_tid[order], state[order], start[order], end[order], code[order]
 

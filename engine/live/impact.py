@@ -33,13 +33,13 @@ import pandas as pd
 
 from engine.analysis.gil_state import gil_free_intervals, merge_intervals
 from engine.analysis.impact import pause_impact
-from engine.analysis.summary import NS_PER_HOUR, NS_PER_MS, SUMMARY_COLUMNS
+from engine.correlate.schema import END
+from engine.correlate.summary import NS_PER_HOUR, NS_PER_MS, SUMMARY_COLUMNS
 from engine.join import overlap_frame
 
 RETAIN_NS = 8_000_000_000
 # A gil_free interval longer than this (a process idle for minutes) is written in pieces.
 MAX_RETAIN_NS = 120_000_000_000
-END = 1 << 62
 
 IMPACT_INPUT = ("pause_id", "kind", "name", "start_ns", "end_ns", "duration_ns")
 GIL_COLUMNS = ("pid", "tid", "state", "start_ns", "end_ns")

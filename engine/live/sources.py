@@ -28,6 +28,7 @@ import pandas as pd
 
 from engine.errors import TandemError
 from engine.live.intervals import IncrementalIntervals
+from engine.session import pid_from_name
 
 PAUSE_RING_KINDS = {1: "safepoint", 2: "gc_pause", 3: "gc", 4: "vm_operation"}  # java-agent PauseRing.KIND_*
 
@@ -42,11 +43,6 @@ def process_alive(pid: int | None) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie has exited, unreaped
 
 
-def _pid_of(directory: Path) -> int | None:
-    tail = directory.name.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else None
-
-
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -59,7 +55,7 @@ class GilSource:
 
     def __init__(self, directory: Path):
         self.directory = directory
-        self.pid = _pid_of(directory)
+        self.pid = pid_from_name(directory.name)
         self.tailer = None
         self.intervals = IncrementalIntervals(self.pid or 0, {})
         self.done = False
@@ -131,7 +127,7 @@ class _PauseSource:
 
     def __init__(self, directory: Path):
         self.directory = directory
-        self.pid = _pid_of(directory)
+        self.pid = pid_from_name(directory.name)
         self.description = _read_json(directory / "jvm.json")
         self.done = False
         self.problem: str | None = None

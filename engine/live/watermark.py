@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import time
 
+from engine.correlate.schema import END
+
 GIL_MARGIN_NS = 1_000_000_000
 PAUSE_HORIZON_MIN_NS = 1_000_000_000
 NEW_PROCESS_MARGIN_NS = 1_000_000_000
-END = (1 << 62)
 
 
 def watermark(gil_sources, jvm_sources, now_ns: int | None = None) -> int:

@@ -25,10 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from engine.correlate.schema import ROW_TABLES
 from engine.store import write_table
-
-TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact", "summary")
-ROW_TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact")
 
 
 class RollingWriter:
