@@ -138,6 +138,7 @@ class _Otlp:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
+        _quiet_exporter_logs(url)
         reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=url), export_interval_millis=interval_s * 1000)
         self.provider = MeterProvider(resource=Resource.create({"service.name": service or "tandem"}), metric_readers=[reader])
         meter = self.provider.get_meter("tandem")
@@ -173,6 +174,29 @@ class _Otlp:
 
     def close(self) -> None:
         self.provider.shutdown()  # exports what is left, once
+
+
+def _quiet_exporter_logs(url: str, every_s: float = 60.0) -> None:
+    """The exporter logs each failed attempt (a collector down: one per retry); say it in one
+    line naming the URL, at most once a minute. The exporter goes on retrying."""
+    import logging
+    import sys
+
+    class OneLine(logging.Handler):
+        last = -every_s
+
+        def emit(self, record):
+            now = time.monotonic()
+            if now - self.last >= every_s:
+                type(self).last = now
+                reason = record.getMessage().split(" encountered while")[0]
+                print(f"tandem: --otlp {url}: push failed: {reason[:200]} (retrying; said at most once a minute)", file=sys.stderr)
+
+    for name in ("opentelemetry.exporter.otlp.proto.http.metric_exporter", "opentelemetry.sdk.metrics._internal.export",
+                 "opentelemetry.exporter.otlp.proto.http"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [OneLine()]
+        logger.propagate = False
 
 
 class LiveMetrics:
