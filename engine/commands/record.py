@@ -52,7 +52,13 @@ def record(
     except TandemError:
         sessions.finish_session(directory, exit_code=None, error="command did not start")
         raise
-    sessions.finish_session(directory, pid=pid, exit_code=exit_code)
+    problem = sessions.finish_session(directory, pid=pid, exit_code=exit_code)
+    if problem and not directory.is_dir():
+        console.print(f"tandem: {problem}")
+        console.print(f"[dim]tandem: `{command[0]}` exited with {exit_code}[/dim]")
+        raise typer.Exit(exit_code)
+    if problem:
+        console.print(f"tandem: {problem}")
 
     try:
         with console.status("reading what was captured") as status:

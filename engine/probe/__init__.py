@@ -275,7 +275,11 @@ def stop() -> dict:
     if not _probe.status()["running"]:
         return _probe.status()
     final = _probe.stop()
-    _write_meta("closed", final, final=True)
+    try:
+        _write_meta("closed", final, final=True)
+    except OSError as err:  # the session deleted or read-only meanwhile: one line, never a traceback
+        print(f"tandem: GIL probe in pid {os.getpid()}: cannot write {_meta_path} at the end ({err.strerror})",
+              file=sys.stderr)
     with _names_lock:
         _names_path = None
     return final

@@ -47,12 +47,19 @@ def in_sub_interpreter() -> bool:
     return number(interpreters.get_current()) != number(interpreters.get_main())
 
 
+_ran = False
+
+
 def run() -> None:
     """Start recording into $TANDEM_SESSION (backend from $TANDEM_PROBE_BACKEND, default auto;
     TANDEM_PROBE_WAIT_WHEN_FULL=1: a thread waits for the drain rather than drop an event)."""
+    global _ran
     session = os.environ.get("TANDEM_SESSION")
-    if not session or in_sub_interpreter():
+    if _ran or not session or in_sub_interpreter():
         return
+    # Once per process: site runs a venv's .pth files twice when the venv's lib64 is a link
+    # to lib (both paths are added), and a refusal (disk full) must be said once.
+    _ran = True
     try:
         import engine.probe
 

@@ -76,12 +76,21 @@ def create_session(path: Path, description: dict) -> Path:
     return path
 
 
-def finish_session(path: Path, **fields) -> None:
-    """Adds the end (exit code, end time) to session.json."""
+def finish_session(path: Path, **fields) -> str | None:
+    """Adds the end (exit code, end time) to session.json; returns why it could not, or None.
+
+    The session directory may have gone or turned read-only while the command ran: that
+    is said in one line by the caller, and never changes the command's exit code."""
+    if not path.is_dir():
+        return f"{path}: the session directory is gone (deleted while recording); nothing to summarize"
     description = read_description(path)
     end_monotonic_ns, end_wall_ns = clock_pair()
     description.update(fields, end_monotonic_ns=end_monotonic_ns, end_wall_ns=end_wall_ns)
-    write_description(path, description)
+    try:
+        write_description(path, description)
+    except OSError as err:
+        return f"{path}: cannot write session.json at the end ({err.strerror}); what was recorded before stays"
+    return None
 
 
 def read_description(path: Path) -> dict:

@@ -46,8 +46,7 @@ public final class Agent {
             Path directory = options.session.resolve("jvm-" + ProcessHandle.current().pid());
             PrivateFiles.directories(directory);
             Path file = directory.resolve("agent-error.txt");
-            Files.deleteIfExists(file);
-            Files.createFile(file, PrivateFiles.FILE_ATTRIBUTE);
+            PrivateFiles.createFile(file); // 0600 from the start, never through a link
             Files.write(file, List.of("tandem-agent: " + reason));
         } catch (Throwable ignored) {
             // the stderr line is all we can do

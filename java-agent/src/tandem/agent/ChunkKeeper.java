@@ -5,6 +5,7 @@ import java.io.FileOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.OutputStream;
+import java.io.RandomAccessFile;
 import java.nio.file.FileAlreadyExistsException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -27,6 +28,7 @@ final class ChunkKeeper {
     private final Path repository;
     private final Path kept;
     private boolean linksUnsupported;
+    private static final long FILE_STATE_OFFSET = 64;
 
     ChunkKeeper(Path repository, Path kept) {
         this.repository = repository;
@@ -58,6 +60,28 @@ final class ChunkKeeper {
         }
     }
 
+    /** False once links to chunks turned out impossible here (then JFR's own dump must write the recording). */
+    synchronized boolean keeping() {
+        return !linksUnsupported;
+    }
+
+    /** True when every kept chunk is finished (file state byte 0, docs/pauses.md "Chunks"). */
+    synchronized boolean allKeptFinished() {
+        List<Path> chunks = chunksIn(kept);
+        for (Path chunk : chunks) {
+            // RandomAccessFile, not a channel: an interrupt (JPype at shutdown) does not close it.
+            try (RandomAccessFile file = new RandomAccessFile(chunk.toFile(), "r")) {
+                file.seek(FILE_STATE_OFFSET);
+                if (file.read() != 0) {
+                    return false;
+                }
+            } catch (IOException e) {
+                return false;
+            }
+        }
+        return !chunks.isEmpty();
+    }
+
     /** True once JFR has removed its chunk files (its shutdown clean-up ran). */
     boolean repositoryCleared() {
         return chunksIn(repository).isEmpty();
@@ -74,8 +98,7 @@ final class ChunkKeeper {
      */
     synchronized void writeRecording(Path destination) throws IOException {
         Path tmp = destination.resolveSibling(destination.getFileName() + ".tmp");
-        Files.deleteIfExists(tmp);
-        Files.createFile(tmp, PrivateFiles.FILE_ATTRIBUTE);
+        PrivateFiles.createFile(tmp); // 0600 from the start, never through a link
         byte[] buffer = new byte[1 << 16];
         try (OutputStream out = new FileOutputStream(tmp.toFile())) {
             for (Path chunk : chunksIn(kept)) {

@@ -26,6 +26,12 @@ public final class ClockSyncEvent extends Event {
     @Description("System.nanoTime() (CLOCK_MONOTONIC on Linux) taken between begin() and end()")
     public long monotonicNanos;
 
+    /** The JVM's pid: jdk.JVMInformation, which also holds it, is off (it carries the command line). */
+    @Label("Process id")
+    public long pid = PID;
+
+    private static final long PID = ProcessHandle.current().pid();
+
     /** Back-to-back tries per sync point; the tightest is committed (see commitNow). */
     private static final int ATTEMPTS = 5;
     private static boolean hookRegistered;

@@ -20,8 +20,7 @@ final class Json {
      */
     static void writeAtomically(Path file, Map<String, ?> object) throws IOException {
         Path tmp = file.resolveSibling(file.getFileName() + ".tmp");
-        Files.deleteIfExists(tmp);
-        Files.createFile(tmp, PrivateFiles.FILE_ATTRIBUTE); // 0600 from the start, never through a link
+        PrivateFiles.createFile(tmp); // 0600 from the start, never through a link
         try (OutputStream out = new FileOutputStream(tmp.toFile())) {
             out.write((format(object) + "\n").getBytes(StandardCharsets.UTF_8));
         }

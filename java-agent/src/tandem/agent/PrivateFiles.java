@@ -50,6 +50,12 @@ final class PrivateFiles {
         }
     }
 
+    /** Creates an empty file 0600 (replacing one that was there; never through a link). */
+    static void createFile(Path file) throws IOException {
+        Files.deleteIfExists(file);
+        Files.createFile(file, FILE_ATTRIBUTE);
+    }
+
     /** `directory` for `dir` and each missing parent up to an existing one (parents made 0700 too). */
     static Path directories(Path dir) throws IOException {
         Path parent = dir.toAbsolutePath().getParent();

@@ -1,5 +1,6 @@
 package tandem.agent;
 
+import java.io.IOException;
 import java.lang.instrument.Instrumentation;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -39,6 +40,8 @@ final class SessionRecording {
     private Thread clockSync;
     private Thread shutdownHook;
     private boolean closed;
+    /** True when JFR writes the recording (its destination set), false when the agent does from kept chunks. */
+    private boolean jfrDumps;
 
     private SessionRecording(AgentOptions options, String mode, Instrumentation inst) {
         this.options = options;
@@ -74,15 +77,13 @@ final class SessionRecording {
         recording = new Recording(settings);
         recording.setName("tandem");
         recording.setToDisk(true);
-        recording.setDestination(unfinishedRecordingFile);
-        // At JVM exit JFR's own shutdown hook writes the destination (see close()).
-        recording.setDumpOnExit(true);
 
         long monotonicBefore = System.nanoTime();
         Instant wall = Instant.now();
         long monotonicAfter = System.nanoTime();
         recording.start(); // the first clock sync comes from beginChunk
         chunkKeeper.keepNewChunks();
+        letJfrDumpIfChunksAreNotKept();
         PrivateFiles.tighten(repository); // JFR made its chunk directory with the JVM's umask
 
         describeJvm(monotonicBefore + (monotonicAfter - monotonicBefore) / 2, wall);
@@ -138,10 +139,31 @@ final class SessionRecording {
                 Thread.sleep(CLOCK_SYNC_PERIOD_MILLIS);
                 ClockSyncEvent.commitNow();
                 chunkKeeper.keepNewChunks();
+                letJfrDumpIfChunksAreNotKept();
                 PrivateFiles.tighten(repository); // a new chunk after a rotation
             }
         } catch (InterruptedException stopped) {
             // close() stops us
+        }
+    }
+
+    /**
+     * Normally the agent writes recording.jfr itself from the chunks it keeps, and JFR has no
+     * destination: JFR's own dump at exit fails under JPype (it interrupts every thread at
+     * shutdown) and prints "[error][jfr] Unable to complete I/O operation when dumping
+     * recording" although nothing is lost. Where chunks cannot be kept (no hard links on
+     * this file system), JFR's dump at exit is the way, as JFR does it by default.
+     */
+    private synchronized void letJfrDumpIfChunksAreNotKept() {
+        if (jfrDumps || chunkKeeper.keeping() || recording.getState() != RecordingState.RUNNING) {
+            return;
+        }
+        try {
+            recording.setDestination(unfinishedRecordingFile);
+            recording.setDumpOnExit(true);
+            jfrDumps = true;
+        } catch (IOException | RuntimeException e) {
+            Agent.warn("cannot have JFR write " + unfinishedRecordingFile + " at exit: " + Agent.describe(e));
         }
     }
 
@@ -168,9 +190,9 @@ final class SessionRecording {
      *
      * At JVM exit JFR's own shutdown hook runs concurrently with ours, stops every recording
      * and then deletes the disk repository; stopping ours from here would race that deletion
-     * (the dump then misses its chunks). So at exit JFR's hook writes the destination
-     * (dumpOnExit) and this one waits for it; if that dump fails, the chunks kept by
-     * {@link ChunkKeeper} become the recording.
+     * (the dump then misses its chunks). So at exit this hook waits for JFR's to finish the
+     * last chunk and writes the chunks kept by {@link ChunkKeeper}; where chunks cannot be kept,
+     * JFR's hook writes the destination (dumpOnExit) and this one waits for it.
      */
     private void close(String reason, boolean atJvmExit) {
         synchronized (this) {
@@ -186,10 +208,18 @@ final class SessionRecording {
             }
             closeLive();
             if (!atJvmExit) {
-                recording.stop(); // writes the destination; the last clock sync comes from endChunk
+                recording.stop(); // writes the destination, if set; the last clock sync comes from endChunk
+                if (!jfrDumps) {
+                    PrivateFiles.createFile(unfinishedRecordingFile);
+                    recording.dump(unfinishedRecordingFile); // not at exit: nothing interrupts it
+                }
                 recording.close();
                 Files.move(unfinishedRecordingFile, recordingFile, StandardCopyOption.REPLACE_EXISTING,
                         StandardCopyOption.ATOMIC_MOVE);
+            } else if (!jfrDumps) {
+                chunkKeeper.keepNewChunks();
+                waitForJfrToFinishItsChunks();
+                chunkKeeper.writeRecording(recordingFile);
             } else {
                 chunkKeeper.keepNewChunks();
                 if (jfrWroteTheRecordingAtExit()) {
@@ -210,6 +240,33 @@ final class SessionRecording {
             writeDescription("closed");
         } catch (Throwable t) {
             Agent.warn("could not close the recording in " + directory + ": " + Agent.describe(t));
+        }
+    }
+
+    /**
+     * At exit, JFR's shutdown hook stops our recording, which finishes the last chunk in place
+     * (the kept links share its inode), then clears the repository. Waits for that (at most
+     * WAIT_FOR_JFR_HOOK_MILLIS); interrupts do not end the wait.
+     */
+    private void waitForJfrToFinishItsChunks() {
+        long deadline = System.nanoTime() + WAIT_FOR_JFR_HOOK_MILLIS * 1_000_000;
+        boolean interrupted = false;
+        try {
+            while (System.nanoTime() < deadline) {
+                if (recording.getState() != RecordingState.RUNNING
+                        && (chunkKeeper.repositoryCleared() || chunkKeeper.allKeptFinished())) {
+                    return;
+                }
+                try {
+                    Thread.sleep(5);
+                } catch (InterruptedException e) {
+                    interrupted = true;
+                }
+            }
+        } finally {
+            if (interrupted) {
+                Thread.currentThread().interrupt();
+            }
         }
     }
 

@@ -328,6 +328,9 @@ public final class PauseReader {
     }
 
     private void onClockSync(RecordedEvent e) {
+        if (jvmPid == NULL && e.hasField("pid")) {
+            jvmPid = e.getLong("pid"); // recordings without jdk.JVMInformation (docs/session.md)
+        }
         if (e.hasField(CLOCK_SYNC_FIELD)) {
             syncTicks.add(e.getLong("startTime"));
             syncMonotonicNanos.add(e.getLong(CLOCK_SYNC_FIELD));

@@ -1,0 +1,323 @@
+"""The fault matrix: real processes, real signals, real full and vanishing disks.
+
+In each case: the service is never harmed (it finishes its work and writes its marker), the
+exit code `tandem record` returns is the service's, nothing already written is lost or left
+half-written under a name a reader takes for whole, every loss is counted and reported
+once, in one line, and a re-run (`tandem analyze`) completes.
+
+Cases elsewhere: a recorded JVM killed with SIGKILL (tests/test_ingest_killed.py: the
+unfinished chunk read to its last flush, the loss bounded and said in one warning).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import default_java_home
+from test_record_helpers import compile_workload, jdk_env, read_json, tandem_argv, wait_for
+
+# A Python service: with JVM=1 the demo's hybrid service (JPype JVM, request threads) for
+# SECONDS, else THREADS threads handing the GIL over often; then a marker, then exit EXIT.
+SERVICE = """
+import pathlib, sys, threading, time
+seconds, marker, code, threads, with_jvm = float(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+def work():
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0)
+        sum(range(200))
+if with_jvm:
+    from engine.demo import workload
+    workload.main(["--seconds", str(seconds), "--gc-period", "0.5"])
+else:
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+pathlib.Path(marker).write_text("done")
+sys.exit(code)
+"""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("service") / "service.py"
+    path.write_text(SERVICE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory) -> Path:
+    return compile_workload(tmp_path_factory.mktemp("workload"))
+
+
+def env() -> dict[str, str]:
+    return jdk_env(default_java_home())
+
+
+def service_argv(service: Path, marker: Path, seconds: float, code: int = 0, threads: int = 2, jvm: bool = True) -> list[str]:
+    return [sys.executable, str(service), str(seconds), str(marker), str(code), str(threads), "1" if jvm else "0"]
+
+
+def jfr_flushed(session: Path) -> bool:
+    """The JVM's repository chunk was flushed at least once (header generation >= 2): a JVM
+    killed before that has no readable event, which test_ingest_killed covers."""
+    from engine.clock.chunks import FILE_STATE_OFFSET, FILE_STATE_UPDATING
+
+    for chunk in session.glob("jvm-*/repository/*/*.jfr"):
+        head = chunk.read_bytes()[:FILE_STATE_OFFSET + 1]
+        if len(head) > FILE_STATE_OFFSET and FILE_STATE_UPDATING > head[FILE_STATE_OFFSET] >= 2:
+            return True
+    return False
+
+
+def no_traceback(text: str) -> None:
+    assert "Traceback" not in text, text
+
+
+def analyze(session: Path, out: Path) -> subprocess.CompletedProcess:
+    run = subprocess.run(tandem_argv("analyze", str(session), "-o", str(out)), env=env(), capture_output=True, text=True,
+                         timeout=240)
+    no_traceback(run.stderr)
+    return run
+
+
+def readable_results(out: Path) -> list[str]:
+    """Every .parquet name under OUT reads whole; returns the names."""
+    names = []
+    for path in sorted(out.rglob("*.parquet")):
+        pq.read_table(path)  # raises on a half-written file
+        names.append(path.name)
+    return names
+
+
+@contextmanager
+def small_disk(path: Path, size: str):
+    """A tmpfs of `size` at `path` (root only)."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+
+
+# ---------------------------------------------------------------- SIGKILL
+
+
+def test_sigkill_of_tandem_record_leaves_the_service_running(service, tmp_path):
+    session, marker = tmp_path / "s", tmp_path / "done"
+    tandem = subprocess.Popen(tandem_argv("record", "-o", str(session), "--", *service_argv(service, marker, 3)),
+                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: any(session.glob("py-*/gil.events")), 30, "the probe's events file")
+    time.sleep(random.Random(1).uniform(0.2, 1.0))
+    tandem.kill()
+    tandem.wait()
+    wait_for(marker.exists, 60, "the service to finish its work")  # the service ran on, to its end
+    py_dir = next(session.glob("py-*"))
+    wait_for(lambda: not Path(f"/proc/{py_dir.name[3:]}").exists(), 30, "the service to exit")
+    description = read_json(session / "session.json")  # whole (written by rename), without an end
+    assert "exit_code" not in description
+    out = tmp_path / "out"
+    run = analyze(session, out)
+    assert run.returncode == 0, run.stderr
+    assert {"pauses.parquet", "gil.parquet", "overlaps.parquet"} <= set(readable_results(out))
+    assert "dropped events 0" in run.stdout + run.stderr
+
+
+def test_sigkill_of_the_recorded_python_is_its_exit_code_and_its_ring_is_read(service, tmp_path):
+    session, marker = tmp_path / "s", tmp_path / "done"
+    tandem = subprocess.Popen(tandem_argv("record", "-o", str(session), "--", *service_argv(service, marker, 30)),
+                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: any(session.glob("py-*/gil.events")) and jfr_flushed(session), 60, "the probe and a JFR flush")
+    time.sleep(random.Random(2).uniform(0.3, 1.5))
+    pid = int(next(session.glob("py-*")).name[3:])
+    os.kill(pid, signal.SIGKILL)
+    _, err = tandem.communicate(timeout=60)
+    no_traceback(err)
+    assert tandem.returncode == 128 + signal.SIGKILL
+    assert read_json(session / "session.json")["exit_code"] == 128 + signal.SIGKILL
+    out = tmp_path / "out"
+    run = analyze(session, out)
+    assert run.returncode == 0, run.stderr
+    from engine.store import read_table
+
+    gil = read_table(out / "gil.parquet")
+    assert len(gil) > 0
+
+
+def test_sigkill_of_tandem_analyze_mid_write_leaves_no_half_file(service, tmp_path):
+    session, marker = tmp_path / "s", tmp_path / "done"
+    run = subprocess.run(tandem_argv("record", "-o", str(session), "--", *service_argv(service, marker, 2, threads=3)),
+                         env=env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    reference = tmp_path / "reference"
+    assert analyze(session, reference).returncode == 0
+    expected = readable_results(reference)
+    out = tmp_path / "out"
+    rng = random.Random(3)
+    for _ in range(4):
+        proc = subprocess.Popen(tandem_argv("analyze", str(session), "-o", str(out)), env=env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.5, 4.0))
+        proc.kill()
+        proc.wait()
+        names = readable_results(out)  # what is there under a final name is whole
+        assert set(names) <= set(expected)
+        for leftover in out.glob("*"):
+            assert leftover.suffix == ".parquet" or leftover.name.endswith(".tmp") or leftover.is_dir(), leftover
+    rerun = analyze(session, out)
+    assert rerun.returncode == 0, rerun.stderr
+    assert readable_results(out) == expected
+    assert not list(out.glob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_sigkill_of_tandem_live_leaves_finished_parts_whole(service, tmp_path):
+    session, marker = tmp_path / "s", tmp_path / "done"
+    live = subprocess.Popen(tandem_argv("live", "--session", str(session), "--roll", "1s", "--",
+                                        *service_argv(service, marker, 6)),
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: len(list(session.glob("live/part-*/_done.json"))) >= 2, 90, "two finished live parts")
+    live.kill()
+    live.wait()
+    wait_for(marker.exists, 60, "the service to finish its work")
+    for part in session.glob("live/part-*"):
+        if (part / "_done.json").exists():
+            json.loads((part / "_done.json").read_text())
+            assert readable_results(part)
+    pid = next(session.glob("py-*")).name[3:]
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "the service to exit")
+    run = analyze(session, tmp_path / "out")
+    assert run.returncode == 0, run.stderr
+
+
+# ---------------------------------------------------------------- the session's disk
+
+
+@needs_root
+def test_full_disk_at_ring_creation_is_said_once_and_the_service_runs(service, tmp_path):
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        session, marker = disk / "s", tmp_path / "done"
+        run = subprocess.run(tandem_argv("record", "-o", str(session), "--", *service_argv(service, marker, 0.5, code=3, jvm=False)),
+                             env=env(), capture_output=True, text=True, timeout=120)
+        no_traceback(run.stderr)
+        assert run.returncode == 3 and marker.exists()
+        assert run.stderr.count("No space left on device") == 1, run.stderr
+        assert run.stderr.count("GIL probe not started") == 1, run.stderr
+
+
+@needs_root
+@pytest.mark.slow
+def test_full_disk_for_the_events_file_is_counted_and_reported(service, workload, tmp_path):
+    """The ring (32 MiB) fits, the events file fills the rest: what the drain could not
+    write is counted in the file (drain_lost) and reported by `tandem analyze` beside dropped."""
+    from engine.ring.reader import read_events
+
+    with small_disk(tmp_path / "disk", "33m") as disk:
+        session, marker = disk / "s", tmp_path / "done"
+        run = subprocess.run(tandem_argv("record", "-o", str(session), "--",
+                                         *service_argv(service, marker, 6, code=0, threads=4, jvm=False)),
+                             env=env(), capture_output=True, text=True, timeout=180)
+        no_traceback(run.stderr)
+        assert run.returncode == 0 and marker.exists(), run.stderr
+        events = next(session.glob("py-*/gil.events"))
+        header = read_events(events).header
+        assert header.drain_lost > 0, "the disk did not fill: make the service busier"
+        # Any JVM recording of this boot to join with (the service ran no JVM).
+        jvm_session = tmp_path / "jvm"
+        made = subprocess.run(tandem_argv("record", "-o", str(jvm_session), "--", "java", "-cp", str(workload), "Workload",
+                                          "alloc", "0.5"), env=env(), capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0, made.stderr
+        run = subprocess.run(tandem_argv("analyze", "--jfr", str(next(jvm_session.glob("jvm-*/recording.jfr"))),
+                                         "--gil", str(events), "-o", str(tmp_path / "out")),
+                             env=env(), capture_output=True, text=True, timeout=180)
+        no_traceback(run.stderr)
+        assert run.returncode == 0, run.stderr
+        printed = run.stdout + run.stderr
+        assert f"+{header.drain_lost} not written" in printed, printed
+        assert printed.count("not written") == 1
+        from engine.store import read_table
+
+        analysis = read_table(tmp_path / "out" / "overlaps.parquet").attrs["analysis"]
+        assert analysis["drain_lost_events"] == header.drain_lost
+
+
+@needs_root
+@pytest.mark.slow
+def test_full_disk_for_the_jfr_repository_never_stops_the_jvm(workload, tmp_path):
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        session = disk / "s"
+        run = subprocess.run(tandem_argv("record", "-o", str(session), "--", "java", "-cp", str(workload), "Workload",
+                                         "alloc", "2", "5"),
+                             env=env(), capture_output=True, text=True, timeout=180)
+        no_traceback(run.stderr)
+        assert run.returncode == 5, run.stderr  # the JVM ran to its own System.exit(5)
+
+
+# ---------------------------------------------------------------- the session directory
+
+
+def test_deleted_session_directory_mid_run(service, tmp_path):
+    session, marker = tmp_path / "s", tmp_path / "done"
+    tandem = subprocess.Popen(tandem_argv("record", "-o", str(session), "--",
+                                          *service_argv(service, marker, 2, code=4, jvm=False)),
+                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: any(session.glob("py-*/probe.json")), 30, "the probe's start")
+    subprocess.run(["rm", "-rf", str(session)], check=True)
+    _, err = tandem.communicate(timeout=60)
+    no_traceback(err)
+    assert tandem.returncode == 4 and marker.exists(), err
+    assert err.count("session directory is gone") == 1, err
+
+
+@needs_root
+def test_read_only_session_directory_mid_run(service, tmp_path):
+    """Every directory of the session made immutable (chattr +i: not even root may create or
+    rename a file in it) once recording runs: open files keep writing, nothing new appears."""
+    session, marker = tmp_path / "s", tmp_path / "done"
+    tandem = subprocess.Popen(tandem_argv("record", "-o", str(session), "--", *service_argv(service, marker, 3, code=6)),
+                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    frozen = []
+    try:
+        wait_for(lambda: any(session.glob("py-*/probe.json")) and jfr_flushed(session), 60, "the probe and a JFR flush")
+        frozen = [session, *(p for p in session.rglob("*") if p.is_dir())]
+        subprocess.run(["chattr", "+i", *map(str, frozen)], check=True)
+        _, err = tandem.communicate(timeout=90)
+    finally:
+        if frozen:
+            subprocess.run(["chattr", "-i", *map(str, frozen)], check=False)
+        tandem.kill()
+    no_traceback(err)
+    assert tandem.returncode == 6 and marker.exists(), err
+    assert err.count("cannot write session.json") == 1, err
+    run = analyze(session, tmp_path / "out")  # what was written before still reads
+    assert run.returncode == 0, run.stderr
+
+
+def test_second_record_into_the_same_directory_is_refused_and_the_first_unharmed(service, tmp_path):
+    session, marker = tmp_path / "s", tmp_path / "done"
+    first = subprocess.Popen(tandem_argv("record", "-o", str(session), "--", *service_argv(service, marker, 2, code=0)),
+                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (session / "session.json").exists(), 30, "the first session")
+    second = subprocess.run(tandem_argv("record", "-o", str(session), "--", sys.executable, "-c", "pass"),
+                            env=env(), capture_output=True, text=True, timeout=60)
+    no_traceback(second.stderr)
+    assert second.returncode == 2 and "already exists and is not an empty directory" in second.stderr
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 0 and marker.exists(), err
+    assert read_json(session / "session.json")["exit_code"] == 0
+    run = analyze(session, tmp_path / "out")
+    assert run.returncode == 0, run.stderr
