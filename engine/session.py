@@ -124,11 +124,14 @@ def jvm_recordings(directory: Path) -> tuple[list[Path], bool]:
     """The JFR files of one jvm-<pid>/ directory, and whether the JVM closed its recording.
 
     Closed: recording.jfr. Killed before closing: the chunks left in its disk repository,
-    in the order JFR wrote them (their names are timestamps)."""
+    in the order JFR wrote them (their names are timestamps); or, when the agent stopped
+    recording on a nearly full disk and JFR then cleared its repository, the chunks the
+    agent kept (.chunks/, docs/session.md)."""
     recording = directory / "recording.jfr"
     if recording.is_file() and recording.stat().st_size > 0:
         return [recording], True
-    return sorted((directory / "repository").rglob("*.jfr"), key=lambda p: p.name), False
+    chunks = sorted((directory / "repository").rglob("*.jfr"), key=lambda p: p.name)
+    return chunks or sorted((directory / ".chunks").glob("*.jfr"), key=lambda p: p.name), False
 
 
 def _jvm_source(directory: Path) -> JvmSource:

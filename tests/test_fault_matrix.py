@@ -256,15 +256,51 @@ def test_full_disk_for_the_events_file_is_counted_and_reported(service, workload
 
 
 @needs_root
-@pytest.mark.slow
 def test_full_disk_for_the_jfr_repository_never_stops_the_jvm(workload, tmp_path):
+    """JFR stops the whole JVM when it cannot write a chunk ("An irrecoverable error in Jfr.
+    Shutting down VM..."): the agent does not start on a disk with less than its reserve."""
     with small_disk(tmp_path / "disk", "1m") as disk:
         session = disk / "s"
         run = subprocess.run(tandem_argv("record", "-o", str(session), "--", "java", "-cp", str(workload), "Workload",
-                                         "alloc", "2", "5"),
+                                         "alloc", "1", "5"),
                              env=env(), capture_output=True, text=True, timeout=180)
         no_traceback(run.stderr)
         assert run.returncode == 5, run.stderr  # the JVM ran to its own System.exit(5)
+        # The agent's one line (the JVM's stderr), repeated only in the summary's row for that JVM.
+        lines = run.stderr.splitlines()
+        assert sum(line.startswith("tandem-agent: not recording: only") for line in lines) == 1, run.stderr
+        assert "irrecoverable" not in run.stderr
+
+
+@needs_root
+@pytest.mark.slow
+def test_disk_filling_up_during_a_recording_stops_it_not_the_jvm(workload, tmp_path):
+    """The disk fills while the JVM records: the agent stops recording below its reserve (one
+    line, jvm.json "stopped"); the JVM runs on to its own exit code; what was recorded reads."""
+    with small_disk(tmp_path / "disk", "48m") as disk:
+        session = disk / "s"
+        tandem = subprocess.Popen(tandem_argv("record", "-o", str(session), "--", "java", "-cp", str(workload), "Workload",
+                                              "alloc", "6", "5"),
+                                  env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: jfr_flushed(session), 60, "a JFR flush")
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        with open(disk / "filler", "wb") as filler:  # leave 4 MiB
+            filler.write(bytes(free - (4 << 20)))
+        _, err = tandem.communicate(timeout=120)
+        no_traceback(err)
+        assert tandem.returncode == 5, err
+        assert sum(line.startswith("tandem-agent: recording stopped: the session's disk is nearly full")
+                   for line in err.splitlines()) == 1, err
+        assert "irrecoverable" not in err
+        jvm = read_json(next(session.glob("jvm-*/jvm.json")))
+        assert jvm["state"] == "stopped" and "nearly full" in jvm["stop_reason"]
+        (disk / "filler").unlink()
+        from engine.ingest.jfr import read_pauses
+        from engine.session import Session
+
+        jvms = Session.open(session).jvms  # the chunks the agent kept (.chunks/), finished in place
+        assert len(jvms) == 1 and all(p.parent.name == ".chunks" for p in jvms[0].recordings)
+        assert len(read_pauses(jvms[0].recordings)) > 0
 
 
 # ---------------------------------------------------------------- the session directory

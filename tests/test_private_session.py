@@ -150,7 +150,7 @@ def test_a_planted_link_or_foreign_directory_is_refused(workload, tmp_path):
 
 def test_probe_directory_refuses_a_planted_link(tmp_path):
     from engine.errors import TandemError
-    from engine.record.session import private_directory
+    from engine.probe.private import private_directory
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

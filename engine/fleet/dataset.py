@@ -90,11 +90,13 @@ def analyze_into(session_path: str | os.PathLike, root: str | os.PathLike, *, sl
 
 
 def _private_dirs(directory: Path) -> None:
-    """Dataset directories are created 0700, like session directories: results name hosts,
-    pids and thread names."""
+    """Dataset directories are created 0700, like session directories (no planted link, no
+    other user's directory): results name hosts, pids and thread names."""
+    from engine.probe.private import private_directory
+
     missing = []
     while not directory.is_dir():
         missing.append(directory)
         directory = directory.parent
     for path in reversed(missing):
-        path.mkdir(mode=0o700, exist_ok=True)
+        private_directory(path)

@@ -238,7 +238,7 @@ def start_session(session: str | os.PathLike, **options: Any) -> dict:
 
     A process forked from this one records into its own py-<pid> directory."""
     global _session_dir, _start_options
-    from engine.record.session import private_directory
+    from engine.probe.private import private_directory
 
     directory = private_directory(Path(session) / f"py-{os.getpid()}")
     status = _start_files(directory / "gil.ring", directory / "gil.events", directory / "probe.json",

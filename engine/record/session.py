@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import stat
 import time
 from pathlib import Path
 
 from engine.errors import TandemError
+from engine.probe.private import private_directory
 
 
 _user_umask: int | None = None
@@ -30,33 +30,6 @@ def keep_private() -> None:
 def user_umask() -> int:
     """The umask the user had before keep_private() (for the command tandem runs), or -1: unchanged."""
     return -1 if _user_umask is None else _user_umask
-
-
-def private_directory(path: Path, *, empty: bool = False) -> Path:
-    """Creates `path` 0700, or accepts an existing real directory (not a symbolic link) of this user.
-
-    Anything else (a link planted where the session goes, a directory another user made) is
-    refused: writing into it would hand what we record to whoever controls it. `empty`:
-    an existing directory must also be empty (a session directory is never reused).
-    """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.mkdir(path, 0o700)
-        return path
-    except FileExistsError:
-        pass
-    except OSError as err:
-        raise TandemError(f"{path}: cannot create the directory ({err.strerror})") from None
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise TandemError(f"{path}: already exists and is not a directory (a symbolic link?); choose a new -o")
-    if info.st_uid != os.geteuid():
-        raise TandemError(f"{path}: belongs to another user (uid {info.st_uid}); choose a directory of your own")
-    if empty and any(path.iterdir()):
-        raise TandemError(f"{path}: already exists and is not an empty directory; choose a new -o")
-    os.chmod(path, 0o700, follow_symlinks=False)
-    return path
 
 
 def create_session(path: Path, description: dict) -> Path:
@@ -108,9 +81,13 @@ def write_description(path: Path, description: dict) -> None:
     except FileNotFoundError:
         pass
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(json.dumps(description, indent=2) + "\n")
-    os.replace(tmp, path / "session.json")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(description, indent=2) + "\n")
+        os.replace(tmp, path / "session.json")
+    except OSError:
+        tmp.unlink(missing_ok=True)  # no half file left behind (disk full)
+        raise
 
 
 def clock_pair() -> tuple[int, int]:

@@ -20,6 +20,8 @@ import jdk.jfr.RecordingState;
  */
 final class SessionRecording {
     private static final long CLOCK_SYNC_PERIOD_MILLIS = 1000;
+    /** Free space below which the agent does not record (see stopForFullDisk). */
+    static final long DISK_RESERVE_BYTES = 32L << 20;
     // JFR writes the whole recording at exit; large ones take seconds.
     private static final long WAIT_FOR_JFR_HOOK_MILLIS = 30_000;
 
@@ -71,6 +73,11 @@ final class SessionRecording {
         PrivateFiles.directories(options.session);
         PrivateFiles.directory(directory);
         PrivateFiles.directory(repository);
+        long free = usableBytes(directory);
+        if (free < DISK_RESERVE_BYTES) {
+            throw new IllegalStateException("only " + free / 1024 + " KiB free on the session's disk (tandem needs "
+                    + (DISK_RESERVE_BYTES >> 20) + " MiB free: JFR stops the JVM when it cannot write)");
+        }
         JfrRepository.use(repository, inst);
         ClockSyncEvent.registerChunkHook();
 
@@ -141,6 +148,11 @@ final class SessionRecording {
                 chunkKeeper.keepNewChunks();
                 letJfrDumpIfChunksAreNotKept();
                 PrivateFiles.tighten(repository); // a new chunk after a rotation
+                long free = usableBytes(directory);
+                if (free < DISK_RESERVE_BYTES) {
+                    stopForFullDisk(free);
+                    return;
+                }
             }
         } catch (InterruptedException stopped) {
             // close() stops us
@@ -164,6 +176,45 @@ final class SessionRecording {
             jfrDumps = true;
         } catch (IOException | RuntimeException e) {
             Agent.warn("cannot have JFR write " + unfinishedRecordingFile + " at exit: " + Agent.describe(e));
+        }
+    }
+
+    /**
+     * JFR stops the whole JVM when it cannot write a chunk ("An irrecoverable error in Jfr.
+     * Shutting down VM..."): tandem stops recording first, while DISK_RESERVE_BYTES are still
+     * free. The chunks so far are finished in place and stay in .chunks/ (the session's
+     * readers look there when there is no recording.jfr); jvm.json says "stopped" and why.
+     */
+    private void stopForFullDisk(long free) {
+        synchronized (this) {
+            if (closed) {
+                return;
+            }
+            closed = true;
+        }
+        String reason = "the session's disk is nearly full (" + free / 1024 + " KiB free; tandem stops below "
+                + (DISK_RESERVE_BYTES >> 20) + " MiB, before JFR would stop the JVM)";
+        Agent.warn("recording stopped: " + reason);
+        try {
+            closeLive();
+            if (jfrDumps) {
+                recording.setDestination(null); // no dump: it needs the space that is missing
+            }
+            recording.stop();
+            chunkKeeper.keepNewChunks();
+            description.put("stop_reason", reason);
+            description.put("end_monotonic_ns", System.nanoTime());
+            writeDescription("stopped");
+        } catch (Throwable t) {
+            Agent.warn("could not stop the recording in " + directory + ": " + Agent.describe(t));
+        }
+    }
+
+    static long usableBytes(Path path) {
+        try {
+            return Files.getFileStore(path).getUsableSpace();
+        } catch (IOException | RuntimeException e) {
+            return Long.MAX_VALUE; // unknown: JFR's own handling applies
         }
     }
 
