@@ -44,7 +44,7 @@ COMPILE_FLAGS = ["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden", "-fno-sema
 # Run in the other interpreter (-I: nothing of the service's environment), the same code
 # the start hook runs in-process.
 _QUERY = (inspect.getsource(start_hook.interpreter_info)
-          + "import json, sys\nprint(json.dumps(interpreter_info()))\n")
+          + "import json, os, sys\nprint(json.dumps(interpreter_info()))\n")
 
 
 def cache_root() -> Path:

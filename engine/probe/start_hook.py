@@ -19,8 +19,6 @@ An interpreter that cannot be probed is named once per session in
 $TANDEM_SESSION/unprobed/ (docs/session.md) with the reason, and runs on unharmed.
 Standard library only; must import on every CPython 3 (no syntax newer than 3.6).
 """
-import hashlib
-import json
 import os
 import sys
 
@@ -30,21 +28,28 @@ BUILD_TIMEOUT_S = 300
 
 def interpreter_info():
     """What a probe build depends on: version, headers, extension suffix, free-threading.
-    (build.py runs this same function in another interpreter to learn its build.)"""
-    import sysconfig
+    (build.py runs this same function in another interpreter to learn its build.) Without
+    sysconfig, whose import costs an interpreter's start several ms: the headers of a
+    CPython installation are at base_prefix/include/pythonX.Y<abiflags>, as sysconfig's
+    posix schemes say; the first extension suffix is the interpreter's own (EXT_SUFFIX)."""
+    import importlib.machinery
 
+    abiflags = getattr(sys, "abiflags", "")
     return {
         "version": sys.version.split()[0],
-        "include": sysconfig.get_paths()["include"],
-        "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
-        "gil_disabled": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+        "include": os.path.join(sys.base_prefix, "include", "python%d.%d%s" % (sys.version_info[0], sys.version_info[1], abiflags)),
+        "ext_suffix": importlib.machinery.EXTENSION_SUFFIXES[0],
+        "gil_disabled": "t" in abiflags,
     }
 
 
 def probe_dir_name(info, sources_digest):
-    """The cache directory name of the probe built from these sources for this interpreter."""
-    digest = hashlib.sha256(json.dumps(info, sort_keys=True).encode() + sources_digest.encode())
-    return "py%s-%s" % (info["version"], digest.hexdigest()[:16])
+    """The cache directory name of the probe built from these sources for this interpreter
+    (two 32-bit checksums, not hashlib: loading OpenSSL would cost the start more)."""
+    import zlib
+
+    text = (repr(sorted(info.items())) + sources_digest).encode()
+    return "py%s-%08x%08x" % (info["version"], zlib.crc32(text), zlib.adler32(text))
 
 
 def interpreter_name():
@@ -60,8 +65,11 @@ def note_unprobed(session, reason, key=None, name=None, say=True):
     """Name an interpreter (NAME, default this one) in SESSION/unprobed/<KEY>.json with
     REASON, once per session and interpreter build (KEY: its probe_dir_name where known);
     the first to name it also says it on stderr (SAY)."""
+    import json
+    import zlib
+
     name = name or interpreter_name()
-    key = key or hashlib.sha256(name.encode()).hexdigest()[:16]
+    key = key or "%08x" % zlib.crc32(name.encode())
     directory = os.path.join(session, UNPROBED_DIR)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -104,6 +112,7 @@ def _build(info, cache):
     """Build the probe once with tandem's own Python (an embedded interpreter may have no
     executable to run; concurrent starts wait for one build, build.py locks); returns why
     it failed, or None."""
+    import json
     import subprocess
 
     builder = os.environ.get("TANDEM_PROBE_BUILDER")
