@@ -241,7 +241,7 @@ def assert_forced_gcs_overlap_python(analysis, workers: list[dict], gcs) -> None
     pauses, overlaps = analysis.pauses, analysis.overlaps
     running = (max(w["brackets"][0][0] for w in workers), min(w["brackets"][-1][1] for w in workers))
     gcs = [(before, after) for before, after in gcs if running[0] <= before and after <= running[1]]
-    assert len(gcs) >= 3, (running, gcs)
+    assert len(gcs) >= 2, (running, gcs)
     for before, after in gcs:
         forced = pauses[(pauses.kind == "gc_pause") & (pauses.start_ns >= before) & (pauses.end_ns <= after)]
         assert len(forced) == 1, (before, after)

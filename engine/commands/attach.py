@@ -1,4 +1,4 @@
-"""`tandem attach PID -o SESSION [--duration S]`: start tandem's recording in a running JVM."""
+"""`tandem attach PID -o SESSION [--duration S]`: start tandem's recording in a running JVM or CPython."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,7 @@ import typer
 
 
 def attach(
-    pid: int = typer.Argument(..., help="Process id of a running JVM (17+, same user)."),
+    pid: int = typer.Argument(..., help="Process id of a running JVM (17+, same user) or CPython (3.11+, through gdb)."),
     output: Path = typer.Option(..., "-o", "--output", help="Session directory to create (must not exist or be empty)."),
     duration: Optional[float] = typer.Option(None, "--duration", min=0.001, help="Record this many seconds, then write the recording (default: until the JVM exits)."),
     settings: Optional[Path] = typer.Option(None, "--settings", help="A .jfc file to start from instead of the JDK's default settings."),
@@ -16,7 +16,8 @@ def attach(
     secret_events: bool = typer.Option(False, "--secret-events", help="Also record the JFR events that carry the "
                                        "environment, system properties and command lines (off by default: docs/session.md)."),
 ) -> None:
-    """Load tandem's agent into the running JVM PID; it records JFR pauses into SESSION/jvm-PID/."""
+    """Load tandem's agent into the running JVM PID (JFR pauses into SESSION/jvm-PID/), or start the GIL
+    probe in the running CPython PID through gdb (SESSION/py-PID/, until --duration, Ctrl-C or its exit)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -24,6 +25,11 @@ def attach(
     from engine.errors import TandemError
     from engine.record import attach as attaching, launch, session as sessions, summary
 
+    from engine.record import attach_python
+
+    if attach_python.is_cpython(pid) and not attaching.is_jvm(pid):
+        _attach_python(pid, Path(output).expanduser().absolute(), duration)
+        return
     attaching.check_pid(pid)
     if settings is not None and not settings.is_file():
         raise TandemError(f"{settings}: settings file not found")
@@ -54,6 +60,35 @@ def attach(
     summary.print_summary(console, directory, captures)
     if state != "closed":
         raise TandemError(f"pid {pid}: the recording did not close (state {state}); what was captured is in {jvm_dir}")
+
+
+def _attach_python(pid: int, directory: Path, duration: float | None) -> None:
+    """The GIL probe in a running CPython, started and stopped by injection (attach_python)."""
+    import time
+
+    from rich.console import Console
+
+    from engine.probe.build import cache_root
+    from engine.record import attach_python, session as sessions, summary
+
+    attach_python.check_ptrace(pid)
+    sessions.create_session(directory, {"kind": "attach", "target_pid": pid, "runtime": "cpython", "duration_s": duration})
+    console = Console(stderr=True)
+    cache = cache_root()
+    with console.status(f"starting the GIL probe in pid {pid} (gdb)"):
+        py_dir = attach_python.start(pid, directory, cache)
+    until = f"for {duration:g} s" if duration is not None else "until it exits"
+    console.print(f"tandem: pid {pid} records into {py_dir} {until} (Ctrl-C stops)")
+    deadline = None if duration is None else time.monotonic() + duration
+    try:
+        while attach_python.is_cpython(pid) and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        console.print("tandem: stopping")
+    with console.status(f"stopping the GIL probe in pid {pid}"):
+        state = attach_python.stop(pid, directory, cache)
+    sessions.finish_session(directory, state=state)
+    summary.print_summary(console, directory, summary.collect(directory, None))
 
 
 def register(app: typer.Typer) -> None:

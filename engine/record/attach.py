@@ -14,6 +14,13 @@ ATTACH_TIMEOUT_S = 60
 CLOSE_TIMEOUT_S = 60
 
 
+def is_jvm(pid: int) -> bool:
+    try:
+        return "/libjvm.so" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
 def check_pid(pid: int) -> None:
     """A running JVM of ours, or a TandemError. The Attach API knocks with SIGQUIT, which
     kills a process that is not a JVM, so we look before we knock."""

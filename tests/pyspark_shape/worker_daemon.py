@@ -9,7 +9,7 @@ import time
 
 def task(out):
     brackets = []
-    for _ in range(50):
+    for _ in range(100):
         before = time.monotonic_ns()
         time.sleep(0.010)
         brackets.append((before, time.monotonic_ns()))
