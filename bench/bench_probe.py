@@ -72,9 +72,11 @@ class _Probe:
     """Context: the tandem probe recording into a scratch file with the given stamp clock.
     Counts events and drops over all its rounds; the files go after each round."""
 
-    def __init__(self, directory: Path, clock: str = "auto", method: str = ""):
-        self.file = directory / f"bench-{clock}{method}.gil"
+    def __init__(self, directory: Path, clock: str = "auto", method: str = "", record_code: bool = True):
+        self.file = directory / f"bench-{clock}{method}{'' if record_code else '-nocode'}.gil"
         self.clock = clock
+        self.record_code = record_code  # False: the probe as before issue 16 (no code per release)
+        self.code_bytes = 0             # code table bytes written over all rounds
         self.method = method  # "inline": the precise backend's inline hooks (TANDEM_PROBE_METHOD)
         self.runs = 0
         self.events = 0
@@ -89,7 +91,7 @@ class _Probe:
         if self.method:
             os.environ["TANDEM_PROBE_METHOD"] = self.method
         try:
-            status = engine.probe.start(self.file, clock=self.clock)
+            status = engine.probe.start(self.file, clock=self.clock, record_code=self.record_code)
         finally:
             os.environ.pop("TANDEM_PROBE_METHOD", None)
         self.clock_used = status["clock"]
@@ -105,6 +107,11 @@ class _Probe:
         self.events += final["events"]
         self.dropped += final["ring"]["dropped"]
         self.full_waits += final["ring"].get("full_waits", 0)
+        codes = self.file.with_name(self.file.name + ".codes")
+        if codes.exists():
+            from engine.ingest.codes import HEADER
+
+            self.code_bytes += HEADER.size + HEADER.unpack_from(codes.read_bytes()[:HEADER.size])[4]
         for leftover in self.file.parent.glob(self.file.name + "*"):
             leftover.unlink()
 
@@ -255,6 +262,7 @@ def main(console) -> list[Row]:
         events_before = {clock: p.events for clock, p in probes.items()}
         per_event, events_per_call = {}, {}
         inline = _Probe(Path(tmp), "tsc", "inline")
+        no_code = _Probe(Path(tmp), "tsc", record_code=False)
         floors = {}
         try:
             with _Hooks(2):
@@ -262,7 +270,7 @@ def main(console) -> list[Row]:
         except Exception as e:  # no TSC, no precise backend: the probe rows still run
             console.print(f"no floor rows: {e}")
         single = _single_thread(fd, {"none": _Nothing(), **{f"probe {c}": p for c, p in probes.items()}, "probe tsc inline": inline,
-                                     **floors})
+                                     "probe tsc no code": no_code, **floors})
         if probes["tsc"].clock_used != "tsc":
             console.print(f"[red]the TSC clock is not usable here: the 'tsc' rows ran {probes['tsc'].clock_used}[/red]")
         round_trip_ns = statistics.median(single["none"])
@@ -282,6 +290,21 @@ def main(console) -> list[Row]:
             # probe's own cost on a release-heavy thread with nobody to hand the GIL to.
             rows.append(Row("probe", f"({clock}) release-heavy, 1 thread lseek (thread cpu, median of {SINGLE_ROUNDS} paired rounds): "
                             "probe / no probe", ratio, 1.0, "ratio", "<= 1.25x", ratio <= 1.25))
+        # What naming the code of each release (issue 16) costs: the same probe without it,
+        # same rounds, paired; and what it adds to the drain's output (the records keep
+        # their size: the code rides in `aux`; the code table is written once per code object).
+        added = _paired_added(single["probe tsc"], single["probe tsc no code"])
+        code_ns = statistics.median(added) / events_per_call["tsc"]
+        q = statistics.quantiles(added, n=4)
+        code_bytes = probes["tsc"].code_bytes / max(probes["tsc"].events, 1)
+        console.print(f"recording the code of each release (tsc): {statistics.median(added):.1f} ns per call (quartiles "
+                      f"{q[0]:.1f}-{q[2]:.1f}) over the probe without it: {code_ns:.1f} ns/event; the drain writes "
+                      f"{code_bytes:.4f} bytes more per event (code table {probes['tsc'].code_bytes} B for {probes['tsc'].events} events)")
+        rows.append(Row("probe", f"(tsc) recording the code of each release: added per event over the probe without it (median of "
+                        f"{SINGLE_ROUNDS} paired rounds)", code_ns, per_event["tsc"] - code_ns, "ns/event", "<= 10 ns/event",
+                        code_ns <= 10))
+        rows.append(Row("probe", "(tsc) recording the code: the drain's extra bytes per event (code table; records unchanged, 32 B)",
+                        code_bytes, 32.0, "bytes/event", "report", None))
         # the precise backend's other method, same rounds (the rows above: the default, method
         # as printed)
         added = _paired_added(single["probe tsc inline"], single["none"])

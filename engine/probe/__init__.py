@@ -155,7 +155,7 @@ def _write_meta(state: str, status: dict, final: bool = False) -> None:
             _meta_path = None
 
 
-def _start_files(ring: Path, events: Path, meta: Path, names: Path, codes: Path, **options: Any) -> dict:
+def _start_files(ring: Path, events: Path, meta: Path, names: Path, codes: Path, record_code: bool = True, **options: Any) -> dict:
     global _meta_path, _names_path
     probe = _native()
     for path in (ring, events, names, codes):
@@ -164,7 +164,7 @@ def _start_files(ring: Path, events: Path, meta: Path, names: Path, codes: Path,
         except FileNotFoundError:
             pass
     try:
-        status = probe.start(str(ring), str(events), codes_path=str(codes), **options)
+        status = probe.start(str(ring), str(events), codes_path=str(codes) if record_code else None, **options)
     except probe.ProbeError as err:
         raise TandemError(str(err)) from None
     _meta_path = meta
@@ -208,6 +208,7 @@ def start(
     sample_period_us: int = 100,
     clock: str = "auto",
     wait_when_full: bool = False,
+    record_code: bool = True,
 ) -> dict:
     """Start recording GIL events of this process into FILE.
 
@@ -221,6 +222,8 @@ def start(
     wait_when_full: False (default) never blocks a thread: an event that finds its lane
     full is dropped and counted exactly; True makes such a thread wait (up to 250 ms per
     event, holding the GIL) for the drain thread to make room, for a lossless events file.
+    record_code: False records no code (no FILE.codes; the gil table's function/file/line
+    are null): the benchmark's comparison.
     Returns the status dict (see status()). Stopped by stop() or at interpreter exit.
     """
     if backend not in BACKENDS:
@@ -228,7 +231,7 @@ def start(
     file = Path(file).absolute()
     file.parent.mkdir(parents=True, exist_ok=True)
     options = dict(backend=backend, capacity=capacity, drain_period_us=drain_period_us, sample_period_us=sample_period_us,
-                   clock=clock, wait_when_full=wait_when_full)
+                   clock=clock, wait_when_full=wait_when_full, record_code=record_code)
     return _start_files(file.with_name(file.name + ".ring"), file, file.with_name(file.name + ".json"),
                         file.with_name(file.name + ".threads.jsonl"), file.with_name(file.name + ".codes"), **options)
 

@@ -39,6 +39,10 @@ void tandem_stamp_for(uint16_t kind, uint32_t tid);
 void tandem_hooks_set_clock(int tsc);
 int tandem_hooks_clock_is_tsc(void);
 
+/* Whether a DROP records the code it runs (codes.h): 1 while a code table is open. Set it
+ * only while no ring is set, like the clock. */
+void tandem_hooks_set_record_code(int on);
+
 /* GOT method: GILs of sub-interpreters known now; LEARNED (since install) and MISSED (no
  * room in the table) are written. */
 int tandem_hooks_other_gils(int *learned, int *missed);

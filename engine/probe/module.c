@@ -270,6 +270,7 @@ static PyObject *start_locked(const char *ring_path, const char *events_path, co
     snprintf(probe.ring_path, sizeof probe.ring_path, "%s", ring_path);
     snprintf(probe.events_path, sizeof probe.events_path, "%s", events_path);
     tandem_hooks_set_clock(clock_tsc); /* no ring is set: no stamp is in flight */
+    tandem_hooks_set_record_code(codes_path != NULL);
     tandem_hooks_set_ring(ring);
     if (strcmp(chosen, "sampling") == 0 && tandem_sampling_start(sample_period_us, err, sizeof err) != 0) {
         tandem_hooks_set_ring(NULL);
