@@ -120,3 +120,29 @@ def test_notebook_runs_top_to_bottom(recorded):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the timeline and the histogram
+
+
+def test_system_gc_pauses_are_caused_by_the_calling_python_thread_at_its_line(recorded):
+    """The gc-trigger thread calls java.lang.System.gc() through JPype: JFR names it as the
+    VM operation's caller (requester_os_thread_id), so the safepoint of each collection in
+    its bracket is caused by Python, by that thread, at the line of the call; JPype released
+    the GIL around the call, so it is not JPype's GC link."""
+    import inspect
+
+    from engine.demo import workload
+
+    source, first = inspect.getsourcelines(workload._gc_trigger_loop)
+    call_line = first + next(i for i, text in enumerate(source) if "system.gc()" in text)
+    _, _, markers, analysis = recorded
+    impact = analysis.pause_impact
+    for marker in markers["gc_markers"]:
+        inside = impact[(impact["start_ns"] >= marker["before_ns"]) & (impact["end_ns"] <= marker["after_ns"])
+                        & (impact["kind"] == "safepoint")]
+        asked = inside[inside["caused_by_python"]]
+        assert len(asked) >= 1, inside[["kind", "name", "caused_by_python"]]
+        for pause in asked.itertuples():
+            assert pause.cause_tid == marker["tid"] and pause.cause_thread == "gc-trigger"
+            assert (pause.cause_function, pause.cause_line) == ("_gc_trigger_loop", call_line), pause
+            assert pause.cause_file.endswith("engine/demo/workload.py")
+            assert pause.cause_state == "released" and not pause.cause_held_gil and not pause.jpype_gc_link
+    assert any(c["thread"] == "gc-trigger" for c in analysis.header["why"]["caused_by_python"])

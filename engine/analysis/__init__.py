@@ -19,6 +19,7 @@ import pandas as pd
 
 import pyarrow as pa
 
+from engine.analysis.causes import pause_causes, why_facts
 from engine.analysis.clock import check_same_clock, clock_facts
 from engine.correlate import END, RESULT_TABLES, Correlator
 from engine.correlate.inputs import gil_rows_from_frame
@@ -132,12 +133,17 @@ def correlate(
     gil_free = pa.concat_tables([pushed.gil_free, finished.gil_free])
     gil_free = gil_free.sort_by([("pid", "ascending"), ("start_ns", "ascending")])
     header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, duplicate_gil_rows)
+    overlaps = to_pandas(overlaps, "overlaps")
+    # who asked for each pause, when it was a Python thread (engine/analysis/causes.py)
+    causes = pause_causes(pauses, gil).assign(pause_id=pauses["pause_id"].to_numpy())
+    impact = to_pandas(core.pause_impact(), "pause_impact").merge(causes, on="pause_id", how="left", validate="one_to_one")
+    header["why"] = why_facts(impact, overlaps)
     return Analysis(
         pauses=pauses,
         gil=gil,
         gil_free=to_pandas(gil_free, "gil_free"),
-        overlaps=to_pandas(overlaps, "overlaps"),
-        pause_impact=to_pandas(core.pause_impact(), "pause_impact"),
+        overlaps=overlaps,
+        pause_impact=impact,
         summary_table=core.summary(),
         header=header,
     )
@@ -164,6 +170,7 @@ def _header(core: Correlator, pauses: pd.DataFrame, gil_attrs: dict, pause_clock
         "alignment": alignment,
         "offset_ns": offset_ns,
         "clock": {"pauses": pause_clock.as_metadata(), "gil": gil_clock.as_metadata()},
+        "why": why_facts(impact, overlaps),
     }
 
 

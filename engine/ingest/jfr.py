@@ -378,12 +378,12 @@ def _run_java_reader(path: Path, java_path: Path, run: list[Chunk], bar: "_Progr
 # Columns in table order (docs/pauses.md); how each is built from the reader's arrays.
 _STRING_COLUMNS = ("kind", "name", "cause", "operation", "collector", "compiler", "source")
 _NULLABLE_INT_COLUMNS = (
-    "safepoint_id", "gc_id", "os_thread_id", "jvm_pid", "time_to_safepoint_ns", "total_threads",
+    "safepoint_id", "gc_id", "os_thread_id", "requester_os_thread_id", "jvm_pid", "time_to_safepoint_ns", "total_threads",
     "jni_critical_threads", "sum_of_pauses_ns", "longest_pause_ns",
 )
 _COLUMNS = (
     "pause_id", "kind", "name", "start_ns", "end_ns", "duration_ns", "safepoint_id", "gc_id", "cause",
-    "os_thread_id", "jvm_pid", "time_to_safepoint_ns", "operation", "collector", "compiler", "total_threads",
+    "os_thread_id", "requester_os_thread_id", "jvm_pid", "time_to_safepoint_ns", "operation", "collector", "compiler", "total_threads",
     "jni_critical_threads", "sum_of_pauses_ns", "longest_pause_ns", "unmatched", "at_safepoint", "chunk", "source",
 )
 
@@ -429,6 +429,7 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
         "gc_id": _longs(reader.gcId()),
         "cause": (_ints(reader.cause()), dictionary),
         "os_thread_id": _longs(reader.osThreadId()),
+        "requester_os_thread_id": _longs(reader.requesterOsThreadId()),
         "jvm_pid": np.full(n, _JAVA_NULL if pid is None else int(pid), dtype=np.int64),
         "time_to_safepoint_ns": ttsp,
         "operation": (_ints(reader.operation()), dictionary),
@@ -556,6 +557,7 @@ def _empty_table() -> pd.DataFrame:
         "start_ns": np.array([], np.int64), "end_ns": np.array([], np.int64), "duration_ns": np.array([], np.int64),
         "safepoint_id": pd.array([], dtype="Int64"), "gc_id": pd.array([], dtype="Int64"),
         "cause": pd.array([], dtype="string"), "os_thread_id": pd.array([], dtype="Int64"),
+        "requester_os_thread_id": pd.array([], dtype="Int64"),
         "jvm_pid": pd.array([], dtype="Int64"), "time_to_safepoint_ns": pd.array([], dtype="Int64"),
         "operation": pd.array([], dtype="string"), "collector": pd.array([], dtype="string"),
         "compiler": pd.array([], dtype="string"), "total_threads": pd.array([], dtype="Int64"),

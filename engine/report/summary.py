@@ -104,3 +104,29 @@ def print_summary(summary: pd.DataFrame, header: dict, console=None) -> None:
     console = console or Console()
     console.print(header_line(header), markup=False, highlight=False)
     console.print(summary_rich_table(summary, header))
+    for line in why_lines(header.get("why") or {}):
+        console.print(line, markup=False, highlight=False)
+
+
+def _where(fact: dict) -> str:
+    place = f"{fact['file']}:{fact['line']}" if fact.get("file") and fact.get("line") is not None else fact.get("file") or ""
+    return f"{fact['function']} ({place})" if place else str(fact["function"])
+
+
+def why_lines(why: dict) -> list[str]:
+    """Who was hit (the Python code pauses overlapped most) and who caused pauses (Python
+    threads that asked the JVM for them), with JPype's GC link named (docs/results.md)."""
+    from engine.analysis.causes import JPYPE_GC_LINK_ADVICE
+
+    lines = []
+    if why.get("functions_hit"):
+        lines.append("Python code hit most (total overlap): " + "; ".join(
+            f"{_where(f)} {_duration(f['overlap_ns'])}" for f in why["functions_hit"]))
+    for cause in why.get("caused_by_python", []):
+        held = f", holding the GIL in {cause['held_gil']} (every other Python thread waited)" if cause["held_gil"] else ""
+        link = " - JPype's GC link" if cause["jpype_gc_link"] else ""
+        lines.append(f"caused by Python: thread {cause['thread']} at {_where(cause)} asked for {cause['pauses']} pause(s), "
+                     f"{_duration(cause['duration_ns'])}{held}{link}")
+    if why.get("jpype_gc_link_pauses"):
+        lines.append(f"{why['jpype_gc_link_pauses']} pause(s): {JPYPE_GC_LINK_ADVICE}")
+    return lines

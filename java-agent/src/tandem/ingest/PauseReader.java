@@ -86,6 +86,8 @@ public final class PauseReader {
     private final LongMap safepointRowById = new LongMap();
     private final LongMap safepointEndTicksById = new LongMap();
     private final LongMap safepointOperationById = new LongMap();
+    /** safepointId to the OS thread id of the thread that asked for its VM operation. */
+    private final LongMap safepointRequesterById = new LongMap();
     private final List<long[]> safepointOperationsWithoutBegin = new ArrayList<>();
     /** gcId to the collection's name code (high 32 bits) and cause code (low 32 bits). */
     private final LongMap collectionNameAndCauseByGcId = new LongMap();
@@ -95,7 +97,7 @@ public final class PauseReader {
     // ---- per event type: which fields it has, resolved once per type (see Fields) ----
     private final Fields safepointBeginFields = new Fields("safepointId", "totalThreadCount", "jniCriticalThreadCount");
     private final Fields safepointEndFields = new Fields("safepointId");
-    private final Fields vmOperationFields = new Fields("safepointId", "operation", "safepoint");
+    private final Fields vmOperationFields = new Fields("safepointId", "operation", "safepoint", "caller");
     private final Fields gcPhasePauseFields = new Fields("gcId", "name");
     private final Fields garbageCollectionFields = new Fields("gcId", "name", "cause", "sumOfPauses", "longestPause");
     private final Fields compilationFields = new Fields("method", "compiler", "compileLevel");
@@ -222,10 +224,16 @@ public final class PauseReader {
         long id = f.longField(e, 0);
         int operation = strings.code(f.stringField(e, 1));
         boolean atSafepoint = f.has(2) && e.getBoolean("safepoint");
+        // Who asked for it: the thread that requested the operation (the event's own thread is
+        // the VM thread that ran it).
+        long requester = f.has(3) ? threadOsId(e.getValue("caller")) : NULL;
         if (atSafepoint) {
             // Part of a safepoint row; kept aside in case that safepoint's Begin is not recorded.
             if (id != NULL) {
                 safepointOperationById.put(id, operation);
+                if (requester != NULL) {
+                    safepointRequesterById.put(id, requester);
+                }
                 if (safepointRowById.find(id) >= 0) {
                     // Its Begin is already read (the VM thread commits the Begin first, so it
                     // usually is): finish() would drop this entry anyway; skip reading it.
@@ -233,7 +241,7 @@ public final class PauseReader {
                 }
             }
             long start = e.getLong("startTime");
-            safepointOperationsWithoutBegin.add(new long[] {id, start, start + e.getLong("duration"), osThreadId(e, f), operation});
+            safepointOperationsWithoutBegin.add(new long[] {id, start, start + e.getLong("duration"), osThreadId(e, f), operation, requester});
             return;
         }
         long start = e.getLong("startTime");
@@ -242,6 +250,7 @@ public final class PauseReader {
         rows.operation.set(row, operation);
         rows.safepointId.set(row, id);
         rows.atSafepoint.set(row, 0);
+        rows.requesterOsThreadId.set(row, requester);
         progress(start);
     }
 
@@ -356,6 +365,10 @@ public final class PauseReader {
                     rows.operation.set(row, code);
                     rows.name.set(row, code);
                 }
+                int requester = safepointRequesterById.find(id);
+                if (requester >= 0) {
+                    rows.requesterOsThreadId.set(row, safepointRequesterById.value(requester));
+                }
             } else if (kind == KIND_GC_PAUSE) {
                 int collection = collectionNameAndCauseByGcId.find(rows.gcId.get(row));
                 if (collection >= 0) {
@@ -377,6 +390,7 @@ public final class PauseReader {
             rows.name.set(row, (int) op[4]);
             rows.operation.set(row, (int) op[4]);
             rows.atSafepoint.set(row, 1);
+            rows.requesterOsThreadId.set(row, op[5]);
         }
         safepointOperationsWithoutBegin.clear();
         rows.trim();
@@ -395,6 +409,10 @@ public final class PauseReader {
      * field scan instead of four: the thread objects come from the chunk's constant pool, one
      * object per thread, so the last one's id is remembered.
      */
+    private static long threadOsId(Object value) {
+        return value instanceof RecordedThread ? ((RecordedThread) value).getOSThreadId() : NULL;
+    }
+
     private long osThreadId(RecordedEvent e, Fields f) {
         if (!f.hasThread) {
             return NULL;
@@ -463,6 +481,7 @@ public final class PauseReader {
     public long[] startTicks() { return rows.startTicks.array; }
     public long[] endTicks() { return rows.endTicks.array; }
     public long[] osThreadId() { return rows.osThreadId.array; }
+    public long[] requesterOsThreadId() { return rows.requesterOsThreadId.array; }
     public long[] safepointId() { return rows.safepointId.array; }
     public long[] gcId() { return rows.gcId.array; }
     public long[] timeToSafepointTicks() { return rows.timeToSafepointTicks.array; }
@@ -657,6 +676,7 @@ public final class PauseReader {
         final LongList startTicks = new LongList();
         final LongList endTicks = new LongList();
         final LongList osThreadId = new LongList();
+        final LongList requesterOsThreadId = new LongList();
         final LongList safepointId = new LongList();
         final LongList gcId = new LongList();
         final LongList timeToSafepointTicks = new LongList();
@@ -671,7 +691,7 @@ public final class PauseReader {
         final IntList compiler = new IntList(-1);
         final IntList unmatched = new IntList(0);
         final IntList atSafepoint = new IntList(-1);
-        private final LongList[] longs = {startTicks, endTicks, osThreadId, safepointId, gcId, timeToSafepointTicks,
+        private final LongList[] longs = {startTicks, endTicks, osThreadId, requesterOsThreadId, safepointId, gcId, timeToSafepointTicks,
             totalThreads, jniCriticalThreads, sumOfPausesNanos, longestPauseNanos};
         private final IntList[] ints = {kind, name, cause, operation, collector, compiler, unmatched, atSafepoint};
 

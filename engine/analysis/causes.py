@@ -1,0 +1,130 @@
+"""Who caused a pause: cross-runtime causality (docs/results.md, "Causes").
+
+A JVM pause whose requesting OS thread (`requester_os_thread_id`: the caller of the VM
+operation, from JFR's jdk.ExecuteVMOperation) is a Python thread of the session is *caused
+by Python*. Linux thread ids are unique on a host while the thread lives; the thread counts
+as alive at the pause when its recorded GIL intervals span the pause's start. Works on the
+(small) pauses table and the GIL intervals; no join core needed.
+
+For such a pause: the Python thread, the Python code it was in (the GIL interval that
+contains the request; a thread holding the GIL then has none, so the code of its next
+release is given), and whether it held the GIL through the pause (then every other Python
+thread that wanted the GIL waited on it: amplification with its cause).
+
+JPype's GC link (jpype native/common/jp_gc.cpp): after a Python collection that grew the
+process past a high-water mark, JPype calls java.lang.System.gc() from the thread that ran
+Python's GC, through plain JNI, with the GIL held. Its shape here: a pause caused by
+Python, whose thread held the GIL throughout, and whose collection's cause is
+"System.gc()". A Python thread calling System.gc() through a JPype method call releases
+the GIL around the call (JPype does for every Java call): caused by Python, not the link.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+CAUSE_COLUMNS = ("caused_by_python", "cause_pid", "cause_tid", "cause_thread", "cause_state", "cause_function",
+                 "cause_file", "cause_line", "cause_held_gil", "jpype_gc_link")
+SYSTEM_GC = "System.gc()"
+JPYPE_GC_LINK_ADVICE = ("JPype's GC link: after a Python garbage collection that grew the process by its high-water mark "
+                        "(+20 MiB), JPype called System.gc() holding the GIL; every Python thread waited for the Java "
+                        "collection. Make Python garbage less often (reuse buffers, fewer large temporaries) or give the "
+                        "JVM a heap that needs no full collection; JPype has no switch for the link.")
+
+
+def _empty(n: int) -> dict:
+    return {
+        "caused_by_python": np.zeros(n, bool),
+        "cause_pid": pd.array([pd.NA] * n, dtype="Int64"),
+        "cause_tid": pd.array([pd.NA] * n, dtype="Int64"),
+        "cause_thread": pd.array([pd.NA] * n, dtype="string"),
+        "cause_state": pd.array([pd.NA] * n, dtype="string"),
+        "cause_function": pd.array([pd.NA] * n, dtype="string"),
+        "cause_file": pd.array([pd.NA] * n, dtype="string"),
+        "cause_line": pd.array([pd.NA] * n, dtype="Int64"),
+        "cause_held_gil": pd.array([pd.NA] * n, dtype="boolean"),
+        "jpype_gc_link": np.zeros(n, bool),
+    }
+
+
+def _system_gc_pauses(pauses: pd.DataFrame) -> np.ndarray:
+    """Per pause: its own cause, or a collection of the same JVM overlapping it, is System.gc()."""
+    starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
+    if "cause" not in pauses.columns:
+        return np.zeros(len(pauses), bool)
+    is_system = (pauses["cause"].astype("string") == SYSTEM_GC).fillna(False).to_numpy(bool)
+    out = is_system.copy()
+    jvm = pauses["jvm_pid"].astype("Int64").fillna(-1).to_numpy(np.int64) if "jvm_pid" in pauses.columns else np.zeros(len(pauses), np.int64)
+    for i in np.flatnonzero(is_system):
+        out |= (starts < ends[i]) & (ends > starts[i]) & (jvm == jvm[i])
+    return out
+
+
+def pause_causes(pauses: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
+    """CAUSE_COLUMNS per pause (pauses table order)."""
+    n = len(pauses)
+    out = _empty(n)
+    if n == 0 or "requester_os_thread_id" not in pauses.columns or len(gil) == 0:
+        return pd.DataFrame(out)
+    requester = pauses["requester_os_thread_id"].astype("Int64")
+    starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
+    system_gc = _system_gc_pauses(pauses)
+    by_tid = {tid: rows.sort_values("start_ns", kind="stable") for tid, rows in gil.groupby("tid", sort=False)}
+    caused, held = out["caused_by_python"], np.zeros(n, bool)
+    for i in np.flatnonzero(requester.notna().to_numpy(bool)):
+        rows = by_tid.get(int(requester.iloc[i]))
+        if rows is None:
+            continue
+        g_start, g_end = rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64)
+        if not (g_start[0] <= starts[i] <= g_end[-1]):
+            continue  # the tid is not this thread's at the time (before its first interval, after its last)
+        caused[i] = True
+        inside = np.flatnonzero((g_start <= starts[i]) & (g_end > starts[i]))
+        overlapping = (g_start < ends[i]) & (g_end > starts[i])
+        held[i] = not overlapping.any()
+        if len(inside):
+            row, state = rows.iloc[inside[0]], str(rows["state"].iloc[inside[0]])
+        else:
+            after = np.flatnonzero(g_start >= starts[i])
+            row, state = (rows.iloc[after[0]], "holding") if len(after) else (None, "holding")
+        out["cause_pid"][i] = int(rows["pid"].iloc[0])
+        out["cause_tid"][i] = int(requester.iloc[i])
+        if "thread_name" in rows.columns and pd.notna(rows["thread_name"].iloc[0]):
+            out["cause_thread"][i] = str(rows["thread_name"].iloc[0])
+        out["cause_state"][i] = state
+        if row is not None:
+            for column in ("function", "file", "line"):
+                if column in rows.columns and pd.notna(row[column]):
+                    out[f"cause_{column}"][i] = row[column]
+        out["cause_held_gil"][i] = bool(held[i])
+    out["jpype_gc_link"] = caused & held & system_gc
+    return pd.DataFrame(out)
+
+
+def why_facts(impact: pd.DataFrame, overlaps: pd.DataFrame, top: int = 5) -> dict:
+    """For the summary: the Python code hit most (total overlap, exact overlaps only) and the
+    causes by Python (per thread and code: pauses, total duration, JPype's GC link)."""
+    facts: dict = {"functions_hit": [], "caused_by_python": [], "jpype_gc_link_pauses": 0}
+    exact = overlaps[~overlaps["near_miss"]] if "near_miss" in overlaps.columns else overlaps
+    if "function" in exact.columns and len(exact):
+        keyed = exact.assign(file=exact["file"].fillna(""), line=exact["line"].astype("Int64").fillna(-1),
+                             function=exact["function"].fillna("<not recorded>"))
+        hit = keyed.groupby(["function", "file", "line"], sort=False)["overlap_ns"].agg(["sum", "size"])
+        for (function, file, line), row in hit.sort_values("sum", ascending=False).head(top).iterrows():
+            facts["functions_hit"].append({"function": function, "file": file, "line": int(line) if line >= 0 else None,
+                                           "overlap_ns": int(row["sum"]), "overlaps": int(row["size"])})
+    if "caused_by_python" in impact.columns and impact["caused_by_python"].any():
+        caused = impact[impact["caused_by_python"]].assign(
+            thread=lambda d: d["cause_thread"].fillna(d["cause_tid"].astype("string")),
+            function=lambda d: d["cause_function"].fillna("?"), file=lambda d: d["cause_file"].fillna(""),
+            line=lambda d: d["cause_line"].fillna(-1))
+        grouped = caused.groupby(["thread", "function", "file", "line"], sort=False).agg(
+            pauses=("pause_id", "size"), duration_ns=("duration_ns", "sum"), held_gil=("cause_held_gil", "sum"),
+            jpype_gc_link=("jpype_gc_link", "sum"))
+        for (thread, function, file, line), row in grouped.sort_values("duration_ns", ascending=False).head(top).iterrows():
+            facts["caused_by_python"].append({"thread": thread, "function": function, "file": file,
+                                              "line": int(line) if line >= 0 else None, "pauses": int(row["pauses"]),
+                                              "duration_ns": int(row["duration_ns"]), "held_gil": int(row["held_gil"]),
+                                              "jpype_gc_link": int(row["jpype_gc_link"])})
+        facts["jpype_gc_link_pauses"] = int(impact["jpype_gc_link"].sum())
+    return facts
