@@ -4,13 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from engine.correlate.schema import GIL_CARRIED_COLUMNS
 from engine.errors import TandemError
 from engine.join.pairs import overlap_pairs
 from engine.join.tables import GIL_IDENTITY, check_gil, check_pauses
 
 OVERLAP_COLUMNS = ("pause_id", "pid", "tid", "state", "start_ns", "end_ns", "overlap_ns", "slack_ns", "near_miss")
-# Carried from the GIL interval into its overlaps rows where the GIL table has them.
-CODE_COLUMNS = ("function", "file", "line")
 
 
 def overlap_frame(pauses: pd.DataFrame, gil: pd.DataFrame, *, slack_ns: int = 0) -> pd.DataFrame:
@@ -40,7 +39,7 @@ def overlap_frame(pauses: pd.DataFrame, gil: pd.DataFrame, *, slack_ns: int = 0)
             "slack_ns": np.where(overlapping, 0, later_start - earlier_end),
             "near_miss": ~overlapping,
             # the Python code of the GIL interval (docs/results.md), where the GIL table has it
-            **{c: gil[c].array.take(gil_rows) for c in CODE_COLUMNS if c in gil.columns},
+            **{c: gil[c].array.take(gil_rows) for c in GIL_CARRIED_COLUMNS if c in gil.columns},
         }
     )
 
