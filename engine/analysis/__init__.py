@@ -170,7 +170,6 @@ def _header(core: Correlator, pauses: pd.DataFrame, gil_attrs: dict, pause_clock
         "alignment": alignment,
         "offset_ns": offset_ns,
         "clock": {"pauses": pause_clock.as_metadata(), "gil": gil_clock.as_metadata()},
-        "why": why_facts(impact, overlaps),
     }
 
 
