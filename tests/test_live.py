@@ -580,7 +580,10 @@ def test_live_pause_impact_and_gil_free_equal_offline(seed, slack):
     got_free = pd.concat(free, ignore_index=True).sort_values(["pid", "start_ns"], ignore_index=True)
     expected = correlate(pauses, pd.concat(gil_all, ignore_index=True), slack_ns=slack)
     assert len(got_impact) == n and expected.pause_impact["hit_python"].any()
-    exp_impact = expected.pause_impact.sort_values("pause_id", ignore_index=True)
+    # the live view does not compute who caused a pause (engine/analysis/causes.py) yet
+    from engine.analysis.causes import CAUSE_COLUMNS
+
+    exp_impact = expected.pause_impact.drop(columns=list(CAUSE_COLUMNS)).sort_values("pause_id", ignore_index=True)
     pd.testing.assert_frame_equal(got_impact[list(exp_impact.columns)], exp_impact, check_dtype=False)
     pd.testing.assert_frame_equal(got_free, expected.gil_free.sort_values(["pid", "start_ns"], ignore_index=True),
                                   check_dtype=False)
