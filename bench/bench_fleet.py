@@ -10,7 +10,8 @@
     its tasks, per task; and the round trip of an empty task on a warm worker.
 (c) `fleet_summary` over 100 and over 1 000 synthetic sessions (the 12 real sessions' files
     copied under new session ids, hosts and days): bar 1 000 / 100 <= 12.
-Also printed: per-session figures for docs/fleet.md's estimate (CPU seconds, bytes, events).
+(d) For docs/fleet.md's estimate: one longer session (30 s) analyzed into a dataset in this
+    process (JVM warm) beside a short one: CPU seconds and dataset bytes per recorded second.
 TANDEM_BENCH_FLEET_ROUNDS (default 2) sets the rounds of (a).
 """
 from __future__ import annotations
@@ -129,6 +130,29 @@ def dataset_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*.parquet"))
 
 
+def longer_session(work: Path, short: Path, console) -> dict:
+    """CPU seconds and dataset bytes of a 30 s session and of a short one, analyzed in this process."""
+    from engine.fleet.dataset import analyze_into
+
+    long = work / "recorded" / "long"
+    console.print("recording one 30 s session")
+    subprocess.run([sys.executable, "-m", "engine", "record", "-o", str(long), "--", sys.executable, "-m",
+                    "engine.demo.workload", "--seconds", "30", "--gc-period", "0.3"],
+                   check=True, capture_output=True, timeout=600)
+    analyze_into(short, work / "warm")  # JVM start, imports, numba cache
+    figures = {}
+    for name, session in (("short", short), ("long", long)):
+        cpu, wall = time.process_time(), time.perf_counter()
+        analysis, _, files = analyze_into(session, work / f"one-{name}")
+        figures[name] = {"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall,
+                         "bytes": sum(p.stat().st_size for p in files.values()),
+                         "bytes_per_table": {t: p.stat().st_size for t, p in files.items()},
+                         "span_s": analysis.header["span_ns"] / 1e9, "pauses": analysis.header["pauses"],
+                         "gil_intervals": analysis.header["gil_intervals"]}
+        console.print(f"{name}: {figures[name]}")
+    return figures
+
+
 def main(console) -> list[Row]:
     import pandas as pd
 
@@ -167,6 +191,7 @@ def main(console) -> list[Row]:
         synthesize(work / "ds1", work / "syn100", 100)
         synthesize(work / "ds1", work / "syn1000", 1000)
         small, large = summary_time(work / "syn100"), summary_time(work / "syn1000")
+        longer_session(work, sessions[0], console)
         console.print(f"fleet summary: 100 sessions {small:.3f} s ({dataset_bytes(work / 'syn100') / 1e6:.1f} MB), "
                       f"1000 sessions {large:.3f} s ({dataset_bytes(work / 'syn1000') / 1e6:.1f} MB)")
     finally:

@@ -192,20 +192,28 @@ def _run_killing_one_worker(sessions, root, retries):
 
 def test_a_worker_killed_mid_task_is_retried_and_the_result_is_the_same(fleet_run, fleet_sessions, corrupt, tmp_path):
     root, _ = fleet_run
-    good = [s for s in fleet_sessions if s != corrupt]
+    good = [s for s in fleet_sessions if s != corrupt][:4]
+    ids = {Session.open(s).identity().session_id for s in good}
     run, killed = _run_killing_one_worker(good, tmp_path / "again", retries=2)
     assert killed, "no worker was seen analyzing"
     assert not run.failed, run.failed
     assert killed[0] not in {o.worker_pid for o in run.outcomes}
     for table in dataset_tables():
-        pd.testing.assert_frame_equal(_canonical(_dataset(tmp_path / "again", table)), _canonical(_dataset(root, table)),
-                                      obj=table)
+        before = _dataset(root, table)
+        pd.testing.assert_frame_equal(_canonical(_dataset(tmp_path / "again", table)),
+                                      _canonical(before[before["session_id"].isin(ids)]), obj=table)
 
 
 def test_without_retries_the_killed_session_is_reported(fleet_sessions, corrupt, cluster, tmp_path):
     run, killed = _run_killing_one_worker(fleet_sessions[:2], tmp_path / "once", retries=0)
     assert killed
     assert len(run.failed) == 1 and "worker died" in run.failed[0].error
+
+
+def test_fresh_workers_give_each_session_its_own_process(fleet_sessions, cluster, tmp_path):
+    run = run_fleet([str(s) for s in fleet_sessions[:3]], tmp_path / "fresh", fresh_workers=True, progress=False)
+    assert not run.failed
+    assert len({o.worker_pid for o in run.outcomes}) == 3
 
 
 # ---- the summary ---------------------------------------------------------------------------

@@ -20,6 +20,8 @@ def fleet_analyze(
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="CPUs of the local cluster (default: all)."),
     retries: int = typer.Option(3, "--retries", min=0, help="Times a session is retried when its worker dies."),
     slack: str = typer.Option("0", "--slack", help="Also report near misses within this duration, e.g. 50ms."),
+    fresh_workers: bool = typer.Option(False, "--fresh-workers", help="A new worker process (and JVM) for every "
+                                       "session, instead of one per worker kept for its next sessions."),
 ) -> None:
     """Analyze every session into DATASET, one Ray task per session; report the ones that failed."""
     from rich.console import Console
@@ -29,7 +31,7 @@ def fleet_analyze(
 
     console = Console(stderr=True)
     run = run_fleet(sources, dataset, slack_ns=parse_duration_ns(slack), retries=retries, address=address,
-                    workers=workers, console=console)
+                    workers=workers, fresh_workers=fresh_workers, console=console)
     landed = len(run.outcomes) - len(run.failed)
     for outcome in run.outcomes:
         for warning in outcome.warnings:

@@ -22,7 +22,7 @@ SESSION_FACTS = ("kind", "hostname", "start_monotonic_ns", "start_wall_ns", "end
 
 
 def dataset_tables() -> tuple[str, ...]:
-    from engine.analysis import RESULT_TABLES
+    from engine.correlate.schema import RESULT_TABLES
 
     return (*RESULT_TABLES, SESSIONS_TABLE)
 

@@ -178,7 +178,8 @@ def connect(address: str | None, workers: int | None) -> bool:
 
 
 def run_fleet(sources: list[str], root: str | os.PathLike, *, slack_ns: int = 0, retries: int = 3,
-              address: str | None = None, workers: int | None = None, console=None, progress: bool = True) -> FleetRun:
+              address: str | None = None, workers: int | None = None, fresh_workers: bool = False, console=None,
+              progress: bool = True) -> FleetRun:
     """Analyze every session of `sources` into the dataset at `root`, one Ray task each."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -188,7 +189,8 @@ def run_fleet(sources: list[str], root: str | os.PathLike, *, slack_ns: int = 0,
     started_ray = connect(address, workers)
     try:
         placements = place(sessions, ray.nodes(), ray.get_runtime_context().get_node_id())
-        task = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False)(analyze_one)
+        task = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False,
+                          max_calls=1 if fresh_workers else 0)(analyze_one)
         pending = {}
         started = time.perf_counter()
         for placement in placements:
