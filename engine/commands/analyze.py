@@ -49,7 +49,8 @@ def analyze(
                           "not --jfr/--pauses/--gil")
     slack_ns = parse_duration_ns(slack)
     pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
-    streamable = _streamable_gil(session if not gil else None, gil)
+    # A dataset takes the session's tables whole (engine.fleet.dataset), as `tandem fleet analyze` does.
+    streamable = _streamable_gil(session if not gil else None, gil) if dataset is None else None
     if streamable is not None:
         # The GIL side streamed through the correlation core, in bounded memory.
         from engine.analysis.stream import analyze_streamed
