@@ -307,3 +307,27 @@ def test_summary_reads_on_when_files_vanish(tmp_path):
     text = console.export_text()
     assert text.count("went away before they could be read") == 2, text
     assert all(f.name in text for f in files[::2])
+
+
+def test_doctor_lists_the_interpreters_it_will_probe(tmp_path):
+    """`tandem doctor` names each python3* on PATH with whether and how it will be probed:
+    one with its probe built says so; one without a compiler to build it says why not."""
+    pythons = other_pythons()
+    if not pythons:
+        pytest.skip("no interpreter other than tandem's here")
+    python = Path(pythons[-1])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / python.name).symlink_to(python)
+    env = jdk_env(default_java_home(), COLUMNS="400", TANDEM_CACHE=str(tmp_path / "cache"))
+    env["PATH"] = f"{bin_dir}{os.pathsep}{Path(env['JAVA_HOME']) / 'bin'}"  # no gcc on PATH
+    run = run_tandem("doctor", env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    line = next(line for line in run.stdout.splitlines() if str(bin_dir / python.name) in line)
+    assert "not probed" in line and "no C compiler" in line, line
+    from engine.probe.build import build_probe
+
+    build_probe(python, tmp_path / "cache")
+    run = run_tandem("doctor", env=env, timeout=120)
+    line = next(line for line in run.stdout.splitlines() if str(bin_dir / python.name) in line)
+    assert "probed: Python" in line and "probe built" in line, line
