@@ -5,14 +5,15 @@
     1 worker / 2 workers >= 1.7, on warm workers (each has run the 12 sessions once, so its
     imports and its JVM are up: the state of a fleet run after its first sessions). The cold
     run (worker start, imports, JVM start inside the time) is reported beside it. Rounds
-    alternate 1 and 2 workers; the fastest round of each counts.
+    alternate 1 and 2 workers; each round pairs the two under about the same load from the
+    rest of the machine, and the round with the median ratio counts.
 (b) Ray's own overhead per task: wall time of the 1-worker run minus the time spent inside
     its tasks, per task; and the round trip of an empty task on a warm worker.
 (c) `fleet_summary` over 100 and over 1 000 synthetic sessions (the 12 real sessions' files
     copied under new session ids, hosts and days): bar 1 000 / 100 <= 12.
 (d) For docs/fleet.md's estimate: one longer session (30 s) analyzed into a dataset in this
     process (JVM warm) beside a short one: CPU seconds and dataset bytes per recorded second.
-TANDEM_BENCH_FLEET_ROUNDS (default 2) sets the rounds of (a).
+TANDEM_BENCH_FLEET_ROUNDS (default 3) sets the rounds of (a).
 """
 from __future__ import annotations
 
@@ -156,7 +157,7 @@ def longer_session(work: Path, short: Path, console) -> dict:
 def main(console) -> list[Row]:
     import pandas as pd
 
-    rounds = int(os.environ.get("TANDEM_BENCH_FLEET_ROUNDS", "2"))
+    rounds = int(os.environ.get("TANDEM_BENCH_FLEET_ROUNDS", "3"))
     work = Path(tempfile.mkdtemp(prefix="tandem-bench-fleet-"))
     try:
         sessions = record_sessions(work, console)
@@ -173,10 +174,13 @@ def main(console) -> list[Row]:
                     console.print(f"round {r + 1}: {workers} worker(s), {label}: {one_run.seconds:.2f} s for "
                                   f"{len(sessions)} sessions (inside tasks {one_run.tasks_seconds:.2f} s, "
                                   f"CPU {sum(o.cpu_seconds for o in one_run.outcomes):.2f} s)")
-        one, two = min(times[1]), min(times[2])
+        paired = sorted(range(rounds), key=lambda r: times[1][r] / times[2][r])
+        median = paired[len(paired) // 2]
+        one, two = times[1][median], times[2][median]
+        console.print("paired ratios per round: " + ", ".join(f"{times[1][r] / times[2][r]:.2f}x" for r in range(rounds)))
         console.print(f"load average after the Ray rounds (1, 5, 15 min): {os.getloadavg()}: other work on the "
                       "machine takes CPU from both configurations")
-        cold_one, cold_two = min(cold_times[1]), min(cold_times[2])
+        cold_one, cold_two = cold_times[1][median], cold_times[2][median]
         run1, empty1 = runs[1]
         overhead = max(0.0, run1.seconds - run1.tasks_seconds) / len(sessions)
         sessions_df = pd.read_parquet(work / "ds1" / "sessions")
@@ -197,7 +201,7 @@ def main(console) -> list[Row]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return [
-        Row("fleet", f"{len(sessions)} sessions on Ray, warm workers: 1 worker vs 2 (ratio = speed-up)", one, two, "s",
+        Row("fleet", f"{len(sessions)} sessions on Ray, warm workers: 1 worker vs 2 (ratio = speed-up, median round)", one, two, "s",
             ">= 1.7x", one / two >= 1.7),
         Row("fleet", f"{len(sessions)} sessions on Ray, cold workers (start + JVM inside): 1 worker vs 2", cold_one,
             cold_two, "s", "-", None),

@@ -87,7 +87,7 @@ def find_sessions(sources: list[str]) -> list[str]:
         if not inner:
             raise TandemError(f"{source}: neither a session (session.json, jvm-*/, py-*/) nor a directory of sessions")
         found.extend(inner)
-    return found
+    return list(dict.fromkeys(found))  # a session named twice is analyzed once (two tasks would race on its files)
 
 
 def _is_session(path: Path) -> bool:
