@@ -5,8 +5,8 @@ interpreter (3.12, 3.13, a service's own Python, one embedded in a JVM) `build_p
 compiles engine/probe/*.c with gcc against that interpreter's headers into a cache
 directory, TANDEM_CACHE/probe/<key> (key: start_hook.probe_dir_name, from the interpreter's
 version, headers, extension suffix and a digest of the sources), holding a dependency-free
-copy of the `engine` package root (engine/__init__.py, engine/errors.py, engine/probe/*.py,
-engine/record/session.py) and the start hook as `sitecustomize.py`. Rebuilt only when a source or the interpreter
+copy of the `engine` package root (engine/__init__.py, engine/errors.py, engine/probe/*.py)
+and the start hook as `sitecustomize.py`. Rebuilt only when a source or the interpreter
 changes; concurrent builds of one key wait for the first (a lock file).
 
 `tandem record` pre-builds for the interpreters it can find (`prebuild`) and puts
@@ -32,10 +32,8 @@ from engine.probe import start_hook
 
 PROBE_DIR = Path(__file__).resolve().parent
 ENGINE_DIR = PROBE_DIR.parent
-# Files an interpreter needs to `import engine.probe` without tandem's dependencies (all
-# standard library only; engine.record.session makes the session's private directories).
-_PYTHON_FILES = [ENGINE_DIR / "__init__.py", ENGINE_DIR / "errors.py", ENGINE_DIR / "record" / "__init__.py",
-                 ENGINE_DIR / "record" / "session.py"] + sorted(PROBE_DIR.glob("*.py"))
+# Files an interpreter needs to `import engine.probe` without tandem's dependencies.
+_PYTHON_FILES = [ENGINE_DIR / "__init__.py", ENGINE_DIR / "errors.py"] + sorted(PROBE_DIR.glob("*.py"))
 _HOOK_SOURCE = Path(start_hook.__file__)
 
 # As setup.py compiles the venv's build: only PyInit exported, direct calls inside the .so.
