@@ -6,6 +6,7 @@ Python, by the thread JFR names as the operation's caller, with the GIL held thr
 (amplification with its cause), and names the link in the summary with advice."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,13 @@ def test_jpype_gc_link_is_caused_by_python_and_named(tmp_path):
     from engine.report.summary import why_lines
 
     assert any("JPype's GC link" in line for line in why_lines(why))
+    # tandem's JFR settings record jdk.SystemGC with its stack trace (witness: jfr print):
+    # the link's calls come through JNI, so no Java frame sits above System.gc()
+    recording = next(session.glob("jvm-*/recording.jfr"))
+    printed = subprocess.run(["jfr", "print", "--json", "--events", "jdk.SystemGC", str(recording)], check=True,
+                             capture_output=True, text=True).stdout
+    events = json.loads(printed)["recording"]["events"]
+    assert len(events) >= len(system_gc)
+    frames = [[f["method"]["name"] for f in e["values"]["stackTrace"]["frames"]] for e in events]
+    assert all(f[:2] == ["gc", "gc"] for f in frames), frames
+    assert any(len(f) == 2 for f in frames), frames  # System.gc() called from native code (JNI)

@@ -75,6 +75,12 @@ final class PauseEvents {
         // seen at JVM exit with a JPype demo) when a thread attached through JNI exited
         // without detaching. tandem reads no thread dumps; events=jdk.ThreadDump brings it back.
         settings.put("jdk.ThreadDump#enabled", "false");
+        // Who asked for a System.gc() and from where: the event is committed by the calling
+        // thread itself (named even where ExecuteVMOperation's caller is N/A: a thread attached
+        // through JNI, e.g. JPype's GC link), with its Java frames (none from a JNI caller).
+        settings.put("jdk.SystemGC#enabled", "true");
+        settings.put("jdk.SystemGC#threshold", "0 ms");
+        settings.put("jdk.SystemGC#stackTrace", "true");
         settings.put("tandem.ClockSync#stackTrace", "false");
         settings.put("tandem.ClockSync#period", "everyChunk"); // plus the agent's own once a second
         // Tells ingest whether ticks are the OS clock or the TSC (and at which frequency).
