@@ -14,6 +14,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import JDK25, SHARED_RECORDINGS, default_java_home
@@ -145,6 +146,12 @@ def test_a_damaged_chunk_is_named_and_the_other_chunk_is_read(own_recordings):
     assert f"chunk 0 (at byte 0)" in message and f"lost from byte {at}: {first_size - at} bytes" in message
     damage = table.attrs["sources"][0]["damage"]
     assert [(d["chunk"], d["from_byte"], d["lost_bytes"]) for d in damage] == [(0, at, first_size - at)]
+    # The walk finds whole events again after the broken one and counts the pause events from
+    # there: a lower bound of what the intact chunk holds from the broken event on.
+    pause_ids = walk.ids_of(jfr.PAUSE_EVENT_TYPES)
+    truly_lost = int(((walk.event_offsets >= at) & np.isin(walk.event_types, pause_ids)).sum())
+    assert 0 < damage[0]["lost_pause_events_at_least"] <= truly_lost
+    assert f"at least {damage[0]['lost_pause_events_at_least']} pause event(s)" in message
     assert int((table["chunk"] == 1).sum()) == second_only  # the rest of the file is read
     assert len(table) < len(intact)
 

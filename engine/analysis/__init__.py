@@ -97,6 +97,8 @@ def _jfr_lost(attrs: dict) -> dict:
     return {
         "bytes": int(sum(d["lost_bytes"] for d in damage) + sum(s["lost_bytes"] for s in cut)),
         "pause_events": None if None in counts else int(sum(counts)),
+        "pause_events_at_least": int(sum(d.get("lost_pause_events") if d.get("lost_pause_events") is not None
+                                         else d.get("lost_pause_events_at_least") or 0 for d in damage)),
         "chunks": [f"{s['source']} chunk {d['chunk']}: from byte {d['from_byte']}, {d['lost_bytes']} bytes"
                    for s in sources for d in s.get("damage") or []]
                   + [f"{s['source']}: last {s['lost_bytes']} bytes (incomplete chunk)" for s in cut],

@@ -43,6 +43,10 @@ class ChunkWalk:
     problem: str | None               # why the walk stopped early, or why the chunk cannot be read
     event_offsets: np.ndarray = field(repr=False)  # absolute offsets of the watched events, file order
     event_types: np.ndarray = field(repr=False)    # their type ids
+    # After an early stop: the first byte from which whole events chain to the chunk's end
+    # again (None: none found), and the type ids of the watched events from there on.
+    resumed_at: int | None = None
+    resumed_types: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
     @property
     def end(self) -> int:
@@ -82,7 +86,13 @@ def walk_chunk(buffer: np.ndarray, chunk: Chunk, watched: tuple[str, ...]) -> Ch
         if name in event_ids:
             watch[event_ids[name]] = True
     offsets, types, reached, code = _walk(buffer, start, end, known, watch)
-    return ChunkWalk(chunk, event_ids, int(reached), _PROBLEMS.get(int(code)), offsets, types)
+    walk = ChunkWalk(chunk, event_ids, int(reached), _PROBLEMS.get(int(code)), offsets, types)
+    if code:
+        resumed = int(_resync(buffer, reached, end, known))
+        if resumed >= 0:
+            walk.resumed_at = resumed
+            walk.resumed_types = _walk(buffer, resumed, end, known, watch)[1]
+    return walk
 
 
 # ---------------------------------------------------------------- the event stream
@@ -144,6 +154,33 @@ def _walk(buffer, start, end, known, watch):
             i += 1
         pos += size
     return offsets, types, reached, code
+
+
+@numba.njit(cache=True)
+def _resync(buffer, stop, end, known):
+    """The first offset after `stop` from which at least RESYNC_MIN_EVENTS whole events (sizes
+    in range, declared type ids) chain to `end` exactly; -1 if none. A start inside the damage
+    either fails within an event or two or joins the true chain, so this costs little."""
+    for start in range(stop + 1, end):
+        pos = start
+        events = 0
+        while pos < end:
+            size, after_size = _varint(buffer, pos, end)
+            if after_size < 0:
+                break
+            type_id, after_type = _varint(buffer, after_size, end)
+            if after_type < 0 or size <= 0 or size > end - pos or after_type > pos + size:
+                break
+            if type_id < 0 or type_id >= known.shape[0] or not known[type_id]:
+                break
+            pos += size
+            events += 1
+        if pos == end and events >= RESYNC_MIN_EVENTS:
+            return start
+    return -1
+
+
+RESYNC_MIN_EVENTS = 3
 
 
 # ---------------------------------------------------------------- the metadata event
@@ -259,13 +296,20 @@ class Damage:
     lost_bytes: int                   # from `from_byte` to the chunk's end
     lost_pause_events: int | None     # pause events the walk saw there; None: not countable
     reason: str
+    # When not countable: the pause events the walk found after the damage, where whole events
+    # chain to the chunk's end again (a lower bound; the damaged bytes may have held more).
+    lost_pause_events_at_least: int | None = None
 
     def as_metadata(self) -> dict:
         return dict(self.__dict__)
 
     def describe(self) -> str:
-        events = ("pause events not countable" if self.lost_pause_events is None
-                  else f"{self.lost_pause_events} pause event(s)")
+        if self.lost_pause_events is not None:
+            events = f"{self.lost_pause_events} pause event(s)"
+        elif self.lost_pause_events_at_least is not None:
+            events = f"at least {self.lost_pause_events_at_least} pause event(s)"
+        else:
+            events = "pause events not countable"
         return (f"chunk {self.chunk} (at byte {self.chunk_offset}): {self.reason}; lost from byte {self.from_byte}: "
                 f"{self.lost_bytes} bytes, {events}")
 
@@ -280,27 +324,36 @@ def chunk_damage(walk: ChunkWalk, delivered: int | None, watched: tuple[str, ...
     pause_ids = walk.ids_of(pause_types)
     is_pause = np.isin(walk.event_types, pause_ids)
     walked = len(walk.event_types)
+    # After an early stop of the walk, only a lower bound: the pause events before the stop
+    # that jdk.jfr did not deliver, plus those found where whole events chain again.
+    resumed = f"; whole events again from byte {walk.resumed_at}" if walk.resumed_at is not None else ""
+    after_damage = int(np.isin(walk.resumed_types, pause_ids).sum())
+
+    def lost(before_stop: int) -> dict:
+        if not walk.problem:
+            return {"lost_pause_events": before_stop}
+        return {"lost_pause_events": None, "lost_pause_events_at_least": before_stop + after_damage}
+
     if delivered is None:
         reason = f"jdk.jfr cannot read it ({error})" if error else "jdk.jfr cannot read it"
-        return Damage(chunk.index, chunk.offset, chunk.offset, chunk.size, int(is_pause.sum()) if not walk.problem else None,
-                      reason)
+        return Damage(chunk.index, chunk.offset, chunk.offset, chunk.size, reason=reason + resumed, **lost(int(is_pause.sum())))
     if delivered < walked:
         start = int(walk.event_offsets[delivered])
-        lost = int(is_pause[delivered:].sum())
         reason = f"jdk.jfr stopped after {delivered} of the {walked} events it reads"
         if walk.problem:
             reason += f", and the walk stopped at byte {walk.walked_to}: {walk.problem}"
-        return Damage(chunk.index, chunk.offset, start, walk.end - start, None if walk.problem else lost, reason)
+        return Damage(chunk.index, chunk.offset, start, walk.end - start, reason=reason + resumed,
+                      **lost(int(is_pause[delivered:].sum())))
     if walk.problem:
-        return Damage(chunk.index, chunk.offset, walk.walked_to, walk.end - walk.walked_to, None,
-                      f"damaged at byte {walk.walked_to}: {walk.problem}")
+        return Damage(chunk.index, chunk.offset, walk.walked_to, walk.end - walk.walked_to,
+                      reason=f"damaged at byte {walk.walked_to}: {walk.problem}{resumed}", **lost(0))
     return None
 
 
 def damage_message(path: Path, damages: list[Damage], chunks: int) -> str:
     """One line for a file's damaged chunks."""
     pauses = [d.lost_pause_events for d in damages]
-    counted = sum(p for p in pauses if p is not None)
+    counted = sum(p if p is not None else (d.lost_pause_events_at_least or 0) for p, d in zip(pauses, damages))
     if None not in pauses:
         total = f"{counted} pause event(s)"
     else:

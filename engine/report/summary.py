@@ -37,7 +37,10 @@ def header_line(header: dict) -> str:
 def _jfr_lost(lost: dict | None) -> str:
     if not lost or not lost.get("bytes"):
         return ""
-    events = "uncounted" if lost.get("pause_events") is None else str(lost["pause_events"])
+    if lost.get("pause_events") is not None:
+        events = str(lost["pause_events"])
+    else:
+        events = f"at least {lost['pause_events_at_least']}" if lost.get("pause_events_at_least") else "uncounted"
     return f"JFR not read: {lost['bytes']} bytes, pause events lost {events} ({'; '.join(lost['chunks'])}); "
 
 
