@@ -29,7 +29,7 @@ from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arro
 from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, RESULT_TABLES, SCHEMAS, state_strings
 from engine.errors import TandemError
 from engine.join import check_pauses
-from engine.store import TableWriter, read_metadata
+from engine.store import TableWriter, WriterThread, read_metadata
 
 BLOCK_ROWS = 1 << 20
 TIME_COLUMNS = ("pid", "tid", "start_ns", "end_ns")
@@ -178,9 +178,8 @@ class EventsGil:
         columns = {"pid": rows.pid, "tid": rows.tid, "thread_name": thread_name, "state": state_strings(rows.state),
                    "start_ns": rows.start_ns, "end_ns": rows.end_ns,
                    **{c: rows.carried.column(c) for c in rows.carried.column_names}}
-        return pa.table({name: pa.chunked_array([columns[name]]).cast(field.type) if not isinstance(columns[name], np.ndarray)
-                         else columns[name] for name, field in zip(self.copy_schema.names, self.copy_schema)},
-                        schema=self.copy_schema)
+        return pa.table({field.name: columns[field.name] if isinstance(columns[field.name], np.ndarray)
+                         else columns[field.name].cast(field.type) for field in self.copy_schema}, schema=self.copy_schema)
 
 
 def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack_ns: int = 0,
@@ -205,23 +204,25 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
                "gil_free": TableWriter(out / "gil_free.parquet", SCHEMAS["gil_free"])}
     if gil.copy_schema is not None:
         writers["gil"] = TableWriter(out / "gil.parquet", gil.copy_schema)
+    background = WriterThread()
     try:
         pending_pauses = pauses
         for rows, watermark, rows_so_far, copy in gil.pushes():
             emitted = core.push(pauses=pending_pauses, gil=rows, watermark_ns=watermark)
             pending_pauses = None
             if copy is not None:
-                writers["gil"].write(copy)
+                background.write(writers["gil"], copy)
             for name, table in emitted.tables().items():
                 if name in writers:
-                    writers[name].write(table)
+                    background.write(writers[name], table)
             if progress is not None:
                 progress(rows_so_far)
         if pending_pauses is not None:
             core.push(pauses=pending_pauses, watermark_ns=END)
         for name, table in core.finish().tables().items():
             if name in writers:
-                writers[name].write(table)
+                background.write(writers[name], table)
+        background.drain()
         header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, core.duplicate_gil_rows)
         if gil.copy_schema is None:  # (docs/results.md, "gil.parquet"): the results name the table
             header["gil_table"] = gil.references
@@ -237,9 +238,15 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             writer.write(table)
             paths.append(writer.close(meta(name)))
     except BaseException:
+        try:
+            background.drain()
+        except BaseException:
+            pass
         for writer in writers.values():
             writer.abort()
         raise
+    finally:
+        background.stop()
     order = {name: i for i, name in enumerate(RESULT_TABLES)}
     return StreamedAnalysis(summary, header, sorted(paths, key=lambda p: order[p.stem]))
 

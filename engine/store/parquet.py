@@ -99,6 +99,50 @@ class TableWriter:
             Path(self._tmp).unlink(missing_ok=True)
 
 
+class WriterThread:
+    """Row groups handed to TableWriters are written by one thread of its own (pyarrow releases
+    the GIL while it encodes and writes), so the computation goes on meanwhile. `drain()` waits
+    for everything handed over and raises the first error the thread met."""
+
+    def __init__(self, depth: int = 4):
+        import queue
+        import threading
+
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)  # bounded: memory stays a few row groups
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tandem-parquet-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    writer, table = job
+                    writer.write(table)
+            except BaseException as err:  # raised by drain()
+                self._error = err
+            finally:
+                self._queue.task_done()
+
+    def write(self, writer: TableWriter, table) -> None:
+        if self._error is not None:
+            raise self._error
+        if table.num_rows:
+            self._queue.put((writer, table))
+
+    def drain(self) -> None:
+        self._queue.join()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
 def read_metadata(path: str | Path) -> dict:
     """The `tandem` metadata of a Parquet file, without reading its rows. (`TableWriter` adds it to
     the file's key-value metadata at the end, `write_table` to the Arrow schema's; both are read.)"""
