@@ -204,7 +204,11 @@ def test_a_streamed_session_equals_the_whole_table_analysis(tmp_path):
     starts = np.sort(rng.integers(lo - 1_000_000, hi + 1_000_000, 300))
     pauses = pauses_frame([(s, s + int(rng.integers(0, 3_000_000))) for s in starts],
                           os_thread_ids=[int(rng.choice(gil.tid)) if rng.random() < 0.3 else None for _ in starts])
+    # pauses some Python thread asked for (the causality step, engine/analysis/causes.py)
+    pauses["requester_os_thread_id"] = pd.array([int(rng.choice(gil.tid)) if rng.random() < 0.3 else None
+                                                 for _ in starts], dtype="Int64")
     expected = correlate(pauses, gil, slack_ns=20_000)
+    assert expected.pause_impact.caused_by_python.any() and expected.header["why"]["functions_hit"]
     streamed = analyze_streamed(tmp_path / "out", pauses, EventsGil(files, block_records=3_000), slack_ns=20_000)
     # (read_gil's clock facts of several files are lost in gil_from's concatenation; the stream keeps them)
     assert streamed.header.pop("clock")["gil"]["method"] == "clock_gettime(CLOCK_MONOTONIC)"

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 CAUSE_COLUMNS = ("caused_by_python", "cause_pid", "cause_tid", "cause_thread", "cause_state", "cause_function",
                  "cause_file", "cause_line", "cause_held_gil", "jpype_gc_link")
@@ -101,16 +103,42 @@ def pause_causes(pauses: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def why_facts(impact: pd.DataFrame, overlaps: pd.DataFrame, top: int = 5) -> dict:
+def code_hits(overlaps: pa.Table) -> pa.Table:
+    """Exact overlaps rows per (function, file, line): total overlap_ns ("sum") and rows ("size"),
+    in order of first appearance; the hits of consecutive row batches add up (`add_code_hits`)."""
+    exact = overlaps.filter(pc.invert(overlaps.column("near_miss")))
+
+    def column(name, kind):  # (a gil table may carry some of the three only)
+        if name in exact.column_names:
+            return exact.column(name).cast(kind)
+        return pa.nulls(exact.num_rows, kind)
+
+    keyed = pa.table({"function": pc.fill_null(column("function", pa.string()), "<not recorded>"),
+                      "file": pc.fill_null(column("file", pa.string()), ""),
+                      "line": pc.fill_null(column("line", pa.int64()), -1),
+                      "overlap_ns": exact.column("overlap_ns")})
+    hits = keyed.group_by(["function", "file", "line"], use_threads=False).aggregate(
+        [("overlap_ns", "sum"), ("overlap_ns", "count")])
+    return hits.rename_columns([{"overlap_ns_sum": "sum", "overlap_ns_count": "size"}.get(c, c) for c in hits.column_names])
+
+
+def add_code_hits(parts: list[pa.Table]) -> pa.Table:
+    both = pa.concat_tables(parts)
+    total = both.group_by(["function", "file", "line"], use_threads=False).aggregate([("sum", "sum"), ("size", "sum")])
+    return total.rename_columns([{"sum_sum": "sum", "size_sum": "size"}.get(c, c) for c in total.column_names])
+
+
+def why_facts(impact: pd.DataFrame, overlaps: pd.DataFrame | None, top: int = 5, hits: pa.Table | None = None) -> dict:
     """For the summary: the Python code hit most (total overlap, exact overlaps only) and the
-    causes by Python (per thread and code: pauses, total duration, JPype's GC link)."""
+    causes by Python (per thread and code: pauses, total duration, JPype's GC link). A streamed
+    analysis passes the `hits` of its overlaps (code_hits) instead of the overlaps."""
     facts: dict = {"functions_hit": [], "caused_by_python": [], "jpype_gc_link_pauses": 0}
-    exact = overlaps[~overlaps["near_miss"]] if "near_miss" in overlaps.columns else overlaps
-    if "function" in exact.columns and len(exact):
-        keyed = exact.assign(file=exact["file"].fillna(""), line=exact["line"].astype("Int64").fillna(-1),
-                             function=exact["function"].fillna("<not recorded>"))
-        hit = keyed.groupby(["function", "file", "line"], sort=False)["overlap_ns"].agg(["sum", "size"])
-        for (function, file, line), row in hit.sort_values("sum", ascending=False).head(top).iterrows():
+    if hits is None and overlaps is not None and "function" in overlaps.columns and len(overlaps):
+        hits = code_hits(pa.Table.from_pandas(overlaps[[c for c in ("function", "file", "line", "overlap_ns", "near_miss")
+                                                        if c in overlaps.columns]], preserve_index=False))
+    if hits is not None and hits.num_rows:
+        hit = hits.to_pandas().set_index(["function", "file", "line"])
+        for (function, file, line), row in hit.sort_values("sum", ascending=False, kind="stable").head(top).iterrows():
             facts["functions_hit"].append({"function": function, "file": file, "line": int(line) if line >= 0 else None,
                                            "overlap_ns": int(row["sum"]), "overlaps": int(row["size"])})
     if "caused_by_python" in impact.columns and impact["caused_by_python"].any():

@@ -23,10 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.analysis.clock import check_same_clock, clock_facts
-from engine.correlate import END, Correlator, GilRows, KnownLifetimes
+from engine.analysis.causes import add_code_hits, code_hits, pause_causes, why_facts
+from engine.correlate import END, Correlator, GilRows, KnownLifetimes, Rows
 from engine.correlate import kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow
-from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, RESULT_TABLES, SCHEMAS, state_strings
+from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, RESULT_TABLES, SCHEMAS, state_strings, to_pandas
 from engine.errors import TandemError
 from engine.join import check_pauses
 from engine.store import TableWriter, WriterThread, read_metadata
@@ -156,10 +157,10 @@ class EventsGil:
         position = [0] * len(self.files)
         rows_so_far = 0
         while True:
-            remaining = [later[k] for later, k in zip(self._later, position)]
-            i = int(np.argmin(remaining)) if remaining else 0
-            if not remaining or remaining[i] >= END and all(k >= len(later) - 1 for later, k in zip(self._later, position)):
+            left = [j for j, (later, k) in enumerate(zip(self._later, position)) if k < len(later) - 1]
+            if not left:
                 return
+            i = min(left, key=lambda j: self._later[j][position[j]])
             tid, state, start, end, code = next(streams[i])
             position[i] += 1
             f = self.files[i]
@@ -180,6 +181,19 @@ class EventsGil:
                    **{c: rows.carried.column(c) for c in rows.carried.column_names}}
         return pa.table({field.name: columns[field.name] if isinstance(columns[field.name], np.ndarray)
                          else columns[field.name].cast(field.type) for field in self.copy_schema}, schema=self.copy_schema)
+
+
+def _rows_frame(rows: GilRows, copy: pa.Table | None, mask: np.ndarray) -> pd.DataFrame:
+    """Some rows of a block as a gil-table DataFrame (with thread names and code when known)."""
+    if copy is not None:
+        return to_pandas(copy.filter(mask))
+    frame = pd.DataFrame({"pid": rows.pid[mask], "tid": rows.tid[mask],
+                          "state": pd.array(np.array(["released", "waiting"])[rows.state[mask]], dtype="string"),
+                          "start_ns": rows.start_ns[mask], "end_ns": rows.end_ns[mask]})
+    if rows.carried is not None:
+        for name, column in zip(rows.carried.column_names, to_pandas(rows.carried.filter(mask)).items()):
+            frame[name] = column[1].to_numpy()
+    return frame
 
 
 def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack_ns: int = 0,
@@ -205,33 +219,50 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     if gil.copy_schema is not None:
         writers["gil"] = TableWriter(out / "gil.parquet", gil.copy_schema)
     background = WriterThread()
+    # The causality step (engine/analysis/causes.py) needs the GIL rows of the threads that asked
+    # for a pause (few), and the summary's "why" the overlap per code: both gathered on the way.
+    requesters = (np.unique(pauses["requester_os_thread_id"].dropna().to_numpy(np.int64))
+                  if "requester_os_thread_id" in pauses.columns else np.zeros(0, np.int64))
+    requester_rows, hits = [], []
+
+    def emit(rows: Rows) -> None:
+        for name, table in rows.tables().items():
+            if name in writers:
+                background.write(writers[name], table)
+        if "function" in rows.overlaps.column_names and rows.overlaps.num_rows:
+            hits.append(code_hits(rows.overlaps))
+
     try:
         pending_pauses = pauses
         for rows, watermark, rows_so_far, copy in gil.pushes():
-            emitted = core.push(pauses=pending_pauses, gil=rows, watermark_ns=watermark)
+            emit(core.push(pauses=pending_pauses, gil=rows, watermark_ns=watermark))
             pending_pauses = None
             if copy is not None:
                 background.write(writers["gil"], copy)
-            for name, table in emitted.tables().items():
-                if name in writers:
-                    background.write(writers[name], table)
+            if requesters.size:
+                mine = np.isin(rows.tid, requesters)
+                if mine.any():
+                    requester_rows.append(_rows_frame(rows, copy, mine))
             if progress is not None:
                 progress(rows_so_far)
         if pending_pauses is not None:
-            core.push(pauses=pending_pauses, watermark_ns=END)
-        for name, table in core.finish().tables().items():
-            if name in writers:
-                background.write(writers[name], table)
+            emit(core.push(pauses=pending_pauses, watermark_ns=END))
+        emit(core.finish())
         background.drain()
         header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, core.duplicate_gil_rows)
         if gil.copy_schema is None:  # (docs/results.md, "gil.parquet"): the results name the table
             header["gil_table"] = gil.references
         summary = core.summary()
+        causes = pause_causes(pauses, pd.concat(requester_rows, ignore_index=True) if requester_rows else
+                              pd.DataFrame()).assign(pause_id=pauses["pause_id"].to_numpy())
+        impact = to_pandas(core.pause_impact(), "pause_impact").merge(causes, on="pause_id", how="left",
+                                                                       validate="one_to_one")
+        header["why"] = why_facts(impact, None, hits=add_code_hits(hits) if hits else None)
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
         if gil.copy_schema is None:
             (out / "gil.parquet").unlink(missing_ok=True)  # (of an earlier run on another input)
-        for name, table in (("pause_impact", core.pause_impact()),
+        for name, table in (("pause_impact", pa.Table.from_pandas(impact, preserve_index=False)),
                             ("pauses", pa.Table.from_pandas(pauses, preserve_index=False)),
                             ("summary", pa.Table.from_pandas(summary, preserve_index=False))):
             writer = TableWriter(out / f"{name}.parquet", table.schema)
