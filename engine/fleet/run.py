@@ -16,6 +16,12 @@ from pathlib import Path
 
 from engine.errors import TandemError
 
+# Ray's driver installs Abseil's failure-signal handler over the JVM's own when JPype's JVM
+# already runs in this process (a notebook, the test suite); HotSpot's routine SIGSEGVs
+# (implicit null checks, safepoint polls) then kill the process. Ray reads this flag when it
+# is first imported (ray-project/ray#58984), so it is set before any import of ray here.
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+
 # Filesystems on which a path means the same files on every node: no node affinity for them.
 SHARED_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "ceph", "glusterfs", "lustre", "gpfs", "beegfs", "9p",
                       "virtiofs", "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs", "fuse.alluxio"}
