@@ -9,6 +9,7 @@ the Parquet key-value key `tandem`, and comes back as `DataFrame.attrs` from `re
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -35,10 +36,31 @@ def _umask() -> int:
 
 def _temporary(path: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_dead_writers_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())
     return tmp
+
+
+def _remove_dead_writers_temporaries(path: Path) -> None:
+    """A writer killed mid-write (SIGKILL) leaves its temporary behind, named with its pid; the
+    next writer of the same file removes those whose process is gone (a live one's it keeps)."""
+    prefix = f".{path.name}."
+    for tmp in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = tmp.name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _encoded(metadata: dict) -> bytes:
