@@ -15,6 +15,17 @@ from pathlib import Path
 from engine.errors import TandemError
 
 
+def process_alive(pid: int | None) -> bool:
+    """Whether `pid` runs (a zombie has exited, unreaped: not alive)."""
+    if not pid:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
 @dataclass
 class JvmSource:
     """One JVM of the session: its closed recording, or the chunks left in its repository."""

@@ -28,19 +28,9 @@ import pandas as pd
 
 from engine.errors import TandemError
 from engine.live.intervals import IncrementalIntervals
-from engine.session import pid_from_name
+from engine.session import pid_from_name, process_alive
 
 PAUSE_RING_KINDS = {1: "safepoint", 2: "gc_pause", 3: "gc", 4: "vm_operation"}  # java-agent PauseRing.KIND_*
-
-
-def process_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie has exited, unreaped
 
 
 def _read_json(path: Path) -> dict:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from engine.errors import TandemError
+from engine.session import process_alive
 
 ATTACH_TIMEOUT_S = 60
 # After --duration the agent still writes recording.jfr; allow for a large dump.
@@ -72,7 +73,7 @@ def wait_until_closed(jvm_dir: Path, pid: int, seconds: float, progress=None) ->
         state = jvm_state(jvm_dir)
         if state == "closed":
             break
-        if not _alive(pid):
+        if not process_alive(pid):
             time.sleep(0.2)  # let a last jvm.json rename land
             break
         if task is not None:
@@ -83,9 +84,3 @@ def wait_until_closed(jvm_dir: Path, pid: int, seconds: float, progress=None) ->
     return jvm_state(jvm_dir) or "?"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie has exited, unreaped

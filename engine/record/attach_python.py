@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from engine.errors import TandemError
+from engine.session import process_alive
 
 INJECT_SOURCE = Path(__file__).with_name("inject.c")
 GDB_TIMEOUT_S = 60
@@ -153,7 +154,7 @@ def start(pid: int, session: Path, cache: Path) -> Path:
     script.write_text(_START.format(root=str(root), session=str(session)))
     inject(pid, script, cache)
     directory = session / f"py-{pid}"
-    _wait_for(lambda: _state(directory) == "recording" or unprobed_interpreters(session) or not _alive(pid),
+    _wait_for(lambda: _state(directory) == "recording" or unprobed_interpreters(session) or not process_alive(pid),
               f"pid {pid}: the probe did not start")
     if _state(directory) != "recording":
         reasons = [entry.get("reason") for entry in unprobed_interpreters(session)]
@@ -164,11 +165,11 @@ def start(pid: int, session: Path, cache: Path) -> Path:
 def stop(pid: int, session: Path, cache: Path) -> str:
     """Stop the probe in PID (if it is still running); returns probe.json's final state."""
     directory = session / f"py-{pid}"
-    if _alive(pid) and _state(directory) == "recording":
+    if process_alive(pid) and _state(directory) == "recording":
         script = session / f"attach-stop-{pid}.py"
         script.write_text(_STOP)
         inject(pid, script, cache)
-        _wait_for(lambda: _state(directory) != "recording" or not _alive(pid), f"pid {pid}: the probe did not stop")
+        _wait_for(lambda: _state(directory) != "recording" or not process_alive(pid), f"pid {pid}: the probe did not stop")
     return _state(directory) or "?"
 
 
@@ -177,12 +178,6 @@ def _state(directory: Path) -> str | None:
         return json.loads((directory / "probe.json").read_text()).get("state")
     except (OSError, ValueError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    from engine.record.attach import _alive as alive
-
-    return alive(pid)
 
 
 def _wait_for(predicate, what: str, timeout: float = 30.0) -> None:

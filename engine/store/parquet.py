@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from engine.errors import TandemError
+from engine.session import process_alive
 
 METADATA_KEY = b"tandem"
 
@@ -49,18 +50,8 @@ def _remove_dead_writers_temporaries(path: Path) -> None:
     prefix = f".{path.name}."
     for tmp in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
         pid = tmp.name[len(prefix):].split(".", 1)[0]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             tmp.unlink(missing_ok=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _encoded(metadata: dict) -> bytes:
