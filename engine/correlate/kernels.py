@@ -38,14 +38,22 @@ def _open_free(p, t, free_since, close_start, close_end, out_pid, out_start, out
     """pid p becomes free at t: rejoin a segment closed at t, else emit the closed one and start anew."""
     if close_end[p] == t:
         free_since[p] = close_start[p]
+        close_end[p] = NONE
     else:
-        if close_end[p] != NONE:
-            out_pid[n_out] = p
-            out_start[n_out] = close_start[p]
-            out_end[n_out] = close_end[p]
-            n_out += 1
+        n_out = _emit_closed(p, close_start, close_end, out_pid, out_start, out_end, n_out)
         free_since[p] = t
-    close_end[p] = NONE
+    return n_out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _emit_closed(p, close_start, close_end, out_pid, out_start, out_end, n_out):
+    """Emits pid p's closed free segment, if it has one, and forgets it."""
+    if close_end[p] != NONE:
+        out_pid[n_out] = p
+        out_start[n_out] = close_start[p]
+        out_end[n_out] = close_end[p]
+        n_out += 1
+        close_end[p] = NONE
     return n_out
 
 
@@ -153,12 +161,7 @@ def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
         n_out = _end_runs_before(p, frontier, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_end, t_dead, t_alive,
                                  p_holding, p_alive, p_in_span, p_span_end, p_min_reach, free_since, close_start, close_end,
                                  out_pid, out_start, out_end, n_out)
-        if close_end[p] != NONE:
-            out_pid[n_out] = p
-            out_start[n_out] = close_start[p]
-            out_end[n_out] = close_end[p]
-            n_out += 1
-            close_end[p] = NONE
+        n_out = _emit_closed(p, close_start, close_end, out_pid, out_start, out_end, n_out)
     return n_out
 
 
