@@ -12,7 +12,6 @@ TANDEM_BENCH_PERFETTO_MINUTES (default 60) sets the session's length.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench import Row
+from bench import Row, run_child
 
 MINUTES = float(os.environ.get("TANDEM_BENCH_PERFETTO_MINUTES", "60"))
 GIL_PER_S = 1820
@@ -88,13 +87,8 @@ def write_session(out: Path, minutes: float, seed: int = 3) -> dict:
 def export_in_child(results: Path, output: Path, fmt: str) -> dict:
     """Export in a child process: seconds, peak RSS (ru_maxrss), bytes written."""
     code = "import sys; from engine.report.perfetto import export_perfetto; export_perfetto(sys.argv[1], sys.argv[2], sys.argv[3])"
-    began = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", code, str(results), str(output), fmt])
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"export {fmt} failed with {proc.returncode}")
-    return {"s": time.monotonic() - began, "rss_mib": usage.ru_maxrss / 1024, "bytes": output.stat().st_size}
+    seconds, peak_gib = run_child([sys.executable, "-c", code, str(results), str(output), fmt])
+    return {"s": seconds, "rss_mib": peak_gib * 1024, "bytes": output.stat().st_size}
 
 
 def _per_row_bytes(work: Path) -> dict:

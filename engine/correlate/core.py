@@ -136,7 +136,6 @@ class Correlator:
         self.p_holding = np.zeros(0, np.int64)
         self.p_alive = np.zeros(0, np.int64)
         self.p_in_span = np.zeros(0, np.bool_)
-        self.p_min_reach = np.zeros(0, np.int64)
         self.p_free_since = np.zeros(0, np.int64)
         self.p_close_start = np.zeros(0, np.int64)
         self.p_close_end = np.zeros(0, np.int64)
@@ -293,7 +292,6 @@ class Correlator:
             self.p_holding = _grow(self.p_holding, n, 0)
             self.p_alive = _grow(self.p_alive, n, 0)
             self.p_in_span = _grow(self.p_in_span, n, False)
-            self.p_min_reach = _grow(self.p_min_reach, n, NONE)
             self.p_free_since = _grow(self.p_free_since, n, NONE)
             self.p_close_start = _grow(self.p_close_start, n, NONE)
             self.p_close_end = _grow(self.p_close_end, n, NONE)
@@ -395,7 +393,7 @@ class Correlator:
             self.t_pidx[self.r_tidx], self.r_tidx, self.r_start, self.r_end, i0, i1, frontier, ptr, order.astype(np.int64),
             self.t_run[:nt], self.t_reach[:nt], self.t_reach_closed[:nt], self.t_open_row[:nt], self.t_seen_end[:nt],
             self.t_dead[:nt], self.t_alive[:nt], self.p_holding[:npids], self.p_alive[:npids], self.p_in_span[:npids],
-            np.ascontiguousarray(span_end, np.int64), self.p_min_reach[:npids], self.p_free_since[:npids], self.p_close_start[:npids],
+            np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids], self.p_close_start[:npids],
             self.p_close_end[:npids], out_pid, out_start, out_end)
         self._swept = frontier
         pidx, start, end = out_pid[:n], out_start[:n], out_end[:n]

@@ -74,42 +74,43 @@ def _close_free(p, t, free_since, close_start, close_end, out_pid, out_start, ou
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _end_runs_before(p, t, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_end, t_dead, t_alive,
-                     p_holding, p_alive, p_in_span, p_span_end, p_min_reach, free_since, close_start, close_end,
-                     out_pid, out_start, out_end, n_out):
-    """Apply, in time order, the ends of pid p's runs (merged released/waiting intervals) before t.
-    p_min_reach[p] is a lower bound of its runs' ends: most rows need no scan of its threads."""
-    if p_min_reach[p] >= t:
-        return n_out
+def _sift_up(heap, pos, key, base, i):
+    th = heap[base + i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        up = heap[base + parent]
+        if key[up] <= key[th]:
+            break
+        heap[base + i] = up
+        pos[up] = base + i
+        i = parent
+    heap[base + i] = th
+    pos[th] = base + i
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sift_down(heap, pos, key, base, size, i):
+    th = heap[base + i]
     while True:
-        best = -1
-        best_t = END
-        for k in range(pid_threads_ptr[p], pid_threads_ptr[p + 1]):
-            th = pid_threads[k]
-            if t_run[th] and t_reach[th] < best_t:
-                best = th
-                best_t = t_reach[th]
-        p_min_reach[p] = best_t
-        if best < 0 or best_t >= t:
-            return n_out
-        t_run[best] = False
-        if t_seen_end[best] == best_t and t_dead[best]:
-            # Its last interval ended: the thread's inferred lifetime ends here (it did not hold).
-            t_alive[best] = False
-            p_alive[p] -= 1
-            if p_alive[p] == 0 and best_t >= p_span_end[p]:
-                n_out = _close_free(p, best_t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
-                p_in_span[p] = False
-        else:
-            p_holding[p] += 1
-            if p_holding[p] == 1:
-                n_out = _close_free(p, best_t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and key[heap[base + child + 1]] < key[heap[base + child]]:
+            child += 1
+        down = heap[base + child]
+        if key[th] <= key[down]:
+            break
+        heap[base + i] = down
+        pos[down] = base + i
+        i = child
+    heap[base + i] = th
+    pos[th] = base + i
 
 
 @njit(cache=True, nogil=True)
 def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads_ptr, pid_threads,
                    t_run, t_reach, t_reach_closed, t_open_row, t_seen_end, t_dead, t_alive,
-                   p_holding, p_alive, p_in_span, p_span_end, p_min_reach, free_since, close_start, close_end,
+                   p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
                    out_pid, out_start, out_end) -> int:
     """Advance the per-process holder count over rows i0..i1 (sorted by start, all before frontier),
     then over every run end before frontier; write the gil_free segments that became final.
@@ -117,21 +118,67 @@ def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
     Per thread: t_run/t_reach (its current run of merged intervals and where it ends; END while an
     open row is in it), t_alive (within its inferred lifetime), t_dead (its lifetime ends with its
     last interval seen). Per process: p_holding (living threads holding the GIL), p_alive,
-    p_in_span, p_span_end (the process's span ends there once no thread is alive), p_min_reach, free_since (start of the free segment now, or
-    NONE) and the last closed segment (close_start/close_end), held back because a segment
-    closing and reopening at one instant is one segment. Returns the number of segments written.
+    p_in_span, p_span_end (the process's span ends there once no thread is alive), free_since
+    (start of the free segment now, or NONE) and the last closed segment (close_start/close_end),
+    held back because a segment closing and reopening at one instant is one segment. Returns the
+    number of segments written. A process's running threads are kept in a min-heap on their
+    runs' ends (in the process's slots of pid_threads), built anew each call from t_run.
+
+    One loop: the rows, then one step per process at the frontier; each step first applies, in
+    time order, the ends of the process's runs before it. (Written out once in this loop, not
+    as a function called per row: numba counts references of every array passed at each call,
+    which cost ~100 ns a row here.)
     """
+    n_pids = p_holding.size
+    heap = np.empty(pid_threads.size, np.int64)
+    heap_size = np.zeros(n_pids, np.int64)
+    pos = np.full(t_run.size, -1, np.int64)
+    for p in range(n_pids):
+        base = pid_threads_ptr[p]
+        for k in range(base, pid_threads_ptr[p + 1]):
+            th = pid_threads[k]
+            if t_run[th]:
+                heap[base + heap_size[p]] = th
+                heap_size[p] += 1
+                _sift_up(heap, pos, t_reach, base, heap_size[p] - 1)
     n_out = 0
-    for i in range(i0, i1):
-        s = r_start[i]
-        e = r_end[i]
-        if e <= s:
+    for i in range(i0, i1 + n_pids):
+        if i < i1:
+            s = r_start[i]
+            e = r_end[i]
+            if e <= s:
+                continue
+            p = r_pidx[i]
+            th = r_tidx[i]
+        else:  # the frontier, for each process
+            p = i - i1
+            s = frontier
+            th = -1
+            e = s
+        base = pid_threads_ptr[p]
+        while heap_size[p] > 0 and t_reach[heap[base]] < s:  # the ends of p's runs before s
+            best = heap[base]
+            best_t = t_reach[best]
+            heap_size[p] -= 1
+            pos[best] = -1
+            if heap_size[p] > 0:
+                heap[base] = heap[base + heap_size[p]]
+                _sift_down(heap, pos, t_reach, base, heap_size[p], 0)
+            t_run[best] = False
+            if t_seen_end[best] == best_t and t_dead[best]:
+                # Its last interval ended: the thread's inferred lifetime ends here (it did not hold).
+                t_alive[best] = False
+                p_alive[p] -= 1
+                if p_alive[p] == 0 and best_t >= p_span_end[p]:
+                    n_out = _close_free(p, best_t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+                    p_in_span[p] = False
+            else:
+                p_holding[p] += 1
+                if p_holding[p] == 1:
+                    n_out = _close_free(p, best_t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+        if th < 0:
+            n_out = _emit_closed(p, close_start, close_end, out_pid, out_start, out_end, n_out)
             continue
-        p = r_pidx[i]
-        th = r_tidx[i]
-        n_out = _end_runs_before(p, s, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_end, t_dead, t_alive,
-                                 p_holding, p_alive, p_in_span, p_span_end, p_min_reach, free_since, close_start, close_end,
-                                 out_pid, out_start, out_end, n_out)
         is_open = e >= END
         if t_run[th]:  # touching or overlapping its current run: the run goes on
             if is_open:
@@ -139,13 +186,15 @@ def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
             elif e > t_reach_closed[th]:
                 t_reach_closed[th] = e
             t_reach[th] = END if t_open_row[th] else t_reach_closed[th]
+            _sift_down(heap, pos, t_reach, base, heap_size[p], pos[th] - base)  # its end only moves later
             continue
         t_run[th] = True
         t_open_row[th] = is_open
         t_reach_closed[th] = s if is_open else e
         t_reach[th] = END if is_open else e
-        if t_reach[th] < p_min_reach[p]:
-            p_min_reach[p] = t_reach[th]
+        heap[base + heap_size[p]] = th
+        heap_size[p] += 1
+        _sift_up(heap, pos, t_reach, base, heap_size[p] - 1)
         if not t_alive[th]:
             t_alive[th] = True
             p_alive[p] += 1
@@ -157,11 +206,6 @@ def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
             p_holding[p] -= 1
             if p_holding[p] == 0:
                 n_out = _open_free(p, s, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
-    for p in range(p_holding.size):
-        n_out = _end_runs_before(p, frontier, pid_threads_ptr, pid_threads, t_run, t_reach, t_seen_end, t_dead, t_alive,
-                                 p_holding, p_alive, p_in_span, p_span_end, p_min_reach, free_since, close_start, close_end,
-                                 out_pid, out_start, out_end, n_out)
-        n_out = _emit_closed(p, close_start, close_end, out_pid, out_start, out_end, n_out)
     return n_out
 
 
