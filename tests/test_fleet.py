@@ -147,7 +147,7 @@ def test_files_carry_the_session_header(fleet_run, alone):
     analysis, identity = next(iter(alone.values()))
     for table in dataset_tables():
         path = root / table / f"host={identity.host}" / f"date={identity.date}" / f"{identity.session_id}.parquet"
-        meta = json.loads(pq.read_schema(path).metadata[b"tandem"])
+        meta = json.loads(pq.read_metadata(path).metadata[b"tandem"])  # the footer's key-value metadata: any engine reads it
         assert meta["table"] == table
         assert meta["session"]["session_id"] == identity.session_id
         assert meta["session"]["hostname"] == identity.host and meta["session"]["exit_code"] == 0

@@ -200,6 +200,32 @@ def analyze_session(session: str | os.PathLike, *, slack_ns: int = 0, offset_ns:
     return correlate(pauses, gil, slack_ns=slack_ns, offset_ns=offset_ns, pauses_source=pauses_source, gil_source=gil_source)
 
 
+def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = None, jfr=(), gil=(), pauses=(),
+               slack_ns: int = 0, offset_ns: int | None = None, progress=None):
+    """What `tandem analyze -o OUT` does: a SESSION, or the JVM side (jfr/pauses) and the GIL
+    side (gil) given apart, correlated into OUT/*.parquet; streamed through the core in bounded
+    memory when the GIL side is events files or one Parquet table, else read whole. Returns the
+    summary, the header and the files written (engine.analysis.stream.StreamedAnalysis)."""
+    from engine.analysis.sources import gil_from, pauses_from
+    from engine.analysis.stream import StreamedAnalysis, analyze_streamed, streamable_gil
+    from engine.ingest.gil import SampledRecords
+
+    session = Path(session) if session is not None else None
+    jfr, gil, pauses = [Path(p) for p in jfr], [Path(p) for p in gil], [Path(p) for p in pauses]
+    pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
+    streamable = streamable_gil(session if not gil else None, gil)
+    if streamable is not None:
+        try:
+            return analyze_streamed(out, pauses_df, streamable, slack_ns=slack_ns, offset_ns=offset_ns,
+                                    pauses_source=pauses_source, progress=progress)
+        except SampledRecords:
+            pass  # a sampling-backend recording is read whole, below
+    gil_df, gil_source = gil_from(session if not gil else None, gil)
+    result = correlate(pauses_df, gil_df, slack_ns=slack_ns, offset_ns=offset_ns,
+                       pauses_source=pauses_source, gil_source=gil_source)
+    return StreamedAnalysis(result.summary_table, result.header, result.write(out))
+
+
 def load_results(out_dir: str | os.PathLike) -> Analysis:
     """An Analysis read back from the Parquet files `Analysis.write` (or `tandem analyze`) wrote."""
     from engine.errors import TandemError
@@ -233,4 +259,4 @@ def load_results(out_dir: str | os.PathLike) -> Analysis:
     )
 
 
-__all__ = ["Analysis", "analyze", "analyze_session", "correlate", "load_results"]
+__all__ = ["Analysis", "analyze", "analyze_session", "analyze_to", "correlate", "load_results"]

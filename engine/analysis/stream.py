@@ -282,6 +282,22 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     return StreamedAnalysis(summary, header, sorted(paths, key=lambda p: order[p.stem]))
 
 
+def streamable_gil(session: Path | None, gil: list[Path]):
+    """The GIL side as a stream when it is one Parquet table or only events files (a session's,
+    or given as paths); None for what is read whole (rings, several tables)."""
+    from engine.ingest.gil import _events_files
+
+    if len(gil) == 1 and gil[0].suffix == ".parquet":
+        return ParquetGil(gil[0])
+    if any(p.suffix in (".parquet", ".ring") for p in gil):
+        return None
+    try:
+        files = [f for p in ([session] if session is not None else gil) for f in _events_files(Path(p))]
+    except TandemError:  # (reported by the whole-table path, which reads the same inputs)
+        return None
+    return EventsGil(files) if files else None
+
+
 def analyze_parquet(out, pauses: pd.DataFrame, gil_path: Path, **options) -> StreamedAnalysis:
     """`analyze_streamed` of a gil table in a Parquet file."""
     return analyze_streamed(out, pauses, ParquetGil(gil_path), **options)

@@ -36,8 +36,7 @@ def analyze(
     Give a SESSION, or the two sides separately: --jfr/--pauses for the JVM, --gil for Python.
     With --dataset, SESSION's results join a fleet dataset (with or without -o).
     """
-    from engine.analysis import correlate
-    from engine.analysis.sources import gil_from, pauses_from
+    from engine.analysis import analyze_to
     from engine.errors import TandemError
 
     if session is None and not (jfr or pauses) and not gil:
@@ -48,56 +47,24 @@ def analyze(
         raise TandemError("--dataset takes one SESSION directory (its session.json names the host and day), "
                           "not --jfr/--pauses/--gil")
     slack_ns = parse_duration_ns(slack)
-    pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
-    # A dataset takes the session's tables whole (engine.fleet.dataset), as `tandem fleet analyze` does.
-    streamable = _streamable_gil(session if not gil else None, gil) if dataset is None else None
-    if streamable is not None:
-        # The GIL side streamed through the correlation core, in bounded memory.
-        from engine.analysis.stream import analyze_streamed
-        from engine.ingest.gil import SampledRecords
+    with _progress("correlating") as advance:
+        if out is None:
+            from engine.fleet.dataset import analyze_into
 
-        try:
-            with _progress("correlating") as advance:
-                streamed = analyze_streamed(out, pauses_df, streamable, slack_ns=slack_ns, offset_ns=offset,
-                                            pauses_source=pauses_source, progress=advance)
-        except SampledRecords:
-            streamed = None  # a sampling-backend recording is read whole, below
-        if streamed is not None:
-            streamed.summary()
-            typer.echo(f"results in {out}/: {', '.join(p.name for p in streamed.paths)}")
-            return
-    gil_df, gil_source = gil_from(session if not gil else None, gil)
-    result = correlate(pauses_df, gil_df, slack_ns=slack_ns, offset_ns=offset,
-                       pauses_source=pauses_source, gil_source=gil_source)
-    if out is not None:
-        result.write(out)
+            result, _, files = analyze_into(session, dataset, slack_ns=slack_ns)
+        else:
+            result = analyze_to(out, session=session, jfr=jfr, gil=gil, pauses=pauses, slack_ns=slack_ns,
+                                offset_ns=offset, progress=advance)
+            if dataset is not None:
+                from engine.fleet.dataset import write_session
+                from engine.session import Session
+
+                files = write_session(out, result.header, dataset, Session.open(session))
     result.summary()
     if out is not None:
-        typer.echo(f"results in {out}/: {', '.join(f'{name}.parquet' for name in result.tables())}")
+        typer.echo(f"results in {out}/: {', '.join(p.name for p in result.paths)}")
     if dataset is not None:
-        from engine.fleet.dataset import write_session
-        from engine.session import Session
-
-        files = write_session(result, dataset, Session.open(session))
         typer.echo(f"dataset {dataset}: session {files['sessions'].stem} under {files['sessions'].parent.relative_to(dataset / 'sessions')}")
-
-
-def _streamable_gil(session: Path | None, gil: list[Path]):
-    """The GIL side as a stream (engine.analysis.stream) when it is one Parquet table or only
-    events files (a session's, or given with --gil); None for what is read whole (rings)."""
-    from engine.analysis.stream import EventsGil, ParquetGil
-    from engine.errors import TandemError
-    from engine.ingest.gil import _events_files
-
-    if len(gil) == 1 and gil[0].suffix == ".parquet":
-        return ParquetGil(gil[0])
-    if any(p.suffix in (".parquet", ".ring") for p in gil):
-        return None
-    try:
-        files = [f for p in ([session] if session is not None else gil) for f in _events_files(Path(p))]
-    except TandemError:  # (reported by the whole-table path, which reads the same inputs)
-        return None
-    return EventsGil(files) if files else None
 
 
 class _progress:

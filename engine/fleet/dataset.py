@@ -31,8 +31,7 @@ def table_path(root: Path, table: str, identity: SessionIdentity) -> Path:
     return Path(root) / table / f"host={identity.host}" / f"date={identity.date}" / f"{identity.session_id}.parquet"
 
 
-def sessions_row(analysis, identity: SessionIdentity, source: Path) -> pd.DataFrame:
-    header = analysis.header
+def sessions_row(header: dict, identity: SessionIdentity, source: Path) -> pd.DataFrame:
     return pd.DataFrame([{
         "source": str(source),
         "boot_id": identity.boot_id,
@@ -48,45 +47,81 @@ def sessions_row(analysis, identity: SessionIdentity, source: Path) -> pd.DataFr
     }]).astype({"source": "string", "boot_id": "string"})
 
 
-def write_session(analysis, root: str | os.PathLike, session: Session) -> dict[str, Path]:
-    """Writes one analyzed session into the dataset; returns the file of each table.
+def write_session(results: str | os.PathLike, header: dict, root: str | os.PathLike, session: Session) -> dict[str, Path]:
+    """Writes one session's result directory (what `tandem analyze -o` writes) into the dataset;
+    returns the file of each table.
 
-    Every table is first written beside its final name, then all are renamed into place:
-    a failure leaves the session's previous files whole, and a reader sees each file old or
-    new, never half written."""
-    from engine.store import write_table
+    Tables are copied a row group at a time, with the session_id column put first, so that a
+    session of any length goes in bounded memory. Every table is first written beside its final
+    name, then all are renamed into place: a failure leaves the session's previous files whole,
+    and a reader sees each file old or new, never half written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    root = Path(root)
+    from engine.store import TableWriter, write_table
+
+    results, root = Path(results), Path(root)
     identity = session.identity()
-    meta_session = {**{k: session.description[k] for k in SESSION_FACTS if k in session.description},
-                    **identity.as_metadata()}
-    tables = {**analysis.tables(), SESSIONS_TABLE: sessions_row(analysis, identity, session.path)}
-    staged: list[tuple[Path, Path]] = []
+    meta = {"analysis": header,
+            "session": {**{k: session.description[k] for k in SESSION_FACTS if k in session.description},
+                        **identity.as_metadata()}}
+    session_id = pa.scalar(identity.session_id, pa.string())
+    staged: list[tuple[str, Path, Path]] = []
+    writers: list[TableWriter] = []
     try:
-        for name, frame in tables.items():
+        for name in dataset_tables():
             final = table_path(root, name, identity)
             _private_dirs(final.parent)
-            frame = frame.copy(deep=False)
-            frame.insert(0, "session_id", pd.Series([identity.session_id] * len(frame), index=frame.index, dtype="string"))
-            tmp = write_table(frame, final.with_name(f".{final.name}.staged"),
-                              {"table": name, "analysis": analysis.header, "session": meta_session})
-            staged.append((tmp, final))
-        for tmp, final in staged:
+            staging = final.with_name(f".{final.name}.staged")
+            if name == SESSIONS_TABLE:
+                row = sessions_row(header, identity, session.path)
+                row.insert(0, "session_id", pd.Series([identity.session_id], dtype="string"))
+                staged.append((name, write_table(row, staging, {"table": name, **meta}), final))
+                continue
+            source = results / f"{name}.parquet"
+            if not source.exists():  # (gil.parquet of results that name their GIL files instead)
+                continue
+            with pq.ParquetFile(source) as file:
+                writer = TableWriter(staging, pa.schema([pa.field("session_id", pa.string()), *file.schema_arrow]))
+                writers.append(writer)
+                for batch in file.iter_batches():
+                    table = pa.Table.from_batches([batch]).replace_schema_metadata(None)
+                    writer.write(table.add_column(0, "session_id", pa.repeat(session_id, batch.num_rows)))
+            staged.append((name, writer.close({"table": name, **meta}), final))
+            writers.remove(writer)
+        for _, tmp, final in staged:
             os.replace(tmp, final)
     except BaseException:
-        for tmp, _ in staged:
+        for writer in writers:
+            writer.abort()
+        for _, tmp, _ in staged:
             tmp.unlink(missing_ok=True)
         raise
-    return {name: final for name, (_, final) in zip(tables, staged)}
+    return {name: final for name, _, final in staged}
 
 
 def analyze_into(session_path: str | os.PathLike, root: str | os.PathLike, *, slack_ns: int = 0):
-    """`tandem analyze SESSION --dataset ROOT`: analyze one session and write it into the dataset."""
-    from engine.analysis import analyze_session
+    """`tandem analyze SESSION --dataset ROOT`: analyze one session, streamed as `tandem analyze
+    -o` does (engine.analysis.analyze_to), into a private work directory under ROOT, then write
+    it into the dataset. Returns the analysis (summary, header, paths), the session's identity,
+    and the dataset file of each table."""
+    import shutil
+
+    from engine.analysis import analyze_to
 
     session = Session.open(session_path)
-    analysis = analyze_session(session.path, slack_ns=slack_ns)
-    return analysis, session.identity(), write_session(analysis, root, session)
+    identity = session.identity()
+    work = Path(root) / ".work" / f"{identity.session_id}.{os.getpid()}"
+    _private_dirs(work)
+    try:
+        analysis = analyze_to(work, session=session.path, slack_ns=slack_ns)
+        return analysis, identity, write_session(work, analysis.header, root, session)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        try:
+            work.parent.rmdir()  # unless another session's analysis is using it
+        except OSError:
+            pass
 
 
 def _private_dirs(directory: Path) -> None:

@@ -53,13 +53,15 @@ class Placement:
 
 def analyze_one(source: str, path: str, root: str, slack_ns: int) -> SessionOutcome:
     """The body of one task (also runnable without Ray): analyze, write, report."""
-    from engine.fleet.dataset import analyze_into
+    import pyarrow.parquet as pq
+
+    from engine.fleet.dataset import SESSIONS_TABLE, analyze_into
 
     started, cpu_started = time.perf_counter(), time.process_time()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            analysis, identity, _ = analyze_into(path, root, slack_ns=slack_ns)
+            _, identity, files = analyze_into(path, root, slack_ns=slack_ns)
         except TandemError as err:
             return SessionOutcome(source, False, str(err), seconds=time.perf_counter() - started, worker_pid=os.getpid())
         except Exception as err:  # a bug or an input nobody foresaw: reported with the session, the rest go on
@@ -69,7 +71,7 @@ def analyze_one(source: str, path: str, root: str, slack_ns: int) -> SessionOutc
 
     return SessionOutcome(
         source, True, session_id=identity.session_id, host=identity.host, date=identity.date,
-        rows={name: len(table) for name, table in analysis.tables().items()},
+        rows={name: pq.read_metadata(file).num_rows for name, file in files.items() if name != SESSIONS_TABLE},
         seconds=time.perf_counter() - started, cpu_seconds=time.process_time() - cpu_started, worker_pid=os.getpid(),
         warnings=[str(w.message) for w in caught if issubclass(w.category, TandemWarning)],
     )
