@@ -7,6 +7,8 @@ CLOCK_MONOTONIC (or the wall clock) by engine.clock.align.
 """
 from __future__ import annotations
 
+import concurrent.futures
+
 import json
 import tempfile
 import threading
@@ -147,14 +149,18 @@ def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) 
     jvm_json = _agent_description(scan.path)
     frames, run_meta, damages = [], [], []
     watched = _reader_event_types(jvm_options)
-    walks = {w.chunk.index: w for w in jfr_chunks.walk_chunks(scan.path, scan.chunks, watched)}
-    for run in runs:
-        pieces, damage = _read_run(scan, run, walks, watched, bar, jvm_options)
-        damages.extend(damage)
-        for piece, reader in pieces:
-            frame, meta = _run_columns(scan, piece, reader, jvm_json)
-            frames.append(frame)
-            run_meta.append(meta)
+    # The structural walk runs on a thread of its own while jdk.jfr reads (in the JVM): its
+    # counts are needed only once a run has been read.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tandem-jfr-walk") as pool:
+        walking = pool.submit(lambda: {w.chunk.index: w for w in jfr_chunks.walk_chunks(scan.path, scan.chunks, watched)})
+        for run in runs:
+            pieces, damage = _read_run(scan, run, walking, watched, bar, jvm_options)
+            damages.extend(damage)
+            for piece, reader in pieces:
+                frame, meta = _run_columns(scan, piece, reader, jvm_json)
+                frames.append(frame)
+                run_meta.append(meta)
+        walks = walking.result()
     if damages:
         warnings.warn(jfr_chunks.damage_message(scan.path, damages, len(scan.chunks)), TandemWarning, stacklevel=4)
     elif run_meta and not any(len(frame["source"][0]) for frame in frames):
@@ -198,18 +204,19 @@ def _lost_pause_events(damages: list) -> int | None:
     return None if None in counts else sum(counts)
 
 
-def _read_run(scan: ChunkScan, run: list[Chunk], walks: dict, watched: tuple[str, ...], bar: "_Progress",
-              jvm_options: tuple[str, ...]) -> tuple[list, list]:
+def _read_run(scan: ChunkScan, run: list[Chunk], walking: concurrent.futures.Future, watched: tuple[str, ...],
+              bar: "_Progress", jvm_options: tuple[str, ...]) -> tuple[list, list]:
     """Reads one JVM run: [(chunks, reader)] and the damage found (jfr_chunks.Damage list).
 
     The run is read whole; when jdk.jfr delivers fewer events than the structural walk saw
     (or cannot read it), each chunk is read alone, so one damaged chunk costs only itself
-    and the loss is placed in its chunk."""
-    walked = sum(len(walks[c.index].event_types) for c in run)
+    and the loss is placed in its chunk. `walking`: the walk of every chunk, by index."""
     try:
         reader = _read_chunks(scan, run, bar, jvm_options)
     except TandemError as err:
         reader, whole_error = None, err
+    walks = walking.result()
+    walked = sum(len(walks[c.index].event_types) for c in run)
     if reader is not None and int(reader.eventsSeen()) >= walked and all(walks[c.index].metadata_readable for c in run):
         damage = [jfr_chunks.chunk_damage(walks[c.index], len(walks[c.index].event_types), watched, PAUSE_EVENT_TYPES)
                   for c in run]

@@ -66,14 +66,15 @@ class ChunkWalk:
 def walk_chunks(path: Path, chunks: list[Chunk], watched: tuple[str, ...]) -> list[ChunkWalk]:
     """Walks each chunk of `path`; `watched`: the event type names whose offsets are kept."""
     buffer = np.memmap(path, dtype=np.uint8, mode="r") if chunks else np.zeros(0, np.uint8)
-    return [walk_chunk(buffer, chunk, watched) for chunk in chunks]
+    parsed: dict[bytes, dict[str, int]] = {}  # the chunks of a recording usually repeat one metadata
+    return [walk_chunk(buffer, chunk, watched, parsed) for chunk in chunks]
 
 
-def walk_chunk(buffer: np.ndarray, chunk: Chunk, watched: tuple[str, ...]) -> ChunkWalk:
+def walk_chunk(buffer: np.ndarray, chunk: Chunk, watched: tuple[str, ...], parsed: dict | None = None) -> ChunkWalk:
     start, end = chunk.offset + HEADER_SIZE, chunk.offset + chunk.size
     empty = np.zeros(0, np.int64)
     try:
-        event_ids = read_event_types(buffer, chunk)
+        event_ids = read_event_types(buffer, chunk, parsed)
     except MetadataError as err:
         return ChunkWalk(chunk, {}, start, f"its metadata cannot be read ({err})", empty, empty)
     known = np.zeros(max(event_ids.values(), default=0) + 2, dtype=np.bool_)
@@ -98,7 +99,7 @@ def walk_chunk(buffer: np.ndarray, chunk: Chunk, watched: tuple[str, ...]) -> Ch
 # ---------------------------------------------------------------- the event stream
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _varint(buffer, pos, end):
     """JFR's compressed integer at `pos` (7 bits a byte, the 9th byte whole): (value, next pos), pos -1 if cut."""
     value = 0
@@ -115,7 +116,7 @@ def _varint(buffer, pos, end):
     return value, pos
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _walk(buffer, start, end, known, watch):
     """Follows sizes from `start` to `end`: (offsets, type ids of watched events, reached, problem code)."""
     count = 0
@@ -156,7 +157,7 @@ def _walk(buffer, start, end, known, watch):
     return offsets, types, reached, code
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _resync(buffer, stop, end, known):
     """The first offset after `stop` from which at least RESYNC_MIN_EVENTS whole events (sizes
     in range, declared type ids) chain to `end` exactly; -1 if none. A start inside the damage
@@ -187,15 +188,28 @@ RESYNC_MIN_EVENTS = 3
 
 
 class _Reader:
-    def __init__(self, buffer: np.ndarray, pos: int, end: int):
-        self.buffer, self.pos, self.end = buffer, pos, end
+    """The metadata event's bytes, read in Python (a numba call per integer costs more than the
+    decoding: ~10 us of dispatch)."""
+
+    def __init__(self, data: bytes, pos: int, end: int):
+        self.data, self.pos, self.end = data, pos, end
 
     def varint(self) -> int:
-        value, pos = _varint(self.buffer, self.pos, self.end)
-        if pos < 0:
-            raise MetadataError("cut by the end of its event")
+        data, pos, end = self.data, self.pos, self.end
+        value = 0
+        for i in range(9):
+            if pos >= end:
+                raise MetadataError("cut by the end of its event")
+            b = data[pos]
+            pos += 1
+            if i == 8:
+                value += b << 56
+                break
+            value += (b & 0x7F) << (7 * i)
+            if b < 0x80:
+                break
         self.pos = pos
-        return int(value)
+        return value - (1 << 64) if value >= 1 << 63 else value
 
     def count(self, what: str) -> int:
         n = self.varint()
@@ -206,7 +220,7 @@ class _Reader:
     def string(self) -> str | None:
         if self.pos >= self.end:
             raise MetadataError("cut by the end of its event")
-        encoding = int(self.buffer[self.pos])
+        encoding = self.data[self.pos]
         self.pos += 1
         if encoding == 0:
             return None
@@ -214,36 +228,48 @@ class _Reader:
             return ""
         if encoding in (3, 5):  # UTF-8 / Latin-1 bytes
             n = self.count("string byte")
-            raw = bytes(self.buffer[self.pos:self.pos + n])
+            raw = self.data[self.pos:self.pos + n]
             self.pos += n
             return raw.decode("utf-8" if encoding == 3 else "latin-1", "replace")
         if encoding == 4:  # chars, one compressed integer each
-            return "".join(chr(self.varint() & 0xFFFF) for _ in range(self.count("string char")))
+            return "".join([chr(self.varint() & 0xFFFF) for _ in range(self.count("string char"))])
         raise MetadataError(f"unknown string encoding {encoding}")
 
 
-def read_event_types(buffer: np.ndarray, chunk: Chunk) -> dict[str, int]:
+def read_event_types(buffer: np.ndarray, chunk: Chunk, parsed: dict | None = None) -> dict[str, int]:
     """Event type name -> type id, from the metadata event the chunk header points to.
 
     Layout as jdk.jfr reads it (ChunkHeader.readMetadata, MetadataReader): size, type id 0,
     start time, duration, metadata id, a string pool (count, strings), then one element tree
     whose elements are (name, attribute pairs, children), every name and value an index into
     the pool; event types are the `class` elements under `metadata` whose superType is
-    jdk.jfr.Event.
+    jdk.jfr.Event. `parsed`: metadata bodies already parsed (by bytes), and their types.
     """
     metadata_offset = _metadata_offset(buffer, chunk)
     chunk_end = chunk.offset + chunk.size
     if not HEADER_SIZE <= metadata_offset < chunk.size:
         raise MetadataError(f"its offset {metadata_offset} lies outside the chunk")
-    reader = _Reader(buffer, chunk.offset + metadata_offset, chunk_end)
-    size = reader.varint()
-    if not 0 < size <= chunk_end - (chunk.offset + metadata_offset):
+    start = chunk.offset + metadata_offset
+    size = _Reader(bytes(buffer[start:start + 10]), 0, min(10, chunk_end - start)).varint()
+    if not 0 < size <= chunk_end - start:
         raise MetadataError(f"size {size} does not fit in the chunk")
-    reader.end = chunk.offset + metadata_offset + size
+    reader = _Reader(bytes(buffer[start:start + size]), 0, size)
+    reader.varint()  # its size
     if reader.varint() != METADATA_TYPE_ID:
         raise MetadataError("the event at its offset is not a metadata event")
     for _ in range(3):  # start time, duration, metadata id
         reader.varint()
+    body = reader.data[reader.pos:]
+    types = parsed.get(body) if parsed is not None else None
+    if types is None:
+        types = _parse_event_types(_Reader(body, 0, len(body)))
+        if parsed is not None:
+            parsed[body] = types
+    return dict(types)
+
+
+def _parse_event_types(reader: _Reader) -> dict[str, int]:
+    """read_event_types of one metadata event's string pool and element tree."""
     pool = [reader.string() for _ in range(reader.count("string pool"))]
 
     def name(index: int) -> str | None:
