@@ -47,11 +47,14 @@ def assert_matches_sleeps(released, brackets) -> None:
     overrun 10 ms when the shared machine is busy; the bracket is the witness of how long it
     really took. The two: a thread preempted between its monotonic_ns() and the GIL release
     (or between the re-take and the next monotonic_ns()) widens its bracket by the
-    preemption, which no GIL event can see (one such sleep, 2.4 ms wider, in ~100 runs)."""
+    preemption, which no GIL event can see (one such sleep, 2.4 ms wider, in ~100 runs).
+    Not every release is 10 ms long: CPython fixes the sleep's deadline before it releases the
+    GIL, so a thread preempted in between releases for less (seen under a load of 8 on 2
+    cores), and a loaded machine wakes it late (medians of 11-12 ms): hence the brackets,
+    not the nominal 10 ms, are the witness."""
     assert len(released) == len(brackets) == 50
     durations = (released.end_ns - released.start_ns).to_numpy()
-    assert np.all(durations >= 10 * MS), durations
-    assert abs(np.median(durations) - 10 * MS) <= 0.5 * MS, durations
+    assert np.median(durations) >= 9.5 * MS, durations
     wider = []
     for (before, after), (start, end) in zip(brackets, released[["start_ns", "end_ns"]].to_numpy()):
         assert before <= start < end <= after
