@@ -10,8 +10,8 @@ JFR repository re-read, as before), same workload, same machine, back to back.
   repository by design and are counted apart, not in the percentiles.
 - Anchor: the ring's own commit-to-reader latency in the same run, measured by a tailer in
   this process polling pauses.ring every 20 ms (JFR delivers at its flushes: about 1 s).
-- Where the time goes: `polled_ns` (tandem live read the ring) and `arrived_ns` (the row was
-  in the join, its pairs with every GIL interval arrived so far emitted), minus the pause end.
+- Where the time goes: `polled_ns` (tandem live read the ring) and `arrived_ns` (the pause's
+  rows were final: the correlation core emitted them), minus the pause end.
 - Cost: tandem live's own RSS (VmRSS) and peak RSS (VmHWM) at 1/3, 2/3 and the end of the
   run; its CPU seconds (user + system); from /proc every 0.1 s (the last sample before exit).
 - Soak: a longer run with the pause ring and a busy producer (`--gc-period 0.25`, four

@@ -161,7 +161,7 @@ def test_overlaps_carry_the_code_of_their_gil_interval():
     assert len(one["overlaps"]) and not one["overlaps"].function.isna().any()
     many, _ = run(pauses, gil, 3, random_edges(rng, -10, 2_100, 20))
     assert_same(one, many)
-    from engine.join import overlap_frame
+    from test_join_witness import overlap_frame
 
     text = {"state": "string", "function": "string", "file": "string", "line": "Int64"}
     pd.testing.assert_frame_equal(  # the join's own table (engine.join.overlap_frame) as the witness
@@ -227,3 +227,58 @@ def test_a_streamed_session_equals_the_whole_table_analysis(tmp_path):
     pd.testing.assert_frame_equal(back.sort_values(key, ignore_index=True),
                                   expected.gil.astype({"state": "string"}).sort_values(key, ignore_index=True),
                                   check_dtype=False)
+
+
+class _Told:
+    """Lifetimes a test sets by hand: threads in `gone` (and their processes) have exited, the others live on."""
+
+    def __init__(self):
+        self.gone: set[tuple[int, int]] = set()
+
+    def thread_ends(self, pid, tid):
+        from engine.correlate.core import GONE
+
+        return np.array([GONE if (int(p), int(t)) in self.gone else END for p, t in zip(pid, tid)], np.int64)
+
+    def process_ends(self, pid):
+        from engine.correlate.core import GONE
+
+        return np.array([GONE if any(q == p for q, _ in self.gone) else END for p in pid], np.int64)
+
+
+def test_an_open_interval_pairs_exactly_while_open_and_its_closed_row_replaces_it():
+    """A thread released since 0 (named open at each push) pairs with a pause final at W=300;
+    its closed row [0, 500) then takes its place; with the thread gone after it, every table
+    equals the offline one. An open interval never closed is dropped."""
+    from engine.correlate import GilRows
+    from engine.correlate.schema import to_pandas
+
+    pauses = check_pauses(pauses_frame([(100, 200), (600, 700)]))
+    lifetimes = _Told()
+    core = Correlator(lifetimes=lifetimes, retain_ns=1_000, keep_impact=True)
+    open_rows = GilRows(np.array([1, 1]), np.array([1, 2]), np.array([0, 0], np.int8), np.array([0, 250]), np.array([0, 250]))
+    first = core.push(pauses=pauses, open=open_rows, watermark_ns=300)
+    assert first.overlaps.to_pylist() == [dict(pause_id=100, pid=1, tid=1, state="released", start_ns=100, end_ns=200,
+                                               overlap_ns=100, slack_ns=0, near_miss=False)]
+    assert first.pause_impact["threads_holding"].to_pylist() == [0]
+    lifetimes.gone = {(1, 1), (1, 2)}
+    rows = [first, core.push(gil=gil_rows_from_frame(gil_frame([(1, 1, "released", 0, 500)])), watermark_ns=800),
+            core.finish()]
+    assert core.open_rows_dropped == 1  # thread 2's, never closed: offline has no such interval
+    got = {name: to_pandas(pa.concat_tables([r.tables()[name] for r in rows]), name) for name in TABLES}
+    from engine.analysis import correlate
+
+    expected = correlate(pauses, gil_frame([(1, 1, "released", 0, 500)]))
+    pd.testing.assert_frame_equal(got["overlaps"], expected.overlaps, check_dtype=False)
+    pd.testing.assert_frame_equal(got["gil_free"], expected.gil_free, check_dtype=False)
+    pd.testing.assert_frame_equal(got["pause_impact"], expected.pause_impact[list(got["pause_impact"].columns)],
+                                  check_dtype=False)
+
+
+def test_late_rows_are_accepted_within_the_retention():
+    core = Correlator(retain_ns=100)
+    core.push(gil=gil_rows_from_frame(gil_frame([(1, 1, "released", 0, 50)])), watermark_ns=100)
+    rows = core.push(pauses=check_pauses(pauses_frame([(20, 30), (-500, -400)])), watermark_ns=200)
+    assert (core.late_pauses, core.late_pauses_beyond_retention) == (2, 1)
+    assert rows.overlaps["pause_id"].to_pylist() == [100]  # final at once, with the GIL row kept for it
+    assert len(core.finish().overlaps) == 0

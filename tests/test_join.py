@@ -1,4 +1,5 @@
-"""The join against its witness (a DuckDB query on the same tables), one shot and window by window."""
+"""The join against its witness (a DuckDB query on the same tables), one shot and window by window
+(the window by window join is the correlation core's, engine/correlate)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.errors import TandemError
-from engine.join import WindowedJoin, check_gil, check_pauses, overlap_frame, overlap_pairs, overlap_totals
-from test_join_witness import adversarial_tables, canonical, duckdb_overlaps, gil_frame, pauses_frame
+from engine.join import check_gil, check_pauses, overlap_pairs, overlap_totals
+from test_join_witness import adversarial_tables, canonical, duckdb_overlaps, gil_frame, overlap_frame, pauses_frame
 
 
 @pytest.mark.parametrize("slack_ns", [0, 1, 25, 500])
@@ -95,17 +95,23 @@ def _feed_in_windows(pauses, gil, slack_ns, rng, max_delay=30, lag=0):
     gil = gil.assign(arrival=gil.end_ns + rng.integers(0, max_delay, len(gil)))
     last = int(max(pauses.arrival.max(), gil.arrival.max()))
     cuts = np.unique(np.append(rng.integers(0, last, rng.integers(1, 30)), last))
-    join = WindowedJoin(slack_ns=slack_ns)
+    from engine.correlate import Correlator
+    from engine.correlate.inputs import gil_rows_from_frame
+
+    core = Correlator(slack_ns)
     emitted, previous = [], -np.inf
     for cut in cuts:
         batch_p = pauses[(pauses.arrival > previous) & (pauses.arrival <= cut)].drop(columns="arrival")
         batch_g = gil[(gil.arrival > previous) & (gil.arrival <= cut)].drop(columns="arrival")
         future = pd.concat([pauses[pauses.arrival > cut].start_ns, gil[gil.arrival > cut].start_ns])
         watermark = int(min(future.min() if len(future) else cut, cut)) - lag
-        watermark = max(watermark, join.watermark_ns or watermark)
-        emitted.append(join.push(batch_p.sample(frac=1, random_state=1), batch_g.sample(frac=1, random_state=2), watermark))
+        watermark = max(watermark, core.watermark_ns)
+        batch_g = check_gil(batch_g.sample(frac=1, random_state=2))[0]
+        emitted.append(core.push(pauses=check_pauses(batch_p.sample(frac=1, random_state=1)), gil=gil_rows_from_frame(batch_g),
+                                 watermark_ns=watermark).overlaps)
         previous = cut
-    return pd.concat(emitted, ignore_index=True)
+    emitted.append(core.finish().overlaps)
+    return __import__("pyarrow").concat_tables(emitted).to_pandas()
 
 
 @pytest.mark.parametrize("slack_ns", [0, 20])
@@ -130,20 +136,6 @@ def test_window_by_window_equals_one_shot_on_random_tables(pause_spans, gil_span
     one_shot = overlap_frame(check_pauses(pauses), check_gil(gil)[0], slack_ns=slack_ns)
     windowed = _feed_in_windows(pauses, gil, slack_ns, np.random.default_rng(seed))
     pd.testing.assert_frame_equal(canonical(windowed), canonical(one_shot))
-
-
-def test_windowed_join_refuses_data_behind_its_watermark():
-    join = WindowedJoin()
-    join.push(pauses_frame([(0, 10)]), gil_frame([(1, 1, "released", 5, 20)]), watermark_ns=100)
-    with pytest.raises(TandemError, match="gil batch: an interval starts at 50 ns, before the watermark 100"):
-        join.push(pauses_frame([]), gil_frame([(1, 1, "released", 50, 120)]), watermark_ns=200)
-
-
-def test_windowed_join_forgets_what_can_no_longer_pair():
-    join = WindowedJoin(slack_ns=5)
-    join.push(pauses_frame([(0, 10), (90, 200)]), gil_frame([(1, 1, "released", 5, 20), (1, 1, "released", 150, 160)]), 100)
-    assert join._pauses.start_ns.tolist() == [90]
-    assert join._gil.start_ns.tolist() == [150]
 
 
 def test_long_and_nested_intervals_at_scale_equal_duckdb():

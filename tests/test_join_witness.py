@@ -42,6 +42,32 @@ def gil_frame(rows) -> pd.DataFrame:
     )
 
 
+def overlap_frame(pauses: pd.DataFrame, gil: pd.DataFrame, *, slack_ns: int = 0) -> pd.DataFrame:
+    """The overlaps rows straight from the pair kernel (engine.join.overlap_pairs), one row per
+    pair of the rows given (as SQL: duplicates are rows), in the columns of docs/results.md."""
+    from engine.correlate.schema import GIL_CARRIED_COLUMNS
+    from engine.join import overlap_pairs
+
+    p_start, p_end = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
+    g_start, g_end = gil["start_ns"].to_numpy(np.int64), gil["end_ns"].to_numpy(np.int64)
+    pause_rows, gil_rows = overlap_pairs(p_start, p_end, g_start, g_end, slack_ns=slack_ns)
+    later_start = np.maximum(p_start[pause_rows], g_start[gil_rows])
+    earlier_end = np.minimum(p_end[pause_rows], g_end[gil_rows])
+    overlapping = later_start < earlier_end
+    return pd.DataFrame({
+        "pause_id": pauses["pause_id"].to_numpy(np.int64)[pause_rows],
+        "pid": gil["pid"].to_numpy(np.int64)[gil_rows],
+        "tid": gil["tid"].to_numpy(np.int64)[gil_rows],
+        "state": gil["state"].astype("string").array.take(gil_rows),
+        "start_ns": np.where(overlapping, later_start, earlier_end),
+        "end_ns": np.where(overlapping, earlier_end, later_start),
+        "overlap_ns": np.where(overlapping, earlier_end - later_start, 0),
+        "slack_ns": np.where(overlapping, 0, later_start - earlier_end),
+        "near_miss": ~overlapping,
+        **{c: gil[c].array.take(gil_rows) for c in GIL_CARRIED_COLUMNS if c in gil.columns},
+    })
+
+
 def adversarial_tables(seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Unsorted, nested, spanning-everything, duplicated, zero-length and touching intervals."""
     rng = np.random.default_rng(seed)

@@ -1,5 +1,6 @@
-"""`tandem live` (engine/live): incremental intervals, the live join with late rows, rolling
-files, alerts, and the command on the real demo workload (slow)."""
+"""`tandem live` (engine/live): incremental intervals, the correlation core driven as live drives
+it (late rows, open intervals, /proc lifetimes) against offline, rolling files, alerts, and the
+command on the real demo workload (slow)."""
 from __future__ import annotations
 
 import json
@@ -12,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from engine.ingest.gil import events_to_intervals
-from engine.join import overlap_frame
 from engine.live.alerts import Alerts
 from engine.live.intervals import IncrementalIntervals
-from engine.live.join import LiveJoin
 from engine.live.writer import RollingWriter, read_parts
 from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 from engine.store import read_table
@@ -65,96 +65,47 @@ def test_incremental_intervals_equal_one_shot(seed):
     assert builder.pending_starts() == {th: tt for th, (tt, k) in last.items() if k in (GIL_DROP, GIL_TAKE_REQUEST)}
 
 
-# ---- the live join with late rows ----------------------------------------------------------
-
-
-def _random_tables(rng, n_pauses=60, n_gil=400, span=100_000):
-    p_start = rng.integers(0, span, n_pauses)
-    pauses = pd.DataFrame({"pause_id": np.arange(n_pauses), "kind": "gc_pause", "name": "x",
-                           "start_ns": p_start, "end_ns": p_start + rng.integers(0, 3000, n_pauses)})
-    g_start = rng.integers(0, span, n_gil)
-    # Mostly short intervals, a few very long ones (threads blocked for a long time).
-    length = np.where(rng.random(n_gil) < 0.05, rng.integers(10_000, 60_000, n_gil), rng.integers(0, 800, n_gil))
-    gil = pd.DataFrame({"pid": 1, "tid": rng.integers(1, 20, n_gil), "state": rng.choice(["released", "waiting"], n_gil),
-                        "start_ns": g_start, "end_ns": g_start + length})
-    return pauses, gil
-
-
-@pytest.mark.parametrize("seed", range(2))
-@pytest.mark.parametrize("slack", [0, 500])
-def test_live_join_with_late_rows_equals_one_shot(seed, slack):
-    """Rows arrive when they end (GIL intervals close; pauses are delivered after their end
-    plus a lag); the watermark follows arrival time minus a margin that long GIL intervals and
-    some pauses violate: those go through the late lane. Union == one shot."""
-    rng = np.random.default_rng(seed)
-    pauses, gil = _random_tables(rng)
-    p_arrive = pauses["end_ns"] + rng.integers(0, 4000, len(pauses))
-    g_arrive = gil["end_ns"] + rng.integers(0, 50, len(gil))
-    join = LiveJoin(slack_ns=slack, gil_archive_ns=10**12)
-    out = []
-    clock = 0
-    while clock < 200_000:
-        step = int(rng.integers(3000, 15000))
-        now = clock + step
-        p_batch = pauses[(p_arrive >= clock) & (p_arrive < now)]
-        g_batch = gil[(g_arrive >= clock) & (g_arrive < now)]
-        still_open = gil[g_arrive >= now]
-        keep_from = int(still_open["start_ns"].min()) if len(still_open) else None
-        out.append(join.push(p_batch, g_batch, now - 1000, keep_pauses_from_ns=keep_from))
-        clock = now
-    got = pd.concat(out, ignore_index=True)
-    expected = overlap_frame(pauses, gil, slack_ns=slack)
-    assert join.late_gil_rows > 0 and join.late_pause_rows > 0  # the late lane really was used
-    assert len(got) > 0
-    assert _rows(got, PAIR_KEY) == _rows(expected, PAIR_KEY)
-
-
-def test_rolling_summary_counts_hits():
-    pauses = pd.DataFrame({"pause_id": [0, 1], "kind": "gc_pause", "name": "G1", "start_ns": [100, 1000], "end_ns": [200, 1100]})
-    gil = pd.DataFrame({"pid": 1, "tid": [5, 6], "state": ["released", "waiting"], "start_ns": [150, 120], "end_ns": [300, 160]})
-    join = LiveJoin()
-    join.push(pauses, gil, 50)
-    summary = join.summary()
-    row = summary.iloc[0]
-    assert (row["pauses"], row["pauses_hit"], row["threads_affected"]) == (2, 1, 2)
-    assert row["max_overlap_ms"] == pytest.approx((200 - 120) / 1e6)  # union of [150,200) and [120,160)
-
-
 # ---- rolling files and alerts --------------------------------------------------------------
 
 
 def test_rolling_writer_parts_are_complete_and_readable(tmp_path):
-    from engine.live.join import empty_overlaps
-    from engine.live.runner import _EMPTY
+    from engine.correlate.schema import empty_frame
 
     writer = RollingWriter(tmp_path / "out", interval_ns=1)
-    overlaps = empty_overlaps()
     for part in range(3):
         gil = pd.DataFrame({"pid": [1], "tid": [part], "thread_name": pd.array(["t"], dtype="string"),
                             "state": pd.array(["released"], dtype="string"), "start_ns": [part * 10], "end_ns": [part * 10 + 5]})
-        writer.add(_EMPTY["pauses"], gil, overlaps)
-        writer.roll(pd.DataFrame({"kind": ["k"]}), dict(_EMPTY, overlaps=overlaps), wait=True)
+        writer.add(empty_frame("pauses"), gil, empty_frame("overlaps"))
+        writer.roll(pd.DataFrame({"kind": ["k"]}), wait=True)
     parts = sorted((tmp_path / "out").glob("part-*"))
     assert [p.name for p in parts] == ["part-000001", "part-000002", "part-000003"]
     for part in parts:
         assert json.loads((part / "_done.json").read_text())["rows"]["gil"] == 1
         assert read_table(part / "gil.parquet").attrs["table"] == "gil"
+        assert read_table(part / "pause_impact.parquet").columns.tolist()[:2] == ["pause_id", "kind"]  # empty, typed
     assert list(read_parts(tmp_path / "out", "gil")["tid"]) == [0, 1, 2]
     # A new writer on the same directory continues the numbering instead of overwriting.
     assert RollingWriter(tmp_path / "out", interval_ns=1).index == 4
 
 
 def test_alert_fires_once_per_pause_with_json_line_and_command(tmp_path):
-    pauses = pd.DataFrame({"pause_id": [0, 1], "kind": "gc_pause", "name": "G1", "start_ns": [0, 10**9],
+    from engine.correlate import Correlator
+    from engine.correlate.inputs import gil_rows_from_frame
+    from engine.correlate.schema import to_pandas
+
+    pauses = pd.DataFrame({"pause_id": [0, 1], "kind": pd.array(["gc_pause"] * 2, dtype="string"),
+                           "name": pd.array(["G1"] * 2, dtype="string"), "start_ns": [0, 10**9],
                            "end_ns": [30_000_000, 10**9 + 5_000_000]})
     gil = pd.DataFrame({"pid": 1, "tid": [5], "state": ["released"], "start_ns": [0], "end_ns": [25_000_000]})
     lines = []
     marker = tmp_path / "ran.json"
     alerts = Alerts(20_000_000, tmp_path / "alerts.jsonl", f"printf '%s' \"$TANDEM_ALERT\" > {marker}", printer=lines.append)
-    join = LiveJoin()
-    emitted = join.push(pauses, gil, 0)
-    assert len(alerts.check(join, emitted["pause_id"])) == 1
-    assert alerts.check(join, emitted["pause_id"]) == []  # once per pause
+    core = Correlator()
+    core.push(pauses=pauses, gil=gil_rows_from_frame(gil), watermark_ns=0)
+    rows = core.finish()
+    impact, overlaps = to_pandas(rows.pause_impact), to_pandas(rows.overlaps)
+    assert len(alerts.check(impact, overlaps)) == 1
+    assert alerts.check(impact, overlaps) == []  # once per pause
     for child in alerts.children:
         child.wait(10)
     assert len(lines) == 1 and "ALERT gc_pause: G1 overlapped Python for 25.0 ms" in lines[0]
@@ -501,7 +452,7 @@ def test_ring_and_repository_are_reconciled_once_on_ring_times(tmp_path):
     writer.close()
 
 
-# ---- pause_impact / gil_free live (engine/live/impact.py) -----------------------------------
+# ---- the correlation core driven as tandem live drives it ---------------------------------
 
 
 def _thread_events(rng, pid_threads, span):
@@ -521,75 +472,96 @@ def _thread_events(rng, pid_threads, span):
     return np.array(t)[order], np.array(pid)[order], np.array(tid)[order], np.array(kind)[order]
 
 
-@pytest.mark.parametrize("seed", range(2))
+class _ProcLike:
+    """engine.live.lifetimes.ProcLifetimes on a simulated clock: a thread exists until the end of
+    its last interval, as offline infers lifetimes (one that runs on after it, holding the GIL,
+    and exits without another interval counts as holding live while it is in /proc:
+    docs/live.md, "Weak points")."""
+
+    def __init__(self, last_event: dict):
+        self.last_event, self.now = last_event, 0
+
+    def alive(self, pid, tid) -> bool:
+        return self.last_event[(int(pid), int(tid))] > self.now
+
+    def thread_ends(self, pid, tid):
+        from engine.correlate.core import GONE
+
+        return np.array([(1 << 62) if self.alive(p, t) else GONE for p, t in zip(pid, tid)], np.int64)
+
+    def process_ends(self, pid):
+        from engine.correlate.core import GONE
+
+        return np.array([(1 << 62) if any(self.alive(q, t) for q, t in self.last_event if q == p) else GONE for p in pid],
+                        np.int64)
+
+
+@pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("slack", [0, 300])
-def test_live_pause_impact_and_gil_free_equal_offline(seed, slack):
-    """Pauses finalized as the watermark passes them, with GIL intervals still open counted up
-    to the frontier, give offline's pause_impact and gil_free rows (all columns)."""
+def test_the_core_driven_as_live_equals_offline(seed, slack):
+    """The core fed as engine/live/runner.py feeds it -- GIL intervals as their events arrive
+    (engine/live/intervals.py), the intervals open at each push named, pauses arriving after
+    their end (some after the watermark passed them: late), threads in /proc until their
+    lifetime's end -- emits offline's overlaps, pause_impact, gil_free and summary."""
     from engine.analysis import correlate
+    from engine.analysis.causes import CAUSE_COLUMNS
+    from engine.correlate import Correlator, GilRows
+    from engine.correlate.inputs import gil_rows_from_frame
+    from engine.correlate.schema import to_pandas
 
     rng = np.random.default_rng(seed)
     span = 120_000
     t, pid, tid, kind = _thread_events(rng, {11: [1, 2, 3], 12: [4, 5]}, span)
-    # A thread counts as alive (/proc/PID/task/TID) until the end of its last interval: offline
-    # infers lifetimes that way (a thread's stretch holding the GIL before it exits is not seen
-    # as alive offline; live it is, while the thread exists: docs/live.md, "Weak points").
     whole = pd.concat([events_to_intervals(t[pid == p], tid[pid == p], kind[pid == p], pid=int(p)) for p in (11, 12)])
-    last_event = {(int(p), int(th)): int(e) for (p, th), e in whole.groupby(["pid", "tid"])["end_ns"].max().items()}
-    n = 50
+    whole = whole[whole["end_ns"] > whole["start_ns"]]
+    last_end = {(int(p), int(th)): int(e) for (p, th), e in whole.groupby(["pid", "tid"])["end_ns"].max().items()}
+    n = 60
     p_start = rng.integers(0, span, n)
     pauses = pd.DataFrame({"pause_id": np.arange(n, dtype=np.int64),
                            "kind": pd.array(rng.choice(["gc_pause", "safepoint", "vm_operation"], n), dtype="string"),
                            "name": pd.array(["x"] * n, dtype="string"),
                            "start_ns": p_start, "end_ns": p_start + rng.integers(0, 3000, n),
                            "os_thread_id": pd.array(rng.choice([1, 4, 99], n), dtype="Int64")})
-    p_arrive = pauses["end_ns"].to_numpy() + rng.integers(0, 2000, n)
-    clock = {"now": 0}
-    join = LiveJoin(slack_ns=slack)
-    join.impact.alive = lambda p, th: last_event[(p, th)] > clock["now"]
-    join.impact.retain_ns = 15_000  # the GIL window: pruned, lifetimes carried by anchors
+    # Most pauses come soon after their end; some long after (a JFR repository's): late rows.
+    p_arrive = pauses["end_ns"].to_numpy() + np.where(rng.random(n) < 0.2, rng.integers(5000, 15_000, n),
+                                                      rng.integers(0, 2000, n))
+    # Which threads are the JVM's (amplification) is known live from the pauses seen so far:
+    # two pauses naming them come first.
+    pauses.loc[:1, "os_thread_id"] = [1, 4]
+    p_arrive[:2] = 0
+    lifetimes = _ProcLike(last_end)
+    core = Correlator(slack, lifetimes=lifetimes, retain_ns=20_000, keep_impact=False)
     builders = {p: IncrementalIntervals(p) for p in (11, 12)}
-    impact, free, gil_all, emitted = [], [], [], []
+    rows, gil_all = [], []
     now = 0
-    while True:
+    while now <= max(span + 10_000, int(p_arrive.max())):
         nxt = now + int(rng.integers(2000, 8000))
-        clock["now"] = nxt
-        frames = []
-        for p, b in builders.items():
-            m = (pid == p) & (t >= now) & (t < nxt)
-            frames.append(b.push(t[m], tid[m], kind[m]))
+        lifetimes.now = nxt
+        frames = [b.push(t[(pid == p) & (t >= now) & (t < nxt)], tid[(pid == p) & (t >= now) & (t < nxt)],
+                         kind[(pid == p) & (t >= now) & (t < nxt)]) for p, b in builders.items()]
         gil = pd.concat(frames, ignore_index=True)[["pid", "tid", "state", "start_ns", "end_ns"]]
         gil_all.append(gil)
+        opens = [iv for b in builders.values() for iv in b.open_intervals() if lifetimes.alive(iv[0], iv[1])]
+        open_rows = GilRows(*(np.array([iv[k] for iv in opens], np.int64) for k in (0, 1)),
+                            np.array([iv[2] == "waiting" for iv in opens], np.int8),
+                            *(np.array([iv[3] for iv in opens], np.int64),) * 2) if opens else GilRows.empty()
         batch = pauses[(p_arrive >= now) & (p_arrive < nxt)]
-        opens = [iv for b in builders.values() for iv in b.open_intervals()]
-        oldest = min((iv[3] for iv in opens), default=None)
-        final = nxt > span + 10_000
-        emitted.append(join.push(batch, gil, (1 << 62) if final else nxt - 2500, keep_pauses_from_ns=oldest))
-        i, f, v = join.finalize([] if final else opens, final=final)
-        impact.append(i), free.append(f), emitted.append(v)
+        rows.append(core.push(pauses=batch, gil=gil_rows_from_frame(gil), open=open_rows,
+                              watermark_ns=max(core.watermark_ns, nxt - 2500)))
         now = nxt
-        if final:
-            break
-    assert join.impact.window_start > 0  # the window was pruned
-    # The overlaps: the join's rows plus the pairs emitted at finalization (with intervals
-    # still open then) are offline's, each once.
-    pairs = pd.concat(emitted, ignore_index=True)
-    assert _rows(pairs, PAIR_KEY) == _rows(correlate(pauses, pd.concat(gil_all, ignore_index=True), slack_ns=slack).overlaps,
-                                           PAIR_KEY)
-    got_impact = pd.concat(impact, ignore_index=True).sort_values("pause_id", ignore_index=True)
-    got_free = pd.concat(free, ignore_index=True).sort_values(["pid", "start_ns"], ignore_index=True)
+    rows.append(core.finish())
+    assert core.late_pauses > 0 and core.open_rows_dropped >= 0 and core._open == set()
+    got = {name: to_pandas(pa.concat_tables([r.tables()[name] for r in rows]), name)
+           for name in ("overlaps", "pause_impact", "gil_free")}
     expected = correlate(pauses, pd.concat(gil_all, ignore_index=True), slack_ns=slack)
-    assert len(got_impact) == n and expected.pause_impact["hit_python"].any()
-    # the live view does not compute who caused a pause (engine/analysis/causes.py) yet
-    from engine.analysis.causes import CAUSE_COLUMNS
-
+    assert expected.pause_impact["hit_python"].any() and len(expected.gil_free)
+    assert _rows(got["overlaps"], PAIR_KEY) == _rows(expected.overlaps, PAIR_KEY)
     exp_impact = expected.pause_impact.drop(columns=list(CAUSE_COLUMNS)).sort_values("pause_id", ignore_index=True)
+    got_impact = got["pause_impact"].sort_values("pause_id", ignore_index=True)
     pd.testing.assert_frame_equal(got_impact[list(exp_impact.columns)], exp_impact, check_dtype=False)
-    pd.testing.assert_frame_equal(got_free, expected.gil_free.sort_values(["pid", "start_ns"], ignore_index=True),
-                                  check_dtype=False)
-    # The rolling summary from aggregates equals offline's summary table.
-    pd.testing.assert_frame_equal(join.summary(), expected.summary_table.assign(
-        hits_per_hour=join.summary()["hits_per_hour"]), check_dtype=False, rtol=1e-9)
+    pd.testing.assert_frame_equal(got["gil_free"].sort_values(["pid", "start_ns"], ignore_index=True),
+                                  expected.gil_free.sort_values(["pid", "start_ns"], ignore_index=True), check_dtype=False)
+    pd.testing.assert_frame_equal(core.summary(), expected.summary_table, check_dtype=False, rtol=1e-9)
 
 
 # ---- `tandem record --live` + `tandem live SESSION`; the soak (slow) ---------------------------

@@ -1,5 +1,6 @@
 """Offline analysis in bounded memory: the correlation core driven over a whole session's GIL
 intervals, block by block, every result table written to Parquet as its rows become final.
+(The core's other driver is `tandem live`, engine/live/runner.py, fed by the live sources.)
 
 The GIL side is a Parquet gil table (`ParquetGil`) or the probe's events files, one per
 process (`EventsGil`, intervals made block by block by engine.ingest.gil.EventsIntervals).

@@ -6,7 +6,8 @@
     core.summary()                                           # the summary table so far
 
 A push with watermark W promises that no row pushed later starts before W (a GIL row that
-does is refused). A pause is *final* once nothing still to come can change its rows: every
+does is refused; a driver that cannot promise it for every row says how far back late rows may
+start with `retain_ns`: they are accepted and counted, below). A pause is *final* once nothing still to come can change its rows: every
 later GIL interval starts at or after W > end + S, and who held the GIL is known up to its
 end. Its overlaps rows and its pause_impact row are then emitted, in pause start order, and
 gil_free rows as soon as their end is known. `tandem analyze` drives the core over a whole
@@ -19,9 +20,30 @@ last end is a fact about the future: the driver says what it knows through `life
 (offline: a first pass over the session; live: /proc). Without it, gil_free and
 pause_impact of the time after a thread's latest interval wait for `finish()`.
 
+A live driver (engine/live/runner.py) adds two things an offline pass does not need:
+
+- `open`: the GIL intervals open now (a thread released or waiting whose closing event has
+  not come; a main thread blocked in a call, for minutes). Each push names all of them; one
+  starting before W is held as a row with end END: its pairs with a pause final now are
+  already exact (it covers the pause's end and more), and who holds the GIL knows the thread
+  is not holding. Its closed row, when it comes, replaces it (it starts before W: it is not
+  late). One that stops being named without closing (its thread exited while released, or
+  the stream had a gap) is dropped, as offline has no such interval; rows already emitted
+  with it stay (docs/live.md, "Weak points").
+- `retain_ns`: pauses may arrive late (a JVM's repository-only pauses come seconds after
+  their end). GIL rows and gil_free segments are kept `retain_ns` behind W, so a late pause
+  starting no earlier than that gets the rows offline gives it; it is emitted when it comes,
+  after pauses that started later. Late GIL rows that close no open one are accepted too:
+  pending pauses pair with them, pauses already final and the gil_free rows already swept do
+  not (counted: `late_gil_rows`).
+
+`Lifetimes` may also say a thread or process is GONE (/proc: it has exited): its lifetime
+ended with its latest interval. A thread already counted as holding the GIL past that end
+(the sweep went there while it still ran) stops holding at the frontier it is found gone at.
+
 Memory: the pauses not final yet, the GIL intervals they or later pauses may still pair with
-(end >= min(W, oldest pending pause start) - S), rows not swept yet, and one entry per
-thread and per process.
+(end >= min(W - retain_ns, oldest pending pause start) - S), rows not swept yet, and one entry
+per thread and per process; the summary's input, a few bytes per final pause.
 """
 from __future__ import annotations
 
@@ -36,6 +58,10 @@ from engine.correlate.schema import END, SCHEMAS, WHOLE_VM_KINDS, empty_table, s
 from engine.errors import TandemError
 
 NONE = kernels.NONE
+# Lifetimes: gone (exited): its lifetime ended with its latest interval.
+GONE = NONE + 1
+# What summary() needs of a final pause (a driver that does not keep every pause_impact row).
+SUMMARY_INPUT = ("kind", "name", "overlap_ns", "hit_python", "near_misses", "amplified")
 
 
 @dataclass
@@ -73,8 +99,9 @@ class Rows:
 
 class Lifetimes:
     """What a driver knows of thread lifetimes. `thread_ends`: per thread, the end of its lifetime
-    (a thread whose value is past its latest interval lives on), or NONE if not known;
-    `process_ends`: per process, the end of its span (END: goes on)."""
+    (a thread whose value is past its latest interval lives on; GONE: it ended with its latest
+    interval), or NONE if not known; `process_ends`: per process, the end of its span (END: goes
+    on; GONE: it ended with its latest interval)."""
 
     def thread_ends(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
         return np.full(pid.size, NONE, np.int64)
@@ -108,10 +135,12 @@ def _grow(array: np.ndarray, n: int, fill) -> np.ndarray:
 
 class Correlator:
     def __init__(self, slack_ns: int = 0, *, lifetimes: Lifetimes | None = None, gil_source: str = "gil table",
-                 pauses_source: str = "pauses table"):
+                 pauses_source: str = "pauses table", retain_ns: int = 0, keep_impact: bool = True):
         if slack_ns < 0:
             raise ValueError(f"slack_ns must be >= 0, got {slack_ns}")
         self.slack_ns = int(slack_ns)
+        self.retain_ns = int(retain_ns)  # > 0: late rows accepted (see the module's docstring)
+        self.keep_impact = keep_impact   # False: pause_impact() is not available, summary() is
         self.lifetimes = lifetimes or Lifetimes()
         self.gil_source, self.pauses_source = gil_source, pauses_source
         self.watermark_ns = NONE
@@ -140,6 +169,10 @@ class Correlator:
         self.p_close_start = np.zeros(0, np.int64)
         self.p_close_end = np.zeros(0, np.int64)
         self.p_last_end = np.zeros(0, np.int64)
+        # Open rows held (thread index, state, start); threads whose open row vanished after the
+        # sweep passed its start (their run ends at the next sweep).
+        self._open: set[tuple[int, int, int]] = set()
+        self._vanished: list[int] = []
         # Retained GIL rows, sorted by start (ties: arrival order).
         self.r_tidx = np.zeros(0, np.int64)
         self.r_state = np.zeros(0, np.int8)
@@ -167,35 +200,52 @@ class Correlator:
         self.gil_intervals = 0
         self.duplicate_gil_rows = 0
         self.pauses = 0
+        self.late_pauses = 0
+        self.late_pauses_beyond_retention = 0
+        self.late_gil_rows = 0
+        self.open_rows_dropped = 0
         self.span = [END, NONE]
 
     # ---- input -----------------------------------------------------------------------------
 
-    def push(self, *, pauses: pd.DataFrame | None = None, gil: GilRows | None = None, watermark_ns: int) -> Rows:
-        """Add rows of both sides (pauses checked by engine.join.check_pauses, any order); return
-        the rows that became final."""
+    def push(self, *, pauses: pd.DataFrame | None = None, gil: GilRows | None = None, open: GilRows | None = None,
+             watermark_ns: int) -> Rows:
+        """Add rows of both sides (pauses checked by engine.join.check_pauses, any order) and the
+        GIL intervals open now (`open`, end_ns ignored; see the module's docstring); return the
+        rows that became final."""
         watermark_ns = int(watermark_ns)
         if watermark_ns < self.watermark_ns:
             raise ValueError(f"watermark went backwards: {watermark_ns} < {self.watermark_ns}")
         if pauses is not None and len(pauses):
             self._add_pauses(pauses)
         if gil is not None and len(gil):
-            self._add_gil(gil)
+            self._add_gil(self._close_open(gil))
+        if open is not None or self._open:
+            self._update_open(open if open is not None else GilRows.empty(), watermark_ns)
         self.watermark_ns = watermark_ns
         return self._advance(final=False)
 
     def finish(self) -> Rows:
-        """Nothing more will come: every pending row, final."""
+        """Nothing more will come: every pending row, final (intervals still open are dropped)."""
+        if self._open:
+            self._update_open(GilRows.empty(), self.watermark_ns)
         self.watermark_ns = END
         return self._advance(final=True)
 
-    def _late(self, starts: np.ndarray, source: str) -> None:
-        if starts.size and self.watermark_ns > NONE and int(starts.min()) < self.watermark_ns:
+    def _late(self, starts: np.ndarray, source: str) -> int:
+        """How many of STARTS are before the watermark (refused unless late rows are retained)."""
+        if not starts.size or self.watermark_ns <= NONE or int(starts.min()) >= self.watermark_ns:
+            return 0
+        if self.retain_ns <= 0:
             raise TandemError(f"{source}: an interval starts at {int(starts.min())} ns, before the watermark "
                               f"{self.watermark_ns} ns already passed")
+        return int(np.count_nonzero(starts < self.watermark_ns))
 
     def _add_pauses(self, pauses: pd.DataFrame) -> None:
-        self._late(pauses["start_ns"].to_numpy(np.int64), self.pauses_source)
+        starts = pauses["start_ns"].to_numpy(np.int64)
+        self.late_pauses += self._late(starts, self.pauses_source)
+        if self.late_pauses and self.watermark_ns > NONE:
+            self.late_pauses_beyond_retention += int(np.count_nonzero(starts < self.watermark_ns - self.retain_ns))
         if self._pauses_seen is not None:
             both = pd.concat([self._pauses_seen, pauses], ignore_index=True)
             repeated = both["pause_id"].duplicated().to_numpy()
@@ -315,10 +365,13 @@ class Correlator:
     def n_pids(self) -> int:
         return len(self._pid_index)
 
-    def _add_gil(self, gil: GilRows) -> None:
+    def _add_gil(self, gil: GilRows, *, is_open: bool = False) -> None:
+        if not len(gil):
+            return
         start = np.asarray(gil.start_ns, np.int64)
-        end = np.asarray(gil.end_ns, np.int64)
-        self._late(start, self.gil_source)
+        end = np.full(start.size, END, np.int64) if is_open else np.asarray(gil.end_ns, np.int64)
+        if not is_open:
+            self.late_gil_rows += self._late(start, self.gil_source)
         tidx = self._index_threads(np.asarray(gil.pid), np.asarray(gil.tid))
         state = np.asarray(gil.state, np.int8)
         carried = self._carried_code_of(gil)
@@ -346,15 +399,94 @@ class Correlator:
             keep = ~dup
             r_start, r_end, r_tidx, r_state, r_carried = r_start[keep], r_end[keep], r_tidx[keep], r_state[keep], r_carried[keep]
         self.duplicate_gil_rows += n_dup
-        self.gil_intervals += start.size - n_dup
         self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried = r_start, r_end, r_tidx, r_state, r_carried
-        self.span = [min(self.span[0], int(start[0])), max(self.span[1], int(end.max()))]
-        # Each thread's first non-empty start and latest end; each process's latest end.
+        if is_open:  # (counted when it closes: until then it may vanish)
+            return
+        self.gil_intervals += start.size - n_dup
+        self._seen(tidx, start, end)
+
+    def _seen(self, tidx: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+        """The span; each thread's first non-empty start and latest end; each process's latest end."""
+        self.span = [min(self.span[0], int(start.min())), max(self.span[1], int(end.max()))]
         nonempty = end > start
-        t, s, e = tidx[nonempty], start[nonempty], end[nonempty]
-        np.minimum.at(self.t_first, t, s)
+        t, e = tidx[nonempty], end[nonempty]
+        np.minimum.at(self.t_first, t, start[nonempty])
         np.maximum.at(self.t_seen_end, t, e)
         np.maximum.at(self.p_last_end, self.t_pidx[t], e)
+
+    # ---- open intervals (live) ---------------------------------------------------------------
+
+    def _open_row(self, th: int, state: int, start: int) -> int:
+        """Position of the held open row (thread index, state, start) among the retained rows."""
+        i = int(np.searchsorted(self.r_start, start, "left"))
+        while i < self.r_start.size and self.r_start[i] == start:
+            if self.r_tidx[i] == th and self.r_state[i] == state and self.r_end[i] == END:
+                return i
+            i += 1
+        raise AssertionError(f"open row {(th, state, start)} not retained")  # pragma: no cover
+
+    def _close_open(self, gil: GilRows) -> GilRows:
+        """Closed rows of held open ones take their place; the others are returned."""
+        if not self._open:
+            return gil
+        start = np.asarray(gil.start_ns, np.int64)
+        candidates = np.flatnonzero(start < self.watermark_ns)
+        if not candidates.size:
+            return gil
+        keys = np.asarray(gil.pid, np.int64)[candidates] << 32 | np.asarray(gil.tid, np.int64)[candidates]
+        closing = np.zeros(len(gil), np.bool_)
+        for k, key in zip(candidates.tolist(), keys.tolist()):
+            th = self._thread_index.get((key >> 32, key & 0xFFFFFFFF))
+            ident = (th, int(gil.state[k]), int(start[k]))
+            if th is None or ident not in self._open:
+                continue
+            self._open.discard(ident)
+            closing[k] = True
+            end = int(gil.end_ns[k])
+            self.r_end[self._open_row(*ident)] = end
+            if ident[2] < self._swept and self.t_run[th] and self.t_open_row[th]:
+                # The sweep went past its start: the thread's run now ends (at the earliest where the sweep is).
+                self.t_open_row[th] = False
+                self.t_reach_closed[th] = max(self.t_reach_closed[th], end, self._swept)
+                self.t_reach[th] = self.t_reach_closed[th]  # (the sweep's heap is built from t_reach each call)
+        if not closing.any():
+            return gil
+        done = np.flatnonzero(closing)
+        self.gil_intervals += done.size
+        self._seen(np.array([self._thread_index[(int(gil.pid[k]), int(gil.tid[k]))] for k in done], np.int64),
+                   start[done], np.asarray(gil.end_ns, np.int64)[done])
+        keep = ~closing
+        return GilRows(np.asarray(gil.pid)[keep], np.asarray(gil.tid)[keep], np.asarray(gil.state)[keep], start[keep],
+                       np.asarray(gil.end_ns)[keep], gil.carried.filter(pa.array(keep)) if gil.carried is not None else None)
+
+    def _update_open(self, open: GilRows, watermark_ns: int) -> None:
+        """Hold the open intervals starting before the watermark; drop those no longer named."""
+        start = np.asarray(open.start_ns, np.int64)
+        mine = start < watermark_ns
+        if mine.any():
+            tidx = self._index_threads(np.asarray(open.pid)[mine], np.asarray(open.tid)[mine])
+            named = set(zip(tidx.tolist(), np.asarray(open.state)[mine].astype(int).tolist(), start[mine].tolist()))
+        else:
+            named = set()
+        for ident in self._open - named:  # its thread exited while released (or the stream had a gap)
+            i = self._open_row(*ident)
+            keep = np.ones(self.r_start.size, np.bool_)
+            keep[i] = False
+            self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried = (
+                self.r_start[keep], self.r_end[keep], self.r_tidx[keep], self.r_state[keep], self.r_carried[keep])
+            self.open_rows_dropped += 1
+            if ident[2] < self._swept:
+                self._vanished.append(ident[0])
+        new = named - self._open
+        self._open = named
+        if new:
+            rows = [(k, ident) for k, ident in enumerate(zip(tidx.tolist(), np.asarray(open.state)[mine].astype(int).tolist(),
+                                                              start[mine].tolist())) if ident in new]
+            pick = np.flatnonzero(mine)[[k for k, _ in rows]]
+            self.late_gil_rows += self._late(start[pick], self.gil_source)
+            carried = open.carried.take(pa.array(pick)) if open.carried is not None else None
+            self._add_gil(GilRows(np.asarray(open.pid)[pick], np.asarray(open.tid)[pick], np.asarray(open.state)[pick],
+                                  start[pick], start[pick], carried), is_open=True)
 
     # ---- finalization ------------------------------------------------------------------------
 
@@ -373,7 +505,7 @@ class Correlator:
             self.t_dead[:nt] = quiet & ~unknown & (ends <= seen)
             frontier = min(w, int(seen[unknown].min())) if unknown.any() else w
             span_end = self.lifetimes.process_ends(self.p_pid[:npids])
-            span_end = np.where(span_end == NONE, END, span_end)
+            span_end = np.where(span_end == NONE, END, np.where(span_end == GONE, self.p_last_end[:npids], span_end))
         free = self._sweep(frontier, span_end)
         overlaps, impact = self._finalize_pauses(frontier, final)
         self._prune()
@@ -387,14 +519,25 @@ class Correlator:
         nt, npids = self.n_threads, self.n_pids
         order = np.argsort(self.t_pidx[:nt], kind="stable")
         ptr = np.searchsorted(self.t_pidx[:nt][order], np.arange(npids + 1)).astype(np.int64)
-        size = 2 * (i1 - i0) + 2 * npids + 1
+        # Threads found gone after the sweep counted them holding (or released, in a vanished open row).
+        seen = self.t_seen_end[:nt]
+        holders_gone = np.flatnonzero(self.t_alive[:nt] & ~self.t_run[:nt] & self.t_dead[:nt] & (seen < self._swept))
+        vanished = np.array(sorted(set(self._vanished)), np.int64)
+        self._vanished = []
+        size = 2 * (i1 - i0) + 2 * npids + 2 * (holders_gone.size + vanished.size) + 1
         out_pid, out_start, out_end = np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size, np.int64)
-        n = kernels.sweep_gil_free(
+        n0 = 0
+        if holders_gone.size or vanished.size:
+            n0 = kernels.end_lives(holders_gone.astype(np.int64), vanished, self._swept, self.t_pidx[:nt], self.t_run[:nt],
+                                   self.t_open_row[:nt], self.t_alive[:nt], self.p_holding[:npids], self.p_alive[:npids],
+                                   self.p_in_span[:npids], np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids],
+                                   self.p_close_start[:npids], self.p_close_end[:npids], out_pid, out_start, out_end)
+        n = n0 + kernels.sweep_gil_free(
             self.t_pidx[self.r_tidx], self.r_tidx, self.r_start, self.r_end, i0, i1, frontier, ptr, order.astype(np.int64),
             self.t_run[:nt], self.t_reach[:nt], self.t_reach_closed[:nt], self.t_open_row[:nt], self.t_seen_end[:nt],
             self.t_dead[:nt], self.t_alive[:nt], self.p_holding[:npids], self.p_alive[:npids], self.p_in_span[:npids],
             np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids], self.p_close_start[:npids],
-            self.p_close_end[:npids], out_pid, out_start, out_end)
+            self.p_close_end[:npids], out_pid[n0:], out_start[n0:], out_end[n0:])
         self._swept = frontier
         pidx, start, end = out_pid[:n], out_start[:n], out_end[:n]
         order = np.lexsort((start, pidx))
@@ -475,7 +618,15 @@ class Correlator:
             "amplifying_tid": pa.array(amplifying, pa.int64(), mask=amplifying < 0),
             "amplified": amplifying >= 0,
         }, schema=SCHEMAS["pause_impact"])
-        self._impact.append(impact.append_column("_seq", pa.array(batch["_seq"].to_numpy(np.int64))))
+        if self.keep_impact:
+            self._impact.append(impact.append_column("_seq", pa.array(batch["_seq"].to_numpy(np.int64))))
+        else:  # what summary() reads, the text as dictionaries (a few bytes a pause over a long run)
+            kept = impact.select(list(SUMMARY_INPUT))
+            for name in ("kind", "name"):
+                kept = kept.set_column(kept.schema.get_field_index(name), name, pa.compute.dictionary_encode(kept[name]))
+            self._impact.append(kept)
+            if len(self._impact) > 256:
+                self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
         exact = np.flatnonzero(~near_miss)
         if exact.size:
             kind_name = pd.factorize(batch["kind"].astype(str) + "\0" + batch["name"].astype(str))
@@ -496,7 +647,12 @@ class Correlator:
     def _prune(self) -> None:
         w = self.watermark_ns
         pending_from = int(self._pending["start_ns"].iloc[0]) if self._pending is not None and len(self._pending) else END
-        horizon = min(w, pending_from)
+        horizon = min(w - self.retain_ns, pending_from)
+        if self._pauses_seen is not None and len(self._pauses_seen) and w < END:
+            # A pause pushed later starts after w - retain_ns, as its duplicate would.
+            old = self._pauses_seen["start_ns"].to_numpy(np.int64) < w - self.retain_ns
+            if old.any():
+                self._pauses_seen = self._pauses_seen[~old].reset_index(drop=True)
         keep = (self.r_end >= horizon - self.slack_ns) | (self.r_start >= self._swept)
         if not keep.all():
             self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried = (
@@ -513,6 +669,8 @@ class Correlator:
 
     def pause_impact(self) -> pa.Table:
         """Every final pause_impact row so far, in the order the pauses were pushed."""
+        if not self.keep_impact:
+            raise ValueError("this Correlator keeps only the summary's input (keep_impact=False)")
         if not self._impact:
             return empty_table("pause_impact")
         table = pa.concat_tables(self._impact)
@@ -527,7 +685,16 @@ class Correlator:
         affected = affected.groupby(["kind", "name"]).size() if len(affected) else pd.Series(dtype=np.int64)
         from engine.correlate.schema import to_pandas
 
-        return summary_table(to_pandas(self.pause_impact(), "pause_impact"), affected, self.span_ns)
+        if self.keep_impact:
+            impact = self.pause_impact()
+        elif self._impact:
+            self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
+            impact = self._impact[0]
+            impact = impact.set_column(0, "kind", impact["kind"].cast(pa.string())).set_column(
+                1, "name", impact["name"].cast(pa.string()))
+        else:
+            impact = empty_table("pause_impact")
+        return summary_table(to_pandas(impact, "pause_impact"), affected, self.span_ns)
 
     def python_pids(self) -> list[int]:
         return sorted(int(p) for p in self.p_pid[:self.n_pids])

@@ -210,6 +210,35 @@ def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
 
 
 @njit(cache=True, nogil=True)
+def end_lives(holders, released, at, t_pidx, t_run, t_open_row, t_alive, p_holding, p_alive, p_in_span, p_span_end,
+              free_since, close_start, close_end, out_pid, out_start, out_end) -> int:
+    """Threads found gone at `at` (a live driver learns it late, from /proc): HOLDERS were counted as
+    holding the GIL since their run ended, RELEASED were in a run held open by an interval that will
+    never close. Both stop being alive at `at`; returns the number of gil_free segments written."""
+    n_out = 0
+    for k in range(holders.size + released.size):
+        th = holders[k] if k < holders.size else released[k - holders.size]
+        p = t_pidx[th]
+        if k < holders.size:
+            if not t_alive[th] or t_run[th]:
+                continue
+            p_holding[p] -= 1
+            if p_holding[p] == 0 and p_in_span[p]:
+                n_out = _open_free(p, at, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+        else:
+            if not (t_run[th] and t_open_row[th]):
+                continue
+            t_run[th] = False
+            t_open_row[th] = False
+        t_alive[th] = False
+        p_alive[p] -= 1
+        if p_alive[p] == 0 and at >= p_span_end[p] and p_in_span[p]:
+            n_out = _close_free(p, at, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+            p_in_span[p] = False
+    return n_out
+
+
+@njit(cache=True, nogil=True)
 def pause_columns(p_start, p_end, p_own_tid, p_whole_vm, pair_b, pair_a, r_tidx, r_state, r_start, r_end,
                   t_tid, t_first, t_life_end, t_jvm, out):
     """pause_impact's per-pause columns from the pairs of each pause (ordered by pause, then GIL start).

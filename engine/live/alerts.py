@@ -1,8 +1,8 @@
 """Alerts: a pause that hit Python for longer than a threshold (`--alert-overlap 20ms`).
 
-Each pause alerts at most once, when the overlap known for it first exceeds the threshold
-(its overlaps may arrive over several pushes). An alert prints one line, and optionally
-appends one JSON line to a file (`--alert-jsonl FILE`) and runs a user command
+Each pause alerts at most once, when it becomes final (engine/correlate: its overlaps rows and
+pause_impact row come out together) with pause_impact's overlap_ns over the threshold. An
+alert prints one line, and optionally appends one JSON line to a file (`--alert-jsonl FILE`) and runs a user command
 (`--alert-exec CMD`, run by the shell with the alert as JSON in TANDEM_ALERT, not waited for).
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 
@@ -26,38 +25,16 @@ class Alerts:
         self.children: list[subprocess.Popen] = []
         self.count = 0
 
-    def check(self, join, pause_ids) -> list[dict]:
-        """Alerts for the pending pauses among PAUSE_IDS (those whose overlaps just changed),
-        from the overlaps known so far."""
-        pending = join.impact.pending
-        if self.overlap_ns is None or pending is None or len(pause_ids) == 0:
-            return []
-        ids = [int(i) for i in pd.unique(pd.Series(pause_ids)) if int(i) not in self.fired]
-        if not ids:
-            return []
-        totals = join.pause_overlap_ns(ids)
-        over = totals[totals > self.overlap_ns]
-        if over.empty:
-            return []
-        rows = join.impact.pending_overlaps_frame()
-        pauses = pending.set_index("pause_id")
-        alerts = []
-        for pause_id, overlap in over.items():
-            threads = rows[(rows["pause_id"] == pause_id) & ~rows["near_miss"].astype(bool)]
-            alerts.append(self._alert(pauses.loc[pause_id], int(pause_id), int(overlap), threads))
-        return alerts
-
-    def check_final(self, join, impact: pd.DataFrame) -> list[dict]:
-        """Alerts for finalized pauses (pause_impact rows) not alerted yet: their overlap may
-        have grown with GIL intervals still open when they ended."""
+    def check(self, impact: pd.DataFrame, overlaps: pd.DataFrame) -> list[dict]:
+        """Alerts for pauses that became final (their pause_impact rows, with the overlaps rows
+        made final with them) and overlapped Python for longer than the threshold."""
         if self.overlap_ns is None or not len(impact):
             return []
-        over = impact[(impact["overlap_ns"].to_numpy() > self.overlap_ns)
-                      & ~np.isin(impact["pause_id"].to_numpy(), list(self.fired))]
-        rows = join.impact.last_final_overlaps
+        over = impact[(impact["overlap_ns"].to_numpy() > self.overlap_ns) & ~impact["pause_id"].isin(self.fired).to_numpy()]
+        exact = overlaps[~overlaps["near_miss"].to_numpy(bool)] if len(over) else overlaps
         alerts = []
         for row in over.itertuples(index=False):
-            threads = rows[(rows["pause_id"] == row.pause_id) & ~rows["near_miss"].astype(bool)] if rows is not None else None
+            threads = exact[exact["pause_id"].to_numpy() == row.pause_id]
             alerts.append(self._alert(row._asdict(), int(row.pause_id), int(row.overlap_ns), threads))
         return alerts
 
@@ -68,7 +45,7 @@ class Alerts:
             "start_ns": int(pause["start_ns"]), "end_ns": int(pause["end_ns"]),
             "duration_ns": int(pause["end_ns"] - pause["start_ns"]), "overlap_ns": overlap,
             "threshold_ns": int(self.overlap_ns),
-            "threads": sorted({(int(p), int(t)) for p, t in zip(threads["pid"], threads["tid"])}) if threads is not None else [],
+            "threads": sorted({(int(p), int(t)) for p, t in zip(threads["pid"], threads["tid"])}),
         }
         self._fire(alert)
         return alert

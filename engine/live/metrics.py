@@ -52,7 +52,7 @@ GIL_WAIT = Metric("tandem_gil_wait_seconds", "tandem.gil.wait.time", "counter", 
 DROPPED = Metric("tandem_probe_events_dropped", "tandem.probe.events.dropped", "observed_counter", "{event}", ("pid",),
                  "GIL probe events lost in the producer (ring lane full) or overwritten before tandem live read them.")
 LAG = Metric("tandem_watermark_lag_seconds", "tandem.watermark.lag", "gauge", "s", (),
-             "How far the join's watermark trails CLOCK_MONOTONIC now: rows younger than that are not final yet.")
+             "How far the correlation's watermark trails CLOCK_MONOTONIC now: rows younger than that are not final yet.")
 METRICS = (GC_DURATION, PAUSES, PAUSES_HIT, OVERLAP, AMPLIFIED, CAUSED, GIL_RELEASE, GIL_WAIT, DROPPED, LAG)
 # OpenTelemetry's semantic conventions recommend these boundaries for jvm.gc.duration.
 GC_BUCKETS = (0.01, 0.1, 1.0, 10.0)

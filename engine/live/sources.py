@@ -10,9 +10,10 @@
   `recording.jfr` is read one last time the same way.
 - `SessionWatcher`: discovers new `py-*` / `jvm-*` directories and picks the source.
 
-Every source reports `frontier_ns`: nothing it delivers later starts before it (as far as
-the source can tell; the watermark adds margins, engine/live/watermark.py), and `done` once
-its producer has exited and everything was read.
+A GIL source reports `frontier_ns`: nothing it delivers later starts before it (as far as
+the source can tell; the watermark adds a margin, engine/live/watermark.py). Every source is
+`done` once its producer has exited and everything was read. Pauses may come late (the core
+keeps what they need: engine/correlate/core.py, `retain_ns`).
 """
 from __future__ import annotations
 
@@ -118,11 +119,8 @@ class _PauseSource:
     def __init__(self, directory: Path):
         self.directory = directory
         self.pid = pid_from_name(directory.name)
-        self.description = _read_json(directory / "jvm.json")
         self.done = False
         self.problem: str | None = None
-        self.frontier_ns: int | None = None
-        self.longest_ns = 0
         self.pauses_seen = 0
         self.clock_error_ns: int | None = None
         self.clock_method: str | None = None
@@ -132,45 +130,22 @@ class _PauseSource:
         return f"jvm-{self.pid}"
 
     def _seen(self, frame: pd.DataFrame) -> None:
-        if len(frame):
-            self.longest_ns = max(self.longest_ns, int(frame["duration_ns"].max()))
-            self.pauses_seen += len(frame)
+        self.pauses_seen += len(frame)
 
 
 class PauseRingSource(_PauseSource):
     """The agent's live pause ring (`live=true`): records already on CLOCK_MONOTONIC."""
 
     how = "pause ring"
-    # How late the agent's RecordingStream delivers a pause: at JFR's flushes, about once a
-    # second; every flush_ms (jvm.json live.flush_interval_ms, 200 by default) when the
-    # agent's flusher runs.
-    LAG_NS = 1_500_000_000
-    FLUSHED_LAG_NS = 600_000_000
 
     def __init__(self, directory: Path):
         super().__init__(directory)
-        self.lag_ns = self.LAG_NS
         self._empty: pd.DataFrame | None = None
-        self._lag_known = False
-        self._learn_lag()
         from engine.ring import RingTailer
 
         self.tailer = RingTailer(directory / "pauses.ring")
         self.names = dict(self.tailer.header.names)
         self.clock_error_ns, self.clock_method = 0, "System.nanoTime() (pause ring)"
-
-    def _learn_lag(self) -> None:
-        """The agent writes jvm.json (with its live flush period) just after creating the ring."""
-        live = self.description.get("live")
-        if not isinstance(live, dict):
-            self.description = _read_json(self.directory / "jvm.json") or self.description
-            live = self.description.get("live")
-            if not isinstance(live, dict):
-                return
-        self._lag_known = True
-        flush_ms = live.get("flush_interval_ms")
-        if isinstance(flush_ms, int) and flush_ms > 0:
-            self.lag_ns = max(self.FLUSHED_LAG_NS, 3 * flush_ms * 1_000_000)
 
     def _refresh_names(self) -> None:
         from engine.ring.layout import FILE_KIND_RING
@@ -184,14 +159,10 @@ class PauseRingSource(_PauseSource):
         self.names = dict(header.names)
 
     def poll(self) -> pd.DataFrame:
-        started = time.monotonic_ns()
-        if not self._lag_known:
-            self._learn_lag()
         gone = not process_alive(self.pid)
         records = self.tailer.poll(producer_gone=gone)
         if not len(records) and not gone and not self.tailer.closed_by_producer and self._empty is not None:
-            self.frontier_ns = started - self.lag_ns  # the usual case every 50 ms: nothing new
-            return self._empty
+            return self._empty  # the usual case every 50 ms: nothing new
         codes = records["name_code"].astype(np.int64)
         if len(codes) and not set(codes.tolist()) - {0} <= set(self.names):
             self._refresh_names()
@@ -215,7 +186,6 @@ class PauseRingSource(_PauseSource):
         if self._empty is None:
             self._empty = frame.iloc[:0]
         self._seen(frame)
-        self.frontier_ns = started - self.lag_ns
         if gone or self.tailer.closed_by_producer:
             self.done = True
             if gone and not self.tailer.closed_by_producer:
@@ -238,7 +208,6 @@ class RepositorySource(_PauseSource):
         self._last_error: str | None = None
 
     def _read(self, path: Path) -> pd.DataFrame | None:
-        from engine.clock.chunks import scan_chunks
         from engine.ingest.jfr import read_pauses
 
         with warnings.catch_warnings():
@@ -263,13 +232,6 @@ class RepositorySource(_PauseSource):
             frame["end_ns"] = frame["end_ns"] + shift
             frame["clock_offset_ns"] = np.int64(self._offset_ns)
             self.clock_error_ns = abs(shift) + int(clock.get("error_ns") or 0)
-            try:
-                scan = scan_chunks(path)
-                last = scan.chunks[-1] if scan.chunks else None
-                if last is not None and last.ticks_per_second == 1_000_000_000:
-                    self.frontier_ns = max(self.frontier_ns or 0, last.end_ticks + self._offset_ns)
-            except TandemError:
-                pass
         return frame
 
     def _new(self, frame: pd.DataFrame, final: bool = False) -> pd.DataFrame:

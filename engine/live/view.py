@@ -1,6 +1,7 @@
 """The live terminal view (rich Live, refreshed about once a second) and its plain-text twin.
 
-On a terminal: the rolling summary table, the latest pauses that hit Python, per-source
+On a terminal: the rolling summary table (the correlation core's, over the final pauses), the
+latest final pauses that hit Python, per-source
 lines (where pauses come from: pause ring or JFR repository; dropped/missed GIL events;
 clock error), the watermark's lag. Without a terminal (a pipe, a test), one status line
 every PLAIN_EVERY_S and every discovery/exit/problem as its own line.
@@ -42,27 +43,18 @@ def headline(run) -> str:
         lag = "all input read"
     else:
         lag = f"watermark {(time.monotonic_ns() - run.watermark_ns) / 1e9:.1f} s behind"
-    join = run.join
+    core = run.core
     # Said only when it happens: such a pause may miss pairs offline has (docs/live.md).
-    beyond = (f" ({join.late_pauses_beyond_archive} older than the GIL archive)"
-              if join.late_pauses_beyond_archive else "")
-    return (f"tandem live: {join.pause_rows} pauses, {join.gil_intervals} GIL intervals, "
-            f"{join.overlap_rows} overlaps; {lag}; late rows {join.late_gil_rows} GIL / "
-            f"{join.late_pause_rows} pauses{beyond}; parts written {len(run.writer.parts_written)}")
+    beyond = (f" ({core.late_pauses_beyond_retention} older than the GIL rows kept)"
+              if core.late_pauses_beyond_retention else "")
+    return (f"tandem live: {core.pauses} pauses ({len(run.pending)} not final yet), {core.gil_intervals} GIL intervals, "
+            f"{run.overlap_rows} overlaps; {lag}; late rows {core.late_gil_rows} GIL / "
+            f"{core.late_pauses} pauses{beyond}; parts written {len(run.writer.parts_written)}")
 
 
 def latest_hits(run) -> pd.DataFrame:
-    """The latest pauses that hit Python: finalized ones, then pending ones (overlap so far)."""
-    state = run.join.impact
-    rows = list(state.latest_hits)
-    pending = state.pending
-    if pending is not None and len(pending):
-        overlap = state.pending_overlap_ns()
-        hit = pending[pending["pause_id"].isin(overlap[overlap > 0].index)]
-        for row in hit.itertuples(index=False):
-            rows.append({"kind": row.kind, "name": row.name, "start_ns": row.start_ns, "end_ns": row.end_ns,
-                         "duration_ns": row.duration_ns, "overlap_ns": int(overlap[row.pause_id])})
-    frame = pd.DataFrame(rows, columns=["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"])
+    """The latest final pauses that hit Python."""
+    frame = pd.DataFrame(list(run.latest_hits), columns=["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"])
     return frame.sort_values("end_ns").tail(LATEST)
 
 
@@ -71,14 +63,14 @@ def render(run):
     from rich.table import Table
     from rich.text import Text
 
-    summary = run.join.summary()
+    summary = run.core.summary()
     latest = Table(title="latest pauses that hit Python", title_justify="left", pad_edge=False)
     for column in ("kind: name", "ends (s ago)", "pause", "overlap"):
         latest.add_column(column, justify="left" if column.startswith("kind") else "right")
     now = time.monotonic_ns()
     for row in latest_hits(run).itertuples(index=False):
         latest.add_row(f"{row.kind}: {row.name}", f"{(now - row.end_ns) / 1e9:.1f}", _duration(row.duration_ns), _duration(row.overlap_ns))
-    parts = [Text(headline(run)), summary_rich_table(summary, {"slack_ns": run.join.slack_ns}), latest]
+    parts = [Text(headline(run)), summary_rich_table(summary, {"slack_ns": run.core.slack_ns}), latest]
     parts += [Text(line, style="yellow" if "killed" in line or "exited without" in line else "dim") for line in _status_lines(run)]
     return Group(*parts)
 
@@ -135,7 +127,7 @@ class View:
             import numpy as np
 
             steps = np.array(run.step_seconds)
-            self.say(f"join steps (JVM read + join + write): {len(steps)}, p50 {np.median(steps):.2f} s, max {steps.max():.2f} s")
+            self.say(f"steps (read + correlate + write): {len(steps)}, p50 {np.median(steps):.2f} s, max {steps.max():.2f} s")
         for line in _status_lines(run):
             self.say(line)
-        self.console.print(summary_rich_table(run.join.summary(), {"slack_ns": run.join.slack_ns}))
+        self.console.print(summary_rich_table(run.core.summary(), {"slack_ns": run.core.slack_ns}))

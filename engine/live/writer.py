@@ -1,9 +1,9 @@
 """Rolling Parquet output: one file set per interval (default a minute).
 
-    OUT/part-000001/pauses.parquet     pauses that arrived in the interval
+    OUT/part-000001/pauses.parquet     pauses that became final in the interval (with their pause_impact rows)
     OUT/part-000001/gil.parquet        GIL intervals that closed in it
     OUT/part-000001/overlaps.parquet   overlaps rows emitted in it (pause_id refers to pauses of any part)
-    OUT/part-000001/pause_impact.parquet  rows of the pauses that became final in it (engine/live/impact.py)
+    OUT/part-000001/pause_impact.parquet  rows of the pauses that became final in it
     OUT/part-000001/gil_free.parquet   gil_free rows that became final in it
     OUT/part-000001/summary.parquet    the rolling summary over everything up to the part's end
     OUT/part-000001/_done.json         written last: the part is complete
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from engine.correlate.schema import ROW_TABLES
+from engine.correlate.schema import ROW_TABLES, empty_frame
 from engine.store import write_table
 
 
@@ -66,8 +66,7 @@ class RollingWriter:
         now = time.monotonic_ns() if now_ns is None else now_ns
         return now - self.opened_ns >= self.interval_ns
 
-    def roll(self, summary: pd.DataFrame, empty_like: dict[str, pd.DataFrame], now_ns: int | None = None,
-             wait: bool = False) -> Path:
+    def roll(self, summary: pd.DataFrame, now_ns: int | None = None, wait: bool = False) -> Path:
         """Close the current part and open the next; the part is written (atomically, file by
         file; _done.json last) by the writer thread. wait: return once it is on disk."""
         now = time.monotonic_ns() if now_ns is None else now_ns
@@ -75,10 +74,7 @@ class RollingWriter:
         meta = {"part": self.index, "opened_monotonic_ns": self.opened_ns, "closed_monotonic_ns": now, **self.header}
         tables = {}
         for name in ROW_TABLES:
-            frames = self._buffers[name]
-            if not frames and name not in empty_like:
-                continue
-            tables[name] = frames if frames else [empty_like[name]]
+            tables[name] = self._buffers[name] or [empty_frame(name)]
         tables["summary"] = [summary]
         if self._thread is None:
             self._thread = threading.Thread(target=self._write_loop, name="tandem-live-writer", daemon=True)
