@@ -496,6 +496,22 @@ class _ProcLike:
                         np.int64)
 
 
+def test_proc_lifetimes_say_which_threads_and_processes_still_exist():
+    import threading
+
+    from engine.correlate import END
+    from engine.correlate.core import GONE
+    from engine.live.lifetimes import ProcLifetimes
+
+    gone_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    lifetimes = ProcLifetimes()
+    lifetimes.snapshot([os.getpid(), int(gone_pid)])
+    me = threading.get_native_id()
+    assert lifetimes.thread_ends(np.array([os.getpid()] * 2), np.array([me, 2**22 + 7])).tolist() == [END, GONE]
+    assert lifetimes.process_ends(np.array([os.getpid(), int(gone_pid)])).tolist() == [END, GONE]
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("slack", [0, 300])
 def test_the_core_driven_as_live_equals_offline(seed, slack):
