@@ -7,7 +7,9 @@ pyenv where present, else the system python3) and for tandem's own:
   the sitecustomize hook first on PYTHONPATH, TANDEM_SESSION set), the probe pre-built as
   `tandem record` does before the command starts. It includes starting the probe (its ring
   and drain thread) and stopping it at exit: the whole cost a process pays.
-- a row without a bar: the hook on PYTHONPATH with TANDEM_SESSION unset.
+- rows without a bar: the hook on PYTHONPATH with TANDEM_SESSION unset; and the floor
+  under the bar: the same plain start that only loads the probe's extension (dlopen and
+  module init of `_probe`, no probe started), what no start hook can avoid.
 
 Bar: at most 50 ms added (ours minus anchor, medians of ROUNDS wall-clock starts).
 """
@@ -28,10 +30,15 @@ ROUNDS = 30
 ADDED_MS_BAR = 50.0
 
 
-def _start_ms(python: str, env: dict) -> float:
+def _start_ms(python: str, env: dict, code: str = "pass") -> float:
     t0 = time.perf_counter()
-    subprocess.run([python, "-c", "pass"], env=env, check=True)
+    subprocess.run([python, "-c", code], env=env, check=True)
     return (time.perf_counter() - t0) * 1e3
+
+
+def _load_extension_code(probe_root: Path) -> str:
+    """`python -c` code that loads the probe's extension alone, as a top-level module."""
+    return f"import sys; sys.path.insert(0, {str(probe_root / 'engine' / 'probe')!r}); import _probe"
 
 
 def _outside_python() -> str | None:
@@ -58,12 +65,15 @@ def main(console) -> list[Row]:
             if not isinstance(built[python], Path) and python != sys.executable:
                 console.print(f"[yellow]{python}: no probe ({built[python]}); skipped[/yellow]")
                 continue
-            figures = {"plain": [], "hooked": [], "idle": []}
-            for name, env in (("plain", plain), ("hooked", hooked), ("idle", idle)):
-                _start_ms(python, env)  # warm the page cache
+            root = built[python] if isinstance(built[python], Path) else Path(__file__).resolve().parent.parent
+            runs = (("plain", plain, "pass"), ("hooked", hooked, "pass"), ("idle", idle, "pass"),
+                    ("floor", plain, _load_extension_code(root)))
+            figures = {name: [] for name, _, _ in runs}
+            for name, env, code in runs:
+                _start_ms(python, env, code)  # warm the page cache
             for _ in range(ROUNDS):
-                for name, env in (("plain", plain), ("hooked", hooked), ("idle", idle)):
-                    figures[name].append(_start_ms(python, env))
+                for name, env, code in runs:
+                    figures[name].append(_start_ms(python, env, code))
                 for directory in session.glob("py-*"):  # 32 MiB ring each: do not fill the disk
                     shutil.rmtree(directory, ignore_errors=True)
             median = {name: statistics.median(values) for name, values in figures.items()}
@@ -75,10 +85,13 @@ def main(console) -> list[Row]:
                           f"{median['hooked']:.1f} ms (+{added:.1f} ms), hook idle {median['idle']:.1f} ms; fastest: plain "
                           f"{fastest['plain']:.1f} ms, under tandem record {fastest['hooked']:.1f} ms "
                           f"(+{fastest['hooked'] - fastest['plain']:.1f} ms), hook idle {fastest['idle']:.1f} ms; "
-                          f"unprobed entries: {recorded}")
+                          f"floor (plain + the extension loaded) median {median['floor']:.1f} ms "
+                          f"(+{median['floor'] - median['plain']:.1f} ms); unprobed entries: {recorded}")
             rows.append(Row("start hook", f"{label} start under tandem record (probe pre-built) vs plain",
                             median["hooked"], median["plain"], "ms", f"+<= {ADDED_MS_BAR:.0f} ms",
                             added <= ADDED_MS_BAR and recorded == 0))
             rows.append(Row("start hook", f"{label} start, hook on PYTHONPATH, no session vs plain",
                             median["idle"], median["plain"], "ms", "-", None))
+            rows.append(Row("start hook", f"{label} floor: start loading the probe's extension (no probe) vs plain",
+                            median["floor"], median["plain"], "ms", "-", None))
     return rows

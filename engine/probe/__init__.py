@@ -8,17 +8,18 @@
 Standard library only: this module is imported inside interpreters that have none of
 tandem's dependencies (the `.pth` start hook, `python -m engine.probe`, Jep).
 The native part is `engine.probe._probe` (module.c); backends are described in docs/probe.md.
+
+Every interpreter of a session imports this module as it starts, so it imports only what
+site has loaded already, plus threading and the extension: no json, pathlib, typing or
+sysconfig (json and pathlib import re; together they cost a start ~20 ms; docs/probe.md,
+"Start hooks").
 """
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import sys
-import sysconfig
 import threading
-from pathlib import Path
-from typing import Any, Callable, Optional
 
 from engine.errors import TandemError
 
@@ -27,17 +28,52 @@ __all__ = ["start", "stop", "status", "backend", "start_session", "check_gil_pre
 BACKENDS = ("auto", "precise", "exported", "sampling")
 
 # Where the current recording's description goes (rewritten at stop with final counters).
-_meta_path: Optional[Path] = None
-_session_dir: Optional[Path] = None
-_start_options: dict[str, Any] = {}
+_meta_path: str | None = None
+_session_dir: str | None = None
+_start_options: dict[str, object] = {}
 # tid -> thread name, for every thread started through `threading` while recording.
 _thread_names: dict[int, str] = {}
 _names_lock = threading.Lock()
 _meta_lock = threading.Lock()
-_original_set_native_id: Optional[Callable] = None
+_original_set_native_id = None
 
 
-def check_gil_present(gil_disabled_config: Any, is_gil_enabled: Optional[Callable[[], bool]]) -> None:
+def _json_string(text: str) -> str:
+    """TEXT as a JSON string literal, ASCII only, as json.dumps writes it."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return '"' + text + '"'
+    out = []
+    for char in text:
+        code = ord(char)
+        if " " <= char < "\x7f" and char != '"' and char != "\\":
+            out.append(char)
+        elif code < 0x10000:
+            out.append("\\u%04x" % code)
+        else:  # beyond the BMP: a surrogate pair
+            code -= 0x10000
+            out.append("\\u%04x\\u%04x" % (0xD800 | code >> 10, 0xDC00 | code & 0x3FF))
+    return '"' + "".join(out) + '"'
+
+
+def _json(value: object) -> str:
+    """VALUE (dicts, lists, str, int, float, bool, None) as JSON text: the side files are
+    written without the json module, whose import (it imports re) would cost every start."""
+    if value is None or value is True or value is False:
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, str):
+        return _json_string(value)
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return float.__repr__(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(_json_string(str(k)) + ": " + _json(v) for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_json(v) for v in value) + "]"
+    raise TypeError(f"{type(value).__name__} is not written as JSON here")
+
+
+def check_gil_present(gil_disabled_config: object, is_gil_enabled: object) -> None:
     """Raise TandemError when there is no GIL to watch.
 
     `gil_disabled_config` is `sysconfig.get_config_var("Py_GIL_DISABLED")` (1 on a
@@ -52,7 +88,9 @@ def check_gil_present(gil_disabled_config: Any, is_gil_enabled: Optional[Callabl
 
 
 def _native():
-    check_gil_present(sysconfig.get_config_var("Py_GIL_DISABLED"), getattr(sys, "_is_gil_enabled", None))
+    # A free-threaded build's ABI flags hold "t" (sysconfig's Py_GIL_DISABLED, without
+    # importing sysconfig).
+    check_gil_present("t" in getattr(sys, "abiflags", ""), getattr(sys, "_is_gil_enabled", None))
     try:
         from engine.probe import _probe
     except ImportError as err:
@@ -65,7 +103,8 @@ def _native():
 
 def _boot_id() -> str:
     try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
     except OSError:
         return ""
 
@@ -74,7 +113,7 @@ def _boot_id() -> str:
 # (threads.jsonl / FILE.threads.jsonl) as threads start, so a process that never reaches
 # stop() (SIGKILL, os._exit, a JVM embedding Python with Jep that exits without finalizing
 # it) still leaves the names. One small O_APPEND write per thread start.
-_names_path: Optional[Path] = None
+_names_path: str | None = None
 
 
 def _record_thread_name(thread: threading.Thread) -> None:
@@ -91,7 +130,7 @@ def _record_thread_name(thread: threading.Thread) -> None:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
-                os.write(fd, (json.dumps({"tid": tid, "name": thread.name}) + "\n").encode())
+                os.write(fd, (_json({"tid": tid, "name": thread.name}) + "\n").encode())
             finally:
                 os.close(fd)
         except OSError:  # a thread start must never fail because of the probe
@@ -146,25 +185,25 @@ def _write_meta(state: str, status: dict, final: bool = False) -> None:
             "ring": status.get("ring", {}),
             "thread_names": names,
         }
-        tmp = _meta_path.with_name(f"{_meta_path.name}.{threading.get_native_id()}.tmp")
+        tmp = f"{_meta_path}.{threading.get_native_id()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(meta, f, indent=2)
+            f.write(_json(meta))
         os.replace(tmp, _meta_path)
         if final:
             _meta_path = None
 
 
-def _start_files(ring: Path, events: Path, meta: Path, names: Path, codes: Path, record_code: bool = True, **options: Any) -> dict:
+def _start_files(ring: str, events: str, meta: str, names: str, codes: str, record_code: bool = True, **options: object) -> dict:
     global _meta_path, _names_path
     probe = _native()
     for path in (ring, events, names, codes):
         try:  # the ring creates them exclusively (O_EXCL); starting again overwrites
-            path.unlink()
+            os.unlink(path)
         except FileNotFoundError:
             pass
     try:
-        status = probe.start(str(ring), str(events), codes_path=str(codes) if record_code else None, **options)
+        status = probe.start(ring, events, codes_path=codes if record_code else None, **options)
     except probe.ProbeError as err:
         raise TandemError(str(err)) from None
     _meta_path = meta
@@ -178,7 +217,7 @@ def _start_files(ring: Path, events: Path, meta: Path, names: Path, codes: Path,
     return status
 
 
-_original_os_exit: Optional[Callable] = None
+_original_os_exit = None
 
 
 def _stop_at_os_exit() -> None:
@@ -228,27 +267,26 @@ def start(
     """
     if backend not in BACKENDS:
         raise TandemError(f"unknown GIL probe backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    file = Path(file).absolute()
-    file.parent.mkdir(parents=True, exist_ok=True)
+    file = os.path.abspath(os.fspath(file))
+    os.makedirs(os.path.dirname(file), exist_ok=True)
     options = dict(backend=backend, capacity=capacity, drain_period_us=drain_period_us, sample_period_us=sample_period_us,
                    clock=clock, wait_when_full=wait_when_full, record_code=record_code)
-    return _start_files(file.with_name(file.name + ".ring"), file, file.with_name(file.name + ".json"),
-                        file.with_name(file.name + ".threads.jsonl"), file.with_name(file.name + ".codes"), **options)
+    return _start_files(file + ".ring", file, file + ".json", file + ".threads.jsonl", file + ".codes", **options)
 
 
-def start_session(session: str | os.PathLike, **options: Any) -> dict:
+def start_session(session: str | os.PathLike, **options: object) -> dict:
     """Record into SESSION/py-<pid>/ (gil.ring, gil.events, gil.codes, probe.json; docs/session.md).
 
     A process forked from this one records into its own py-<pid> directory."""
     global _session_dir, _start_options
     from engine.probe.private import private_directory
 
-    directory = private_directory(Path(session) / f"py-{os.getpid()}")
-    status = _start_files(directory / "gil.ring", directory / "gil.events", directory / "probe.json",
-                          directory / "threads.jsonl", directory / "gil.codes", **options)
+    directory = private_directory(os.path.join(os.fspath(session), f"py-{os.getpid()}"))
+    status = _start_files(*(os.path.join(directory, name) for name in ("gil.ring", "gil.events", "probe.json",
+                                                                       "threads.jsonl", "gil.codes")), **options)
     if _session_dir is None:
         os.register_at_fork(after_in_child=_restart_in_fork_child)
-    _session_dir = Path(session)
+    _session_dir = os.fspath(session)
     _start_options = options
     return status
 
@@ -293,7 +331,7 @@ def status() -> dict:
     return _native().status()
 
 
-def backend() -> Optional[str]:
+def backend() -> str | None:
     """Name of the backend recording now ("precise", "exported", "sampling"), else None."""
     try:
         from engine.probe import _probe

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
-from pathlib import Path
 
 PTH_NAME = "tandem-probe-autostart.pth"
 PTH_LINE = (
@@ -72,16 +70,24 @@ def run() -> None:
         note_unprobed(session, str(err))
 
 
-def install(site_dir: str | os.PathLike | None = None) -> Path:
-    """Write the .pth hook into SITE_DIR (default: this interpreter's purelib)."""
-    target = Path(site_dir or sysconfig.get_paths()["purelib"]) / PTH_NAME
+def _site_dir(site_dir: str | os.PathLike | None):
+    # Imported here, not at the top: run() is on every session interpreter's start path.
+    import sysconfig
+    from pathlib import Path
+
+    return Path(site_dir or sysconfig.get_paths()["purelib"])
+
+
+def install(site_dir: str | os.PathLike | None = None):
+    """Write the .pth hook into SITE_DIR (default: this interpreter's purelib); returns its path."""
+    target = _site_dir(site_dir) / PTH_NAME
     if not target.exists() or target.read_text() != PTH_LINE:
         target.write_text(PTH_LINE)
     return target
 
 
 def uninstall(site_dir: str | os.PathLike | None = None) -> None:
-    (Path(site_dir or sysconfig.get_paths()["purelib"]) / PTH_NAME).unlink(missing_ok=True)
+    (_site_dir(site_dir) / PTH_NAME).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -3,27 +3,27 @@
 Here, in the probe package, because the probe's standalone copy (engine/probe/build.py: an
 interpreter that gets engine.probe through PYTHONPATH) needs it for SESSION/py-<pid>/ and
 holds nothing of engine but engine.errors and engine.probe. Sessions (engine/record) and
-datasets (engine/fleet) use it too; docs/session.md, "Who can read a session".
+datasets (engine/fleet) use it too; docs/session.md, "Who can read a session". No pathlib:
+every interpreter of a session runs this as it starts (engine/probe/__init__.py says why).
 """
 from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
 from engine.errors import TandemError
 
 
-def private_directory(path: Path, *, empty: bool = False) -> Path:
+def private_directory(path: str | os.PathLike, *, empty: bool = False) -> str | os.PathLike:
     """Creates `path` 0700, or accepts an existing real directory (not a symbolic link) of this user.
 
     Anything else (a link planted where the session goes, a directory another user made) is
     refused: writing into it would hand what we record to whoever controls it. `empty`:
     an existing directory must also be empty (a session directory is never reused).
+    Returns PATH as given.
     """
-    path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         os.mkdir(path, 0o700)
         return path
     except FileExistsError:
@@ -35,7 +35,7 @@ def private_directory(path: Path, *, empty: bool = False) -> Path:
         raise TandemError(f"{path}: already exists and is not a directory (a symbolic link?); choose a new -o")
     if info.st_uid != os.geteuid():
         raise TandemError(f"{path}: belongs to another user (uid {info.st_uid}); choose a directory of your own")
-    if empty and any(path.iterdir()):
+    if empty and os.listdir(path):
         raise TandemError(f"{path}: already exists and is not an empty directory; choose a new -o")
     os.chmod(path, 0o700, follow_symlinks=False)
     return path

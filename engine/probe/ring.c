@@ -34,6 +34,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels answer EINVAL (populate_writable) */
+#endif
+
 /* ---- On-disk layout (docs/ring.md, "Header"); every multi-byte field little-endian. ---- */
 
 #define RING_MAGIC "TNDMRING"
@@ -143,6 +147,9 @@ struct tandem_ring {
     double ns_per_tick;       /* nominal, from the creation pairs: to judge a pair's width */
     ring_gil_record *converted;
     uint64_t lane_drain_lost[RING_MAX_LANES];
+    /* Bytes of each lane made writable so far, from its first slot: RING_STARTER_BYTES at
+     * creation, the whole lane once the drain thread saw it in use (populate_lanes). */
+    size_t lane_populated[RING_MAX_LANES];
 };
 
 /* Bumped in the child after fork(): rings created in the parent are then ignored there. */
@@ -268,18 +275,40 @@ static unsigned char *create_mapping(const char *build_path, const char *path, s
         close(fd);
         return NULL;
     }
-    unsigned char *base = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    /* Not MAP_POPULATE: pages are made writable where producers will write, a few at start
+     * and a lane in use by the drain thread (populate_writable; docs/ring.md, "Creating a
+     * ring"). MADV_RANDOM: a fault reads in its own page only, not a read-ahead window of
+     * pages (zeroed one by one) that no producer may ever use. */
+    unsigned char *base = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int map_errno = errno;
     close(fd);
     if (base == MAP_FAILED) {
         snprintf(err, errlen, "ring %s: cannot map: %s", path, strerror(map_errno));
         return NULL;
     }
-    /* MAP_POPULATE maps a shared file's pages read-only (to track dirtiness), so the first
-     * store to each page would still fault, on a producer's hot path: store to each now. */
-    for (size_t off = 0; off < map_len; off += 4096) ((volatile unsigned char *)base)[off] = 0;
+    madvise(base, map_len, MADV_RANDOM);
     return base;
 }
+
+/* Make the pages of [FROM, FROM + LEN) present and writable, so that a producer's first
+ * store to them does not fault on its hot path (a shared file mapping starts with no page
+ * mapped, and a read-populated one write-protected for dirty tracking). Leaves every byte
+ * as it is: safe while producers write into the range. MADV_POPULATE_WRITE (Linux 5.14)
+ * does it in one call; before that, an atomic add of 0 to each page's first word. */
+static void populate_writable(unsigned char *from, size_t len) {
+    uintptr_t start = (uintptr_t)from & ~(uintptr_t)4095, end = ((uintptr_t)from + len + 4095) & ~(uintptr_t)4095;
+    if (end <= start || madvise((void *)start, end - start, MADV_POPULATE_WRITE) == 0) return;
+    if (errno != EINVAL) return; /* e.g. out of memory: producers fault the pages in themselves */
+    for (uintptr_t page = start; page < end; page += 4096)
+        atomic_fetch_add_explicit((_Atomic uint64_t *)page, 0, memory_order_relaxed);
+}
+
+/* Each lane's first RING_STARTER_BYTES are made writable at creation (a new thread's first
+ * events, until the drain's next pass), the rest of a lane by the drain thread once the
+ * lane is in use (populate_lanes), RING_POPULATE_CHUNK at a time: how long the drain may
+ * hold the mapping's lock against the program's own mmap/munmap, or make a close wait. */
+#define RING_STARTER_BYTES (16u * 4096u)
+#define RING_POPULATE_CHUNK (32u * 4096u)
 
 static size_t records_offset_for(uint32_t lanes) {
     size_t table = (size_t)lanes * RING_LANE_STRIDE;
@@ -323,6 +352,14 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
     tandem_tsc_pair first = {0, 0, 0}, second = {0, 0, 0};
     if (time_tsc) tandem_tsc_pair_take(&first);
     unsigned char *base = create_mapping(build_path, path, map_len, err, errlen);
+    size_t lane_bytes = (size_t)lane_cap * RING_GIL_RECORD_SIZE;
+    size_t starter = lane_bytes < RING_STARTER_BYTES ? lane_bytes : RING_STARTER_BYTES;
+    if (base) {
+        /* The header, the lane table (every producer stores its lane's head there) and each
+         * lane's first slots. */
+        populate_writable(base, records_offset);
+        for (uint32_t l = 0; l < lanes; l++) populate_writable(base + records_offset + l * lane_bytes, starter);
+    }
     if (time_tsc) {
         /* A second pair at least 200 us later (mapping the ring usually takes longer), so
          * the slope a tailer uses before the drain's first pass is not mostly noise. */
@@ -363,6 +400,7 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
     ring->time_tsc = time_tsc;
     ring->wait_when_full = opt->wait_when_full != 0;
     ring->calib_first = first;
+    for (uint32_t l = 0; l < lanes; l++) ring->lane_populated[l] = starter;
     ring->calib_tsc[0] = second.tsc;
     ring->calib_mono[0] = second.mono_ns;
     ring->calib_total = 1;
@@ -810,10 +848,43 @@ int tandem_private_fd_table(int keep_fd) {
     return 1;
 }
 
+/* Drain thread: make lane L writable up to UPTO bytes from its first slot, a chunk at a
+ * time. Returns 0 when it stopped early: the ring closes or a producer asks for a pass. */
+static int populate_lane(tandem_ring *ring, uint32_t l, size_t upto) {
+    unsigned char *lane = (unsigned char *)&ring->records[(size_t)l * ring->lane_capacity];
+    while (ring->lane_populated[l] < upto) {
+        pthread_mutex_lock(&ring->drain_mutex);
+        int stop = ring->drain_stop;
+        pthread_mutex_unlock(&ring->drain_mutex);
+        if (stop || atomic_load_explicit(&ring->wake_pending, memory_order_relaxed)) return 0;
+        size_t n = upto - ring->lane_populated[l];
+        if (n > RING_POPULATE_CHUNK) n = RING_POPULATE_CHUNK;
+        populate_writable(lane + ring->lane_populated[l], n);
+        ring->lane_populated[l] += n;
+    }
+    return 1;
+}
+
+/* Drain thread, as it starts and after each pass: make every lane in use (its head moved
+ * or a thread owns it; FIRST: also the lane the first producer thread takes, about to be)
+ * writable to its end, so that its producer's stores do not fault on the hot path. Stops
+ * early when the ring closes or a producer asks for a pass; the next call goes on. */
+static void populate_lanes(tandem_ring *ring, int first) {
+    size_t lane_bytes = (size_t)ring->lane_capacity * RING_GIL_RECORD_SIZE;
+    uint32_t first_lane = ring->lane_count > 1 ? 1 : 0;
+    for (uint32_t l = 0; l < ring->lane_count; l++) {
+        if (ring->lane_populated[l] >= lane_bytes) continue;
+        int in_use = (first && l == first_lane) || atomic_load_explicit(&ring->lanes[l].head, memory_order_relaxed) != 0 ||
+                     atomic_load_explicit(&ring->lanes[l].owner, memory_order_relaxed) != 0;
+        if (in_use && !populate_lane(ring, l, lane_bytes)) return;
+    }
+}
+
 static void *drain_main(void *arg) {
     tandem_ring *ring = arg;
     tandem_private_fd_table(ring->events_fd);
     uint32_t wait_us = ring->period_us;
+    populate_lanes(ring, 1);
     pthread_mutex_lock(&ring->drain_mutex);
     while (!ring->drain_stop) {
         if (!atomic_load_explicit(&ring->wake_pending, memory_order_relaxed)) {
@@ -833,6 +904,9 @@ static void *drain_main(void *arg) {
         pthread_mutex_lock(&ring->drain_mutex);
         ring->drain_stalled = 0; /* a pass completed: full lanes may wait again */
         if (ring->full_waiters) pthread_cond_broadcast(&ring->pass_cond); /* tails moved: recheck */
+        pthread_mutex_unlock(&ring->drain_mutex);
+        populate_lanes(ring, 0); /* after the waiters are let go: it may take a few ms */
+        pthread_mutex_lock(&ring->drain_mutex);
     }
     if (ring->full_waiters) pthread_cond_broadcast(&ring->pass_cond);     /* stopping: give up */
     pthread_mutex_unlock(&ring->drain_mutex);

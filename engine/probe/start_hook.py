@@ -31,14 +31,15 @@ def interpreter_info():
     (build.py runs this same function in another interpreter to learn its build.) Without
     sysconfig, whose import costs an interpreter's start several ms: the headers of a
     CPython installation are at base_prefix/include/pythonX.Y<abiflags>, as sysconfig's
-    posix schemes say; the first extension suffix is the interpreter's own (EXT_SUFFIX)."""
-    import importlib.machinery
+    posix schemes say; the first extension suffix is the interpreter's own (EXT_SUFFIX;
+    _imp's list is importlib.machinery.EXTENSION_SUFFIXES, without importing importlib)."""
+    import _imp
 
     abiflags = getattr(sys, "abiflags", "")
     return {
         "version": sys.version.split()[0],
         "include": os.path.join(sys.base_prefix, "include", "python%d.%d%s" % (sys.version_info[0], sys.version_info[1], abiflags)),
-        "ext_suffix": importlib.machinery.EXTENSION_SUFFIXES[0],
+        "ext_suffix": _imp.extension_suffixes()[0],
         "gil_disabled": "t" in abiflags,
     }
 
