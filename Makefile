@@ -24,6 +24,7 @@ build: $(STAMP)
 	$(PY) setup.py -q jar >/dev/null
 	$(PY) setup.py -q build_ext --inplace >/dev/null
 	$(PY) -m engine.probe.autostart install >/dev/null  # GIL probe start hook (.pth), see docs/probe.md
+	$(PY) -m compileall -q engine/__init__.py engine/errors.py engine/probe >/dev/null  # what every session interpreter imports at start: bytecode even under PYTHONDONTWRITEBYTECODE (docs/probe.md)
 
 # Debian packages the suite runs against (tests/test_metrics.py: a real Prometheus and its
 # promtool). Installed when missing and we are root; otherwise said once, and the tests that

@@ -564,6 +564,27 @@ def test_session_start_hook_through_pythonpath(python, tmp_path):
     assert ((df.end_ns - df.start_ns) >= 20 * MS).sum() == 1
 
 
+# What starting the probe must not import into every interpreter of a session: each costs
+# the start milliseconds (json and pathlib import re; docs/probe.md, "Start hooks").
+HEAVY_START_IMPORTS = {"json", "re", "pathlib", "typing", "sysconfig", "importlib.machinery", "hashlib", "subprocess"}
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_session_start_imports_nothing_heavy(python, tmp_path):
+    """The sitecustomize hook under a session starts the probe (its session directory fills)
+    adding none of HEAVY_START_IMPORTS to the modules the same interpreter loads without tandem."""
+    code = "import sys; print(' '.join(sorted(sys.modules)))"
+    plain_env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_") and k != "PYTHONPATH"}
+    plain = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=plain_env, check=True)
+    env = probe_env(python, plain_env) | {"TANDEM_SESSION": str(tmp_path / "session")}
+    hooked = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert hooked.returncode == 0, hooked.stderr
+    added = set(hooked.stdout.split()) - set(plain.stdout.split())
+    assert "engine.probe._probe" in added  # the probe did start...
+    assert len(list((tmp_path / "session").glob("py-*/probe.json"))) == 1
+    assert not added & HEAVY_START_IMPORTS, sorted(added)  # ...with none of these
+
+
 @pytest.mark.skipif(not (VENV_PYTHON.parent / "jep").exists(), reason="jep is not installed in the venv (pip install jep)")
 def test_interpreter_embedded_in_java_with_jep(tmp_path):
     """A CPython embedded in a JVM by Jep starts the probe under TANDEM_SESSION (the

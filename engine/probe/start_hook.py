@@ -144,15 +144,36 @@ def _start():
         root = _built_probe(session, interpreter_info())
         if root is None:
             return
-        saved = sys.path[:]
+        saved, saved_flag = sys.path[:], sys.dont_write_bytecode
         sys.path.insert(0, root)
+        sys.dont_write_bytecode = False  # the probe's modules keep their bytecode in the cache (_keep_bytecode)
         try:
             import engine.probe.autostart
+            engine.probe.autostart.run()
         finally:
             sys.path[:] = saved  # the service's sys.path stays its own
-        engine.probe.autostart.run()
+            sys.dont_write_bytecode = saved_flag
     except Exception as err:  # never break the interpreter being observed
         note_unprobed(session, "%s: %s" % (type(err).__name__, err))
+
+
+def _keep_bytecode():
+    """Compile this hook's bytecode into its __pycache__ once. PYTHONDONTWRITEBYTECODE
+    (set in many containers and CI images) would otherwise make every interpreter compile
+    the hook and the probe's modules again at every start (~6 ms, docs/probe.md); the
+    directories are tandem's own cache, not the user's sources."""
+    if not sys.dont_write_bytecode or not __file__.endswith(".py"):
+        return  # the import system wrote it already (or will)
+    cached = os.path.join(os.path.dirname(__file__), "__pycache__", "%s.%s.pyc" % (
+        os.path.basename(__file__)[:-3], sys.implementation.cache_tag))
+    if os.path.exists(cached):
+        return
+    try:
+        import py_compile
+
+        py_compile.compile(__file__, cfile=cached, doraise=True)
+    except Exception:  # a read-only cache: compile at every start, as before
+        pass
 
 
 def _run_next_sitecustomize():
@@ -172,4 +193,5 @@ def _run_next_sitecustomize():
 
 if __name__ == "sitecustomize":
     _start()
+    _keep_bytecode()
     _run_next_sitecustomize()
