@@ -564,6 +564,21 @@ def test_session_start_hook_through_pythonpath(python, tmp_path):
     assert ((df.end_ns - df.start_ns) >= 20 * MS).sum() == 1
 
 
+def test_side_files_json_writer_matches_the_json_module():
+    """engine.probe writes probe.json and threads.jsonl without the json module (its import
+    costs every start): the text must be what json.dumps writes, tricky names included."""
+    from engine.probe import _json
+
+    names = ["MainThread", 'a "quoted" \\ name', "tab\tnew\nline\x00\x1f\x7f", "Thread-1 (worker)",
+             "caf\u00e9 \u2603", "emoji \U0001f600", "lone \udcff surrogate", ""]
+    value = {"pid": 12, "python_executable": None, "backend": "precise", "running": False, "ok": True,
+             "events": 2 ** 62, "ratio": 0.25, "ring": {"claimed": 3, "dropped": 0}, "list": [1, "x", None],
+             "thread_names": {str(i): name for i, name in enumerate(names)}}
+    assert _json(value) == json.dumps(value)
+    for name in names:
+        assert json.loads(_json({"tid": 1, "name": name})) == {"tid": 1, "name": name}
+
+
 # What starting the probe must not import into every interpreter of a session: each costs
 # the start milliseconds (json and pathlib import re; docs/probe.md, "Start hooks").
 HEAVY_START_IMPORTS = {"json", "re", "pathlib", "typing", "sysconfig", "importlib.machinery", "hashlib", "subprocess"}

@@ -38,6 +38,9 @@ _meta_lock = threading.Lock()
 _original_set_native_id = None
 
 
+_JSON_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
 def _json_string(text: str) -> str:
     """TEXT as a JSON string literal, ASCII only, as json.dumps writes it."""
     if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
@@ -45,7 +48,9 @@ def _json_string(text: str) -> str:
     out = []
     for char in text:
         code = ord(char)
-        if " " <= char < "\x7f" and char != '"' and char != "\\":
+        if char in _JSON_SHORT_ESCAPES:
+            out.append(_JSON_SHORT_ESCAPES[char])
+        elif " " <= char < "\x7f":
             out.append(char)
         elif code < 0x10000:
             out.append("\\u%04x" % code)
@@ -58,8 +63,10 @@ def _json_string(text: str) -> str:
 def _json(value: object) -> str:
     """VALUE (dicts, lists, str, int, float, bool, None) as JSON text: the side files are
     written without the json module, whose import (it imports re) would cost every start."""
-    if value is None or value is True or value is False:
-        return {None: "null", True: "true", False: "false"}[value]
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
     if isinstance(value, str):
         return _json_string(value)
     if isinstance(value, int):
