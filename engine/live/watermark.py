@@ -9,7 +9,7 @@ the core is told about them at each push (engine/correlate/core.py, `open`). Pau
 bound W either: one that arrives after W passed it (JFR delivers 0.1 to 1.3 s after a pause's
 end; repository-only pauses seconds later) is a late row the core accepts, finding the GIL
 rows it kept `retain_ns` behind W. A pause's rows are final once W has passed its end plus
-the slack, so W's lag behind real time (GIL_MARGIN plus a poll) is their latency.
+the slack, so W's lag behind real time (1 s: both margins) is their latency.
 """
 from __future__ import annotations
 
