@@ -96,7 +96,7 @@ class LiveRun:
         if not len(self.pending):
             return False
         first_end = int(self.pending["end_ns"].min())
-        return time.monotonic_ns() - wm.GIL_MARGIN_NS > first_end + self.core.slack_ns
+        return time.monotonic_ns() - max(wm.GIL_MARGIN_NS, wm.NEW_PROCESS_MARGIN_NS) > first_end + self.core.slack_ns
 
     def step(self, *, final: bool = False) -> None:
         """One turn of the loop: the pause sources are polled every RING_POLL_S with pause rings
