@@ -47,11 +47,12 @@ def run(pauses, gil, slack_ns, edges=None, pauses_first=False, lifetimes=None):
     out["gil_free"] = out["gil_free"].sort_values(["pid", "start_ns"], ignore_index=True)
     out["pause_impact"] = out["pause_impact"].sort_values("pause_id", ignore_index=True)
     out["summary"] = core.summary()
+    out["stops"] = core.stops()
     return out, core
 
 
 def assert_same(one, many):
-    for name in (*TABLES, "summary"):
+    for name in (*TABLES, "summary", "stops"):
         pd.testing.assert_frame_equal(one[name], many[name], obj=name)
 
 
@@ -215,7 +216,7 @@ def test_a_streamed_session_equals_the_whole_table_analysis(tmp_path):
     expected.header.pop("clock")
     assert streamed.header == expected.header and expected.header["gil_intervals"] > 2_000
     assert expected.pause_impact.hit_python.any() and expected.pause_impact.threads_holding.any() and len(expected.gil_free)
-    for name in ("overlaps", "pause_impact", "gil_free", "summary"):
+    for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops"):
         back = read_table(tmp_path / "out" / f"{name}.parquet")
         if name == "gil_free":
             back = back.sort_values(["pid", "start_ns"], ignore_index=True)

@@ -80,6 +80,7 @@ PAUSE_SETTINGS = [
     "jdk.ExecuteVMOperation#enabled=true", "jdk.ExecuteVMOperation#threshold=0ms",
     "jdk.GCPhasePause#threshold=0ms", "jdk.GarbageCollection#threshold=0ms",
     "jdk.Compilation#threshold=0ms", "jdk.Deoptimization#enabled=true",
+    "jdk.SystemGC#enabled=true", "jdk.SystemGC#threshold=0ms", "jdk.SystemGC#stackTrace=true",
 ]
 
 COLLECTORS = {

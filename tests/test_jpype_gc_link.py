@@ -3,10 +3,18 @@ tandem-specific code (tests/jpype_gc_link_program.py: Python garbage in cycles, 
 while the process grows): JPype calls System.gc() through JNI holding the GIL after such a
 collection (jpype native/common/jp_gc.cpp). tandem reports those pauses as caused by
 Python, by the thread JFR names as the operation's caller, with the GIL held throughout
-(amplification with its cause), and names the link in the summary with advice."""
+(amplification with its cause), and names the link in the summary with advice, as one figure
+(stops of the world, each counted once).
+
+JDK 17's JFR names no thread attached through JNI (the Python thread that runs the link):
+its jdk.SystemGC events are not written and the operation's caller is N/A, so the link cannot
+be seen there; what JDK 17 shows must not be mistaken for it (JPype's own System.gc() at
+start-up, from org.jpype.manager.TypeFactoryNative.newWrapper on the main thread holding the
+GIL, has a Java caller frame). JDK 25 names the thread."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,38 +25,79 @@ from engine.analysis import analyze_session
 
 pytestmark = pytest.mark.slow
 PROGRAM = Path(__file__).with_name("jpype_gc_link_program.py")
+JDK25 = Path("/usr/lib/jvm/temurin-25-jdk-amd64")
+SYSTEM_GC_ONLY = ["java.lang.Runtime.gc", "java.lang.System.gc"]
 
 
-def test_jpype_gc_link_is_caused_by_python_and_named(tmp_path):
+def _methods(frames: str) -> list[str]:
+    return [frame.split(":", 1)[0] for frame in frames.split("; ")]
+
+
+@pytest.mark.parametrize("jdk", ["17", "25"])
+def test_jpype_gc_link_is_caused_by_python_and_named(tmp_path, jdk):
+    env = dict(os.environ)
+    if jdk == "25":
+        if not JDK25.is_dir():
+            pytest.skip(f"{JDK25} is not installed")
+        env["JAVA_HOME"] = str(JDK25)  # (the JVM JPype starts)
     session = tmp_path / "session"
     subprocess.run([sys.executable, "-m", "engine", "record", "-o", str(session), "--", sys.executable, str(PROGRAM)],
-                   check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                   check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     analysis = analyze_session(session)
     impact, pauses = analysis.pause_impact, analysis.pauses
     system_gc = pauses[(pauses["kind"] == "gc") & (pauses["cause"] == "System.gc()")]
     assert len(system_gc) >= 3  # the link fired (no System.gc() in the program itself)
     link = impact[impact["jpype_gc_link"]]
-    assert len(link) >= 1, impact[impact["caused_by_python"]]
+    # never a call with a Java caller frame (JPype's start-up System.gc(), its reference queue's)
+    for frames in impact.loc[impact["caused_by_python"], "cause_java_frames"].dropna():
+        if _methods(frames) != SYSTEM_GC_ONLY:
+            assert not impact.loc[impact["cause_java_frames"] == frames, "jpype_gc_link"].any(), frames
+    if jdk == "25":
+        assert len(link) >= 1, impact[impact["caused_by_python"]]
     python_tids = set(analysis.gil["tid"])
-    for pause in link.itertuples():
+    merged = link.merge(pauses[["pause_id", "requester_os_thread_id", "system_gc_os_thread_id"]], on="pause_id")
+    for pause in merged.itertuples():
         assert pause.caused_by_python and pause.cause_held_gil and pause.cause_tid in python_tids
-        requester = pauses.loc[pauses["pause_id"] == pause.pause_id, "requester_os_thread_id"].iloc[0]
+        requester = pause.requester_os_thread_id if pd_notna(pause.requester_os_thread_id) else pause.system_gc_os_thread_id
         assert requester == pause.cause_tid
+        # the Python code the churner was in: where its collection ran (an allocation in the program)
+        assert pause.cause_thread == "churner" and pause.cause_file == str(PROGRAM)
+        assert _methods(pause.cause_java_frames) == SYSTEM_GC_ONLY  # through JNI: no Java caller frame
     # the other direction of the same link is not mistaken for it: no pause asked for by a
     # thread that had released the GIL is called the link
     assert not (impact["jpype_gc_link"] & (impact["cause_state"] != "holding")).any()
+    # one figure: the summary counts stops of the world (a safepoint, its GC pause and its
+    # collection are one System.gc()), the same in every line that gives it
     why = analysis.header["why"]
-    assert why["jpype_gc_link_pauses"] == len(link)
+    assert why["jpype_gc_link_stops"] == link["stop_id"].nunique()
+    assert why["jpype_gc_link_stops"] == sum(c["jpype_gc_link"] for c in why["caused_by_python"])
     from engine.report.summary import why_lines
 
-    assert any("JPype's GC link" in line for line in why_lines(why))
-    # tandem's JFR settings record jdk.SystemGC with its stack trace (witness: jfr print):
-    # the link's calls come through JNI, so no Java frame sits above System.gc()
+    lines = why_lines(why)
+    if len(link):
+        assert any(f"JPype's GC link, {why['jpype_gc_link_stops']} stop(s)" in line for line in lines), lines
+        churner = [c for c in why["caused_by_python"] if c["thread"] == "churner"]
+        assert churner and all(c["jpype_gc_link"] == c["stops"] for c in churner)
+        assert sum(c["stops"] for c in churner) == why["jpype_gc_link_stops"]
+    else:
+        assert not any("JPype's GC link" in line for line in lines), lines
+    # tandem's JFR settings record jdk.SystemGC with its stack trace (witness: jfr print): the
+    # link's calls come through JNI, so no Java frame sits above System.gc()
     recording = next(session.glob("jvm-*/recording.jfr"))
-    printed = subprocess.run(["jfr", "print", "--json", "--events", "jdk.SystemGC", str(recording)], check=True,
+    jfr = str(JDK25 / "bin" / "jfr") if jdk == "25" else "jfr"
+    printed = subprocess.run([jfr, "print", "--json", "--events", "jdk.SystemGC", str(recording)], check=True,
                              capture_output=True, text=True).stdout
     events = json.loads(printed)["recording"]["events"]
-    assert len(events) >= len(system_gc)
     frames = [[f["method"]["name"] for f in e["values"]["stackTrace"]["frames"]] for e in events]
     assert all(f[:2] == ["gc", "gc"] for f in frames), frames
-    assert any(len(f) == 2 for f in frames), frames  # System.gc() called from native code (JNI)
+    if jdk == "25":
+        assert len(events) >= len(system_gc)
+        # the link's calls, from the churner thread: no Java frame above System.gc()
+        churner = [f for e, f in zip(events, frames) if e["values"]["eventThread"]["javaName"] != "main" and len(f) == 2]
+        assert len(churner) >= link["stop_id"].nunique()
+
+
+def pd_notna(value) -> bool:
+    import pandas as pd
+
+    return bool(pd.notna(value))

@@ -545,6 +545,12 @@ def test_the_core_driven_as_live_equals_offline(seed, slack):
     # two pauses naming them come first.
     pauses.loc[:1, "os_thread_id"] = [1, 4]
     p_arrive[:2] = 0
+    # a GC pause inside some safepoints, arriving with them: one stop of the world each
+    hosts = pauses[(pauses["kind"] == "safepoint") & (pauses["end_ns"] - pauses["start_ns"] > 2)].head(5)
+    inner = hosts.assign(pause_id=np.arange(n, n + len(hosts), dtype=np.int64), kind="gc_pause", name="GC Pause",
+                         start_ns=hosts["start_ns"] + 1, end_ns=hosts["end_ns"] - 1)
+    pauses = pd.concat([pauses, inner], ignore_index=True)
+    p_arrive = np.r_[p_arrive, p_arrive[hosts.index.to_numpy()]]
     lifetimes = _ProcLike(last_end)
     core = Correlator(slack, lifetimes=lifetimes, retain_ns=20_000, keep_impact=False)
     builders = {p: IncrementalIntervals(p) for p in (11, 12)}
@@ -572,12 +578,14 @@ def test_the_core_driven_as_live_equals_offline(seed, slack):
     expected = correlate(pauses, pd.concat(gil_all, ignore_index=True), slack_ns=slack)
     assert expected.pause_impact["hit_python"].any() and len(expected.gil_free)
     assert _rows(got["overlaps"], PAIR_KEY) == _rows(expected.overlaps, PAIR_KEY)
-    exp_impact = expected.pause_impact.drop(columns=list(CAUSE_COLUMNS)).sort_values("pause_id", ignore_index=True)
+    exp_impact = expected.pause_impact.drop(columns=[*CAUSE_COLUMNS, "stop_id"]).sort_values("pause_id", ignore_index=True)
     got_impact = got["pause_impact"].sort_values("pause_id", ignore_index=True)
     pd.testing.assert_frame_equal(got_impact[list(exp_impact.columns)], exp_impact, check_dtype=False)
     pd.testing.assert_frame_equal(got["gil_free"].sort_values(["pid", "start_ns"], ignore_index=True),
                                   expected.gil_free.sort_values(["pid", "start_ns"], ignore_index=True), check_dtype=False)
     pd.testing.assert_frame_equal(core.summary(), expected.summary_table, check_dtype=False, rtol=1e-9)
+    assert expected.stops["part_of"].notna().any()
+    pd.testing.assert_frame_equal(core.stops(), expected.stops, check_dtype=False, rtol=1e-9)
 
 
 # ---- `tandem record --live` + `tandem live SESSION`; the soak (slow) ---------------------------

@@ -23,7 +23,8 @@ from engine.analysis.causes import pause_causes, why_facts
 from engine.analysis.clock import check_same_clock, clock_facts
 from engine.correlate import END, RESULT_TABLES, Correlator
 from engine.correlate.inputs import gil_rows_from_frame
-from engine.correlate.schema import to_pandas
+from engine.correlate.schema import empty_frame, to_pandas
+from engine.correlate.stops import stop_columns
 from engine.join import check_gil, check_pauses
 
 
@@ -38,9 +39,10 @@ class Analysis:
     pause_impact: pd.DataFrame
     summary_table: pd.DataFrame
     header: dict = field(default_factory=dict)
+    stops: pd.DataFrame = field(default_factory=lambda: empty_frame("stops"))
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        """The result tables by file stem (summary included)."""
+        """The result tables by file stem (summary and stops included)."""
         return {name: getattr(self, "summary_table" if name == "summary" else name) for name in RESULT_TABLES}
 
     def summary(self, console=None, show: bool = True) -> pd.DataFrame:
@@ -48,7 +50,7 @@ class Analysis:
         if show:
             from engine.report.summary import print_summary
 
-            print_summary(self.summary_table, self.header, console=console)
+            print_summary(self.summary_table, self.header, console=console, stops=self.stops)
         return self.summary_table
 
     def timeline(self, start_ns: int | None = None, end_ns: int | None = None, path: str | os.PathLike | None = None):
@@ -136,9 +138,7 @@ def correlate(
     gil_free = gil_free.sort_by([("pid", "ascending"), ("start_ns", "ascending")])
     header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, duplicate_gil_rows)
     overlaps = to_pandas(overlaps, "overlaps")
-    # who asked for each pause, when it was a Python thread (engine/analysis/causes.py)
-    causes = pause_causes(pauses, gil).assign(pause_id=pauses["pause_id"].to_numpy())
-    impact = to_pandas(core.pause_impact(), "pause_impact").merge(causes, on="pause_id", how="left", validate="one_to_one")
+    impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, gil)
     header["why"] = why_facts(impact, overlaps)
     return Analysis(
         pauses=pauses,
@@ -148,7 +148,17 @@ def correlate(
         pause_impact=impact,
         summary_table=core.summary(),
         header=header,
+        stops=core.stops(),
     )
+
+
+def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
+    """pause_impact with the stop each pause belongs to (engine/correlate/stops.py) and who asked
+    for it, when it was a Python thread (engine/analysis/causes.py)."""
+    causes = pause_causes(pauses, gil).assign(pause_id=pauses["pause_id"].to_numpy())
+    stops = stop_columns(pauses)[["pause_id", "stop_id"]]
+    return (impact.merge(stops, on="pause_id", how="left", validate="one_to_one")
+            .merge(causes, on="pause_id", how="left", validate="one_to_one"))
 
 
 def _header(core: Correlator, pauses: pd.DataFrame, gil_attrs: dict, pause_clock, gil_clock, alignment: str,
@@ -242,7 +252,9 @@ def load_results(out_dir: str | os.PathLike) -> Analysis:
     gil_table = tables["summary"].attrs.get("analysis", {}).get("gil_table")
     for name in RESULT_TABLES:
         path = out / f"{name}.parquet"
-        if name == "gil" and gil_table and not path.exists():
+        if name == "stops" and not path.exists():
+            tables[name] = empty_frame("stops")  # (results written before the stops table)
+        elif name == "gil" and gil_table and not path.exists():
             # A streamed analysis names the GIL files it read instead of copying their intervals.
             from engine.analysis.sources import gil_from
 
@@ -255,7 +267,7 @@ def load_results(out_dir: str | os.PathLike) -> Analysis:
     header = tables["summary"].attrs.get("analysis", {})
     return Analysis(
         pauses=tables["pauses"], gil=tables["gil"], gil_free=tables["gil_free"], overlaps=tables["overlaps"],
-        pause_impact=tables["pause_impact"], summary_table=tables["summary"], header=header,
+        pause_impact=tables["pause_impact"], summary_table=tables["summary"], header=header, stops=tables["stops"],
     )
 
 

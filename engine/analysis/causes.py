@@ -8,15 +8,21 @@ as alive at the pause when its recorded GIL intervals span the pause's start. Wo
 
 For such a pause: the Python thread, the Python code it was in (the GIL interval that
 contains the request; a thread holding the GIL then has none, so the code of its next
-release is given), and whether it held the GIL through the pause (then every other Python
-thread that wanted the GIL waited on it: amplification with its cause).
+release is given), the Java frames of its System.gc() call, and whether it held the GIL
+through the pause (then every other Python thread that wanted the GIL waited on it:
+amplification with its cause).
 
 JPype's GC link (jpype native/common/jp_gc.cpp): after a Python collection that grew the
 process past a high-water mark, JPype calls java.lang.System.gc() from the thread that ran
 Python's GC, through plain JNI, with the GIL held. Its shape here: a pause caused by
-Python, whose thread held the GIL throughout, and whose collection's cause is
-"System.gc()". A Python thread calling System.gc() through a JPype method call releases
-the GIL around the call (JPype does for every Java call): caused by Python, not the link.
+Python, whose thread held the GIL throughout, whose collection's cause is "System.gc()",
+and whose System.gc() call has no Java caller frame (when jdk.SystemGC was recorded). A
+Python thread calling System.gc() through a JPype method call releases the GIL around the
+call (JPype does for every Java call): caused by Python, not the link; a Java method that
+calls System.gc() shows as its caller frame.
+
+The summary counts stops of the world (engine/correlate/stops.py): the safepoint, GC pause
+and collection of one System.gc() are one stop, asked for once.
 """
 from __future__ import annotations
 
@@ -26,8 +32,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 CAUSE_COLUMNS = ("caused_by_python", "cause_pid", "cause_tid", "cause_thread", "cause_state", "cause_function",
-                 "cause_file", "cause_line", "cause_held_gil", "jpype_gc_link")
+                 "cause_file", "cause_line", "cause_java_frames", "cause_held_gil", "jpype_gc_link")
 SYSTEM_GC = "System.gc()"
+# The frames of System.gc() itself (JDK 17+: System.gc calls Runtime.gc): any other frame in
+# a call's system_gc_frames is a Java caller.
+SYSTEM_GC_OWN_FRAMES = ("java.lang.Runtime.gc", "java.lang.System.gc")
 JPYPE_GC_LINK_ADVICE = ("JPype's GC link: after a Python garbage collection that grew the process by its high-water mark "
                         "(+20 MiB), JPype called System.gc() holding the GIL; every Python thread waited for the Java "
                         "collection. Make Python garbage less often (reuse buffers, fewer large temporaries) or give the "
@@ -44,18 +53,40 @@ def _empty(n: int) -> dict:
         "cause_function": pd.array([pd.NA] * n, dtype="string"),
         "cause_file": pd.array([pd.NA] * n, dtype="string"),
         "cause_line": pd.array([pd.NA] * n, dtype="Int64"),
+        "cause_java_frames": pd.array([pd.NA] * n, dtype="string"),
         "cause_held_gil": pd.array([pd.NA] * n, dtype="boolean"),
         "jpype_gc_link": np.zeros(n, bool),
     }
 
 
+def requester_tids(pauses: pd.DataFrame) -> pd.Series:
+    """Per pause, the OS thread that asked for it (Int64): the VM operation's caller, else the
+    thread of the System.gc() call the pause lies in."""
+    missing = pd.Series(pd.array([pd.NA] * len(pauses), dtype="Int64"), index=pauses.index)
+    requester = pauses["requester_os_thread_id"].astype("Int64") if "requester_os_thread_id" in pauses.columns else missing
+    if "system_gc_os_thread_id" in pauses.columns:
+        requester = requester.fillna(pauses["system_gc_os_thread_id"].astype("Int64"))
+    return requester
+
+
+def _java_caller(frames: pd.Series) -> np.ndarray:
+    """Per System.gc() call's frames (string or null): a frame other than System.gc's own."""
+    def has_caller(text) -> bool:
+        return any(f.split(":", 1)[0] not in SYSTEM_GC_OWN_FRAMES for f in str(text).split("; "))
+
+    return np.array([False if pd.isna(f) else has_caller(f) for f in frames], bool)
+
+
 def _system_gc_pauses(pauses: pd.DataFrame) -> np.ndarray:
-    """Per pause: its own cause, or a collection of the same JVM overlapping it, is System.gc()."""
+    """Per pause: it lies in a System.gc() call, or its own cause, or a collection of the same
+    JVM overlapping it, is System.gc()."""
     starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
+    in_call = (pauses["system_gc_os_thread_id"].notna().to_numpy(bool) if "system_gc_os_thread_id" in pauses.columns
+               else np.zeros(len(pauses), bool))
     if "cause" not in pauses.columns:
-        return np.zeros(len(pauses), bool)
+        return in_call
     is_system = (pauses["cause"].astype("string") == SYSTEM_GC).fillna(False).to_numpy(bool)
-    out = is_system.copy()
+    out = is_system | in_call
     jvm = pauses["jvm_pid"].astype("Int64").fillna(-1).to_numpy(np.int64) if "jvm_pid" in pauses.columns else np.zeros(len(pauses), np.int64)
     for i in np.flatnonzero(is_system):
         out |= (starts < ends[i]) & (ends > starts[i]) & (jvm == jvm[i])
@@ -66,11 +97,12 @@ def pause_causes(pauses: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
     """CAUSE_COLUMNS per pause (pauses table order)."""
     n = len(pauses)
     out = _empty(n)
-    if n == 0 or "requester_os_thread_id" not in pauses.columns or len(gil) == 0:
+    requester = requester_tids(pauses)
+    if n == 0 or not requester.notna().any() or len(gil) == 0:
         return pd.DataFrame(out)
-    requester = pauses["requester_os_thread_id"].astype("Int64")
     starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
     system_gc = _system_gc_pauses(pauses)
+    frames = pauses["system_gc_frames"].astype("string") if "system_gc_frames" in pauses.columns else None
     by_tid = {tid: rows.sort_values("start_ns", kind="stable") for tid, rows in gil.groupby("tid", sort=False)}
     caused, held = out["caused_by_python"], np.zeros(n, bool)
     for i in np.flatnonzero(requester.notna().to_numpy(bool)):
@@ -98,15 +130,22 @@ def pause_causes(pauses: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
             for column in ("function", "file", "line"):
                 if column in rows.columns and pd.notna(row[column]):
                     out[f"cause_{column}"][i] = row[column]
+        if frames is not None and pd.notna(frames.iloc[i]):
+            out["cause_java_frames"][i] = frames.iloc[i]
         out["cause_held_gil"][i] = bool(held[i])
-    out["jpype_gc_link"] = caused & held & system_gc
+    java_caller = _java_caller(frames) if frames is not None else np.zeros(n, bool)
+    out["jpype_gc_link"] = caused & held & system_gc & ~java_caller
     return pd.DataFrame(out)
 
 
-def code_hits(overlaps: pa.Table) -> pa.Table:
+def code_hits(overlaps: pa.Table, leaders: np.ndarray | None = None) -> pa.Table:
     """Exact overlaps rows per (function, file, line): total overlap_ns ("sum") and rows ("size"),
-    in order of first appearance; the hits of consecutive row batches add up (`add_code_hits`)."""
+    in order of first appearance; the hits of consecutive row batches add up (`add_code_hits`).
+    leaders: the pause_ids leading a stop of the world (engine/correlate/stops.py): only their
+    rows count, so a stop's safepoint, GC pause and collection hit a release once."""
     exact = overlaps.filter(pc.invert(overlaps.column("near_miss")))
+    if leaders is not None:
+        exact = exact.filter(pc.is_in(exact.column("pause_id"), pa.array(leaders, pa.int64())))
 
     def column(name, kind):  # (a gil table may carry some of the three only)
         if name in exact.column_names:
@@ -128,31 +167,52 @@ def add_code_hits(parts: list[pa.Table]) -> pa.Table:
     return total.rename_columns([{"sum_sum": "sum", "size_sum": "size"}.get(c, c) for c in total.column_names])
 
 
+def caused_stops(impact: pd.DataFrame) -> pd.DataFrame:
+    """The pauses caused by Python, one row per stop of the world (`stop_id`): the stop's own
+    (leading) row when it is caused, else its first caused row. The safepoint, GC pause and
+    collection of one System.gc() are one request."""
+    caused = impact[impact["caused_by_python"].fillna(False).astype(bool)]
+    stop = caused["stop_id"] if "stop_id" in caused.columns else caused["pause_id"]
+    leading = (caused["pause_id"] == stop).to_numpy(bool)
+    order = np.lexsort((np.arange(len(caused)), ~leading, stop.to_numpy(np.int64)))
+    return caused.iloc[order].loc[lambda d: ~stop.iloc[order].duplicated().to_numpy()]
+
+
 def why_facts(impact: pd.DataFrame, overlaps: pd.DataFrame | None, top: int = 5, hits: pa.Table | None = None) -> dict:
-    """For the summary: the Python code hit most (total overlap, exact overlaps only) and the
-    causes by Python (per thread and code: pauses, total duration, JPype's GC link). A streamed
-    analysis passes the `hits` of its overlaps (code_hits) instead of the overlaps."""
-    facts: dict = {"functions_hit": [], "caused_by_python": [], "jpype_gc_link_pauses": 0}
+    """For the summary: the Python code hit most (total overlap, exact overlaps of the pauses
+    leading a stop of the world only: each stop counts once) and the
+    causes by Python (per thread and code: stops of the world asked for, their total duration,
+    how many with the GIL held, how many JPype's GC link); each stop counts once
+    (`caused_stops`), and `jpype_gc_link_stops` is the sum of the per-cause link counts over
+    every cause. A streamed analysis passes the `hits` of its overlaps (code_hits) instead of
+    the overlaps."""
+    facts: dict = {"functions_hit": [], "caused_by_python": [], "jpype_gc_link_stops": 0}
     if hits is None and overlaps is not None and "function" in overlaps.columns and len(overlaps):
-        hits = code_hits(pa.Table.from_pandas(overlaps[[c for c in ("function", "file", "line", "overlap_ns", "near_miss")
-                                                        if c in overlaps.columns]], preserve_index=False))
+        leaders = (impact.loc[impact["pause_id"] == impact["stop_id"], "pause_id"].to_numpy(np.int64)
+                   if "stop_id" in impact.columns else None)
+        columns = ("pause_id", "function", "file", "line", "overlap_ns", "near_miss")
+        hits = code_hits(pa.Table.from_pandas(overlaps[[c for c in columns if c in overlaps.columns]], preserve_index=False),
+                         leaders)
     if hits is not None and hits.num_rows:
         hit = hits.to_pandas().set_index(["function", "file", "line"])
         for (function, file, line), row in hit.sort_values("sum", ascending=False, kind="stable").head(top).iterrows():
             facts["functions_hit"].append({"function": function, "file": file, "line": int(line) if line >= 0 else None,
                                            "overlap_ns": int(row["sum"]), "overlaps": int(row["size"])})
     if "caused_by_python" in impact.columns and impact["caused_by_python"].any():
-        caused = impact[impact["caused_by_python"]].assign(
+        caused = caused_stops(impact).assign(
             thread=lambda d: d["cause_thread"].fillna(d["cause_tid"].astype("string")),
             function=lambda d: d["cause_function"].fillna("?"), file=lambda d: d["cause_file"].fillna(""),
-            line=lambda d: d["cause_line"].fillna(-1))
-        grouped = caused.groupby(["thread", "function", "file", "line"], sort=False).agg(
-            pauses=("pause_id", "size"), duration_ns=("duration_ns", "sum"), held_gil=("cause_held_gil", "sum"),
+            line=lambda d: d["cause_line"].fillna(-1),
+            java_frames=lambda d: (d["cause_java_frames"] if "cause_java_frames" in d.columns
+                                   else pd.Series(pd.NA, index=d.index, dtype="string")).fillna(""))
+        grouped = caused.groupby(["thread", "function", "file", "line", "java_frames"], sort=False).agg(
+            stops=("pause_id", "size"), duration_ns=("duration_ns", "sum"), held_gil=("cause_held_gil", "sum"),
             jpype_gc_link=("jpype_gc_link", "sum"))
-        for (thread, function, file, line), row in grouped.sort_values("duration_ns", ascending=False).head(top).iterrows():
-            facts["caused_by_python"].append({"thread": thread, "function": function, "file": file,
-                                              "line": int(line) if line >= 0 else None, "pauses": int(row["pauses"]),
-                                              "duration_ns": int(row["duration_ns"]), "held_gil": int(row["held_gil"]),
-                                              "jpype_gc_link": int(row["jpype_gc_link"])})
-        facts["jpype_gc_link_pauses"] = int(impact["jpype_gc_link"].sum())
+        for (thread, function, file, line, frames), row in grouped.sort_values("duration_ns", ascending=False).iterrows():
+            facts["jpype_gc_link_stops"] += int(row["jpype_gc_link"])
+            if len(facts["caused_by_python"]) < top:
+                facts["caused_by_python"].append({
+                    "thread": thread, "function": function, "file": file, "line": int(line) if line >= 0 else None,
+                    "java_frames": frames or None, "stops": int(row["stops"]), "duration_ns": int(row["duration_ns"]),
+                    "held_gil": int(row["held_gil"]), "jpype_gc_link": int(row["jpype_gc_link"])})
     return facts

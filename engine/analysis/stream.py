@@ -24,10 +24,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.analysis.clock import check_same_clock, clock_facts
-from engine.analysis.causes import add_code_hits, code_hits, pause_causes, why_facts
+from engine.analysis.causes import add_code_hits, code_hits, requester_tids, why_facts
 from engine.correlate import END, Correlator, GilRows, KnownLifetimes, Rows
 from engine.correlate import kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow
+from engine.correlate.stops import stop_columns
 from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, RESULT_TABLES, SCHEMAS, state_strings, to_pandas
 from engine.errors import TandemError
 from engine.join import check_pauses
@@ -44,11 +45,12 @@ class StreamedAnalysis:
     summary_table: pd.DataFrame
     header: dict
     paths: list[Path]
+    stops: pd.DataFrame
 
     def summary(self, console=None) -> pd.DataFrame:
         from engine.report.summary import print_summary
 
-        print_summary(self.summary_table, self.header, console=console)
+        print_summary(self.summary_table, self.header, console=console, stops=self.stops)
         return self.summary_table
 
 
@@ -201,7 +203,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
                      offset_ns: int | None = None, pauses_source: str | None = None, progress=None) -> StreamedAnalysis:
     """Correlate a pauses table with a streamed GIL side (ParquetGil or EventsGil), writing
     OUT/*.parquet as it goes."""
-    from engine.analysis import _header
+    from engine.analysis import _header, with_causes
 
     lifetimes = gil.first_pass()  # (also reads what the GIL files say about their clock)
     pause_clock = clock_facts(pauses.attrs, pauses_source or pauses.attrs.get("source") or "pauses table")
@@ -222,8 +224,9 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     background = WriterThread()
     # The causality step (engine/analysis/causes.py) needs the GIL rows of the threads that asked
     # for a pause (few), and the summary's "why" the overlap per code: both gathered on the way.
-    requesters = (np.unique(pauses["requester_os_thread_id"].dropna().to_numpy(np.int64))
-                  if "requester_os_thread_id" in pauses.columns else np.zeros(0, np.int64))
+    requesters = np.unique(requester_tids(pauses).dropna().to_numpy(np.int64))
+    stop_of = stop_columns(pauses)  # the summary's code hits count each stop of the world once
+    leaders = stop_of.loc[stop_of["stop_id"] == stop_of["pause_id"], "pause_id"].to_numpy(np.int64)
     requester_rows, hits = [], []
 
     def emit(rows: Rows) -> None:
@@ -231,7 +234,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             if name in writers:
                 background.write(writers[name], table)
         if "function" in rows.overlaps.column_names and rows.overlaps.num_rows:
-            hits.append(code_hits(rows.overlaps))
+            hits.append(code_hits(rows.overlaps, leaders))
 
     try:
         pending_pauses = pauses
@@ -253,11 +256,9 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, core.duplicate_gil_rows)
         if gil.copy_schema is None:  # (docs/results.md, "gil.parquet"): the results name the table
             header["gil_table"] = gil.references
-        summary = core.summary()
-        causes = pause_causes(pauses, pd.concat(requester_rows, ignore_index=True) if requester_rows else
-                              pd.DataFrame()).assign(pause_id=pauses["pause_id"].to_numpy())
-        impact = to_pandas(core.pause_impact(), "pause_impact").merge(causes, on="pause_id", how="left",
-                                                                       validate="one_to_one")
+        summary, stops = core.summary(), core.stops()
+        impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses,
+                             pd.concat(requester_rows, ignore_index=True) if requester_rows else pd.DataFrame())
         header["why"] = why_facts(impact, None, hits=add_code_hits(hits) if hits else None)
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
@@ -265,7 +266,8 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             (out / "gil.parquet").unlink(missing_ok=True)  # (of an earlier run on another input)
         for name, table in (("pause_impact", pa.Table.from_pandas(impact, preserve_index=False)),
                             ("pauses", pa.Table.from_pandas(pauses, preserve_index=False)),
-                            ("summary", pa.Table.from_pandas(summary, preserve_index=False))):
+                            ("summary", pa.Table.from_pandas(summary, preserve_index=False)),
+                            ("stops", pa.Table.from_pandas(stops, preserve_index=False))):
             writer = TableWriter(out / f"{name}.parquet", table.schema)
             writer.write(table)
             paths.append(writer.close(meta(name)))
@@ -280,7 +282,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     finally:
         background.stop()
     order = {name: i for i, name in enumerate(RESULT_TABLES)}
-    return StreamedAnalysis(summary, header, sorted(paths, key=lambda p: order[p.stem]))
+    return StreamedAnalysis(summary, header, sorted(paths, key=lambda p: order[p.stem]), stops)
 
 
 def streamable_gil(session: Path | None, gil: list[Path]):

@@ -4,6 +4,7 @@
     rows = core.push(pauses=..., gil=..., watermark_ns=W)   # any number of times
     rows = core.finish()                                     # everything still pending
     core.summary()                                           # the summary table so far
+    core.stops()                                             # the same, one stop of the world once
 
 A push with watermark W promises that no row pushed later starts before W (a GIL row that
 does is refused; a driver that cannot promise it for every row says how far back late rows may
@@ -55,13 +56,15 @@ import pyarrow as pa
 
 from engine.correlate import kernels
 from engine.correlate.schema import END, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
+from engine.correlate.stops import STOP_INPUT, STOP_KEY, leader_rows, order_stops, stop_columns
 from engine.errors import TandemError
 
 NONE = kernels.NONE
 # Lifetimes: gone (exited): its lifetime ended with its latest interval.
 GONE = NONE + 1
-# What summary() needs of a final pause (a driver that does not keep every pause_impact row).
-SUMMARY_INPUT = ("kind", "name", "overlap_ns", "hit_python", "near_misses", "amplified")
+# What summary() and stops() need of a final pause (a driver that does not keep every
+# pause_impact row): part_of is the stop of the world it is inside (engine/correlate/stops.py).
+SUMMARY_INPUT = ("kind", "name", "overlap_ns", "hit_python", "near_misses", "amplified", "part_of")
 
 
 @dataclass
@@ -194,9 +197,12 @@ class Correlator:
         self._next_seq = 0
         self.jvm_tids: set[int] = set()
         # Summary: every final pause_impact row (a few per second of JVM pauses) and the distinct
-        # (kind, name, thread) with an exact overlap.
+        # (part_of, kind, name, thread) with an exact overlap.
         self._impact: list[pa.Table] = []
-        self._affected: set[tuple[str, str, int]] = set()
+        self._affected: set[tuple[str, str, str, int]] = set()  # (part_of, kind, name, thread)
+        # Pauses that may lead a stop of the world a pause still to be finalized is inside
+        # (engine/correlate/stops.py): kept while they end after the oldest such pause's start.
+        self._leaders: pd.DataFrame | None = None
         self.gil_intervals = 0
         self.duplicate_gil_rows = 0
         self.pauses = 0
@@ -268,6 +274,17 @@ class Correlator:
         self.span = [min(self.span[0], int(batch["start_ns"].min())), max(self.span[1], int(batch["end_ns"].max()))]
         pending = batch if self._pending is None else pd.concat([self._pending, batch], ignore_index=True)
         self._pending = pending.sort_values(["start_ns", "_seq"], ignore_index=True)
+        leaders = batch[leader_rows(batch)][[c for c in STOP_INPUT if c in batch.columns]]
+        if len(leaders):
+            self._leaders = leaders if self._leaders is None else pd.concat([self._leaders, leaders], ignore_index=True)
+
+    def _part_of(self, batch: pd.DataFrame) -> np.ndarray:
+        """Per pause of a batch being finalized: the `kind: name` of the stop of the world it is
+        inside, "" when it leads one or stands alone (its leader started before it: seen)."""
+        columns = [c for c in STOP_INPUT if c in batch.columns]
+        both = batch[columns] if self._leaders is None else pd.concat([self._leaders, batch[columns]], ignore_index=True)
+        stops = stop_columns(both.drop_duplicates("pause_id")).set_index("pause_id")["part_of"]
+        return stops.reindex(batch["pause_id"].to_numpy()).fillna("").to_numpy(object)
 
     def _carried_code_of(self, gil: GilRows) -> np.ndarray:
         """Per row, the code of its carried values (-1 when the table carries none)."""
@@ -618,22 +635,25 @@ class Correlator:
             "amplifying_tid": pa.array(amplifying, pa.int64(), mask=amplifying < 0),
             "amplified": amplifying >= 0,
         }, schema=SCHEMAS["pause_impact"])
+        part_of = self._part_of(batch)
+        with_stop = impact.append_column("part_of", pa.array(part_of, pa.string()))
         if self.keep_impact:
-            self._impact.append(impact.append_column("_seq", pa.array(batch["_seq"].to_numpy(np.int64))))
+            self._impact.append(with_stop.append_column("_seq", pa.array(batch["_seq"].to_numpy(np.int64))))
         else:  # what summary() reads, the text as dictionaries (a few bytes a pause over a long run)
-            kept = impact.select(list(SUMMARY_INPUT))
-            for name in ("kind", "name"):
+            kept = with_stop.select(list(SUMMARY_INPUT))
+            for name in ("kind", "name", "part_of"):
                 kept = kept.set_column(kept.schema.get_field_index(name), name, pa.compute.dictionary_encode(kept[name]))
             self._impact.append(kept)
             if len(self._impact) > 256:
                 self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
         exact = np.flatnonzero(~near_miss)
         if exact.size:
-            kind_name = pd.factorize(batch["kind"].astype(str) + "\0" + batch["name"].astype(str))
-            keys = np.unique(kind_name[0][pair_b[exact]].astype(np.int64) * (1 << 32) + self.r_tidx[pair_a[exact]])
+            key_of = pd.factorize(pd.Series(part_of) + "\0" + batch["kind"].astype(str).to_numpy()
+                                  + "\0" + batch["name"].astype(str).to_numpy())
+            keys = np.unique(key_of[0][pair_b[exact]].astype(np.int64) * (1 << 32) + self.r_tidx[pair_a[exact]])
             for key in keys.tolist():
-                kind, name = kind_name[1][key >> 32].split("\0", 1)
-                self._affected.add((kind, name, key & 0xFFFFFFFF))
+                stop, kind, name = key_of[1][key >> 32].split("\0", 2)
+                self._affected.add((stop, kind, name, key & 0xFFFFFFFF))
         return overlaps, impact
 
     def _free_so_far(self, frontier: int) -> tuple[np.ndarray, np.ndarray]:
@@ -653,6 +673,11 @@ class Correlator:
             old = self._pauses_seen["start_ns"].to_numpy(np.int64) < w - self.retain_ns
             if old.any():
                 self._pauses_seen = self._pauses_seen[~old].reset_index(drop=True)
+        if self._leaders is not None and len(self._leaders) and w < END:
+            # a pause finalized later starts at or after the horizon; a stop holding it ends after it
+            gone = self._leaders["end_ns"].to_numpy(np.int64) < horizon
+            if gone.any():
+                self._leaders = self._leaders[~gone].reset_index(drop=True)
         keep = (self.r_end >= horizon - self.slack_ns) | (self.r_start >= self._swept)
         if not keep.all():
             self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried = (
@@ -675,26 +700,43 @@ class Correlator:
             return empty_table("pause_impact")
         table = pa.concat_tables(self._impact)
         self._impact = [table]
-        return table.take(pa.compute.sort_indices(table, [("_seq", "ascending")])).drop_columns(["_seq"])
+        return table.take(pa.compute.sort_indices(table, [("_seq", "ascending")])).drop_columns(["_seq", "part_of"])
+
+    def _summary_input(self) -> pd.DataFrame:
+        """SUMMARY_INPUT of every final pause so far (text as text)."""
+        from engine.correlate.schema import to_pandas
+
+        if not self._impact:
+            return to_pandas(empty_table("pause_impact").append_column("part_of", pa.array([], pa.string()))
+                             .select(list(SUMMARY_INPUT)))
+        self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
+        kept = self._impact[0].select(list(SUMMARY_INPUT))
+        for name in ("kind", "name", "part_of"):
+            if pa.types.is_dictionary(kept[name].type):
+                kept = kept.set_column(kept.schema.get_field_index(name), name, kept[name].cast(pa.string()))
+        return to_pandas(kept)
+
+    def _affected_by(self, by: tuple[str, ...]) -> pd.Series:
+        """Per `by` key: the distinct Python threads with an exact overlap."""
+        affected = pd.DataFrame(list(self._affected), columns=["part_of", "kind", "name", "thread"])
+        if not len(affected):
+            return pd.Series(dtype=np.int64)
+        return affected.drop_duplicates([*by, "thread"]).groupby(list(by)).size()
 
     def summary(self) -> pd.DataFrame:
         """The summary table over the final pauses so far (docs/results.md, "summary")."""
         from engine.correlate.summary import summary_table
 
-        affected = pd.DataFrame(list(self._affected), columns=["kind", "name", "thread"])
-        affected = affected.groupby(["kind", "name"]).size() if len(affected) else pd.Series(dtype=np.int64)
-        from engine.correlate.schema import to_pandas
+        return summary_table(self._summary_input(), self._affected_by(("kind", "name")), self.span_ns)
 
-        if self.keep_impact:
-            impact = self.pause_impact()
-        elif self._impact:
-            self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
-            impact = self._impact[0]
-            impact = impact.set_column(0, "kind", impact["kind"].cast(pa.string())).set_column(
-                1, "name", impact["name"].cast(pa.string()))
-        else:
-            impact = empty_table("pause_impact")
-        return summary_table(to_pandas(impact, "pause_impact"), affected, self.span_ns)
+    def stops(self) -> pd.DataFrame:
+        """The stops table over the final pauses so far: one stop of the world counts once, the
+        pauses inside it are its detail rows (docs/results.md, "stops"; engine/correlate/stops.py)."""
+        from engine.correlate.summary import summary_table
+
+        table = summary_table(self._summary_input(), self._affected_by(STOP_KEY), self.span_ns, by=STOP_KEY)
+        table["part_of"] = table["part_of"].replace("", pd.NA)  # ("": a stop's own row, as a group key)
+        return order_stops(table)
 
     def python_pids(self) -> list[int]:
         return sorted(int(p) for p in self.p_pid[:self.n_pids])

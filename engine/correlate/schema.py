@@ -19,16 +19,17 @@ WHOLE_VM_KINDS = ("safepoint", "gc_pause")
 
 PAUSE_COLUMNS = ("pause_id", "kind", "name", "start_ns", "end_ns")
 GIL_COLUMNS = ("pid", "tid", "state", "start_ns", "end_ns")
-# Pause columns the correlation reads beyond PAUSE_COLUMNS, when present (pause amplification).
-PAUSE_FACT_COLUMNS = ("os_thread_id", "at_safepoint")
+# Pause columns the correlation reads beyond PAUSE_COLUMNS, when present (pause amplification;
+# the stops of the world, engine/correlate/stops.py).
+PAUSE_FACT_COLUMNS = ("os_thread_id", "at_safepoint", "jvm_pid")
 # Per-interval columns carried from a GIL interval into its overlaps rows, when the gil table
 # has them (the Python code of a release, docs/results.md). Add a column here to carry it.
 GIL_CARRIED_COLUMNS = ("function", "file", "line")
 # Integer columns that may be missing: Int64 in pandas.
 NULLABLE_INT_COLUMNS = ("amplifying_tid", "line")
 
-RESULT_TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact", "summary")
-# Tables of one row per something, produced row group by row group (summary is an aggregate).
+RESULT_TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact", "summary", "stops")
+# Tables of one row per something, produced row group by row group (summary and stops are aggregates).
 ROW_TABLES = ("pauses", "gil", "gil_free", "overlaps", "pause_impact")
 
 _I8, _STR, _BOOL, _F8 = pa.int64(), pa.string(), pa.bool_(), pa.float64()
@@ -51,6 +52,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("mean_overlap_ms", _F8), ("p50_overlap_ms", _F8), ("p99_overlap_ms", _F8), ("max_overlap_ms", _F8),
         ("total_overlap_ms", _F8), ("threads_affected", _I8), ("pauses_near_miss", _I8), ("pauses_amplified", _I8)]),
 }
+# stops: the summary's columns per (part_of, kind, name): one stop of the world counts once
+# (engine/correlate/stops.py).
+SCHEMAS["stops"] = pa.schema([("part_of", _STR), *SCHEMAS["summary"]])
 COLUMNS = {name: tuple(schema.names) for name, schema in SCHEMAS.items()}
 
 # pandas dtypes of the in-memory tables (engine.analysis.Analysis): nullable ints where a value

@@ -383,15 +383,16 @@ def _run_java_reader(path: Path, java_path: Path, run: list[Chunk], bar: "_Progr
 # ---------------------------------------------------------------- Java columns to a DataFrame
 
 # Columns in table order (docs/pauses.md); how each is built from the reader's arrays.
-_STRING_COLUMNS = ("kind", "name", "cause", "operation", "collector", "compiler", "source")
+_STRING_COLUMNS = ("kind", "name", "cause", "system_gc_frames", "operation", "collector", "compiler", "source")
 _NULLABLE_INT_COLUMNS = (
-    "safepoint_id", "gc_id", "os_thread_id", "requester_os_thread_id", "jvm_pid", "time_to_safepoint_ns", "total_threads",
-    "jni_critical_threads", "sum_of_pauses_ns", "longest_pause_ns",
+    "safepoint_id", "gc_id", "os_thread_id", "requester_os_thread_id", "system_gc_os_thread_id", "jvm_pid",
+    "time_to_safepoint_ns", "total_threads", "jni_critical_threads", "sum_of_pauses_ns", "longest_pause_ns",
 )
 _COLUMNS = (
     "pause_id", "kind", "name", "start_ns", "end_ns", "duration_ns", "safepoint_id", "gc_id", "cause",
-    "os_thread_id", "requester_os_thread_id", "jvm_pid", "time_to_safepoint_ns", "operation", "collector", "compiler", "total_threads",
-    "jni_critical_threads", "sum_of_pauses_ns", "longest_pause_ns", "unmatched", "at_safepoint", "chunk", "source",
+    "os_thread_id", "requester_os_thread_id", "system_gc_os_thread_id", "system_gc_frames", "jvm_pid", "time_to_safepoint_ns",
+    "operation", "collector", "compiler", "total_threads", "jni_critical_threads", "sum_of_pauses_ns", "longest_pause_ns",
+    "unmatched", "at_safepoint", "chunk", "source",
 )
 
 
@@ -437,6 +438,8 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
         "cause": (_ints(reader.cause()), dictionary),
         "os_thread_id": _longs(reader.osThreadId()),
         "requester_os_thread_id": _longs(reader.requesterOsThreadId()),
+        "system_gc_os_thread_id": _longs(reader.systemGcOsThreadId()),
+        "system_gc_frames": (_ints(reader.systemGcFrames()), dictionary),
         "jvm_pid": np.full(n, _JAVA_NULL if pid is None else int(pid), dtype=np.int64),
         "time_to_safepoint_ns": ttsp,
         "operation": (_ints(reader.operation()), dictionary),
@@ -565,6 +568,7 @@ def _empty_table() -> pd.DataFrame:
         "safepoint_id": pd.array([], dtype="Int64"), "gc_id": pd.array([], dtype="Int64"),
         "cause": pd.array([], dtype="string"), "os_thread_id": pd.array([], dtype="Int64"),
         "requester_os_thread_id": pd.array([], dtype="Int64"),
+        "system_gc_os_thread_id": pd.array([], dtype="Int64"), "system_gc_frames": pd.array([], dtype="string"),
         "jvm_pid": pd.array([], dtype="Int64"), "time_to_safepoint_ns": pd.array([], dtype="Int64"),
         "operation": pd.array([], dtype="string"), "collector": pd.array([], dtype="string"),
         "compiler": pd.array([], dtype="string"), "total_threads": pd.array([], dtype="Int64"),

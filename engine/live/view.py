@@ -1,7 +1,8 @@
 """The live terminal view (rich Live, refreshed about once a second) and its plain-text twin.
 
-On a terminal: the rolling summary table (the correlation core's, over the final pauses), the
-latest final pauses that hit Python, per-source
+On a terminal: the rolling stops table (the correlation core's, over the final pauses: one
+row per stop of the world, its GC pause and collection under it), the latest final pauses
+that hit Python (one per stop), per-source
 lines (where pauses come from: pause ring or JFR repository; dropped/missed GIL events;
 clock error), the watermark's lag. Without a terminal (a pipe, a test), one status line
 every PLAIN_EVERY_S and every discovery/exit/problem as its own line.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pandas as pd
 
 from engine.live.watermark import END
@@ -53,8 +55,13 @@ def headline(run) -> str:
 
 
 def latest_hits(run) -> pd.DataFrame:
-    """The latest final pauses that hit Python."""
+    """The latest final pauses that hit Python, one row per stop of the world (a GC pause or
+    collection inside a safepoint among them is left out: engine/correlate/stops.py)."""
+    from engine.correlate.stops import stop_columns
+
     frame = pd.DataFrame(list(run.latest_hits), columns=["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"])
+    frame = frame.assign(pause_id=np.arange(len(frame), dtype=np.int64))
+    frame = frame[stop_columns(frame)["part_of"].isna().to_numpy(bool)]
     return frame.sort_values("end_ns").tail(LATEST)
 
 
@@ -63,7 +70,7 @@ def render(run):
     from rich.table import Table
     from rich.text import Text
 
-    summary = run.core.summary()
+    summary = run.core.stops()  # one row per stop of the world, its pauses under it
     latest = Table(title="latest pauses that hit Python", title_justify="left", pad_edge=False)
     for column in ("kind: name", "ends (s ago)", "pause", "overlap"):
         latest.add_column(column, justify="left" if column.startswith("kind") else "right")
@@ -130,4 +137,4 @@ class View:
             self.say(f"steps (read + correlate + write): {len(steps)}, p50 {np.median(steps):.2f} s, max {steps.max():.2f} s")
         for line in _status_lines(run):
             self.say(line)
-        self.console.print(summary_rich_table(run.core.summary(), {"slack_ns": run.core.slack_ns}))
+        self.console.print(summary_rich_table(run.core.stops(), {"slack_ns": run.core.slack_ns}))

@@ -66,7 +66,9 @@ MAX_ROWS_WITHOUT_HITS = 5
 
 
 def summary_rich_table(summary: pd.DataFrame, header: dict | None = None):
-    """A rich Table of the summary (its header line is printed apart, see print_summary)."""
+    """A rich Table of the summary (its header line is printed apart, see print_summary), or of
+    the stops table (a `part_of` column, engine/correlate/stops.py): one row per stop of the
+    world, the pauses inside the stops of a row (its GC pause, its collection) under it as detail."""
     from rich import box
     from rich.table import Table
 
@@ -81,18 +83,29 @@ def summary_rich_table(summary: pd.DataFrame, header: dict | None = None):
         labels["pauses_near_miss"] = "near"
     if "pauses_amplified" in summary and int(summary["pauses_amplified"].sum()) > 0:
         labels["pauses_amplified"] = "ampl"
+    stops = "part_of" in summary.columns
+    caption = "hit: pauses overlapping a released or waiting Python thread\nthr: Python threads affected"
+    if stops:
+        caption = ("one row per stop of the world; └ the pauses inside those stops\n"
+                   "hit: stops overlapping a released or waiting Python thread\nthr: Python threads affected")
     table = Table(title="JVM pauses that hit Python (overlap times in ms)", box=box.SIMPLE_HEAD, pad_edge=False,
-                  collapse_padding=True,
-                  caption="hit: pauses overlapping a released or waiting Python thread\nthr: Python threads affected")
+                  collapse_padding=True, caption=caption)
     table.add_column("kind: name", overflow="fold", min_width=22, max_width=34)
     for label in labels.values():
         table.add_column(label, justify="right")
-    hit = summary[summary["pauses_hit"] > 0]
-    missed = summary[summary["pauses_hit"] == 0]
+
+    def cells(row) -> list[str]:
+        return [_rate(getattr(row, column)) if column == "hits_per_hour" else _cell(getattr(row, column)) for column in labels]
+
+    detail = summary[summary["part_of"].notna()] if stops else summary.iloc[:0]
+    leads = summary[summary["part_of"].isna()] if stops else summary
+    hit = leads[leads["pauses_hit"] > 0]
+    missed = leads[leads["pauses_hit"] == 0]
     for row in pd.concat([hit, missed.head(MAX_ROWS_WITHOUT_HITS)]).itertuples(index=False):
-        cells = [_rate(value) if column == "hits_per_hour" else _cell(value) for column, value in
-                 ((column, getattr(row, column)) for column in labels)]
-        table.add_row(f"{row.kind}: {row.name}", *cells)
+        table.add_row(f"{row.kind}: {row.name}", *cells(row))
+        if row.pauses_hit > 0:
+            for inner in detail[detail["part_of"] == f"{row.kind}: {row.name}"].itertuples(index=False):
+                table.add_row(f" └ {inner.kind}: {inner.name}", *cells(inner), style="dim")
     if len(missed) > MAX_ROWS_WITHOUT_HITS:
         rest = missed.iloc[MAX_ROWS_WITHOUT_HITS:]
         table.add_row(f"... {len(rest)} more that never hit Python", str(int(rest["pauses"].sum())), "0",
@@ -100,13 +113,14 @@ def summary_rich_table(summary: pd.DataFrame, header: dict | None = None):
     return table
 
 
-def print_summary(summary: pd.DataFrame, header: dict, console=None) -> None:
-    """Print the header line, then the summary table (to a new rich Console unless one is given)."""
+def print_summary(summary: pd.DataFrame, header: dict, console=None, stops: pd.DataFrame | None = None) -> None:
+    """Print the header line, then the stops table (one row per stop of the world, its pauses as
+    detail) or, without one, the summary table (to a new rich Console unless one is given)."""
     from rich.console import Console
 
     console = console or Console()
     console.print(header_line(header), markup=False, highlight=False)
-    console.print(summary_rich_table(summary, header))
+    console.print(summary_rich_table(stops if stops is not None and len(stops) else summary, header))
     for line in why_lines(header.get("why") or {}):
         console.print(line, markup=False, highlight=False)
 
@@ -127,9 +141,13 @@ def why_lines(why: dict) -> list[str]:
             f"{_where(f)} {_duration(f['overlap_ns'])}" for f in why["functions_hit"]))
     for cause in why.get("caused_by_python", []):
         held = f", holding the GIL in {cause['held_gil']} (every other Python thread waited)" if cause["held_gil"] else ""
-        link = " - JPype's GC link" if cause["jpype_gc_link"] else ""
-        lines.append(f"caused by Python: thread {cause['thread']} at {_where(cause)} asked for {cause['pauses']} pause(s), "
-                     f"{_duration(cause['duration_ns'])}{held}{link}")
-    if why.get("jpype_gc_link_pauses"):
-        lines.append(f"{why['jpype_gc_link_pauses']} pause(s): {JPYPE_GC_LINK_ADVICE}")
+        java = f" through Java {cause['java_frames']}" if cause.get("java_frames") else ""
+        link = ""
+        if cause["jpype_gc_link"]:
+            link = (" - JPype's GC link" if cause["jpype_gc_link"] == cause["stops"]
+                    else f" - {cause['jpype_gc_link']} of them JPype's GC link")
+        lines.append(f"caused by Python: thread {cause['thread']} at {_where(cause)}{java} asked for {cause['stops']} "
+                     f"stop(s) of the world, {_duration(cause['duration_ns'])}{held}{link}")
+    if why.get("jpype_gc_link_stops"):
+        lines.append(f"JPype's GC link, {why['jpype_gc_link_stops']} stop(s): {JPYPE_GC_LINK_ADVICE}")
     return lines

@@ -13,7 +13,9 @@ import jdk.jfr.ValueDescriptor;
 import jdk.jfr.consumer.EventStream;
 import jdk.jfr.consumer.RecordedClass;
 import jdk.jfr.consumer.RecordedEvent;
+import jdk.jfr.consumer.RecordedFrame;
 import jdk.jfr.consumer.RecordedMethod;
+import jdk.jfr.consumer.RecordedStackTrace;
 import jdk.jfr.consumer.RecordedThread;
 
 import static tandem.jfr.EventFields.longField;
@@ -58,7 +60,7 @@ public final class PauseReader {
     /** Every event type this reader subscribes to; the rest of the file is skipped. */
     public static final String[] EVENT_TYPES = {
         "jdk.SafepointBegin", "jdk.SafepointEnd", "jdk.ExecuteVMOperation", "jdk.GCPhasePause",
-        "jdk.GarbageCollection", "jdk.Compilation", "jdk.Deoptimization",
+        "jdk.GarbageCollection", "jdk.Compilation", "jdk.Deoptimization", "jdk.SystemGC",
         "jdk.JVMInformation", "jdk.OSInformation", "jdk.GCConfiguration", "jdk.CPUTimeStampCounter",
         "jdk.InitialSystemProperty", CLOCK_SYNC,
     };
@@ -94,6 +96,14 @@ public final class PauseReader {
     private int orphanSafepointEnds;
     private long eventsSeen;
 
+    /** jdk.SystemGC calls: start and end ticks, the calling thread's OS id, its top frames' code. */
+    private final LongList systemGcStart = new LongList();
+    private final LongList systemGcEnd = new LongList();
+    private final LongList systemGcThread = new LongList();
+    private final IntList systemGcFrames = new IntList(-1);
+    /** How many of a System.gc() call's innermost frames the system_gc_frames column keeps. */
+    public static final int SYSTEM_GC_FRAMES = 5;
+
     // ---- per event type: which fields it has, resolved once per type (see Fields) ----
     private final Fields safepointBeginFields = new Fields("safepointId", "totalThreadCount", "jniCriticalThreadCount");
     private final Fields safepointEndFields = new Fields("safepointId");
@@ -102,6 +112,7 @@ public final class PauseReader {
     private final Fields garbageCollectionFields = new Fields("gcId", "name", "cause", "sumOfPauses", "longestPause");
     private final Fields compilationFields = new Fields("method", "compiler", "compileLevel");
     private final Fields deoptimizationFields = new Fields("duration", "method", "reason", "action");
+    private final Fields systemGcFields = new Fields("stackTrace");
 
     /**
      * The chunks' ticks per second when the caller knows it (one JVM run: the same for every
@@ -152,6 +163,7 @@ public final class PauseReader {
             subscribe(stream, "jdk.GarbageCollection", this::onGarbageCollection);
             subscribe(stream, "jdk.Compilation", this::onCompilation);
             subscribe(stream, "jdk.Deoptimization", this::onDeoptimization);
+            subscribe(stream, "jdk.SystemGC", this::onSystemGc);
             subscribe(stream, "jdk.JVMInformation", this::onJvmInformation);
             subscribe(stream, "jdk.OSInformation", e -> osVersion = firstNonNull(osVersion, stringField(e, "osVersion")));
             subscribe(stream, "jdk.GCConfiguration", this::onGcConfiguration);
@@ -308,6 +320,42 @@ public final class PauseReader {
         progress(start);
     }
 
+    /** A System.gc() call: who called it, from where (tandem's settings record its stack trace). */
+    private void onSystemGc(RecordedEvent e) {
+        Fields f = systemGcFields.of(e);
+        long start = e.getLong("startTime");
+        systemGcStart.add(start);
+        systemGcEnd.add(start + e.getLong("duration"));
+        systemGcThread.add(osThreadId(e, f));
+        systemGcFrames.add(strings.code(f.has(0) ? topFrames(e.getStackTrace()) : null));
+    }
+
+    /**
+     * The innermost {@link #SYSTEM_GC_FRAMES} frames, innermost first, as
+     * {@code Class.method:line} joined by "; " (no line when JFR has none); null without a trace.
+     */
+    private static String topFrames(RecordedStackTrace trace) {
+        if (trace == null) {
+            return null;
+        }
+        StringBuilder out = new StringBuilder();
+        List<RecordedFrame> frames = trace.getFrames();
+        for (int i = 0; i < frames.size() && i < SYSTEM_GC_FRAMES; i++) {
+            RecordedFrame frame = frames.get(i);
+            RecordedMethod method = frame.getMethod();
+            if (i > 0) {
+                out.append("; ");
+            }
+            RecordedClass type = method == null ? null : method.getType();
+            out.append(type == null ? "?" : type.getName().replace('/', '.')).append('.')
+                .append(method == null ? "?" : method.getName());
+            if (frame.getLineNumber() > 0) {
+                out.append(':').append(frame.getLineNumber());
+            }
+        }
+        return out.toString();
+    }
+
     private void onJvmInformation(RecordedEvent e) {
         jvmName = firstNonNull(jvmName, stringField(e, "jvmName"));
         jvmVersion = firstNonNull(jvmVersion, stringField(e, "jvmVersion"));
@@ -393,7 +441,50 @@ public final class PauseReader {
             rows.requesterOsThreadId.set(row, op[5]);
         }
         safepointOperationsWithoutBegin.clear();
+        attachSystemGcCalls();
         rows.trim();
+    }
+
+    /**
+     * Each stop-the-world row (safepoint, GC pause, collection, VM operation) lying inside a
+     * System.gc() call (the call returns when its collection is done) gets the call's thread and
+     * frames. Calls of one run are sorted by start; a row takes the last call starting at or
+     * before it, if that call ends at or after it.
+     */
+    private void attachSystemGcCalls() {
+        int calls = systemGcStart.size;
+        if (calls == 0) {
+            return;
+        }
+        Integer[] order = new Integer[calls];
+        for (int i = 0; i < calls; i++) {
+            order[i] = i;
+        }
+        java.util.Arrays.sort(order, (a, b) -> Long.compare(systemGcStart.get(a), systemGcStart.get(b)));
+        long[] starts = new long[calls];
+        for (int i = 0; i < calls; i++) {
+            starts[i] = systemGcStart.get(order[i]);
+        }
+        for (int row = 0; row < rows.size; row++) {
+            int kind = rows.kind.get(row);
+            if (kind == KIND_COMPILATION || kind == KIND_DEOPTIMIZATION) {
+                continue;
+            }
+            int at = java.util.Arrays.binarySearch(starts, rows.startTicks.get(row));
+            // the last call starting at or before the row (binarySearch finds any of equal starts)
+            if (at >= 0) {
+                while (at + 1 < calls && starts[at + 1] == starts[at]) {
+                    at++;
+                }
+            } else {
+                at = -at - 2;
+            }
+            if (at < 0 || systemGcEnd.get(order[at]) < rows.endTicks.get(row)) {
+                continue;
+            }
+            rows.systemGcOsThreadId.set(row, systemGcThread.get(order[at]));
+            rows.systemGcFrames.set(row, systemGcFrames.get(order[at]));
+        }
     }
 
     // ---------------------------------------------------------------- field helpers
@@ -482,6 +573,9 @@ public final class PauseReader {
     public long[] endTicks() { return rows.endTicks.array; }
     public long[] osThreadId() { return rows.osThreadId.array; }
     public long[] requesterOsThreadId() { return rows.requesterOsThreadId.array; }
+    public long[] systemGcOsThreadId() { return rows.systemGcOsThreadId.array; }
+    /** Codes into {@link #dictionary()}: the top frames of the System.gc() call a row lies in. */
+    public int[] systemGcFrames() { return rows.systemGcFrames.array; }
     public long[] safepointId() { return rows.safepointId.array; }
     public long[] gcId() { return rows.gcId.array; }
     public long[] timeToSafepointTicks() { return rows.timeToSafepointTicks.array; }
@@ -677,6 +771,7 @@ public final class PauseReader {
         final LongList endTicks = new LongList();
         final LongList osThreadId = new LongList();
         final LongList requesterOsThreadId = new LongList();
+        final LongList systemGcOsThreadId = new LongList();
         final LongList safepointId = new LongList();
         final LongList gcId = new LongList();
         final LongList timeToSafepointTicks = new LongList();
@@ -691,9 +786,10 @@ public final class PauseReader {
         final IntList compiler = new IntList(-1);
         final IntList unmatched = new IntList(0);
         final IntList atSafepoint = new IntList(-1);
-        private final LongList[] longs = {startTicks, endTicks, osThreadId, requesterOsThreadId, safepointId, gcId, timeToSafepointTicks,
-            totalThreads, jniCriticalThreads, sumOfPausesNanos, longestPauseNanos};
-        private final IntList[] ints = {kind, name, cause, operation, collector, compiler, unmatched, atSafepoint};
+        final IntList systemGcFrames = new IntList(-1);
+        private final LongList[] longs = {startTicks, endTicks, osThreadId, requesterOsThreadId, systemGcOsThreadId, safepointId, gcId,
+            timeToSafepointTicks, totalThreads, jniCriticalThreads, sumOfPausesNanos, longestPauseNanos};
+        private final IntList[] ints = {kind, name, cause, operation, collector, compiler, unmatched, atSafepoint, systemGcFrames};
 
         int add(int kindCode, long start, long end, long thread) {
             for (LongList column : longs) {

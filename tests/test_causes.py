@@ -1,0 +1,147 @@
+"""Who asked for a pause, from the JVM side: jdk.SystemGC's thread and Java frames in
+pauses.parquet, and the causes they give (engine/analysis/causes.py), on real JVMs.
+
+Witnesses: `jfr print --json` of the same recording (the call's thread and frames), the
+program's own monotonic brackets around each call, its threads' native ids and the source
+line of each call."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import default_java_home
+from engine.ingest.jfr import read_pauses
+from test_ingest_jfr import recordings, workload_dirs  # noqa: F401 (fixtures)
+from test_ingest_witness import jfr_print
+
+JDK17 = default_java_home()
+JDK25 = Path("/usr/lib/jvm/temurin-25-jdk-amd64")
+PROGRAM = Path(__file__).with_name("system_gc_program.py")
+GC_CALLER = """
+public class GcCaller {
+    public static void collect() {
+        System.gc();
+    }
+}
+"""
+
+
+def _frames(event: dict) -> str:
+    """system_gc_frames as the spec says, from `jfr print --json`'s stack trace."""
+    out = []
+    for frame in event["values"]["stackTrace"]["frames"][:5]:
+        method = frame["method"]
+        text = f"{method['type']['name'].replace('/', '.')}.{method['name']}"
+        if frame.get("lineNumber", -1) > 0:
+            text += f":{frame['lineNumber']}"
+        out.append(text)
+    return "; ".join(out)
+
+
+def _methods(frames: str) -> list[str]:
+    return [frame.split(":", 1)[0] for frame in frames.split("; ")]
+
+
+def test_system_gc_calls_name_their_thread_and_java_frames(recordings):  # noqa: F811
+    """The witness workload calls System.gc() from Workload.bracketedGc, bracketed by
+    System.nanoTime(): every stop-the-world row inside a bracket carries that call's thread
+    and frames as `jfr print` shows them; no row outside a call carries any."""
+    path, windows = recordings(JDK17, "g1")
+    pauses = read_pauses(path)
+    events = jfr_print(JDK17, path, ["jdk.SystemGC"])
+    assert len(events) == len(windows) >= 2
+    events.sort(key=lambda e: e["values"]["startTime"])
+    marked = set()
+    for (before, after), event in zip(sorted(windows), events):
+        rows = pauses[(pauses["start_ns"] >= before) & (pauses["end_ns"] <= after)
+                      & pauses["kind"].isin(["safepoint", "gc_pause", "gc"])]
+        assert {"safepoint", "gc_pause", "gc"} <= set(rows["kind"]), rows
+        assert (rows["system_gc_os_thread_id"] == event["values"]["eventThread"]["osThreadId"]).all(), rows
+        frames = _frames(event)
+        assert (rows["system_gc_frames"] == frames).all(), (rows["system_gc_frames"], frames)
+        assert _methods(frames)[:3] == ["java.lang.Runtime.gc", "java.lang.System.gc", "Workload.bracketedGc"]
+        marked.update(rows["pause_id"])
+    assert set(pauses.loc[pauses["system_gc_os_thread_id"].notna(), "pause_id"]) == marked
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("java_home", [JDK17, JDK25], ids=["jdk17", "jdk25"])
+def test_python_threads_calling_system_gc_are_named_with_their_line_and_java_frames(tmp_path, java_home):
+    """Through JPype, a Python thread calls java.lang.System.gc() directly, another a Java
+    method that calls it: each collection (one stop of the world) is caused by Python, by the
+    calling thread, at the line of the call, with the GIL released (JPype releases it around
+    every call: not JPype's GC link); the call through Java shows its Java frames.
+
+    JDK 17's JFR names no thread attached through JNI (a Python thread): its jdk.SystemGC
+    events are not written and jdk.ExecuteVMOperation's caller is N/A (`jfr print`). There
+    nobody is named, never somebody else; JDK 25 names them all."""
+    if not java_home.is_dir():
+        pytest.skip(f"{java_home} is not installed")
+    from engine.analysis import analyze_session
+    from engine.analysis.causes import caused_stops
+    from engine.report.summary import why_lines
+
+    classes = tmp_path / "classes"
+    classes.mkdir()
+    (tmp_path / "GcCaller.java").write_text(GC_CALLER)
+    subprocess.run(["javac", "--release", "17", "-d", str(classes), str(tmp_path / "GcCaller.java")], check=True)
+    session, calls_file = tmp_path / "session", tmp_path / "calls.json"
+    env = {**os.environ, "JAVA_HOME": str(java_home)}  # (the JVM JPype starts)
+    done = subprocess.run([sys.executable, "-m", "engine", "record", "-o", str(session), "--", sys.executable, str(PROGRAM),
+                           str(classes), str(calls_file)], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    calls = json.loads(calls_file.read_text())
+    analysis = analyze_session(session)
+    impact = analysis.pause_impact.merge(analysis.pauses[["pause_id", "system_gc_os_thread_id"]], on="pause_id")
+    source = PROGRAM.read_text().splitlines()
+    line_of = {"direct-gc": 1 + next(i for i, t in enumerate(source) if "# the direct call" in t),
+               "java-gc": 1 + next(i for i, t in enumerate(source) if "# the call through Java" in t)}
+    function_of = {"direct-gc": "direct", "java-gc": "through_java"}
+    named = 0
+    for call in calls:
+        inside = impact[(impact["start_ns"] >= call["before_ns"]) & (impact["end_ns"] <= call["after_ns"])]
+        lead = inside[(inside["kind"] == "safepoint") & (inside["name"] == "G1CollectFull")]
+        assert len(lead) == 1, inside
+        inside = inside[inside["stop_id"] == lead["pause_id"].iloc[0]]  # one stop of the world: its rows
+        assert set(inside["kind"]) == {"safepoint", "gc_pause", "gc"}, inside
+        named_other = inside["caused_by_python"] & (inside["cause_tid"] != call["tid"])
+        assert not named_other.fillna(False).any(), inside
+        known = inside[inside["system_gc_os_thread_id"].notna()]
+        if not len(known):
+            assert java_home == JDK17 and not inside["caused_by_python"].any(), inside
+            continue
+        named += 1
+        assert (known["system_gc_os_thread_id"] == call["tid"]).all()
+        assert known["caused_by_python"].all() and (known["cause_tid"] == call["tid"]).all()
+        assert (known["cause_thread"] == call["thread"]).all()
+        assert (known["cause_function"] == function_of[call["thread"]]).all()
+        assert (known["cause_line"] == line_of[call["thread"]]).all()
+        assert (known["cause_state"] == "released").all() and not known["cause_held_gil"].any()
+        assert not known["jpype_gc_link"].any()
+        frames = set(known["cause_java_frames"])
+        assert len(frames) == 1
+        frames = frames.pop()
+        if call["thread"] == "java-gc":
+            assert _methods(frames)[:3] == ["java.lang.Runtime.gc", "java.lang.System.gc", "GcCaller.collect"]
+            assert frames.split("; ")[2] == "GcCaller.collect:4"
+        else:
+            assert _methods(frames) == ["java.lang.Runtime.gc", "java.lang.System.gc"]
+    if java_home == JDK25:
+        assert named == len(calls) == 6
+    if named == 0:
+        return
+    # one figure per stop: the summary counts each collection once
+    stops = caused_stops(analysis.pause_impact)
+    assert stops["stop_id"].is_unique
+    lines = why_lines(analysis.header["why"])
+    java_line = [line for line in lines if "thread java-gc" in line]
+    assert java_line and "GcCaller.collect:4" in java_line[0] and "through Java java.lang.Runtime.gc" in java_line[0]
+    for cause in analysis.header["why"]["caused_by_python"]:
+        if cause["thread"] in line_of:
+            assert cause["stops"] == sum(1 for c in calls if c["thread"] == cause["thread"])
+    assert not any("JPype's GC link" in line for line in lines)
