@@ -106,6 +106,89 @@ def test_cli_analyze_and_perfetto_export(recorded, tmp_path):
     assert any(e["name"].startswith("JVM pause: ") for e in trace["traceEvents"])
 
 
+def test_perfetto_links_each_caused_stop_to_the_python_slice_that_asked(recorded):
+    """The protobuf trace: GIL slices are named by the Python code they gave the GIL up in, and
+    each stop of the world a Python thread asked for has one flow arrow from that thread's
+    slice at the request (here: released in the JPype call to System.gc(), named by its line)
+    to the stop's pause."""
+    from engine.analysis.causes import caused_stops
+    from engine.report.perfetto import export_perfetto
+    from test_perfetto import decode_proto
+
+    root, _, _, analysis = recorded
+    tracks, slices = decode_proto(export_perfetto(root / "out", root / "t.pftrace"))
+    caused = caused_stops(analysis.pause_impact)
+    if not len(caused):
+        pytest.skip("JFR named no requester for any pause")
+    by_flow_out = {f: s for s in slices for f in s["flows_out"]}
+    for stop in caused.itertuples():
+        pause = [s for s in slices if s["args"].get("pause_id") == stop.pause_id]
+        assert len(pause) == 1
+        python = [by_flow_out[f] for f in pause[0]["flows_in"] if f in by_flow_out
+                  and tracks[by_flow_out[f]["track"]]["tid"] is not None]
+        assert len(python) == 1, (stop, pause)
+        origin = python[0]
+        assert tracks[origin["track"]]["tid"] == stop.cause_tid
+        assert origin["start"] <= stop.start_ns < origin["end"]
+        state = "held" if stop.cause_state == "holding" else stop.cause_state
+        assert origin["name"].startswith(state)
+        if state != "held":
+            assert origin["name"] == f"{state}: {stop.cause_function} ({Path(stop.cause_file).name}:{stop.cause_line})"
+    # every released/waiting slice names its code as the gil table does
+    gil = analysis.gil
+    named = gil[gil["end_ns"] > gil["start_ns"]]
+    drawn = {(tracks[s["track"]]["tid"], s["start"]): s["name"] for s in slices
+             if tracks[s["track"]]["tid"] is not None and not s["name"].startswith(("JVM pause: ", "held"))}
+    sample = named.sample(min(len(named), 2_000), random_state=1)
+    for row in sample.itertuples():
+        code = (f": {row.function} ({Path(row.file).name}:{row.line})" if pd.notna(row.file) and pd.notna(row.line)
+                else f": {row.function}" if pd.notna(row.function) else "")
+        assert drawn[(row.tid, row.start_ns)] == f"{row.state}{code}"
+
+
+def test_one_stop_of_the_world_counts_once(recorded):
+    """Each System.gc() of the gc-trigger thread (its bracket, written by the program) is one
+    stop: the G1CollectFull safepoint leads it, its GC pause and collection are its detail.
+    Witness of the grouping: a brute-force containment of every GC row in a safepoint of its
+    JVM. The printed summary has one row per stop, the per-kind rows under it."""
+    import io
+
+    from rich.console import Console
+
+    _, _, markers, analysis = recorded
+    impact, pauses = analysis.pause_impact, analysis.pauses
+    for marker in markers["gc_markers"]:
+        inside = impact[(impact["start_ns"] >= marker["before_ns"]) & (impact["end_ns"] <= marker["after_ns"])]
+        lead = inside[(inside["kind"] == "safepoint") & (inside["name"] == "G1CollectFull")]
+        assert len(lead) == 1, inside
+        members = inside[inside["stop_id"] == lead["pause_id"].iloc[0]]
+        assert sorted(members["kind"]) == ["gc", "gc_pause", "safepoint"], inside  # one collection, one stop
+        # (an allocation's young collection may fall in the bracket too: a stop of its own)
+        gc_rows = inside[inside["kind"].isin(["gc_pause", "gc"])]
+        assert gc_rows["stop_id"].isin(inside.loc[inside["kind"] == "safepoint", "pause_id"]).all(), inside
+    safepoints = pauses[pauses["kind"] == "safepoint"]
+    for row in pauses[pauses["kind"].isin(["gc_pause", "gc"])].itertuples():
+        hosts = safepoints[(safepoints["jvm_pid"] == row.jvm_pid) & (safepoints["start_ns"] <= row.start_ns)
+                           & (safepoints["end_ns"] >= row.end_ns)]
+        expected = int(hosts["pause_id"].iloc[0]) if len(hosts) == 1 else row.pause_id
+        assert len(hosts) <= 1 and int(impact.loc[impact["pause_id"] == row.pause_id, "stop_id"].iloc[0]) == expected
+    stops = analysis.stops
+    leads, detail = stops[stops["part_of"].isna()], stops[stops["part_of"].notna()]
+    own = impact[impact["pause_id"] == impact["stop_id"]]
+    assert int(leads["pauses"].sum()) == impact["stop_id"].nunique() == len(own)
+    assert int(leads["pauses_hit"].sum()) == int(own["hit_python"].sum())
+    assert int(leads["pauses"].sum()) + int(detail["pauses"].sum()) == len(impact)
+    assert int(detail.loc[detail["part_of"] == "safepoint: G1CollectFull", "pauses"].sum()) >= 2 * len(markers["gc_markers"])
+    out = io.StringIO()
+    analysis.summary(console=Console(file=out, width=160))
+    lines = out.getvalue().splitlines()
+    assert sum(1 for line in lines if line.lstrip().startswith("safepoint: G1CollectFull ")) == 1
+    assert any(line.lstrip().startswith("└ gc_pause: ") for line in lines)
+    # the per-kind rows stay in summary.parquet: there the stop's three rows each count it
+    summary = analysis.summary_table
+    assert {"safepoint", "gc_pause", "gc"} <= set(summary["kind"])
+
+
 def test_notebook_runs_top_to_bottom(recorded):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -120,6 +203,9 @@ def test_notebook_runs_top_to_bottom(recorded):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the timeline and the histogram
+    # "who was hit, who caused it": the code hit most, the stops the gc-trigger thread asked for
+    text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
+    assert "stop(s) of the world caused by Python" in text and "_gc_trigger_loop" in text
 
 
 def test_system_gc_pauses_are_caused_by_the_calling_python_thread_at_its_line(recorded):

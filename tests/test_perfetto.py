@@ -34,16 +34,30 @@ def _tables():
         "time_to_safepoint_ns": pd.array([50_000, None, None, None] * 10, dtype="Int64"),
         "operation": ["G1CollectForAllocation", None, None, None] * 10,
         "jvm_pid": 4242,
+        # every fourth safepoint asked for by thread 101 (a Python thread: caused by Python)
+        "requester_os_thread_id": pd.array([101 if i % 16 == 0 else None for i in range(40)], dtype="Int64"),
     })
+    codes = [("fetch", "/srv/app/db.py", 88), ("Worker.run", "/srv/app/worker.py", 12), ("<no Python frame>", None, None)]
     rows = []
     for tid in (101, 102, 103):
         t = int(rng.integers(0, 5 * MS))
         while t < 2_000 * MS:
             length = int(rng.integers(1, 20 * MS))
-            rows.append((77, tid, f"worker-{tid}", str(rng.choice(["released", "waiting"])), t, t + length))
+            function, file, line = codes[int(rng.integers(0, len(codes)))]
+            rows.append((77, tid, f"worker-{tid}", str(rng.choice(["released", "waiting"])), t, t + length, function, file, line))
             t += length + int(rng.integers(0, 10 * MS))  # 0: a state starts where the previous ends
-    gil = pd.DataFrame(rows, columns=["pid", "tid", "thread_name", "state", "start_ns", "end_ns"])
+    gil = pd.DataFrame(rows, columns=["pid", "tid", "thread_name", "state", "start_ns", "end_ns", "function", "file", "line"])
+    gil["line"] = gil["line"].astype("Int64")
     return pauses, gil
+
+
+def _slice_name(row) -> str:
+    """What docs/perfetto.md says a GIL slice is called."""
+    if pd.isna(row.function):
+        return row.state
+    if pd.isna(row.file):
+        return f"{row.state}: {row.function}"
+    return f"{row.state}: {row.function} ({Path(row.file).name}:{row.line})"
 
 
 def decode_json(path: Path) -> tuple[dict, list[dict]]:
@@ -65,15 +79,19 @@ def decode_json(path: Path) -> tuple[dict, list[dict]]:
         by_track[s["track"]].append(s)
 
     def innermost(track, at, pause=False):
-        inside = [(s["end"] - s["start"], -i, s) for i, s in enumerate(by_track[track])
-                  if s["start"] <= at < s["end"] and (not pause or "pause_id" in s["args"])]
+        inside = [(s["end"] - s["start"], -i, s) for i, s in enumerate(by_track[track]) if s["start"] <= at < s["end"]]
+        if pause and any("pause_id" in s["args"] for *_, s in inside):
+            inside = [x for x in inside if "pause_id" in x[2]["args"]]
         return min(inside, key=lambda x: x[:2])[2]  # the shortest; of equal ones, the child (written after its parent)
 
+    jvm_tracks = {track for s in slices if "pause_id" in s["args"] for track in [s["track"]]}
     for e in events:
         if e["ph"] == "s":  # (inside a safepoint it binds to its synchronize or operation part, within the pause)
-            innermost((e["pid"], e["tid"]), ns(e["ts"]), pause=True)["flows_out"].append(e["id"])
-        elif e["ph"] == "f":
-            innermost((e["pid"], e["tid"]), ns(e["ts"]))["flows_in"].append(e["id"])
+            track = (e["pid"], e["tid"])
+            innermost(track, ns(e["ts"]), pause=track in jvm_tracks)["flows_out"].append(e["id"])
+        elif e["ph"] == "f":  # (a cause flow ends at a pause: it binds to the pause or the part of it there)
+            track = (e["pid"], e["tid"])
+            innermost(track, ns(e["ts"]), pause=track in jvm_tracks)["flows_in"].append(e["id"])
     assert {i for (_, _, i) in starts} == {e["id"] for e in events if e["ph"] == "f"}
     return tracks, slices
 
@@ -177,10 +195,14 @@ def test_flows_are_paired_and_overlaps_are_marked(trace):
     out = [f for s in slices for f in s["flows_out"]]
     into = [f for s in slices for f in s["flows_in"]]
     assert sorted(out) == sorted(into) and len(set(out)) == len(out)
-    # Each flow leaves the pause it names and ends at a mark naming it.
+    # Each flow leaves the pause it names and ends at a mark naming it, or (caused by Python)
+    # leaves a Python slice and ends at the pause.
     leaves = {f: s for s in slices for f in s["flows_out"]}
     for s in slices:
         for f in s["flows_in"]:
+            if "pause_id" in s["args"]:
+                assert "pause_id" not in leaves[f]["args"]
+                continue
             assert s["name"].startswith("JVM pause: ")
             assert leaves[f]["args"]["pause_id"] in s["args"]["pause_ids"]
     hits = analysis.overlaps[~analysis.overlaps["near_miss"] & (analysis.overlaps["overlap_ns"] > 0)]
@@ -199,7 +221,8 @@ def test_flows_are_paired_and_overlaps_are_marked(trace):
             covered.update(range(hit.start_ns // 1000, hit.end_ns // 1000))
         drawn = sum(m["end"] - m["start"] for m in marks if tid_of(m) == tid) / 1000
         assert drawn == pytest.approx(len(covered), rel=1e-3, abs=len(of_thread) + 1)
-    assert len(out) == len(hits)  # every (pause, thread interval) hit has its arrow
+    caused = int(analysis.pause_impact["caused_by_python"].sum())
+    assert len(out) == len(hits) + caused  # every (pause, thread interval) hit has its arrow, every caused stop one
 
 
 def test_every_pause_and_state_is_drawn(trace):
@@ -207,13 +230,40 @@ def test_every_pause_and_state_is_drawn(trace):
     pauses = sorted((s["args"]["pause_id"], s["start"], s["end"]) for s in slices if s["cat"] == "jvm" and "pause_id" in s["args"])
     expected = analysis.pauses
     assert pauses == sorted(zip(expected["pause_id"].tolist(), expected["start_ns"].tolist(), expected["end_ns"].tolist()))
-    states = sorted((s["name"], s["start"], s["end"]) for s in slices if s["cat"] == "gil" and s["name"] in ("released", "waiting"))
+    states = sorted((s["name"], s["start"], s["end"]) for s in slices if s["cat"] == "gil" and s["name"] != "held")
     gil = analysis.gil[analysis.gil["end_ns"] > analysis.gil["start_ns"]]
-    assert states == sorted(zip(gil["state"].astype(str), gil["start_ns"], gil["end_ns"]))
-    held = [s for s in slices if s["name"] == "held"]
-    assert bool(held) == (fmt == "json")  # protobuf: a thread's gaps are its held time (docs/perfetto.md)
+    assert states == sorted((_slice_name(row), row.start_ns, row.end_ns) for row in gil.itertuples())
+    # held: the gaps between a thread's released/waiting intervals (within its lifetime), both formats
+    tid_of = lambda s: tracks[s["track"]]["tid"] if fmt == "proto" else s["track"][1]  # noqa: E731
+    held = sorted((tid_of(s), s["start"], s["end"]) for s in slices if s["name"] == "held")
+    expected_held = []
+    for tid, rows in gil.sort_values("start_ns").groupby("tid"):
+        ends, starts = rows["end_ns"].to_numpy()[:-1], rows["start_ns"].to_numpy()[1:]
+        expected_held += [(tid, int(a), int(b)) for a, b in zip(ends, starts) if b > a]
+    assert held == sorted(expected_held) and held
     names = {t["name"] for t in tracks.values()}
     assert {"worker-101 (101)", "safepoints", "GC pauses"} <= names
+
+
+def test_a_caused_pause_is_linked_to_the_python_slice_that_asked(trace):
+    """A pause whose requester is a Python thread (pause_impact's causes) has a flow from that
+    thread's slice containing the pause's start (released, waiting or held) to the pause."""
+    analysis, fmt, (tracks, slices) = trace
+    tid_of = lambda s: tracks[s["track"]]["tid"] if fmt == "proto" else s["track"][1]  # noqa: E731
+    caused = analysis.pause_impact[analysis.pause_impact["caused_by_python"]]
+    assert len(caused) >= 2
+    leaves = {f: s for s in slices for f in s["flows_out"]}
+    for stop in caused.itertuples():
+        pause = next(s for s in slices if s["args"].get("pause_id") == stop.pause_id and s["start"] == stop.start_ns)
+        origins = [leaves[f] for f in pause["flows_in"] if "pause_id" not in leaves[f]["args"]]
+        assert len(origins) == 1
+        origin = origins[0]
+        assert tid_of(origin) == stop.cause_tid == 101 and origin["start"] <= stop.start_ns < origin["end"]
+        if origin["cat"] == "overlap":  # JSON: a flow leaves the innermost slice there, maybe a mark
+            origin = next(s for s in slices if s["track"] == origin["track"] and s["cat"] == "gil"
+                          and s["start"] <= stop.start_ns < s["end"])
+        state = "held" if stop.cause_state == "holding" else stop.cause_state
+        assert origin["name"].split(":")[0] == state
 
 
 def test_cli_refuses_a_directory_without_results(tmp_path):

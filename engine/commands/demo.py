@@ -51,7 +51,7 @@ def demo(
     analysis.summary(console=console)
     picture = output / "timeline.png"
     analysis.timeline(*analysis.worst_window(), path=picture)
-    trace = export_perfetto(results, output / "trace.json")
+    trace = export_perfetto(results, output / "trace.pftrace")
     console.print()
     console.print(f"session      {session}")
     console.print(f"results      {results}/*.parquet")

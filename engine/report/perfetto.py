@@ -8,9 +8,11 @@ Layout, all on CLOCK_MONOTONIC:
   operations without a safepoint, JIT compilation, deoptimization. Slices that overlap
   without nesting (concurrent collections) are spread over extra lanes of that family;
 - one process per Python interpreter, with a track per thread showing `released` and
-  `waiting` (and, in JSON, `held` in between); where a JVM pause overlaps a released or
+  `waiting` slices named by the Python code the thread gave the GIL up in
+  (`released: fetch (db.py:88)`), `held` in between; where a JVM pause overlaps a released or
   waiting interval, a slice `JVM pause: <name>` sits inside it, linked by a flow arrow from
-  the pause.
+  the pause; a stop of the world a Python thread asked for (pause_impact's causes) has a flow
+  arrow from that thread's slice at the request to the stop's pause.
 
 Streaming: the pauses are read whole (tens of bytes a pause); GIL intervals and overlaps are
 read batch by batch and spilled to one file per Python thread next to the output, then drawn
@@ -44,6 +46,7 @@ _LANE_STRIDE = 100  # JSON tids of a JVM's tracks: family index * stride + lane 
 _UNKNOWN_JVM_PID = 0  # pauses brought from elsewhere without jvm_pid
 _BATCH_ROWS = 1 << 16
 STATES = ("released", "waiting", "held")  # codes 0, 1, 2 in the spill files
+CODE_COLUMNS = ("function", "file", "line")  # the Python code of a GIL interval (docs/results.md)
 _STATE_COLOR = {"released": "grey", "waiting": "bad", "held": "good"}
 _PAUSE_ARGS = ("pause_id", "kind", "duration_ns", "cause", "gc_id", "safepoint_id", "unmatched", "os_thread_id")
 _ARG_NAMES = (*_PAUSE_ARGS, "pause_ids", "state")
@@ -73,6 +76,7 @@ class _Slices:
     args: dict[int, dict] = field(default_factory=dict)  # slice index -> debug arguments
     flows_out: dict[int, list[int]] = field(default_factory=dict)  # slice index -> flow ids starting there
     flows_in: dict[int, list[tuple[int, _Track, int, int]]] = field(default_factory=dict)  # -> (flow id, from track, at ns, pause id)
+    gil_rows: int = 0  # released and waiting slices among them (progress)
 
     def category(self, name_index: int) -> str:
         return self.cat if isinstance(self.cat, str) else self.cat[name_index]
@@ -115,6 +119,18 @@ def _batches(files: list[Path], wanted: tuple[str, ...]) -> Iterator:
         yield from handle.iter_batches(batch_size=_BATCH_ROWS, columns=columns)
 
 
+def _code_label(function, file, line) -> str | None:
+    """`function (file.py:line)`: how a GIL slice names the Python code it gave the GIL up in."""
+    if function is None or function is pd.NA or (isinstance(function, float) and np.isnan(function)):
+        return None
+    if file is None or file is pd.NA or (isinstance(file, float) and np.isnan(file)) or not str(file):
+        return str(function)
+    where = os.path.basename(str(file))
+    if line is not None and line is not pd.NA and not (isinstance(line, float) and np.isnan(line)):
+        where += f":{int(line)}"
+    return f"{function} ({where})"
+
+
 def _ints(batch, name: str) -> np.ndarray:
     return batch.column(name).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
@@ -148,6 +164,7 @@ class _ThreadSpill:
         self.rows = 0
         self.last_start: dict[tuple[int, int], int] = {}
         self.unsorted: set[tuple[int, int]] = set()  # threads whose GIL rows did not come in start order
+        self.codes: dict[str, int] = {}  # the label of each Python code a GIL row names -> its code in the spill
 
     def _file(self, kind: str, key: tuple[int, int]) -> Path:
         index = self.threads.setdefault(key, len(self.threads))
@@ -168,14 +185,42 @@ class _ThreadSpill:
                 self.last_start[key] = max(self.last_start.get(key, starts[0]), int(starts.max()))
 
     def add_gil(self, files: list[Path], progress: Callable[[int], None]) -> None:
-        for batch in _batches(files, ("pid", "tid", "state", "start_ns", "end_ns", "thread_name")):
+        for batch in _batches(files, ("pid", "tid", "state", "start_ns", "end_ns", "thread_name", *CODE_COLUMNS)):
             pid, tid = _ints(batch, "pid"), _ints(batch, "tid")
             if "thread_name" in batch.schema.names:
                 self._learn_names(pid, tid, batch.column("thread_name"))
-            records = np.column_stack([_ints(batch, "start_ns"), _ints(batch, "end_ns"), _state_codes(batch)])
+            records = np.column_stack([_ints(batch, "start_ns"), _ints(batch, "end_ns"), _state_codes(batch),
+                                       self._code_of_rows(batch)])
             self._append("gil", pid, tid, records)
             self.rows += len(pid)
             progress(len(pid))
+
+    def _code_of_rows(self, batch) -> np.ndarray:
+        """Per GIL row, the code of its Python code's label (`_code_label`), -1 when not recorded.
+        Each distinct (function, file, line) of the batch is labelled once."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        present = [c for c in CODE_COLUMNS if c in batch.schema.names]
+        if "function" not in present or not batch.num_rows:
+            return np.full(batch.num_rows, -1, np.int64)
+        key = np.zeros(batch.num_rows, np.int64)
+        values = []
+        for name in present:
+            column = batch.column(name)
+            if pa.types.is_dictionary(column.type):
+                column = column.cast(column.type.value_type)
+            encoded = pc.dictionary_encode(column, null_encoding="encode")
+            indices = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            key = key * (len(encoded.dictionary) + 1) + indices
+            values.append((encoded.dictionary.to_pylist(), indices))
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        codes = np.empty(first.size, np.int64)
+        for k, row in enumerate(first.tolist()):
+            fields = {name: dictionary[indices[row]] for name, (dictionary, indices) in zip(present, values)}
+            label = _code_label(fields.get("function"), fields.get("file"), fields.get("line"))
+            codes[k] = -1 if label is None else self.codes.setdefault(label, len(self.codes))
+        return codes[inverse.reshape(-1)]
 
     def _learn_names(self, pid: np.ndarray, tid: np.ndarray, names) -> None:
         import pyarrow.compute as pc
@@ -205,14 +250,14 @@ class _ThreadSpill:
         if not path.exists():
             return
         if key in self.unsorted:
-            rows = self.load("gil", key, 3)
+            rows = self.load("gil", key, 4)
             rows = rows[np.lexsort((-rows[:, 1], rows[:, 0]))]
             for at in range(0, len(rows), _CHUNK_ROWS):
                 yield rows[at:at + _CHUNK_ROWS]
             return
         with open(path, "rb") as spilled:
-            while (rows := np.fromfile(spilled, np.int64, count=3 * _CHUNK_ROWS)).size:
-                yield rows.reshape(-1, 3)
+            while (rows := np.fromfile(spilled, np.int64, count=4 * _CHUNK_ROWS)).size:
+                yield rows.reshape(-1, 4)
 
     def load(self, kind: str, key: tuple[int, int], width: int) -> np.ndarray:
         path = self.dir / f"{kind}-{self.threads[key]}.bin"
@@ -266,11 +311,13 @@ def _jvm_tracks(pauses: pd.DataFrame, next_uuid: Callable[[], int]) -> list[tupl
     return out
 
 
-def _pause_slices(rows: pd.DataFrame, flows: tuple[np.ndarray, np.ndarray]) -> _Slices:
-    """A lane's pauses; a safepoint gets its time to safepoint and its operation inside."""
+def _pause_slices(rows: pd.DataFrame, flows: tuple[np.ndarray, np.ndarray],
+                  causes: dict[int, list[tuple[int, _Track, int, int]]]) -> _Slices:
+    """A lane's pauses; a safepoint gets its time to safepoint and its operation inside.
+    causes: per pause_id, the flows from the Python slice that asked for it."""
     starts, ends, depths, names = [], [], [], []
     index: dict[str, int] = {}
-    args, flows_out = {}, {}
+    args, flows_out, flows_in = {}, {}, {}
     for row in rows.to_dict("records"):
         name, operation, kind = str(row["name"]), _plain(row.get("operation")), row["kind"]
         title = f"{name}: {operation}" if kind == "safepoint" and isinstance(operation, str) and operation != name else name
@@ -282,6 +329,8 @@ def _pause_slices(rows: pd.DataFrame, flows: tuple[np.ndarray, np.ndarray]) -> _
         lo, hi = np.searchsorted(flows[0], int(row["pause_id"]), "left"), np.searchsorted(flows[0], int(row["pause_id"]), "right")
         if hi > lo:
             flows_out[at] = flows[1][lo:hi].tolist()
+        if int(row["pause_id"]) in causes:
+            flows_in[at] = causes[int(row["pause_id"])]
         ttsp = _plain(row.get("time_to_safepoint_ns"))
         if kind == "safepoint" and ttsp is not None and 0 < int(ttsp) <= end - start:
             # Reaching the safepoint (jdk.SafepointBegin), then the operation with the world stopped.
@@ -292,7 +341,7 @@ def _pause_slices(rows: pd.DataFrame, flows: tuple[np.ndarray, np.ndarray]) -> _
                     starts.append(a), ends.append(b), depths.append(1), names.append(index.setdefault(label, len(index)))
     color = {title: "terrible" for title in index} if rows["kind"].iloc[0] in ("safepoint", "gc_pause") else {}
     return _Slices(np.array(starts, np.int64), np.array(ends, np.int64), np.array(depths, np.int8), np.array(names, np.int32),
-                   list(index), "jvm", color, args, flows_out)
+                   list(index), "jvm", color, args, flows_out, flows_in)
 
 
 @dataclass
@@ -343,10 +392,10 @@ def _held(intervals: np.ndarray) -> np.ndarray:
 _CHUNK_ROWS = 1 << 17  # a thread's slices are drawn this many states at a time
 
 
-def _states(chunks: Iterator[np.ndarray], held: bool) -> Iterator[np.ndarray]:
-    """(start, end, state code) rows of a thread in start order, chunk by chunk: empty ones
-    dropped, a state starting inside an earlier one (bad input) cut so the track nests, and
-    with `held`, the gaps between states (code 2)."""
+def _states(chunks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+    """(start, end, state code, Python code) rows of a thread in start order, chunk by chunk:
+    empty ones dropped, a state starting inside an earlier one (bad input) cut so the track
+    nests, and the gaps between states (state 2, held; Python code -1)."""
     reach = None  # the end of the last state so far
     for gil in chunks:
         gil = gil[gil[:, 1] > gil[:, 0]]
@@ -358,36 +407,67 @@ def _states(chunks: Iterator[np.ndarray], held: bool) -> Iterator[np.ndarray]:
         gil = gil[gil[:, 1] > gil[:, 0]]
         if not len(gil):
             continue
-        rows = gil[:, :3]
-        if held:
-            gaps = _held(rows)
-            if reach is not None and rows[0, 0] > reach:
-                gaps = np.r_[[[reach, rows[0, 0]]], gaps]
-            rows = np.concatenate([rows, np.column_stack([gaps, np.full(len(gaps), 2, np.int64)])])
-            rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        rows = gil[:, :4]
+        gaps = _held(rows)
+        if reach is not None and rows[0, 0] > reach:
+            gaps = np.r_[[[reach, rows[0, 0]]], gaps]
+        gaps = gaps.reshape(-1, 2)
+        rows = np.concatenate([rows, np.column_stack([gaps, np.full(len(gaps), 2, np.int64), np.full(len(gaps), -1, np.int64)])])
+        rows = rows[np.argsort(rows[:, 0], kind="stable")]
         reach = int(gil[-1, 1])
         yield rows
 
 
 def _thread_chunks(chunks: Iterator[np.ndarray], marks: _Marks, pause_names: dict[int, str], placed: dict[int, _Track],
-                   held: bool) -> Iterator[_Slices]:
+                   labels: list[str], causes: tuple[np.ndarray, np.ndarray]) -> Iterator[_Slices]:
     """A thread's states (and held gaps), with its overlap marks inside, a chunk at a time. A
-    mark lies inside a state, so it belongs to the chunk up to the next chunk's first start."""
-    pending, k0 = np.zeros((0, 3), np.int64), 0
-    for rows in _states(chunks, held):
+    mark lies inside a state, so it belongs to the chunk up to the next chunk's first start.
+    causes: (times, flow ids) of the stops this thread asked for, sorted by time."""
+    pending, k0 = np.zeros((0, 4), np.int64), 0
+    for rows in _states(chunks):
         if len(pending):
             k1 = int(np.searchsorted(marks.start, rows[0, 0], "left"))
-            yield _chunk_slices(pending, marks, range(k0, k1), pause_names, placed)
+            yield _chunk_slices(pending, marks, range(k0, k1), pause_names, placed, labels, causes)
             k0 = k1
         pending = rows
     if len(pending) or k0 < len(marks.start):
-        yield _chunk_slices(pending, marks, range(k0, len(marks.start)), pause_names, placed)
+        yield _chunk_slices(pending, marks, range(k0, len(marks.start)), pause_names, placed, labels, causes)
+
+
+def _containing(states: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Per time, the index of the state row (sorted, non-overlapping) holding it, else -1."""
+    at = np.searchsorted(states[:, 0], times, "right") - 1
+    ok = at >= 0
+    ok[ok] = states[at[ok], 1] > times[ok]
+    return np.where(ok, at, -1)
+
+
+def _state_names(states: np.ndarray, labels: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Per state row its name index, and the names: `held`, or the state and the Python code it
+    gave the GIL up in (`released: fetch (db.py:88)`), or the state alone when not recorded."""
+    keys = states[:, 3] * len(STATES) + states[:, 2]  # (code, state) pairs; code -1 gives negative keys
+    unique, inverse = np.unique(keys, return_inverse=True)
+    names = []
+    for key in unique.tolist():
+        code, state = divmod(key, len(STATES))
+        name = STATES[state]
+        names.append(f"{name}: {labels[code]}" if code >= 0 and state != 2 else name)
+    return inverse.reshape(-1).astype(np.int64), names
 
 
 def _chunk_slices(states: np.ndarray, marks: _Marks, chosen: range, pause_names: dict[int, str],
-                  placed: dict[int, _Track]) -> _Slices:
-    names = list(STATES)
+                  placed: dict[int, _Track], labels: list[str], causes: tuple[np.ndarray, np.ndarray]) -> _Slices:
+    state_name, names = _state_names(states, labels)
+    colors = {name: _STATE_COLOR[name.split(":", 1)[0]] for name in names}
     index = {name: i for i, name in enumerate(names)}
+    first_mark = len(names)
+    flows_out: dict = {}
+    if len(causes[0]) and len(states):
+        host = _containing(states, causes[0])
+        for row, flow in zip(host.tolist(), causes[1].tolist()):
+            if row >= 0:
+                flows_out.setdefault(row, []).append(flow)
+    states = np.column_stack([states[:, 0], states[:, 1], state_name])
     mark_rows = np.zeros((len(chosen), 3), np.int64)
     flows_in: dict = {}
     args: dict = {}
@@ -410,10 +490,12 @@ def _chunk_slices(states: np.ndarray, marks: _Marks, chosen: range, pause_names:
     position[order] = np.arange(len(order))
     flows_in = {int(position[len(states) + i]): v for i, v in flows_in.items()}
     args = {int(position[len(states) + i]): v for i, v in args.items()}
-    cats = ["gil"] * len(STATES) + ["overlap"] * (len(names) - len(STATES))
-    color = {**_STATE_COLOR, **{n: "terrible" for n in names[len(STATES):]}}
+    flows_out = {int(position[i]): v for i, v in flows_out.items()}
+    cats = ["gil"] * first_mark + ["overlap"] * (len(names) - first_mark)
+    color = {**colors, **{n: "terrible" for n in names[first_mark:]}}
+    gil_rows = int(np.isin(state_name, [i for i, n in enumerate(names[:first_mark]) if n != "held"]).sum())
     return _Slices(rows[order, 0], rows[order, 1], depth[order], rows[order, 2].astype(np.int32), names, cats, color, args,
-                   flows_in=flows_in)
+                   flows_out=flows_out, flows_in=flows_in, gil_rows=gil_rows)
 
 
 # ---- writers -----------------------------------------------------------------------------------
@@ -454,7 +536,8 @@ class _JsonWriter:
             extra = f',"args":{json.dumps(s.args[i], separators=(",", ":"), default=str)}' if i in s.args else ""
             self._event(f'{{"name":{plain[name]},"cat":{cats[name]},{prefix},"ts":{_us(start)},"dur":{_us(end - start)}{colors[name]}{extra}}}')
             for flow_id, source, at, _ in s.flows_in.get(i, ()):
-                flow = f'"name":"pause hits Python","cat":"overlap","id":{flow_id},"ts":{_us(at)}'
+                what = "Python asks for this pause" if source.thread else "pause hits Python"
+                flow = f'"name":"{what}","cat":"overlap","id":{flow_id},"ts":{_us(at)}'
                 self._event(f'{{{flow},"ph":"s","pid":{source.pid},"tid":{source.tid}}}')
                 self._event(f'{{{flow},"ph":"f","bp":"e","pid":{track.pid},"tid":{track.tid}}}')
 
@@ -640,7 +723,7 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
         spill.add_overlaps(files["overlaps"])
         metadata = {"results": str(results), "clock_errors": header.get("clock")}
         writer = _ProtoWriter(out, metadata) if fmt == "proto" else _JsonWriter(out, metadata)
-        _draw(writer, pauses, spill, held=fmt == "json", advance=advance)
+        _draw(writer, pauses, spill, _read_causes(results), advance=advance)
         writer.close()
     os.replace(tmp, output)
     return output
@@ -655,7 +738,46 @@ def _row_count(path: Path) -> int:
         return 0
 
 
-def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, held: bool, advance: Callable[[int], None]) -> None:
+def _read_causes(results: Path) -> pd.DataFrame:
+    """The stops a Python thread asked for (pause_impact's cause columns, one row per stop:
+    engine.analysis.causes.caused_stops): pause_id, start_ns, cause_pid, cause_tid."""
+    from engine.analysis.causes import caused_stops
+    from engine.errors import TandemError
+    from engine.store import read_table
+
+    columns = ["pause_id", "start_ns", "cause_pid", "cause_tid"]
+    try:
+        frames = [read_table(path) for path in _table_files(results, "pause_impact")]
+    except TandemError:
+        frames = []
+    frames = [f for f in frames if {"caused_by_python", *columns} <= set(f.columns) and len(f)]
+    if not frames:
+        return pd.DataFrame({c: pd.Series([], dtype="int64") for c in columns})
+    caused = caused_stops(pd.concat(frames, ignore_index=True))
+    caused = caused[caused["cause_pid"].notna() & caused["cause_tid"].notna()]
+    return caused[columns].astype(np.int64).sort_values("start_ns", ignore_index=True)
+
+
+def _cause_flows(spill: _ThreadSpill, causes: pd.DataFrame, first_flow: int) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per Python thread: (times, flow ids, pause ids) of the stops it asked for that land in one
+    of its slices (every time of a thread's lifetime does: released, waiting or held)."""
+    out = {}
+    flow = first_flow
+    for (pid, tid), rows in causes.groupby(["cause_pid", "cause_tid"], sort=True):
+        key = (int(pid), int(tid))
+        if key not in spill.threads:
+            continue
+        times = rows["start_ns"].to_numpy(np.int64)
+        found = np.zeros(len(times), bool)
+        for states in _states(spill.gil_chunks(key)):
+            found |= _containing(states, times) >= 0
+        ids = np.arange(flow, flow + len(times), dtype=np.int64)
+        flow += len(times)
+        out[key] = (times[found], ids[found], rows["pause_id"].to_numpy(np.int64)[found])
+    return out
+
+
+def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, causes: pd.DataFrame, advance: Callable[[int], None]) -> None:
     uuids = iter(range(1, 1 << 62))
     jvm = _jvm_tracks(pauses, lambda: next(uuids))
     placed = {int(pid): track for track, rows in jvm for pid in rows["pause_id"].tolist()}
@@ -677,6 +799,17 @@ def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, held: bool, advance
     pause_of_flow, flow_ids = np.concatenate(pause_of_flow), np.concatenate(flow_ids)
     order = np.lexsort((flow_ids, pause_of_flow))
     flows = (pause_of_flow[order], flow_ids[order])
+    # Python thread tracks first (a cause flow's start is on one), then the cause flows.
+    thread_tracks = {}
+    for key in threads:
+        label = spill.names.get(key)
+        thread_tracks[key] = _Track(next(uuids), key[0], key[1], f"{label} ({key[1]})" if label else f"thread {key[1]}",
+                                    thread=True, rank=key[1])
+    cause_flows = _cause_flows(spill, causes[causes["pause_id"].isin(placed_ids)], next_flow)
+    into_pause: dict[int, list] = {}
+    for key, (times, ids, pause_ids) in cause_flows.items():
+        for at, flow, pause_id in zip(times.tolist(), ids.tolist(), pause_ids.tolist()):
+            into_pause.setdefault(pause_id, []).append((flow, thread_tracks[key], at, pause_id))
     # Processes: a JVM embedded in Python (JPype) or Python in a JVM (Jep) shares its pid, so
     # both sides' tracks sit under one process named for both.
     jvm_pids = sorted({t.pid for t, _ in jvm})
@@ -689,12 +822,14 @@ def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, held: bool, advance
         writer.process(process_uuid[pid], pid, name, 0 if pid in jvm_pids else 1)
     for track, rows in jvm:
         writer.track(track, process_uuid[track.pid])
-        writer.slices(track, _pause_slices(rows, flows))
+        writer.slices(track, _pause_slices(rows, flows, into_pause))
+    labels = list(spill.codes)
+    no_causes = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     for key in threads:
-        label = spill.names.get(key)
-        track = _Track(next(uuids), key[0], key[1], f"{label} ({key[1]})" if label else f"thread {key[1]}", thread=True, rank=key[1])
+        track = thread_tracks[key]
         marks = _overlap_marks(spill.load("overlaps", key, 4), placed_ids, flow_base[key])
         writer.track(track, process_uuid[key[0]])
-        for slices in _thread_chunks(spill.gil_chunks(key), marks, pause_names, placed, held):
+        causes_here = cause_flows[key][:2] if key in cause_flows else no_causes
+        for slices in _thread_chunks(spill.gil_chunks(key), marks, pause_names, placed, labels, causes_here):
             writer.slices(track, slices)
-            advance(int((slices.name < 2).sum()))  # released and waiting rows
+            advance(slices.gil_rows)
