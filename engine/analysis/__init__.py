@@ -233,7 +233,7 @@ def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = No
     gil_df, gil_source = gil_from(session if not gil else None, gil)
     result = correlate(pauses_df, gil_df, slack_ns=slack_ns, offset_ns=offset_ns,
                        pauses_source=pauses_source, gil_source=gil_source)
-    return StreamedAnalysis(result.summary_table, result.header, result.write(out))
+    return StreamedAnalysis(result.summary_table, result.header, result.write(out), result.stops)
 
 
 def load_results(out_dir: str | os.PathLike) -> Analysis:
