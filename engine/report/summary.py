@@ -97,13 +97,13 @@ def summary_rich_table(summary: pd.DataFrame, header: dict | None = None):
     def cells(row) -> list[str]:
         return [_rate(getattr(row, column)) if column == "hits_per_hour" else _cell(getattr(row, column)) for column in labels]
 
-    detail = summary[summary["part_of"].notna()] if stops else summary.iloc[:0]
+    detail = summary[summary["part_of"].notna()] if stops else None
     leads = summary[summary["part_of"].isna()] if stops else summary
     hit = leads[leads["pauses_hit"] > 0]
     missed = leads[leads["pauses_hit"] == 0]
     for row in pd.concat([hit, missed.head(MAX_ROWS_WITHOUT_HITS)]).itertuples(index=False):
         table.add_row(f"{row.kind}: {row.name}", *cells(row))
-        if row.pauses_hit > 0:
+        if stops and row.pauses_hit > 0:
             for inner in detail[detail["part_of"] == f"{row.kind}: {row.name}"].itertuples(index=False):
                 table.add_row(f" └ {inner.kind}: {inner.name}", *cells(inner), style="dim")
     if len(missed) > MAX_ROWS_WITHOUT_HITS:
