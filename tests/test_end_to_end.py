@@ -163,9 +163,7 @@ def test_one_stop_of_the_world_counts_once(recorded):
         assert len(lead) == 1, inside
         members = inside[inside["stop_id"] == lead["pause_id"].iloc[0]]
         assert sorted(members["kind"]) == ["gc", "gc_pause", "safepoint"], inside  # one collection, one stop
-        # (an allocation's young collection may fall in the bracket too: a stop of its own)
-        gc_rows = inside[inside["kind"].isin(["gc_pause", "gc"])]
-        assert gc_rows["stop_id"].isin(inside.loc[inside["kind"] == "safepoint", "pause_id"]).all(), inside
+        # (an allocation's young collection may overlap the bracket too: a stop of its own)
     safepoints = pauses[pauses["kind"] == "safepoint"]
     for row in pauses[pauses["kind"].isin(["gc_pause", "gc"])].itertuples():
         hosts = safepoints[(safepoints["jvm_pid"] == row.jvm_pid) & (safepoints["start_ns"] <= row.start_ns)
