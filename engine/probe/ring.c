@@ -147,9 +147,10 @@ struct tandem_ring {
     double ns_per_tick;       /* nominal, from the creation pairs: to judge a pair's width */
     ring_gil_record *converted;
     uint64_t lane_drain_lost[RING_MAX_LANES];
-    /* Bytes of each lane made writable so far, from its first slot: RING_STARTER_BYTES at
-     * creation, the whole lane once the drain thread saw it in use (populate_lanes). */
+    /* Bytes of each lane made writable so far, from its first slot (RING_STARTER_BYTES at
+     * creation, then populate_lanes), and its head at the drain's previous look. */
     size_t lane_populated[RING_MAX_LANES];
+    uint64_t lane_seen_head[RING_MAX_LANES];
 };
 
 /* Bumped in the child after fork(): rings created in the parent are then ignored there. */
@@ -304,11 +305,18 @@ static void populate_writable(unsigned char *from, size_t len) {
 }
 
 /* Each lane's first RING_STARTER_BYTES are made writable at creation (a new thread's first
- * events, until the drain's next pass), the rest of a lane by the drain thread once the
- * lane is in use (populate_lanes), RING_POPULATE_CHUNK at a time: how long the drain may
- * hold the mapping's lock against the program's own mmap/munmap, or make a close wait. */
-#define RING_STARTER_BYTES (16u * 4096u)
+ * events); after that the drain thread keeps a lane in use writable ahead of its head
+ * (populate_lanes) by four times what the head advanced since the previous pass, at least
+ * RING_POPULATE_AHEAD_SLOTS, RING_POPULATE_CHUNK at a time: how long the drain may hold
+ * the mapping's lock against the program's own mmap/munmap, or make a close wait. A lane
+ * is made writable only as far as its producer gets: a thread with few GIL hand-overs
+ * costs a few pages, not its 512. */
+#define RING_STARTER_BYTES (4u * 4096u)
+#define RING_POPULATE_AHEAD_SLOTS 2048u
 #define RING_POPULATE_CHUNK (32u * 4096u)
+/* The drain's first pass comes after this long (then the period doubles up to its own),
+ * so the populating keeps up with a thread that starts at a high rate. */
+#define RING_FIRST_DRAIN_US 1000u
 
 static size_t records_offset_for(uint32_t lanes) {
     size_t table = (size_t)lanes * RING_LANE_STRIDE;
@@ -865,25 +873,31 @@ static int populate_lane(tandem_ring *ring, uint32_t l, size_t upto) {
     return 1;
 }
 
-/* Drain thread, as it starts and after each pass: make every lane in use (its head moved
+/* Drain thread, as it starts and after each pass: keep every lane in use (its head moved
  * or a thread owns it; FIRST: also the lane the first producer thread takes, about to be)
- * writable to its end, so that its producer's stores do not fault on the hot path. Stops
+ * writable ahead of its head, so that its producer's stores do not fault on the hot path.
+ * Past the first lap every page was written once: nothing left to do for that lane. Stops
  * early when the ring closes or a producer asks for a pass; the next call goes on. */
 static void populate_lanes(tandem_ring *ring, int first) {
-    size_t lane_bytes = (size_t)ring->lane_capacity * RING_GIL_RECORD_SIZE;
+    uint64_t cap = ring->lane_capacity;
     uint32_t first_lane = ring->lane_count > 1 ? 1 : 0;
     for (uint32_t l = 0; l < ring->lane_count; l++) {
-        if (ring->lane_populated[l] >= lane_bytes) continue;
-        int in_use = (first && l == first_lane) || atomic_load_explicit(&ring->lanes[l].head, memory_order_relaxed) != 0 ||
-                     atomic_load_explicit(&ring->lanes[l].owner, memory_order_relaxed) != 0;
-        if (in_use && !populate_lane(ring, l, lane_bytes)) return;
+        if (ring->lane_populated[l] >= cap * RING_GIL_RECORD_SIZE) continue;
+        uint64_t head = atomic_load_explicit(&ring->lanes[l].head, memory_order_relaxed);
+        if (!(first && l == first_lane) && head == 0 && atomic_load_explicit(&ring->lanes[l].owner, memory_order_relaxed) == 0)
+            continue;
+        uint64_t ahead = 4 * (head - ring->lane_seen_head[l]);
+        ring->lane_seen_head[l] = head;
+        if (ahead < RING_POPULATE_AHEAD_SLOTS) ahead = RING_POPULATE_AHEAD_SLOTS;
+        uint64_t target = head >= cap || ahead >= cap - head ? cap : head + ahead;
+        if (!populate_lane(ring, l, (size_t)target * RING_GIL_RECORD_SIZE)) return;
     }
 }
 
 static void *drain_main(void *arg) {
     tandem_ring *ring = arg;
     tandem_private_fd_table(ring->events_fd);
-    uint32_t wait_us = ring->period_us;
+    uint32_t wait_us = ring->period_us < RING_FIRST_DRAIN_US ? ring->period_us : RING_FIRST_DRAIN_US;
     populate_lanes(ring, 1);
     pthread_mutex_lock(&ring->drain_mutex);
     while (!ring->drain_stop) {
@@ -905,7 +919,7 @@ static void *drain_main(void *arg) {
         ring->drain_stalled = 0; /* a pass completed: full lanes may wait again */
         if (ring->full_waiters) pthread_cond_broadcast(&ring->pass_cond); /* tails moved: recheck */
         pthread_mutex_unlock(&ring->drain_mutex);
-        populate_lanes(ring, 0); /* after the waiters are let go: it may take a few ms */
+        populate_lanes(ring, 0); /* after the waiters are let go: it may take a while */
         pthread_mutex_lock(&ring->drain_mutex);
     }
     if (ring->full_waiters) pthread_cond_broadcast(&ring->pass_cond);     /* stopping: give up */
