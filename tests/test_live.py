@@ -655,15 +655,21 @@ def test_record_live_then_live_session_equals_offline(tmp_path):
     operation, i.e. a race at the JVM's exit between the ring, the repository and the agent's
     recording.jfr. Until it is found, a first failure is printed and the run is repeated once;
     two failures fail the test."""
+    _repeated_once_on_failure(_record_live_then_live_session, tmp_path)
+
+
+def _repeated_once_on_failure(run, tmp_path: Path) -> None:
+    """RUN(directory) in tmp_path/first; after an AssertionError, printed, once more in tmp_path/second."""
     try:
-        _record_live_then_live_session(tmp_path / "first")
+        (tmp_path / "first").mkdir()
+        run(tmp_path / "first")
     except AssertionError as first:
         print(f"first run failed (repeated once): {first}")
-        _record_live_then_live_session(tmp_path / "second")
+        (tmp_path / "second").mkdir()
+        run(tmp_path / "second")
 
 
 def _record_live_then_live_session(tmp_path: Path) -> None:
-    tmp_path.mkdir()
     session = tmp_path / "session"
     record = subprocess.Popen([*TANDEM, "record", "--live", "-o", str(session), "--", sys.executable, "-m",
                                "engine.demo.workload", "--seconds", "8", "--gc-period", "0.5"],
@@ -710,15 +716,10 @@ def test_soak_30s_memory_flat_and_equal_to_offline(tmp_path):
     extra ring safepoint at the JVM's exit, or a gil_free row apart where a thread's exit
     reached /proc after the watermark passed its last interval (docs/live.md, "Weak points").
     A first failure is printed and the run repeated once; two failures fail the test."""
-    try:
-        _soak(tmp_path / "first")
-    except AssertionError as first:
-        print(f"first run failed (repeated once): {first}")
-        _soak(tmp_path / "second")
+    _repeated_once_on_failure(_soak, tmp_path)
 
 
 def _soak(tmp_path: Path) -> None:
-    tmp_path.mkdir()
     seconds = 30
     session, proc = _live(tmp_path, sys.executable, "-m", "engine.demo.workload", "--seconds", str(seconds),
                           "--gc-period", "0.25", "--request-threads", "4", roll="10s")
