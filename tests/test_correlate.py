@@ -3,7 +3,8 @@
 The witness is the core itself run the simplest way (everything in one push, then finish),
 which tests/test_analysis.py and tests/test_join_witness.py hold to the point model and
 DuckDB. Here the same tables go in windows with random edges, watermark at each edge; the
-rows emitted over all pushes must be the same rows, in the same order.
+rows emitted over all pushes must be the same rows, in the same order (with eager_pairs, the
+overlaps rows in another order: compared sorted).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from test_analysis import random_scenario
 from test_join_witness import adversarial_tables, gil_frame, pauses_frame
 
 TABLES = ("overlaps", "pause_impact", "gil_free")
+PAIR_ORDER = ["pause_id", "start_ns", "pid", "tid", "state", "end_ns"]  # (eager_pairs: overlaps compared sorted)
 
 
 def lifetimes_of(gil: pd.DataFrame) -> KnownLifetimes:
@@ -28,9 +30,9 @@ def lifetimes_of(gil: pd.DataFrame) -> KnownLifetimes:
                                                                               end_ns=("end_ns", "max")))
 
 
-def run(pauses, gil, slack_ns, edges=None, pauses_first=False, lifetimes=None):
+def run(pauses, gil, slack_ns, edges=None, pauses_first=False, lifetimes=None, eager_pairs=False):
     """Emitted rows per table (concatenated over pushes), and the summary."""
-    core = Correlator(slack_ns, lifetimes=lifetimes)
+    core = Correlator(slack_ns, lifetimes=lifetimes, eager_pairs=eager_pairs)
     pushes = []
     if edges is None:
         pushes.append(core.push(pauses=pauses, gil=gil_rows_from_frame(gil), watermark_ns=END))
@@ -46,6 +48,8 @@ def run(pauses, gil, slack_ns, edges=None, pauses_first=False, lifetimes=None):
     out = {name: pa.concat_tables([getattr(r, name) for r in pushes]).to_pandas() for name in TABLES}
     out["gil_free"] = out["gil_free"].sort_values(["pid", "start_ns"], ignore_index=True)
     out["pause_impact"] = out["pause_impact"].sort_values("pause_id", ignore_index=True)
+    if eager_pairs:
+        out["overlaps"] = out["overlaps"].sort_values(PAIR_ORDER, ignore_index=True)
     out["summary"] = core.summary()
     out["stops"] = core.stops()
     return out, core
@@ -68,10 +72,14 @@ def test_one_push_equals_many_pushes_on_the_adversarial_tables(seed, slack_ns):
     rng = np.random.default_rng(seed)
     one, _ = run(pauses, gil, slack_ns)
     assert len(one["overlaps"]) and len(one["gil_free"]) and one["pause_impact"].hit_python.any()
+    one_sorted, _ = run(pauses, gil, slack_ns, eager_pairs=True)
+    pd.testing.assert_frame_equal(one["overlaps"].sort_values(PAIR_ORDER, ignore_index=True),
+                                  one_sorted["overlaps"])
     for lifetimes in (None, lifetimes_of(gil)):
         for n_edges in (1, 5, 40):
-            many, _ = run(pauses, gil, slack_ns, random_edges(rng, -10, 2_100, n_edges), lifetimes=lifetimes)
-            assert_same(one, many)
+            edges = random_edges(rng, -10, 2_100, n_edges)
+            assert_same(one, run(pauses, gil, slack_ns, edges, lifetimes=lifetimes)[0])
+            assert_same(one_sorted, run(pauses, gil, slack_ns, edges, lifetimes=lifetimes, eager_pairs=True)[0])
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -81,10 +89,11 @@ def test_one_push_equals_many_pushes_with_amplification(seed):
     pauses, (gil, _) = check_pauses(pauses), check_gil(gil)
     rng = np.random.default_rng(seed)
     one, _ = run(pauses, gil, 10)
+    one_sorted, _ = run(pauses, gil, 10, eager_pairs=True)
     for lifetimes in (None, lifetimes_of(gil)):
-        many, _ = run(pauses, gil, 10, random_edges(rng, 0, 600, int(rng.integers(1, 30))), pauses_first=True,
-                      lifetimes=lifetimes)
-        assert_same(one, many)
+        edges = random_edges(rng, 0, 600, int(rng.integers(1, 30)))
+        assert_same(one, run(pauses, gil, 10, edges, pauses_first=True, lifetimes=lifetimes)[0])
+        assert_same(one_sorted, run(pauses, gil, 10, edges, pauses_first=True, lifetimes=lifetimes, eager_pairs=True)[0])
 
 
 def test_known_lifetimes_let_rows_out_before_the_end():
@@ -276,6 +285,28 @@ def test_an_open_interval_pairs_exactly_while_open_and_its_closed_row_replaces_i
                                   check_dtype=False)
 
 
+def test_eager_pairs_come_with_their_second_member_and_open_ones_when_final():
+    """eager_pairs: a pair with a closed interval comes at the push that brings the later of its
+    two members, long before its pause is final; a pair with an interval open at finality comes
+    then; nothing comes twice."""
+    from engine.correlate import GilRows
+
+    pauses = check_pauses(pauses_frame([(100, 200)]))
+    core = Correlator(lifetimes=_Told(), retain_ns=1_000, eager_pairs=True)
+    assert len(core.push(gil=gil_rows_from_frame(gil_frame([(1, 1, "released", 50, 120)])), watermark_ns=90).overlaps) == 0
+    open_row = GilRows(np.array([1]), np.array([3]), np.array([1], np.int8), np.array([95]), np.array([95]))
+    first = core.push(pauses=pauses, open=open_row, watermark_ns=110)
+    assert [(r["tid"], r["start_ns"], r["end_ns"]) for r in first.overlaps.to_pylist()] == [(1, 100, 120)]
+    assert len(first.pause_impact) == 0  # not final: the pause has not ended before W
+    second = core.push(gil=gil_rows_from_frame(gil_frame([(1, 2, "waiting", 150, 400)])), open=open_row, watermark_ns=140)
+    assert [(r["tid"], r["start_ns"], r["end_ns"]) for r in second.overlaps.to_pylist()] == [(2, 150, 200)]
+    third = core.push(open=open_row, watermark_ns=1_000)  # final: the open interval's pair now
+    assert len(third.pause_impact) == 1
+    assert [(r["tid"], r["state"], r["start_ns"], r["end_ns"]) for r in third.overlaps.to_pylist()] == [
+        (3, "waiting", 100, 200)]
+    assert len(core.finish().overlaps) == 0
+
+
 def test_late_rows_are_accepted_within_the_retention():
     core = Correlator(retain_ns=100)
     core.push(gil=gil_rows_from_frame(gil_frame([(1, 1, "released", 0, 50)])), watermark_ns=100)
@@ -283,3 +314,17 @@ def test_late_rows_are_accepted_within_the_retention():
     assert (core.late_pauses, core.late_pauses_beyond_retention) == (2, 1)
     assert rows.overlaps["pause_id"].to_pylist() == [100]  # final at once, with the GIL row kept for it
     assert len(core.finish().overlaps) == 0
+
+
+def test_a_pause_pushed_again_counts_once_and_a_reused_pause_id_is_an_error():
+    pauses = check_pauses(pauses_frame([(100, 200), (300, 400)]))
+    pauses["jvm_pid"] = pd.array([7, None], dtype="Int64")  # (a missing value equals a missing value)
+    core = Correlator(retain_ns=1_000)
+    core.push(pauses=pauses, watermark_ns=50)
+    core.push(pauses=pd.concat([pauses, pauses.iloc[1:]], ignore_index=True), watermark_ns=60)
+    assert core.pauses == 2
+    changed = pauses.iloc[:1].assign(end_ns=250)
+    with pytest.raises(TandemError, match="names two different pauses"):
+        core.push(pauses=changed, watermark_ns=70)
+    with pytest.raises(TandemError, match="names two different pauses"):
+        Correlator().push(pauses=pd.concat([pauses.iloc[:1], changed], ignore_index=True), watermark_ns=0)

@@ -31,6 +31,11 @@ A live driver (engine/live/runner.py) adds two things an offline pass does not n
   late). One that stops being named without closing (its thread exited while released, or
   the stream had a gap) is dropped, as offline has no such interval; rows already emitted
   with it stay (docs/live.md, "Weak points").
+- `eager_pairs`: an overlaps row with a closed GIL interval is a fact no later row changes, so
+  it comes out at the push where the second of its two members came (the pause, or the
+  interval closed), not when the pause is final: a live view shows a pause's effect on Python
+  a step after it is read. Pairs with intervals still open, pause_impact and gil_free wait for
+  finality as before. The union of the rows is the same; their order is not pause order.
 - `retain_ns`: pauses may arrive late (a JVM's repository-only pauses come seconds after
   their end). GIL rows and gil_free segments are kept `retain_ns` behind W, so a late pause
   starting no earlier than that gets the rows offline gives it; it is emitted when it comes,
@@ -56,7 +61,7 @@ import pyarrow as pa
 
 from engine.correlate import kernels
 from engine.correlate.schema import END, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
-from engine.correlate.stops import STOP_INPUT, STOP_KEY, leader_rows, order_stops, stop_columns
+from engine.correlate.stops import STOP_INPUT, STOP_KEY, leader_rows, order_stops, stop_ids
 from engine.errors import TandemError
 
 NONE = kernels.NONE
@@ -138,12 +143,15 @@ def _grow(array: np.ndarray, n: int, fill) -> np.ndarray:
 
 class Correlator:
     def __init__(self, slack_ns: int = 0, *, lifetimes: Lifetimes | None = None, gil_source: str = "gil table",
-                 pauses_source: str = "pauses table", retain_ns: int = 0, keep_impact: bool = True):
+                 pauses_source: str = "pauses table", retain_ns: int = 0, keep_impact: bool = True,
+                 eager_pairs: bool = False):
         if slack_ns < 0:
             raise ValueError(f"slack_ns must be >= 0, got {slack_ns}")
         self.slack_ns = int(slack_ns)
         self.retain_ns = int(retain_ns)  # > 0: late rows accepted (see the module's docstring)
         self.keep_impact = keep_impact   # False: pause_impact() is not available, summary() is
+        self.eager_pairs = eager_pairs    # overlaps rows with closed intervals at once (see the module's docstring)
+        self._pushes = 0                  # pushes so far: when each pause and each closed GIL row came
         self.lifetimes = lifetimes or Lifetimes()
         self.gil_source, self.pauses_source = gil_source, pauses_source
         self.watermark_ns = NONE
@@ -182,6 +190,7 @@ class Correlator:
         self.r_start = np.zeros(0, np.int64)
         self.r_end = np.zeros(0, np.int64)
         self.r_carried = np.zeros(0, np.int64)  # code of the row's carried values (self._carried)
+        self.r_came = np.zeros(0, np.int64)  # the push it came in closed (eager_pairs)
         # Carried per-interval values (GIL_CARRIED_COLUMNS), each distinct combination once: a
         # release site is one of few thousand, so rows keep a code.
         self._carried_codes: dict[tuple, int] = {}
@@ -191,9 +200,11 @@ class Correlator:
         self.f_pidx = np.zeros(0, np.int64)
         self.f_start = np.zeros(0, np.int64)
         self.f_end = np.zeros(0, np.int64)
-        # Pauses not final yet, sorted by (start_ns, arrival); every pause seen (few), for duplicates.
+        # Pauses not final yet, sorted by (start_ns, arrival). Every pause seen (few), for duplicates:
+        # pause_id -> the number of the batch it came in; batch number -> (its rows, latest start).
         self._pending: pd.DataFrame | None = None
-        self._pauses_seen: pd.DataFrame | None = None
+        self._seen_ids: dict[int, int] = {}
+        self._seen_batches: dict[int, tuple[pd.DataFrame, int]] = {}
         self._next_seq = 0
         self.jvm_tids: set[int] = set()
         # Summary: every final pause_impact row (a few per second of JVM pauses) and the distinct
@@ -222,6 +233,7 @@ class Correlator:
         watermark_ns = int(watermark_ns)
         if watermark_ns < self.watermark_ns:
             raise ValueError(f"watermark went backwards: {watermark_ns} < {self.watermark_ns}")
+        self._pushes += 1
         if pauses is not None and len(pauses):
             self._add_pauses(pauses)
         if gil is not None and len(gil):
@@ -229,7 +241,11 @@ class Correlator:
         if open is not None or self._open:
             self._update_open(open if open is not None else GilRows.empty(), watermark_ns)
         self.watermark_ns = watermark_ns
-        return self._advance(final=False)
+        eager = self._eager_overlaps() if self.eager_pairs else None
+        rows = self._advance(final=False)
+        if eager is not None and eager.num_rows:
+            rows.overlaps = pa.concat_tables([eager, rows.overlaps])
+        return rows
 
     def finish(self) -> Rows:
         """Nothing more will come: every pending row, final (intervals still open are dropped)."""
@@ -252,21 +268,15 @@ class Correlator:
         self.late_pauses += self._late(starts, self.pauses_source)
         if self.late_pauses and self.watermark_ns > NONE:
             self.late_pauses_beyond_retention += int(np.count_nonzero(starts < self.watermark_ns - self.retain_ns))
-        if self._pauses_seen is not None:
-            both = pd.concat([self._pauses_seen, pauses], ignore_index=True)
-            repeated = both["pause_id"].duplicated().to_numpy()
-            identical = both.duplicated().to_numpy()
-            if (repeated & ~identical).any():
-                pause_id = int(both["pause_id"][repeated & ~identical].iloc[0])
-                raise TandemError(f"{self.pauses_source}: pause_id {pause_id} names two different pauses")
-            pauses = pauses[~identical[len(self._pauses_seen):]]
-            self._pauses_seen = both[~identical].reset_index(drop=True)
-        else:
-            self._pauses_seen = pauses.reset_index(drop=True)
+        pauses = self._new_pauses(pauses)
         if not len(pauses):
             return
         batch = pauses.reset_index(drop=True).copy()
+        for name in ("kind", "name"):  # (plain text: pandas' small-frame work on Arrow strings costs ms a push)
+            if name in batch.columns:
+                batch[name] = batch[name].astype(object)
         batch["_seq"] = np.arange(self._next_seq, self._next_seq + len(batch), dtype=np.int64)
+        batch["_came"] = np.int64(self._pushes)
         self._next_seq += len(batch)
         self.pauses += len(batch)
         if "os_thread_id" in batch.columns:
@@ -278,13 +288,40 @@ class Correlator:
         if len(leaders):
             self._leaders = leaders if self._leaders is None else pd.concat([self._leaders, leaders], ignore_index=True)
 
+    def _new_pauses(self, pauses: pd.DataFrame) -> pd.DataFrame:
+        """PAUSES without the rows pushed before (the same pause_id and values); a pause_id seen
+        with other values is an error."""
+        ids = pauses["pause_id"].to_numpy(np.int64)
+        keep = ~pd.Series(ids).duplicated().to_numpy()
+        for i in np.flatnonzero(~keep).tolist():  # twice in this batch
+            if _values(pauses, ids[i]) != _values(pauses.iloc[i:i + 1], ids[i]):
+                raise TandemError(f"{self.pauses_source}: pause_id {ids[i]} names two different pauses")
+        for i, pause_id in enumerate(ids.tolist()):  # (a dict lookup a row; repeats are rare)
+            if pause_id in self._seen_ids:
+                if _values(self._seen_batches[self._seen_ids[pause_id]][0], pause_id) != _values(pauses, pause_id):
+                    raise TandemError(f"{self.pauses_source}: pause_id {pause_id} names two different pauses")
+                keep[i] = False
+        if not keep.all():
+            pauses = pauses[keep]
+        if len(pauses):
+            number = len(self._seen_batches) and max(self._seen_batches) + 1
+            self._seen_batches[number] = (pauses, int(pauses["start_ns"].max()))
+            self._seen_ids.update(dict.fromkeys(pauses["pause_id"].to_numpy(np.int64).tolist(), number))
+        return pauses
+
     def _part_of(self, batch: pd.DataFrame) -> np.ndarray:
         """Per pause of a batch being finalized: the `kind: name` of the stop of the world it is
         inside, "" when it leads one or stands alone (its leader started before it: seen)."""
         columns = [c for c in STOP_INPUT if c in batch.columns]
         both = batch[columns] if self._leaders is None else pd.concat([self._leaders, batch[columns]], ignore_index=True)
-        stops = stop_columns(both.drop_duplicates("pause_id")).set_index("pause_id")["part_of"]
-        return stops.reindex(batch["pause_id"].to_numpy()).fillna("").to_numpy(object)
+        both = both.drop_duplicates("pause_id")  # (a leader of the batch is among the leaders too)
+        pause_id, leader_id = both["pause_id"].to_numpy(np.int64), stop_ids(both)
+        order = np.argsort(pause_id, kind="stable")
+        row_of = lambda ids: order[np.searchsorted(pause_id, ids, sorter=order)]  # noqa: E731
+        mine = row_of(batch["pause_id"].to_numpy(np.int64))
+        leader = row_of(leader_id[mine])
+        label = both["kind"].to_numpy(object)[leader].astype(str) + ": " + both["name"].to_numpy(object)[leader].astype(str)
+        return np.where(leader == mine, "", label).astype(object)
 
     def _carried_code_of(self, gil: GilRows) -> np.ndarray:
         """Per row, the code of its carried values (-1 when the table carries none)."""
@@ -409,14 +446,15 @@ class Correlator:
         r_start = all_start if order is None else all_start[order]
         r_end, r_tidx, r_state = merged(self.r_end, end), merged(self.r_tidx, tidx), merged(self.r_state, state)
         r_carried = merged(self.r_carried, carried)
+        r_came = merged(self.r_came, np.full(start.size, self._pushes, np.int64))
         is_new = merged(np.zeros(n_old, np.bool_), np.ones(start.size, np.bool_))
         dup = kernels.duplicate_rows(r_start, r_end, r_tidx, r_state, is_new)
         n_dup = int(np.count_nonzero(dup))
+        self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came = (
+            r_start, r_end, r_tidx, r_state, r_carried, r_came)
         if n_dup:
-            keep = ~dup
-            r_start, r_end, r_tidx, r_state, r_carried = r_start[keep], r_end[keep], r_tidx[keep], r_state[keep], r_carried[keep]
+            self._keep_rows(~dup)
         self.duplicate_gil_rows += n_dup
-        self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried = r_start, r_end, r_tidx, r_state, r_carried
         if is_open:  # (counted when it closes: until then it may vanish)
             return
         self.gil_intervals += start.size - n_dup
@@ -430,6 +468,12 @@ class Correlator:
         np.minimum.at(self.t_first, t, start[nonempty])
         np.maximum.at(self.t_seen_end, t, e)
         np.maximum.at(self.p_last_end, self.t_pidx[t], e)
+
+    def _keep_rows(self, keep: np.ndarray) -> None:
+        """Only the retained GIL rows where KEEP is true stay."""
+        self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came = (
+            self.r_start[keep], self.r_end[keep], self.r_tidx[keep], self.r_state[keep], self.r_carried[keep],
+            self.r_came[keep])
 
     # ---- open intervals (live) ---------------------------------------------------------------
 
@@ -460,7 +504,8 @@ class Correlator:
             self._open.discard(ident)
             closing[k] = True
             end = int(gil.end_ns[k])
-            self.r_end[self._open_row(*ident)] = end
+            row = self._open_row(*ident)
+            self.r_end[row], self.r_came[row] = end, self._pushes
             if ident[2] < self._swept and self.t_run[th] and self.t_open_row[th]:
                 # The sweep went past its start: the thread's run now ends (at the earliest where the sweep is).
                 self.t_open_row[th] = False
@@ -486,11 +531,9 @@ class Correlator:
         else:
             named = set()
         for ident in self._open - named:  # its thread exited while released (or the stream had a gap)
-            i = self._open_row(*ident)
             keep = np.ones(self.r_start.size, np.bool_)
-            keep[i] = False
-            self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried = (
-                self.r_start[keep], self.r_end[keep], self.r_tidx[keep], self.r_state[keep], self.r_carried[keep])
+            keep[self._open_row(*ident)] = False
+            self._keep_rows(keep)
             self.open_rows_dropped += 1
             if ident[2] < self._swept:
                 self._vanished.append(ident[0])
@@ -587,20 +630,9 @@ class Correlator:
         p_start = batch["start_ns"].to_numpy(np.int64)
         p_end = batch["end_ns"].to_numpy(np.int64)
         pair_b, pair_a = overlap_pairs(p_start, p_end, self.r_start, self.r_end, slack_ns=self.slack_ns)
-        n = pair_b.size
-        columns = {name: np.empty(n, np.int64) for name in ("pause_id", "pid", "tid", "start_ns", "end_ns", "overlap_ns",
-                                                            "slack_ns")}
-        state, near_miss = np.empty(n, np.int8), np.empty(n, np.bool_)
-        kernels.overlap_rows(pair_b, pair_a, batch["pause_id"].to_numpy(np.int64), p_start, p_end, self.r_start, self.r_end,
-                             self.r_tidx, self.r_state, self.t_pid, self.t_tid, columns["pause_id"], columns["pid"],
-                             columns["tid"], state, columns["start_ns"], columns["end_ns"], columns["overlap_ns"],
-                             columns["slack_ns"], near_miss)
-        overlaps = pa.table({**columns, "state": state_strings(state), "near_miss": near_miss}).select(
-            list(SCHEMAS["overlaps"].names)).cast(SCHEMAS["overlaps"])
-        if self._carried_table is not None:
-            values = self._carried_table.take(pa.array(self.r_carried[pair_a]))
-            for name in values.column_names:
-                overlaps = overlaps.append_column(values.schema.field(name), values.column(name))
+        near_miss = np.empty(pair_b.size, np.bool_)
+        emit = self.r_end[pair_a] >= END if self.eager_pairs else slice(None)  # (eager: the closed ones came out)
+        overlaps = self._overlaps_table(batch, pair_b, pair_a, near_miss, emit)
         nt = self.n_threads
         own = (batch["os_thread_id"].astype("Int64").fillna(-1).to_numpy(np.int64) if "os_thread_id" in batch.columns
                else np.full(len(batch), -1, np.int64))
@@ -656,6 +688,45 @@ class Correlator:
                 self._affected.add((stop, kind, name, key & 0xFFFFFFFF))
         return overlaps, impact
 
+    def _overlaps_table(self, pauses: pd.DataFrame, pair_b: np.ndarray, pair_a: np.ndarray, near_miss: np.ndarray,
+                        emit=slice(None)) -> pa.Table:
+        """The overlaps rows of pairs (PAUSES row, retained GIL row), those selected by EMIT; NEAR_MISS
+        is filled for every pair."""
+        n = pair_b.size
+        columns = {name: np.empty(n, np.int64) for name in ("pause_id", "pid", "tid", "start_ns", "end_ns", "overlap_ns",
+                                                            "slack_ns")}
+        state = np.empty(n, np.int8)
+        kernels.overlap_rows(pair_b, pair_a, pauses["pause_id"].to_numpy(np.int64), pauses["start_ns"].to_numpy(np.int64),
+                             pauses["end_ns"].to_numpy(np.int64), self.r_start, self.r_end, self.r_tidx, self.r_state,
+                             self.t_pid, self.t_tid, columns["pause_id"], columns["pid"], columns["tid"], state,
+                             columns["start_ns"], columns["end_ns"], columns["overlap_ns"], columns["slack_ns"], near_miss)
+        columns = {name: values[emit] for name, values in columns.items()}
+        overlaps = pa.table({**columns, "state": state_strings(state[emit]), "near_miss": near_miss[emit]}).select(
+            list(SCHEMAS["overlaps"].names)).cast(SCHEMAS["overlaps"])
+        if self._carried_table is not None:
+            values = self._carried_table.take(pa.array(self.r_carried[pair_a[emit]]))
+            for name in values.column_names:
+                overlaps = overlaps.append_column(values.schema.field(name), values.column(name))
+        return overlaps
+
+    def _eager_overlaps(self) -> pa.Table | None:
+        """Overlaps rows of pending pauses with closed GIL rows, the later of the two come in this push."""
+        from engine.join.pairs import overlap_pairs
+
+        pending = self._pending
+        if pending is None or not len(pending):
+            return None
+        pause_new = pending["_came"].to_numpy(np.int64) == self._pushes
+        row_new = self.r_came == self._pushes
+        if not pause_new.any() and not row_new.any():
+            return None
+        pair_b, pair_a = overlap_pairs(pending["start_ns"].to_numpy(np.int64), pending["end_ns"].to_numpy(np.int64),
+                                       self.r_start, self.r_end, slack_ns=self.slack_ns)
+        emit = (self.r_end[pair_a] < END) & (pause_new[pair_b] | row_new[pair_a])
+        if not emit.any():
+            return None
+        return self._overlaps_table(pending, pair_b, pair_a, np.empty(pair_b.size, np.bool_), emit)
+
     def _free_so_far(self, frontier: int) -> tuple[np.ndarray, np.ndarray]:
         """gil_free segments known up to the frontier: those written, and each process's current one."""
         npids = self.n_pids
@@ -668,11 +739,13 @@ class Correlator:
         w = self.watermark_ns
         pending_from = int(self._pending["start_ns"].iloc[0]) if self._pending is not None and len(self._pending) else END
         horizon = min(w - self.retain_ns, pending_from)
-        if self._pauses_seen is not None and len(self._pauses_seen) and w < END:
+        if w < END:
             # A pause pushed later starts after w - retain_ns, as its duplicate would.
-            old = self._pauses_seen["start_ns"].to_numpy(np.int64) < w - self.retain_ns
-            if old.any():
-                self._pauses_seen = self._pauses_seen[~old].reset_index(drop=True)
+            for number, (frame, latest_start) in list(self._seen_batches.items()):
+                if latest_start < w - self.retain_ns:
+                    del self._seen_batches[number]
+                    for pause_id in frame["pause_id"].to_numpy(np.int64).tolist():
+                        self._seen_ids.pop(pause_id, None)
         if self._leaders is not None and len(self._leaders) and w < END:
             # a pause finalized later starts at or after the horizon; a stop holding it ends after it
             gone = self._leaders["end_ns"].to_numpy(np.int64) < horizon
@@ -680,8 +753,7 @@ class Correlator:
                 self._leaders = self._leaders[~gone].reset_index(drop=True)
         keep = (self.r_end >= horizon - self.slack_ns) | (self.r_start >= self._swept)
         if not keep.all():
-            self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried = (
-                self.r_start[keep], self.r_end[keep], self.r_tidx[keep], self.r_state[keep], self.r_carried[keep])
+            self._keep_rows(keep)
         keep = self.f_end > horizon
         if not keep.all():
             self.f_pidx, self.f_start, self.f_end = self.f_pidx[keep], self.f_start[keep], self.f_end[keep]
@@ -738,8 +810,18 @@ class Correlator:
         table["part_of"] = table["part_of"].replace("", pd.NA)  # ("": a stop's own row, as a group key)
         return order_stops(table)
 
+    def pending_ends(self) -> np.ndarray:
+        """The end of every pause pushed and not final yet."""
+        return np.zeros(0, np.int64) if self._pending is None else self._pending["end_ns"].to_numpy(np.int64)
+
     def python_pids(self) -> list[int]:
         return sorted(int(p) for p in self.p_pid[:self.n_pids])
+
+
+def _values(pauses: pd.DataFrame, pause_id: int) -> dict:
+    """The first row of PAUSES with PAUSE_ID, as {column: value}, missing values left out."""
+    row = pauses.iloc[int(np.flatnonzero(pauses["pause_id"].to_numpy(np.int64) == pause_id)[0])]
+    return {k: v for k, v in row.items() if not (v is None or v is pd.NA or (isinstance(v, float) and v != v))}
 
 
 def kernels_sorted(values: np.ndarray) -> bool:

@@ -1,7 +1,8 @@
 """Alerts: a pause that hit Python for longer than a threshold (`--alert-overlap 20ms`).
 
-Each pause alerts at most once, when it becomes final (engine/correlate: its overlaps rows and
-pause_impact row come out together) with pause_impact's overlap_ns over the threshold. An
+Each pause alerts at most once, when it becomes final (its pause_impact row comes out; its
+overlaps rows may have come before: engine/correlate, eager_pairs) with pause_impact's
+overlap_ns over the threshold. An
 alert prints one line, and optionally appends one JSON line to a file (`--alert-jsonl FILE`) and runs a user command
 (`--alert-exec CMD`, run by the shell with the alert as JSON in TANDEM_ALERT, not waited for).
 """
@@ -12,6 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 
@@ -22,30 +24,35 @@ class Alerts:
         self.command = command
         self.printer = printer
         self.fired: set[int] = set()
+        self._threads: dict[int, set[tuple[int, int]]] = {}  # pause not final yet -> threads of its exact overlaps
         self.children: list[subprocess.Popen] = []
         self.count = 0
 
-    def check(self, impact: pd.DataFrame, overlaps: pd.DataFrame) -> list[dict]:
-        """Alerts for pauses that became final (their pause_impact rows, with the overlaps rows
-        made final with them) and overlapped Python for longer than the threshold."""
-        if self.overlap_ns is None or not len(impact):
+    def check(self, impact: pd.DataFrame | None, overlaps: pd.DataFrame | None) -> list[dict]:
+        """Alerts for pauses that became final (their pause_impact rows) and overlapped Python
+        for longer than the threshold; `overlaps`: the rows that came out with them (of these
+        pauses or of pauses still to become final). None: no rows."""
+        if self.overlap_ns is None:
             return []
-        over = impact[(impact["overlap_ns"].to_numpy() > self.overlap_ns) & ~impact["pause_id"].isin(self.fired).to_numpy()]
-        exact = overlaps[~overlaps["near_miss"].to_numpy(bool)] if len(over) else overlaps
+        if overlaps is not None and len(overlaps):
+            exact = overlaps[~overlaps["near_miss"].to_numpy(bool)]
+            for pause_id, pid, tid in zip(*(exact[c].to_numpy(np.int64).tolist() for c in ("pause_id", "pid", "tid"))):
+                self._threads.setdefault(pause_id, set()).add((pid, tid))
         alerts = []
-        for row in over.itertuples(index=False):
-            threads = exact[exact["pause_id"].to_numpy() == row.pause_id]
-            alerts.append(self._alert(row._asdict(), int(row.pause_id), int(row.overlap_ns), threads))
+        for row in impact.itertuples(index=False) if impact is not None else ():
+            threads = self._threads.pop(int(row.pause_id), set())
+            if row.overlap_ns > self.overlap_ns and row.pause_id not in self.fired:
+                alerts.append(self._alert(row._asdict(), int(row.pause_id), int(row.overlap_ns), threads))
         return alerts
 
-    def _alert(self, pause, pause_id: int, overlap: int, threads) -> dict:
+    def _alert(self, pause, pause_id: int, overlap: int, threads: set[tuple[int, int]]) -> dict:
         self.fired.add(pause_id)
         alert = {
             "pause_id": pause_id, "kind": str(pause["kind"]), "name": str(pause["name"]),
             "start_ns": int(pause["start_ns"]), "end_ns": int(pause["end_ns"]),
             "duration_ns": int(pause["end_ns"] - pause["start_ns"]), "overlap_ns": overlap,
             "threshold_ns": int(self.overlap_ns),
-            "threads": sorted({(int(p), int(t)) for p, t in zip(threads["pid"], threads["tid"])}),
+            "threads": sorted(threads),
         }
         self._fire(alert)
         return alert

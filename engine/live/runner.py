@@ -1,8 +1,9 @@
 """The live loop: a driver of the correlation core (engine/correlate) fed by the live sources.
 
 Each step reads what the sources have (pause rings or the JFR repository, GIL rings), pushes it
-to the core with the watermark and the GIL intervals open now, and hands the rows that became
-final to the writer, the alerts and the view. `tandem analyze` drives the same core over a
+to the core with the watermark and the GIL intervals open now, and hands the rows that came out
+to the writer, the alerts and the view: the pauses read and their overlaps rows with closed GIL
+intervals at once (the core's eager_pairs), pause_impact and gil_free rows once final. `tandem analyze` drives the same core over a
 recorded session (engine/analysis/stream.py): both produce their rows with the same code.
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ class LiveRun:
         self.session = Path(session)
         self.watcher = SessionWatcher(self.session)
         self.lifetimes = ProcLifetimes()
-        self.core = Correlator(slack_ns, lifetimes=self.lifetimes, retain_ns=RETAIN_NS, keep_impact=False,
+        self.core = Correlator(slack_ns, lifetimes=self.lifetimes, retain_ns=RETAIN_NS, keep_impact=False, eager_pairs=True,
                                gil_source=f"{self.session}: GIL rings", pauses_source=f"{self.session}: pauses")
         self.writer = RollingWriter(out, roll_ns, {"session": str(self.session), "slack_ns": int(slack_ns)})
         self.alerts = alerts or Alerts(None)
@@ -63,8 +64,6 @@ class LiveRun:
         self._last_scan = 0.0
         self.error: BaseException | None = None
         self.step_seconds: collections.deque[float] = collections.deque(maxlen=10_000)  # the latest steps
-        # Pauses read and not final yet, every column (they go to the parts with their pause_impact row).
-        self.pending: pd.DataFrame = empty_frame("pauses")
         self.overlap_rows = 0
         self.latest_hits: collections.deque[dict] = collections.deque(maxlen=LATEST)  # final pauses that hit Python
 
@@ -83,7 +82,7 @@ class LiveRun:
             return empty_frame("pauses")
         pauses = pd.concat(frames, ignore_index=True).sort_values(["start_ns", "end_ns"], kind="stable", ignore_index=True)
         pauses.insert(0, "pause_id", np.arange(self._next_pause_id, self._next_pause_id + len(pauses), dtype=np.int64))
-        # When tandem live read the row (CLOCK_MONOTONIC); arrived_ns (set once final) follows.
+        # When tandem live read the row (CLOCK_MONOTONIC); arrived_ns (handed to a part) follows.
         pauses["polled_ns"] = np.int64(time.monotonic_ns())
         self._next_pause_id += len(pauses)
         return pauses
@@ -93,9 +92,10 @@ class LiveRun:
 
     def _final_due(self, now: float) -> bool:
         """A pending pause the watermark passes now (its rows are due at the next push)."""
-        if not len(self.pending):
+        ends = self.core.pending_ends()
+        if not ends.size:
             return False
-        first_end = int(self.pending["end_ns"].min())
+        first_end = int(ends.min())
         return time.monotonic_ns() - max(wm.GIL_MARGIN_NS, wm.NEW_PROCESS_MARGIN_NS) > first_end + self.core.slack_ns
 
     def step(self, *, final: bool = False) -> None:
@@ -134,29 +134,29 @@ class LiveRun:
         rows = self.core.push(pauses=pauses[columns] if len(pauses) else None,
                               gil=gil_rows_from_frame(gil[list(GIL_COLUMNS)]) if len(gil) else None,
                               open=None if final else self._open_intervals(), watermark_ns=w)
-        if len(pauses):
-            self.pending = pd.concat([self.pending, pauses], ignore_index=True) if len(self.pending) else pauses
         self.watermark_ns = self.core.watermark_ns
-        self._emit(rows, gil)
+        self._emit(rows, pauses, gil)
         if final:
-            self._emit(self.core.finish(), empty_frame("gil"))
+            self._emit(self.core.finish(), empty_frame("pauses"), empty_frame("gil"))
             self.watermark_ns = END
 
-    def _emit(self, rows: Rows, gil: pd.DataFrame) -> None:
-        """Final rows to the current part, the alerts and the view; their pauses go with them."""
-        impact = to_pandas(rows.pause_impact, "pause_impact")
-        overlaps = to_pandas(rows.overlaps, "overlaps")
-        final = self.pending.iloc[:0]
-        if len(impact):
-            done = self.pending["pause_id"].isin(impact["pause_id"]).to_numpy()
-            final = self.pending[done].reset_index(drop=True)
-            # When its rows were final: arrived_ns - end_ns is the end-of-pause-to-row latency.
-            final["arrived_ns"] = np.int64(time.monotonic_ns())
-            self.pending = self.pending[~done].reset_index(drop=True)
-        self.overlap_rows += len(overlaps)
-        self.writer.add(final, gil, overlaps, pause_impact=impact, gil_free=to_pandas(rows.gil_free, "gil_free"))
-        if len(impact):
-            self.alerts.check(impact, overlaps)
+    def _emit(self, rows: Rows, pauses: pd.DataFrame, gil: pd.DataFrame) -> None:
+        """Rows that came out to the current part, the alerts and the view, with the pauses and
+        GIL intervals read in this step. arrived_ns, when a row was handed over: of a pause, with
+        its first overlaps rows (pause end to it: the latency the bench measures); of a
+        pause_impact row, when its pause became final."""
+        now = np.int64(time.monotonic_ns())
+        # (an empty table is left out: converting it costs more than the rows of a step)
+        tables = {name: to_pandas(table, name) if table.num_rows else None for name, table in rows.tables().items()}
+        impact, overlaps, free = tables["pause_impact"], tables["overlaps"], tables["gil_free"]
+        if len(pauses):
+            pauses = pauses.assign(arrived_ns=now)
+        if impact is not None:
+            impact = impact.assign(arrived_ns=now)
+        self.overlap_rows += 0 if overlaps is None else len(overlaps)
+        self.writer.add(pauses, gil, overlaps, pause_impact=impact, gil_free=free)
+        self.alerts.check(impact, overlaps)
+        if impact is not None:
             hits = impact[impact["hit_python"].to_numpy(bool)]
             self.latest_hits.extend(hits[["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"]].to_dict("records"))
 

@@ -49,7 +49,7 @@ def headline(run) -> str:
     # Said only when it happens: such a pause may miss pairs offline has (docs/live.md).
     beyond = (f" ({core.late_pauses_beyond_retention} older than the GIL rows kept)"
               if core.late_pauses_beyond_retention else "")
-    return (f"tandem live: {core.pauses} pauses ({len(run.pending)} not final yet), {core.gil_intervals} GIL intervals, "
+    return (f"tandem live: {core.pauses} pauses ({len(core.pending_ends())} not final yet), {core.gil_intervals} GIL intervals, "
             f"{run.overlap_rows} overlaps; {lag}; late rows {core.late_gil_rows} GIL / "
             f"{core.late_pauses} pauses{beyond}; parts written {len(run.writer.parts_written)}")
 

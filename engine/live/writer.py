@@ -1,6 +1,6 @@
 """Rolling Parquet output: one file set per interval (default a minute).
 
-    OUT/part-000001/pauses.parquet     pauses that became final in the interval (with their pause_impact rows)
+    OUT/part-000001/pauses.parquet     pauses read in the interval (their overlaps rows with closed GIL intervals with them)
     OUT/part-000001/gil.parquet        GIL intervals that closed in it
     OUT/part-000001/overlaps.parquet   overlaps rows emitted in it (pause_id refers to pauses of any part)
     OUT/part-000001/pause_impact.parquet  rows of the pauses that became final in it
