@@ -818,6 +818,29 @@ class Correlator:
         return sorted(int(p) for p in self.p_pid[:self.n_pids])
 
 
+def warm_up() -> None:
+    """Drive a throwaway core over a few rows, so that every kernel it calls is loaded (numba
+    compiles or reads its cache at a kernel's first call: tenths of a second, holding the GIL).
+    A live run does it before its first pauses come, not on their way out."""
+    from engine.correlate.schema import PAUSE_COLUMNS
+
+    class Alive(Lifetimes):
+        def thread_ends(self, pid, tid):
+            return np.full(pid.size, END, np.int64)
+
+    pauses = pd.DataFrame({"pause_id": [0, 1], "kind": ["safepoint", "gc"], "name": ["warm-up", "warm-up"],
+                           "start_ns": [100, 110], "end_ns": [200, 150]})
+    pauses = pauses[[c for c in PAUSE_COLUMNS if c in pauses.columns]]
+    core = Correlator(5, lifetimes=Alive(), retain_ns=1_000, keep_impact=False, eager_pairs=True)
+    core.push(pauses=pauses, gil=GilRows(np.array([1, 1]), np.array([1, 2]), np.array([0, 1], np.int8),
+                                         np.array([50, 120]), np.array([150, 300])),
+              open=GilRows(np.array([1]), np.array([3]), np.array([0], np.int8), np.array([60]), np.array([60])),
+              watermark_ns=90)
+    core.push(watermark_ns=400)
+    core.finish()
+    core.summary()
+
+
 def _values(pauses: pd.DataFrame, pause_id: int) -> dict:
     """The first row of PAUSES with PAUSE_ID, as {column: value}, missing values left out."""
     row = pauses.iloc[int(np.flatnonzero(pauses["pause_id"].to_numpy(np.int64) == pause_id)[0])]

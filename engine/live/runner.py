@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from engine.correlate import Correlator, GilRows, Rows
+from engine.correlate.core import warm_up
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import END, GIL_COLUMNS, PAUSE_COLUMNS, PAUSE_FACT_COLUMNS, empty_frame, to_pandas
 from engine.live import watermark as wm
@@ -177,6 +178,7 @@ class LiveRun:
         # Everything loaded so far (pandas, numpy, the JVM bridge: ~160k objects) lives as long
         # as the process: out of the cyclic GC's full collections, which otherwise stop this
         # loop for 0.1-0.4 s every few seconds.
+        warm_up()  # (while the command starts: the first pauses do not wait for numba)
         gc.collect()
         gc.freeze()
         try:
