@@ -145,3 +145,33 @@ def test_python_threads_calling_system_gc_are_named_with_their_line_and_java_fra
         if cause["thread"] in line_of:
             assert cause["stops"] == sum(1 for c in calls if c["thread"] == cause["thread"])
     assert not any("JPype's GC link" in line for line in lines)
+
+
+def _inference_case(jvm_pid: int, main_state: str | None):
+    """A System.gc() collection (100-200) of JVM JVM_PID that JFR names no requester for; Python
+    process 7: the churner (tid 2) holds the GIL through it, the main thread (tid 1) is in
+    MAIN_STATE through it (None: it holds the GIL too)."""
+    import pandas as pd
+
+    from engine.analysis import correlate
+    from test_join_witness import gil_frame, pauses_frame
+
+    pauses = pauses_frame([(100, 200)]).assign(kind="gc", name="G1Full", cause="System.gc()", jvm_pid=jvm_pid)
+    rows = [(7, 2, "released", 0, 50), (7, 2, "released", 250, 260)]  # the churner: holding 50-250
+    rows += [(7, 1, "released", 0, 40), (7, 1, "released", 270, 280)]
+    if main_state is not None:
+        rows.append((7, 1, main_state, 60, 240))
+    gil = gil_frame(rows).assign(function=pd.array(["f"] * len(rows), dtype="string"),
+                                 file=pd.array(["prog.py"] * len(rows), dtype="string"),
+                                 line=pd.array(list(range(len(rows))), dtype="Int64"))
+    return correlate(pauses, gil).pause_impact.iloc[0]
+
+
+def test_a_requester_jfr_does_not_name_is_inferred_from_the_one_thread_holding_the_gil():
+    row = _inference_case(7, "released")
+    assert row["caused_by_python"] and row["cause_inferred"] and row["cause_tid"] == 2
+    assert row["cause_held_gil"] and row["cause_state"] == "holding" and row["cause_line"] == 1  # its next release
+    assert not row["jpype_gc_link"]  # (never, inferred: see engine/analysis/causes.py)
+    for jvm_pid, main_state in ((7, None), (8, "released")):  # two holders; a JVM outside the process
+        row = _inference_case(jvm_pid, main_state)
+        assert not row["caused_by_python"] and not row["cause_inferred"] and row.isna()["cause_tid"]

@@ -19,7 +19,7 @@ import pandas as pd
 
 import pyarrow as pa
 
-from engine.analysis.causes import pause_causes, why_facts
+from engine.analysis.causes import inferred_requesters, pause_causes, why_facts
 from engine.analysis.clock import check_same_clock, clock_facts
 from engine.correlate import END, RESULT_TABLES, Correlator
 from engine.correlate.inputs import gil_rows_from_frame
@@ -138,7 +138,10 @@ def correlate(
     gil_free = gil_free.sort_by([("pid", "ascending"), ("start_ns", "ascending")])
     header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, duplicate_gil_rows)
     overlaps = to_pandas(overlaps, "overlaps")
-    impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, gil)
+    nonempty = gil[gil["end_ns"] > gil["start_ns"]]
+    lifetimes = nonempty.groupby(["pid", "tid"], as_index=False).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, gil,
+                         inferred_requesters(pauses, lifetimes, overlaps))
     header["why"] = why_facts(impact, overlaps)
     return Analysis(
         pauses=pauses,
@@ -152,10 +155,12 @@ def correlate(
     )
 
 
-def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
+def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, gil: pd.DataFrame,
+                inferred: pd.Series | None = None) -> pd.DataFrame:
     """pause_impact with the stop each pause belongs to (engine/correlate/stops.py) and who asked
-    for it, when it was a Python thread (engine/analysis/causes.py)."""
-    causes = pause_causes(pauses, gil).assign(pause_id=pauses["pause_id"].to_numpy())
+    for it, when it was a Python thread (engine/analysis/causes.py; `inferred`: the requesters
+    inferred where JFR names none)."""
+    causes = pause_causes(pauses, gil, inferred).assign(pause_id=pauses["pause_id"].to_numpy())
     stops = stop_columns(pauses)[["pause_id", "stop_id"]]
     return (impact.merge(stops, on="pause_id", how="left", validate="one_to_one")
             .merge(causes, on="pause_id", how="left", validate="one_to_one"))

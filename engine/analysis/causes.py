@@ -21,6 +21,18 @@ Python thread calling System.gc() through a JPype method call releases the GIL a
 call (JPype does for every Java call): caused by Python, not the link; a Java method that
 calls System.gc() shows as its caller frame.
 
+When JFR names no requester of a System.gc() pause (JDK 17 names no thread attached through
+JNI: no jdk.SystemGC event, no VM operation caller) and the JVM runs inside a Python process
+(JPype: the pause's jvm_pid is a Python pid of the session), the requester is *inferred*
+(`cause_inferred`): the one Python thread of that process alive through the pause that held
+the GIL through it. A thread that calls System.gc() through JNI stays in the call for the
+whole collection; a thread running Python code in the same process runs on through a
+collection too, so the inference can name a bystander when a Java thread asked; with two or
+more such threads, or none, nothing is inferred. An inferred cause is called JPype's GC link
+only when jdk.SystemGC's frames were recorded (JDK 17 records the call, with its frames, but
+not the thread attached through JNI) and show no Java caller: without them the link cannot
+be told from JPype's own System.gc() at start-up (main thread, GIL held, a Java caller).
+
 The summary counts stops of the world (engine/correlate/stops.py): the safepoint, GC pause
 and collection of one System.gc() are one stop, asked for once.
 """
@@ -32,8 +44,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 CAUSE_COLUMNS = ("caused_by_python", "cause_pid", "cause_tid", "cause_thread", "cause_state", "cause_function",
-                 "cause_file", "cause_line", "cause_java_frames", "cause_held_gil", "jpype_gc_link")
+                 "cause_file", "cause_line", "cause_java_frames", "cause_held_gil", "cause_inferred", "jpype_gc_link")
 SYSTEM_GC = "System.gc()"
+# How far from an inference candidate a streamed analysis keeps its process's GIL rows: an
+# inferred requester's next release (its code) and the rows that show it alive then.
+INFERENCE_WINDOW_NS = 10_000_000_000
 # The frames of System.gc() itself (JDK 17+: System.gc calls Runtime.gc): any other frame in
 # a call's system_gc_frames is a Java caller.
 SYSTEM_GC_OWN_FRAMES = ("java.lang.Runtime.gc", "java.lang.System.gc")
@@ -55,6 +70,7 @@ def _empty(n: int) -> dict:
         "cause_line": pd.array([pd.NA] * n, dtype="Int64"),
         "cause_java_frames": pd.array([pd.NA] * n, dtype="string"),
         "cause_held_gil": pd.array([pd.NA] * n, dtype="boolean"),
+        "cause_inferred": np.zeros(n, bool),
         "jpype_gc_link": np.zeros(n, bool),
     }
 
@@ -93,11 +109,51 @@ def _system_gc_pauses(pauses: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def pause_causes(pauses: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
-    """CAUSE_COLUMNS per pause (pauses table order)."""
+def inference_candidates(pauses: pd.DataFrame) -> np.ndarray:
+    """Per pause: a System.gc() pause JFR names no requester for, of a JVM with a known pid (its
+    requester may be inferred: see the module's docstring)."""
+    if not len(pauses) or "jvm_pid" not in pauses.columns:
+        return np.zeros(len(pauses), bool)
+    from engine.correlate.stops import stop_ids
+
+    # (a GC pause or collection whose stop's safepoint JFR names a requester for is that one's)
+    named = requester_tids(pauses).notna().to_numpy(bool)
+    stop = stop_ids(pauses)
+    named_stop = np.isin(stop, stop[named])
+    return _system_gc_pauses(pauses) & ~named_stop & pauses["jvm_pid"].notna().to_numpy(bool)
+
+
+def inferred_requesters(pauses: pd.DataFrame, lifetimes: pd.DataFrame, overlaps: pd.DataFrame) -> pd.Series:
+    """Per pause (Int64, NA when none): the one Python thread of the JVM's own process alive
+    through the pause (`lifetimes`: pid, tid, start_ns, end_ns) with no exact overlap with it
+    (it held the GIL throughout), for the inference_candidates. `overlaps`: at least those of
+    the candidates."""
+    out = pd.Series(pd.array([pd.NA] * len(pauses), dtype="Int64"), index=pauses.index)
+    candidates = np.flatnonzero(inference_candidates(pauses))
+    if not candidates.size or not len(lifetimes):
+        return out
+    exact = overlaps[~overlaps["near_miss"].astype(bool) & (overlaps["overlap_ns"] > 0)] if len(overlaps) else overlaps
+    busy = exact.groupby("pause_id")["tid"].agg(set).to_dict() if len(exact) else {}
+    l_pid, l_tid = lifetimes["pid"].to_numpy(np.int64), lifetimes["tid"].to_numpy(np.int64)
+    l_start, l_end = lifetimes["start_ns"].to_numpy(np.int64), lifetimes["end_ns"].to_numpy(np.int64)
+    for i in candidates.tolist():
+        pause = pauses.iloc[i]
+        alive = (l_pid == int(pause["jvm_pid"])) & (l_start <= int(pause["start_ns"])) & (l_end >= int(pause["end_ns"]))
+        holders = set(l_tid[alive].tolist()) - busy.get(int(pause["pause_id"]), set())
+        if len(holders) == 1:
+            out.iloc[i] = holders.pop()
+    return out
+
+
+def pause_causes(pauses: pd.DataFrame, gil: pd.DataFrame, inferred: pd.Series | None = None) -> pd.DataFrame:
+    """CAUSE_COLUMNS per pause (pauses table order). `inferred`: inferred_requesters, for the
+    pauses JFR names no requester for (`gil` then holds rows of those threads too)."""
     n = len(pauses)
     out = _empty(n)
     requester = requester_tids(pauses)
+    if inferred is not None:
+        out["cause_inferred"] = requester.isna().to_numpy(bool) & inferred.notna().to_numpy(bool)
+        requester = requester.fillna(inferred)
     if n == 0 or not requester.notna().any() or len(gil) == 0:
         return pd.DataFrame(out)
     starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
@@ -134,7 +190,9 @@ def pause_causes(pauses: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
             out["cause_java_frames"][i] = frames.iloc[i]
         out["cause_held_gil"][i] = bool(held[i])
     java_caller = _java_caller(frames) if frames is not None else np.zeros(n, bool)
-    out["jpype_gc_link"] = caused & held & system_gc & ~java_caller
+    out["cause_inferred"] &= caused
+    frames_known = frames.notna().to_numpy(bool) if frames is not None else np.zeros(n, bool)
+    out["jpype_gc_link"] = caused & held & system_gc & ~java_caller & (~out["cause_inferred"] | frames_known)
     return pd.DataFrame(out)
 
 
@@ -207,12 +265,13 @@ def why_facts(impact: pd.DataFrame, overlaps: pd.DataFrame | None, top: int = 5,
                                    else pd.Series(pd.NA, index=d.index, dtype="string")).fillna(""))
         grouped = caused.groupby(["thread", "function", "file", "line", "java_frames"], sort=False).agg(
             stops=("pause_id", "size"), duration_ns=("duration_ns", "sum"), held_gil=("cause_held_gil", "sum"),
-            jpype_gc_link=("jpype_gc_link", "sum"))
+            jpype_gc_link=("jpype_gc_link", "sum"), inferred=("cause_inferred", "sum"))
         for (thread, function, file, line, frames), row in grouped.sort_values("duration_ns", ascending=False).iterrows():
             facts["jpype_gc_link_stops"] += int(row["jpype_gc_link"])
             if len(facts["caused_by_python"]) < top:
                 facts["caused_by_python"].append({
                     "thread": thread, "function": function, "file": file, "line": int(line) if line >= 0 else None,
                     "java_frames": frames or None, "stops": int(row["stops"]), "duration_ns": int(row["duration_ns"]),
-                    "held_gil": int(row["held_gil"]), "jpype_gc_link": int(row["jpype_gc_link"])})
+                    "held_gil": int(row["held_gil"]), "jpype_gc_link": int(row["jpype_gc_link"]),
+                    "inferred": int(row["inferred"])})
     return facts

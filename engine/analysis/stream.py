@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.analysis.clock import check_same_clock, clock_facts
-from engine.analysis.causes import add_code_hits, code_hits, requester_tids, why_facts
+from engine.analysis.causes import (INFERENCE_WINDOW_NS, add_code_hits, code_hits, inference_candidates,
+                                    inferred_requesters, requester_tids, why_facts)
 from engine.correlate import END, Correlator, GilRows, KnownLifetimes, Rows
 from engine.correlate import kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow
@@ -225,6 +226,12 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     # The causality step (engine/analysis/causes.py) needs the GIL rows of the threads that asked
     # for a pause (few), and the summary's "why" the overlap per code: both gathered on the way.
     requesters = np.unique(requester_tids(pauses).dropna().to_numpy(np.int64))
+    # ... and, for a System.gc() pause JFR names no requester for, the overlaps of that pause and
+    # the rows of its JVM's own process near it (the requester may be inferred from them).
+    candidates = pauses[inference_candidates(pauses)]
+    near = (candidates["jvm_pid"].to_numpy(np.int64), candidates["start_ns"].to_numpy(np.int64) - INFERENCE_WINDOW_NS,
+            candidates["end_ns"].to_numpy(np.int64) + INFERENCE_WINDOW_NS)
+    candidate_ids, candidate_overlaps = candidates["pause_id"].to_numpy(np.int64), []
     stop_of = stop_columns(pauses)  # the summary's code hits count each stop of the world once
     leaders = stop_of.loc[stop_of["stop_id"] == stop_of["pause_id"], "pause_id"].to_numpy(np.int64)
     requester_rows, hits = [], []
@@ -235,6 +242,11 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
                 background.write(writers[name], table)
         if "function" in rows.overlaps.column_names and rows.overlaps.num_rows:
             hits.append(code_hits(rows.overlaps, leaders))
+        if candidate_ids.size and rows.overlaps.num_rows:
+            mine = np.isin(rows.overlaps["pause_id"].to_numpy(), candidate_ids)
+            if mine.any():
+                candidate_overlaps.append(rows.overlaps.select(["pause_id", "tid", "overlap_ns", "near_miss"])
+                                          .filter(pa.array(mine)).to_pandas())
 
     try:
         pending_pauses = pauses
@@ -243,8 +255,10 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             pending_pauses = None
             if copy is not None:
                 background.write(writers["gil"], copy)
-            if requesters.size:
+            if requesters.size or candidate_ids.size:
                 mine = np.isin(rows.tid, requesters)
+                for pid, lo, hi in zip(*near):
+                    mine |= (rows.pid == pid) & (rows.end_ns >= lo) & (rows.start_ns <= hi)
                 if mine.any():
                     requester_rows.append(_rows_frame(rows, copy, mine))
             if progress is not None:
@@ -257,8 +271,11 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         if gil.copy_schema is None:  # (docs/results.md, "gil.parquet"): the results name the table
             header["gil_table"] = gil.references
         summary, stops = core.summary(), core.stops()
+        overlaps_seen = (pd.concat(candidate_overlaps, ignore_index=True) if candidate_overlaps
+                         else pd.DataFrame({"pause_id": [], "tid": [], "overlap_ns": [], "near_miss": []}))
         impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses,
-                             pd.concat(requester_rows, ignore_index=True) if requester_rows else pd.DataFrame())
+                             pd.concat(requester_rows, ignore_index=True) if requester_rows else pd.DataFrame(),
+                             inferred_requesters(pauses, lifetimes, overlaps_seen))
         header["why"] = why_facts(impact, None, hits=add_code_hits(hits) if hits else None)
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]

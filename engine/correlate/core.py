@@ -304,7 +304,7 @@ class Correlator:
         if not keep.all():
             pauses = pauses[keep]
         if len(pauses):
-            number = len(self._seen_batches) and max(self._seen_batches) + 1
+            number = self._next_seq  # (unique: it grows by the rows of every batch kept)
             self._seen_batches[number] = (pauses, int(pauses["start_ns"].max()))
             self._seen_ids.update(dict.fromkeys(pauses["pause_id"].to_numpy(np.int64).tolist(), number))
         return pauses

@@ -146,8 +146,12 @@ def why_lines(why: dict) -> list[str]:
         if cause["jpype_gc_link"]:
             link = (" - JPype's GC link" if cause["jpype_gc_link"] == cause["stops"]
                     else f" - {cause['jpype_gc_link']} of them JPype's GC link")
+        inferred = ""
+        if cause.get("inferred"):  # (docs/results.md, "cause_inferred")
+            inferred = (" (inferred: JFR named no requester; the one thread holding the GIL through it)"
+                        if cause["inferred"] == cause["stops"] else f" ({cause['inferred']} of them inferred)")
         lines.append(f"caused by Python: thread {cause['thread']} at {_where(cause)}{java} asked for {cause['stops']} "
-                     f"stop(s) of the world, {_duration(cause['duration_ns'])}{held}{link}")
+                     f"stop(s) of the world, {_duration(cause['duration_ns'])}{held}{link}{inferred}")
     if why.get("jpype_gc_link_stops"):
         lines.append(f"JPype's GC link, {why['jpype_gc_link_stops']} stop(s): {JPYPE_GC_LINK_ADVICE}")
     return lines
