@@ -744,3 +744,23 @@ def _soak(tmp_path: Path) -> None:
     assert np.median(last) - np.median(middle) < 40, (np.median(middle), np.median(last))
     counts = _assert_live_equals_offline(session, session / "live")
     assert counts["pauses"] > 50 and counts["gil_free"] > 0 and counts["gil_free_equal"], counts
+
+
+def test_delivered_spans_added_in_batches_match_as_added_at_once():
+    """The ring source's record of delivered pauses (sorted runs merged as they grow): one add
+    equals many adds, and the runs stay few."""
+    from engine.live.sources import _Spans
+
+    rng = np.random.default_rng(3)
+    starts = np.sort(rng.integers(0, 10**9, 5_000)) + rng.integers(-50_000, 50_000, 5_000)  # nearly in order
+    ends = starts + rng.integers(1, 10**6, 5_000)
+    whole, batched = _Spans(), _Spans()
+    whole.add(starts, ends)
+    for lo in range(0, starts.size, 37):
+        batched.add(starts[lo:lo + 37], ends[lo:lo + 37])
+    assert len(batched.runs) <= 2 * np.log2(starts.size)
+    probes = [(int(s) + int(d), int(e) + int(d)) for s, e, d in zip(starts[::7], ends[::7], rng.integers(-3, 3, 5_000))]
+    probes += [(int(s) + 10_000, int(e)) for s, e in zip(starts[::11], ends[::11])]  # too far
+    for start, end in probes:
+        assert (whole.match(start, end, 5) is None) == (batched.match(start, end, 5) is None)
+        assert batched.match(start, end, 5) is None or abs(batched.match(start, end, 5) - start) <= 5

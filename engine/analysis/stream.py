@@ -228,9 +228,9 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     requesters = np.unique(requester_tids(pauses).dropna().to_numpy(np.int64))
     # ... and, for a System.gc() pause JFR names no requester for, the overlaps of that pause and
     # the rows of its JVM's own process near it (the requester may be inferred from them).
-    candidates = pauses[inference_candidates(pauses)]
-    near = (candidates["jvm_pid"].to_numpy(np.int64), candidates["start_ns"].to_numpy(np.int64) - INFERENCE_WINDOW_NS,
-            candidates["end_ns"].to_numpy(np.int64) + INFERENCE_WINDOW_NS)
+    candidates = pauses[inference_candidates(pauses)]  # (none without a jvm_pid column)
+    near = ((candidates["jvm_pid"].to_numpy(np.int64), candidates["start_ns"].to_numpy(np.int64) - INFERENCE_WINDOW_NS,
+             candidates["end_ns"].to_numpy(np.int64) + INFERENCE_WINDOW_NS) if len(candidates) else ((), (), ()))
     candidate_ids, candidate_overlaps = candidates["pause_id"].to_numpy(np.int64), []
     stop_of = stop_columns(pauses)  # the summary's code hits count each stop of the world once
     leaders = stop_of.loc[stop_of["stop_id"] == stop_of["pause_id"], "pause_id"].to_numpy(np.int64)

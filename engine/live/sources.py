@@ -298,6 +298,35 @@ class RepositorySource(_PauseSource):
 PauseRingSource.status = RepositorySource.status  # same fields
 
 
+class _Spans:
+    """(start, end) pairs added a batch at a time and searched by start: sorted runs whose sizes
+    at least double from the newest to the oldest (two neighbours of comparable size are
+    merged), so that adding costs O(log n) a pair amortized and a search O(log n) runs, where
+    one sorted array re-sorted at every poll cost O(n) a poll over a long live run."""
+
+    def __init__(self):
+        self.runs: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def add(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        order = np.argsort(starts, kind="stable")
+        self.runs.append((starts[order], ends[order]))
+        while len(self.runs) > 1 and self.runs[-2][0].size <= 2 * self.runs[-1][0].size:
+            (s1, e1), (s2, e2) = self.runs.pop(-2), self.runs.pop()
+            both = np.concatenate([s1, s2])
+            order = np.argsort(both, kind="stable")
+            self.runs.append((both[order], np.concatenate([e1, e2])[order]))
+
+    def match(self, start: int, end: int, tolerance_ns: int) -> int | None:
+        """The start of a pair whose start and end are both within TOLERANCE_NS of these, if any."""
+        for starts, ends in self.runs:
+            i = int(np.searchsorted(starts, start - tolerance_ns))
+            while i < starts.size and starts[i] <= start + tolerance_ns:
+                if abs(int(ends[i]) - end) <= tolerance_ns:
+                    return int(starts[i])
+                i += 1
+        return None
+
+
 class RingWithRepositorySource(PauseRingSource):
     """The pause ring for latency, reconciled with the JFR repository (then recording.jfr).
 
@@ -328,8 +357,8 @@ class RingWithRepositorySource(PauseRingSource):
     def __init__(self, directory: Path):
         super().__init__(directory)
         self.repository = RepositorySource(directory)
-        # kind -> (start_ns, end_ns) of the delivered rows, sorted by start: 16 bytes a pause.
-        self._delivered: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # kind -> the (start_ns, end_ns) of the delivered rows: 16 bytes a pause.
+        self._delivered: dict[str, _Spans] = {}
         self._held: pd.DataFrame | None = None
         self._shifts: list[int] = []
         self._last_repository = 0.0
@@ -345,15 +374,7 @@ class RingWithRepositorySource(PauseRingSource):
 
     def _match(self, kind: str, start: int, end: int) -> int | None:
         known = self._delivered.get(kind)
-        if known is None or not len(known[0]):
-            return None
-        starts, ends = known
-        i = int(np.searchsorted(starts, start - self.MATCH_NS))
-        while i < len(starts) and starts[i] <= start + self.MATCH_NS:
-            if abs(int(ends[i]) - end) <= self.MATCH_NS:
-                return int(starts[i])
-            i += 1
-        return None
+        return None if known is None else known.match(start, end, self.MATCH_NS)
 
     def _remember(self, frame: pd.DataFrame) -> None:
         sp = frame.loc[frame["kind"].astype(str) == "safepoint", ["start_ns", "end_ns", "name"]]
@@ -361,11 +382,8 @@ class RingWithRepositorySource(PauseRingSource):
             sp = pd.concat([self._safepoints, sp], ignore_index=True) if self._safepoints is not None else sp.reset_index(drop=True)
             self._safepoints = sp.iloc[-4096:].reset_index(drop=True)  # recent ones are enough
         for kind, group in frame.groupby(frame["kind"].astype(str)):
-            old = self._delivered.get(kind, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
-            starts = np.concatenate([old[0], group["start_ns"].to_numpy(np.int64)])
-            ends = np.concatenate([old[1], group["end_ns"].to_numpy(np.int64)])
-            order = np.argsort(starts, kind="stable")
-            self._delivered[kind] = (starts[order], ends[order])
+            self._delivered.setdefault(kind, _Spans()).add(group["start_ns"].to_numpy(np.int64),
+                                                           group["end_ns"].to_numpy(np.int64))
 
     def _inside_safepoint(self, frame: pd.DataFrame, also: pd.DataFrame | None = None) -> np.ndarray:
         """vm_operation rows lying in a delivered safepoint of the same name: offline folds a VM
