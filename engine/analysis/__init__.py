@@ -138,10 +138,10 @@ def correlate(
     gil_free = gil_free.sort_by([("pid", "ascending"), ("start_ns", "ascending")])
     header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, duplicate_gil_rows)
     overlaps = to_pandas(overlaps, "overlaps")
-    nonempty = gil[gil["end_ns"] > gil["start_ns"]]
-    lifetimes = nonempty.groupby(["pid", "tid"], as_index=False).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    from engine.analysis.stream import thread_lifetimes
+
     impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, gil,
-                         inferred_requesters(pauses, lifetimes, overlaps))
+                         inferred_requesters(pauses, thread_lifetimes(gil), overlaps))
     header["why"] = why_facts(impact, overlaps)
     return Analysis(
         pauses=pauses,

@@ -22,7 +22,7 @@ call (JPype does for every Java call): caused by Python, not the link; a Java me
 calls System.gc() shows as its caller frame.
 
 When JFR names no requester of a System.gc() pause (JDK 17 names no thread attached through
-JNI: no jdk.SystemGC event, no VM operation caller) and the JVM runs inside a Python process
+JNI: its jdk.SystemGC event has no thread, the VM operation no caller) and the JVM runs inside a Python process
 (JPype: the pause's jvm_pid is a Python pid of the session), the requester is *inferred*
 (`cause_inferred`): the one Python thread of that process alive through the pause that held
 the GIL through it. A thread that calls System.gc() through JNI stays in the call for the

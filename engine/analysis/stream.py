@@ -64,6 +64,13 @@ def _thread_bounds(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.
     return pd.DataFrame({"key": np.asarray(uniques, np.int64), "start_ns": lo, "end_ns": hi})
 
 
+def thread_lifetimes(gil: pd.DataFrame) -> pd.DataFrame:
+    """pid, tid, start_ns, end_ns: each thread's lifetime in a whole GIL table (the hull of its
+    non-empty intervals), as a streamed session's first pass gives it."""
+    columns = (gil[c].to_numpy(np.int64) for c in ("pid", "tid", "start_ns", "end_ns"))
+    return _lifetimes([_thread_bounds(*columns)])
+
+
 def _lifetimes(bounds: list[pd.DataFrame]) -> pd.DataFrame:
     threads = pd.concat(bounds, ignore_index=True) if bounds else pd.DataFrame(
         {"key": np.zeros(0, np.int64), "start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64)})

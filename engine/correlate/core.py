@@ -61,7 +61,7 @@ import pyarrow as pa
 
 from engine.correlate import kernels
 from engine.correlate.schema import END, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
-from engine.correlate.stops import STOP_INPUT, STOP_KEY, leader_rows, order_stops, stop_ids
+from engine.correlate.stops import STOP_INPUT, STOP_KEY, leader_rows, order_stops, stop_columns
 from engine.errors import TandemError
 
 NONE = kernels.NONE
@@ -291,16 +291,19 @@ class Correlator:
     def _new_pauses(self, pauses: pd.DataFrame) -> pd.DataFrame:
         """PAUSES without the rows pushed before (the same pause_id and values); a pause_id seen
         with other values is an error."""
-        ids = pauses["pause_id"].to_numpy(np.int64)
-        keep = ~pd.Series(ids).duplicated().to_numpy()
-        for i in np.flatnonzero(~keep).tolist():  # twice in this batch
-            if _values(pauses, ids[i]) != _values(pauses.iloc[i:i + 1], ids[i]):
-                raise TandemError(f"{self.pauses_source}: pause_id {ids[i]} names two different pauses")
-        for i, pause_id in enumerate(ids.tolist()):  # (a dict lookup a row; repeats are rare)
+        keep = np.ones(len(pauses), np.bool_)
+        first_here: set[int] = set()
+        for i, pause_id in enumerate(pauses["pause_id"].to_numpy(np.int64).tolist()):  # (a set lookup a row)
             if pause_id in self._seen_ids:
-                if _values(self._seen_batches[self._seen_ids[pause_id]][0], pause_id) != _values(pauses, pause_id):
-                    raise TandemError(f"{self.pauses_source}: pause_id {pause_id} names two different pauses")
-                keep[i] = False
+                earlier = self._seen_batches[self._seen_ids[pause_id]][0]
+            elif pause_id in first_here:
+                earlier = pauses  # (_values reads the first row of the id)
+            else:
+                first_here.add(pause_id)
+                continue
+            if _values(earlier, pause_id) != _values(pauses.iloc[i:i + 1], pause_id):  # (repeats are rare)
+                raise TandemError(f"{self.pauses_source}: pause_id {pause_id} names two different pauses")
+            keep[i] = False
         if not keep.all():
             pauses = pauses[keep]
         if len(pauses):
@@ -313,15 +316,12 @@ class Correlator:
         """Per pause of a batch being finalized: the `kind: name` of the stop of the world it is
         inside, "" when it leads one or stands alone (its leader started before it: seen)."""
         columns = [c for c in STOP_INPUT if c in batch.columns]
-        both = batch[columns] if self._leaders is None else pd.concat([self._leaders, batch[columns]], ignore_index=True)
-        both = both.drop_duplicates("pause_id")  # (a leader of the batch is among the leaders too)
-        pause_id, leader_id = both["pause_id"].to_numpy(np.int64), stop_ids(both)
-        order = np.argsort(pause_id, kind="stable")
-        row_of = lambda ids: order[np.searchsorted(pause_id, ids, sorter=order)]  # noqa: E731
-        mine = row_of(batch["pause_id"].to_numpy(np.int64))
-        leader = row_of(leader_id[mine])
-        label = both["kind"].to_numpy(object)[leader].astype(str) + ": " + both["name"].to_numpy(object)[leader].astype(str)
-        return np.where(leader == mine, "", label).astype(object)
+        both = batch[columns]
+        if self._leaders is not None:  # (the batch's own leaders are among them: the batch's rows go last)
+            others = self._leaders[~self._leaders["pause_id"].isin(batch["pause_id"]).to_numpy(bool)]
+            both = pd.concat([others, both], ignore_index=True)
+        part_of = stop_columns(both)["part_of"].iloc[len(both) - len(batch):]
+        return part_of.fillna("").to_numpy(object)
 
     def _carried_code_of(self, gil: GilRows) -> np.ndarray:
         """Per row, the code of its carried values (-1 when the table carries none)."""
@@ -822,15 +822,12 @@ def warm_up() -> None:
     """Drive a throwaway core over a few rows, so that every kernel it calls is loaded (numba
     compiles or reads its cache at a kernel's first call: tenths of a second, holding the GIL).
     A live run does it before its first pauses come, not on their way out."""
-    from engine.correlate.schema import PAUSE_COLUMNS
-
     class Alive(Lifetimes):
         def thread_ends(self, pid, tid):
             return np.full(pid.size, END, np.int64)
 
     pauses = pd.DataFrame({"pause_id": [0, 1], "kind": ["safepoint", "gc"], "name": ["warm-up", "warm-up"],
                            "start_ns": [100, 110], "end_ns": [200, 150]})
-    pauses = pauses[[c for c in PAUSE_COLUMNS if c in pauses.columns]]
     core = Correlator(5, lifetimes=Alive(), retain_ns=1_000, keep_impact=False, eager_pairs=True)
     core.push(pauses=pauses, gil=GilRows(np.array([1, 1]), np.array([1, 2]), np.array([0, 1], np.int8),
                                          np.array([50, 120]), np.array([150, 300])),

@@ -79,9 +79,11 @@ def stop_columns(pauses: pd.DataFrame) -> pd.DataFrame:
     another's stop, null for a leader) per pause."""
     ids = stop_ids(pauses)
     pause_id = pauses["pause_id"].to_numpy(np.int64)
-    label = pd.Series((pauses["kind"].astype(str) + ": " + pauses["name"].astype(str)).to_numpy(), index=pause_id)
-    part_of = pd.array(label.reindex(ids).to_numpy(), dtype="string")
-    part_of[ids == pause_id] = pd.NA
+    order = np.argsort(pause_id, kind="stable")
+    leader = order[np.searchsorted(pause_id, ids, sorter=order)]  # the row of each pause's leader
+    label = (pauses["kind"].to_numpy(object)[leader].astype(str) + ": "
+             + pauses["name"].to_numpy(object)[leader].astype(str))
+    part_of = pd.array(np.where(ids == pause_id, None, label.astype(object)), dtype="string")
     return pd.DataFrame({"pause_id": pause_id, "stop_id": ids, "part_of": part_of})
 
 

@@ -97,7 +97,7 @@ class LiveRun:
         if not ends.size:
             return False
         first_end = int(ends.min())
-        return time.monotonic_ns() - max(wm.GIL_MARGIN_NS, wm.NEW_PROCESS_MARGIN_NS) > first_end + self.core.slack_ns
+        return time.monotonic_ns() - wm.LAG_NS > first_end + self.core.slack_ns
 
     def step(self, *, final: bool = False) -> None:
         """One turn of the loop: the pause sources are polled every RING_POLL_S with pause rings

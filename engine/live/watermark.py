@@ -8,8 +8,9 @@ margin covers that. Intervals still open (a thread released or waiting) do not h
 the core is told about them at each push (engine/correlate/core.py, `open`). Pauses do not
 bound W either: one that arrives after W passed it (JFR delivers 0.1 to 1.3 s after a pause's
 end; repository-only pauses seconds later) is a late row the core accepts, finding the GIL
-rows it kept `retain_ns` behind W. A pause's rows are final once W has passed its end plus
-the slack, so W's lag behind real time (1 s: both margins) is their latency.
+rows it kept `retain_ns` behind W. A pause is final once W has passed its end plus the slack,
+so W's lag behind real time (LAG_NS) is the latency of its pause_impact row (its pairs with
+closed GIL intervals come before: the core's eager_pairs).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from engine.correlate.schema import END
 
 GIL_MARGIN_NS = 1_000_000_000
 NEW_PROCESS_MARGIN_NS = 1_000_000_000
+LAG_NS = max(GIL_MARGIN_NS, NEW_PROCESS_MARGIN_NS)  # how far W trails real time at most, besides a poll
 
 
 def watermark(gil_sources, now_ns: int | None = None) -> int:
@@ -31,4 +33,4 @@ def watermark(gil_sources, now_ns: int | None = None) -> int:
     return min(bounds)
 
 
-__all__ = ["END", "GIL_MARGIN_NS", "NEW_PROCESS_MARGIN_NS", "watermark"]
+__all__ = ["END", "GIL_MARGIN_NS", "LAG_NS", "NEW_PROCESS_MARGIN_NS", "watermark"]
