@@ -58,4 +58,4 @@ readme-picture: demo
 	cp demo-out/timeline.png docs/timeline.png
 
 clean:
-	rm -rf build dist *.egg-info engine/_java/*.jar engine/probe/*.so .pytest_cache
+	rm -rf build dist *.egg-info engine/_java/*.jar engine/probe/*.so engine/ingest/*.so .pytest_cache

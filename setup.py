@@ -72,7 +72,10 @@ probe = Extension(
     libraries=["pthread"],
 )
 
+# The structural walk of JFR chunks (engine/ingest/jfr_chunks.py).
+chunkwalk = Extension("engine.ingest._chunkwalk", sources=["engine/ingest/chunkwalk.c"], extra_compile_args=["-O2"])
+
 setup(
     cmdclass={"build_py": BuildPyWithJar},
-    ext_modules=[probe] if probe.sources else [],
+    ext_modules=([probe] if probe.sources else []) + [chunkwalk],
 )

@@ -14,12 +14,19 @@ amplification with its cause).
 
 JPype's GC link (jpype native/common/jp_gc.cpp): after a Python collection that grew the
 process past a high-water mark, JPype calls java.lang.System.gc() from the thread that ran
-Python's GC, through plain JNI, with the GIL held. Its shape here: a pause caused by
-Python, whose thread held the GIL throughout, whose collection's cause is "System.gc()",
-and whose System.gc() call has no Java caller frame (when jdk.SystemGC was recorded). A
-Python thread calling System.gc() through a JPype method call releases the GIL around the
-call (JPype does for every Java call): caused by Python, not the link; a Java method that
-calls System.gc() shows as its caller frame.
+Python's GC, through plain JNI, with the GIL held. That thread is whichever ran the
+collection: a Python thread allocating (no Java frame under System.gc()), the main thread
+while JPype's native code builds class wrappers at start-up, or JPype's reference-queue
+thread, a Java thread, when a Java collection woke it to collect Python's garbage (then
+JPype's native methods, `org.jpype.manager.TypeFactoryNative.newWrapper` or
+`org.jpype.ref.JPypeReferenceNative.wake`, sit under System.gc()). JPype's Java code never
+calls System.gc() (no class of its jar refers to it), so a JPype frame right under it is
+JPype's native code. Its shape here: a pause caused by Python, whose thread held the GIL
+throughout, whose collection's cause is "System.gc()", and whose System.gc() call has no
+caller frame, or a JPype one (when jdk.SystemGC was recorded). A Python thread calling
+System.gc() through a JPype method call releases the GIL around the call (JPype does for
+every Java call): caused by Python, not the link; a Java method that calls System.gc()
+shows as its caller frame.
 
 When JFR names no requester of a System.gc() pause (JDK 17 names no thread attached through
 JNI: its jdk.SystemGC event has no thread, the VM operation no caller) and the JVM runs inside a Python process
@@ -30,8 +37,8 @@ whole collection; a thread running Python code in the same process runs on throu
 collection too, so the inference can name a bystander when a Java thread asked; with two or
 more such threads, or none, nothing is inferred. An inferred cause is called JPype's GC link
 only when jdk.SystemGC's frames were recorded (JDK 17 records the call, with its frames, but
-not the thread attached through JNI) and show no Java caller: without them the link cannot
-be told from JPype's own System.gc() at start-up (main thread, GIL held, a Java caller).
+not the thread attached through JNI) and show no caller outside JPype: without them a Java
+thread's own System.gc() cannot be told from the link.
 
 The summary counts stops of the world (engine/correlate/stops.py): the safepoint, GC pause
 and collection of one System.gc() are one stop, asked for once.
@@ -49,9 +56,11 @@ SYSTEM_GC = "System.gc()"
 # How far from an inference candidate a streamed analysis keeps its process's GIL rows: an
 # inferred requester's next release (its code) and the rows that show it alive then.
 INFERENCE_WINDOW_NS = 10_000_000_000
-# The frames of System.gc() itself (JDK 17+: System.gc calls Runtime.gc): any other frame in
-# a call's system_gc_frames is a Java caller.
+# The frames of System.gc() itself (JDK 17+: System.gc calls Runtime.gc): the first other
+# frame in a call's system_gc_frames is its Java caller.
 SYSTEM_GC_OWN_FRAMES = ("java.lang.Runtime.gc", "java.lang.System.gc")
+# A caller in this package is one of JPype's native methods (see the module's docstring).
+JPYPE_PACKAGE = "org.jpype."
 JPYPE_GC_LINK_ADVICE = ("JPype's GC link: after a Python garbage collection that grew the process by its high-water mark "
                         "(+20 MiB), JPype called System.gc() holding the GIL; every Python thread waited for the Java "
                         "collection. Make Python garbage less often (reuse buffers, fewer large temporaries) or give the "
@@ -85,12 +94,23 @@ def requester_tids(pauses: pd.DataFrame) -> pd.Series:
     return requester
 
 
-def _java_caller(frames: pd.Series) -> np.ndarray:
-    """Per System.gc() call's frames (string or null): a frame other than System.gc's own."""
-    def has_caller(text) -> bool:
-        return any(f.split(":", 1)[0] not in SYSTEM_GC_OWN_FRAMES for f in str(text).split("; "))
+def system_gc_caller(frames: str) -> str | None:
+    """The method that called System.gc() in a call's frames ("method[:line]; ..."), or None
+    (called through JNI from native code with no Java frame under it)."""
+    for frame in frames.split("; "):
+        method = frame.split(":", 1)[0]
+        if method not in SYSTEM_GC_OWN_FRAMES:
+            return method
+    return None
 
-    return np.array([False if pd.isna(f) else has_caller(f) for f in frames], bool)
+
+def _caller_outside_jpype(frames: pd.Series) -> np.ndarray:
+    """Per System.gc() call's frames (string or null): its caller is Java code other than JPype's."""
+    def outside(text) -> bool:
+        caller = system_gc_caller(str(text))
+        return caller is not None and not caller.startswith(JPYPE_PACKAGE)
+
+    return np.array([False if pd.isna(f) else outside(f) for f in frames], bool)
 
 
 def _system_gc_pauses(pauses: pd.DataFrame) -> np.ndarray:
@@ -189,10 +209,10 @@ def pause_causes(pauses: pd.DataFrame, gil: pd.DataFrame, inferred: pd.Series | 
         if frames is not None and pd.notna(frames.iloc[i]):
             out["cause_java_frames"][i] = frames.iloc[i]
         out["cause_held_gil"][i] = bool(held[i])
-    java_caller = _java_caller(frames) if frames is not None else np.zeros(n, bool)
+    outside_jpype = _caller_outside_jpype(frames) if frames is not None else np.zeros(n, bool)
     out["cause_inferred"] &= caused
     frames_known = frames.notna().to_numpy(bool) if frames is not None else np.zeros(n, bool)
-    out["jpype_gc_link"] = caused & held & system_gc & ~java_caller & (~out["cause_inferred"] | frames_known)
+    out["jpype_gc_link"] = caused & held & system_gc & ~outside_jpype & (~out["cause_inferred"] | frames_known)
     return pd.DataFrame(out)
 
 

@@ -12,16 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numba
 import numpy as np
 
 from engine.clock.chunks import HEADER_SIZE, Chunk
+from engine.ingest import _chunkwalk
 
 METADATA_TYPE_ID = 0
 CHECKPOINT_TYPE_ID = 1
 EVENT_SUPER_TYPE = "jdk.jfr.Event"
 
-# Why a walk stopped before the chunk's end (codes of the numba kernel).
+# Why a walk stopped before the chunk's end (codes of engine/ingest/chunkwalk.c).
 _PROBLEMS = {
     1: "an event size runs past the chunk's end or is not positive",
     2: "an event's size or type id is cut by the chunk's end",
@@ -99,86 +99,17 @@ def walk_chunk(buffer: np.ndarray, chunk: Chunk, watched: tuple[str, ...], parse
 # ---------------------------------------------------------------- the event stream
 
 
-@numba.njit(cache=True, nogil=True)
-def _varint(buffer, pos, end):
-    """JFR's compressed integer at `pos` (7 bits a byte, the 9th byte whole): (value, next pos), pos -1 if cut."""
-    value = 0
-    for i in range(9):
-        if pos >= end:
-            return 0, -1
-        b = np.int64(buffer[pos])
-        pos += 1
-        if i == 8:
-            return value + (b << 56), pos
-        value += (b & 0x7F) << (7 * i)
-        if b < 0x80:
-            return value, pos
-    return value, pos
+def _walk(buffer: np.ndarray, start: int, end: int, known: np.ndarray, watch: np.ndarray):
+    """Follows sizes from `start` to `end` (engine/ingest/chunkwalk.c): (offsets, type ids of
+    watched events, reached, problem code)."""
+    offsets, types, reached, code = _chunkwalk.walk(buffer, start, end, known, watch)
+    return np.frombuffer(offsets, np.int64), np.frombuffer(types, np.int64), reached, code
 
 
-@numba.njit(cache=True, nogil=True)
-def _walk(buffer, start, end, known, watch):
-    """Follows sizes from `start` to `end`: (offsets, type ids of watched events, reached, problem code)."""
-    count = 0
-    pos = start
-    code = 0
-    # Pass 1: how far the structure holds, and how many watched events lie before that.
-    while pos < end:
-        size, after_size = _varint(buffer, pos, end)
-        if after_size < 0:
-            code = 2
-            break
-        type_id, after_type = _varint(buffer, after_size, end)
-        if after_type < 0:
-            code = 2
-            break
-        if size <= 0 or size > end - pos or after_type > pos + size:
-            code = 1
-            break
-        if type_id < 0 or type_id >= known.shape[0] or not known[type_id]:
-            code = 3
-            break
-        if watch[type_id]:
-            count += 1
-        pos += size
-    reached = pos
-    offsets = np.empty(count, np.int64)
-    types = np.empty(count, np.int64)
-    pos = start
-    i = 0
-    while pos < reached:
-        size, after_size = _varint(buffer, pos, end)
-        type_id, _ = _varint(buffer, after_size, end)
-        if watch[type_id]:
-            offsets[i] = pos
-            types[i] = type_id
-            i += 1
-        pos += size
-    return offsets, types, reached, code
-
-
-@numba.njit(cache=True, nogil=True)
-def _resync(buffer, stop, end, known):
+def _resync(buffer: np.ndarray, stop: int, end: int, known: np.ndarray) -> int:
     """The first offset after `stop` from which at least RESYNC_MIN_EVENTS whole events (sizes
-    in range, declared type ids) chain to `end` exactly; -1 if none. A start inside the damage
-    either fails within an event or two or joins the true chain, so this costs little."""
-    for start in range(stop + 1, end):
-        pos = start
-        events = 0
-        while pos < end:
-            size, after_size = _varint(buffer, pos, end)
-            if after_size < 0:
-                break
-            type_id, after_type = _varint(buffer, after_size, end)
-            if after_type < 0 or size <= 0 or size > end - pos or after_type > pos + size:
-                break
-            if type_id < 0 or type_id >= known.shape[0] or not known[type_id]:
-                break
-            pos += size
-            events += 1
-        if pos == end and events >= RESYNC_MIN_EVENTS:
-            return start
-    return -1
+    in range, declared type ids) chain to `end` exactly; -1 if none."""
+    return _chunkwalk.resync(buffer, stop, end, known, RESYNC_MIN_EVENTS)
 
 
 RESYNC_MIN_EVENTS = 3
@@ -188,18 +119,28 @@ RESYNC_MIN_EVENTS = 3
 
 
 class _Reader:
-    """The metadata event's bytes, read in Python: `_varint`'s own Python function, since a
-    call into the compiled one costs ~10 us of dispatch, more than the decoding."""
+    """The metadata event's bytes, read in plain Python (the varint is chunkwalk.c's)."""
 
     def __init__(self, data: bytes, pos: int, end: int):
         self.data, self.pos, self.end = data, pos, end
 
     def varint(self) -> int:
-        value, pos = _varint.py_func(self.data, self.pos, self.end)
-        if pos < 0:
-            raise MetadataError("cut by the end of its event")
+        data, pos, end = self.data, self.pos, self.end
+        value = shift = 0
+        while True:
+            if pos >= end:
+                raise MetadataError("cut by the end of its event")
+            byte = data[pos]
+            pos += 1
+            if shift == 56:  # the 9th byte is taken whole
+                value |= byte << 56
+                break
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
         self.pos = pos
-        return int(value)
+        return value - (1 << 64) if value >= 1 << 63 else value
 
     def count(self, what: str) -> int:
         n = self.varint()
@@ -222,7 +163,12 @@ class _Reader:
             self.pos += n
             return raw.decode("utf-8" if encoding == 3 else "latin-1", "replace")
         if encoding == 4:  # chars, one compressed integer each
-            return "".join([chr(self.varint() & 0xFFFF) for _ in range(self.count("string char"))])
+            n = self.count("string char")
+            raw = self.data[self.pos:self.pos + n]
+            if len(raw) == n and raw.isascii():  # (each char below 0x80 is its own one byte)
+                self.pos += n
+                return raw.decode("ascii")
+            return "".join([chr(self.varint() & 0xFFFF) for _ in range(n)])
         raise MetadataError(f"unknown string encoding {encoding}")
 
 
