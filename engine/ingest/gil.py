@@ -408,7 +408,7 @@ class EventsIntervals:
         """function, file, line of each row's code, as Arrow arrays (dictionary-encoded text)."""
         import pyarrow as pa
 
-        uniques, inverse = np.unique(code, return_inverse=True)
+        inverse, uniques = pd.factorize(np.asarray(code, np.uint64))  # (a hash, not a sort of the block)
         names = resolve(uniques, self.code_table, recorded=self.recorded)
         index = pa.array(inverse.astype(np.int32))
         return {
