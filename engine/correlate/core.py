@@ -433,21 +433,16 @@ class Correlator:
             order = np.argsort(start, kind="stable")
             start, end, tidx, state, carried = start[order], end[order], tidx[order], state[order], carried[order]
         n_old = self.r_start.size
-        all_start = np.concatenate([self.r_start, start])
-        if n_old and start.size and start[0] < self.r_start[-1]:
-            order = np.argsort(all_start, kind="stable")  # two sorted runs: a merge
+        if n_old and start.size and start[0] < self.r_start[-1]:  # two sorted runs: a merge
+            r_start, r_end, r_tidx, r_state, r_carried, r_came, is_new = kernels.merge_rows(
+                self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came,
+                start, end, tidx.astype(np.int64, copy=False), state, carried.astype(np.int64, copy=False), self._pushes)
         else:
-            order = None
-
-        def merged(old, new):
-            both = np.concatenate([old, new])
-            return both if order is None else both[order]
-
-        r_start = all_start if order is None else all_start[order]
-        r_end, r_tidx, r_state = merged(self.r_end, end), merged(self.r_tidx, tidx), merged(self.r_state, state)
-        r_carried = merged(self.r_carried, carried)
-        r_came = merged(self.r_came, np.full(start.size, self._pushes, np.int64))
-        is_new = merged(np.zeros(n_old, np.bool_), np.ones(start.size, np.bool_))
+            r_start, r_end = np.concatenate([self.r_start, start]), np.concatenate([self.r_end, end])
+            r_tidx, r_state = np.concatenate([self.r_tidx, tidx]), np.concatenate([self.r_state, state])
+            r_carried = np.concatenate([self.r_carried, carried])
+            r_came = np.concatenate([self.r_came, np.full(start.size, self._pushes, np.int64)])
+            is_new = np.concatenate([np.zeros(n_old, np.bool_), np.ones(start.size, np.bool_)])
         dup = kernels.duplicate_rows(r_start, r_end, r_tidx, r_state, is_new)
         n_dup = int(np.count_nonzero(dup))
         self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came = (
@@ -833,7 +828,9 @@ def warm_up() -> None:
                                          np.array([50, 120]), np.array([150, 300])),
               open=GilRows(np.array([1]), np.array([3]), np.array([0], np.int8), np.array([60]), np.array([60])),
               watermark_ns=90)
-    core.push(watermark_ns=400)
+    # (a row starting before the retained ones end: the merge of two sorted runs)
+    core.push(gil=GilRows(np.array([1]), np.array([4]), np.array([0], np.int8), np.array([100]), np.array([110])),
+              watermark_ns=400)
     core.finish()
     core.summary()
 

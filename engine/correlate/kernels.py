@@ -15,6 +15,29 @@ END = 1 << 62
 
 
 @njit(cache=True, nogil=True)
+def merge_rows(o_start, o_end, o_tidx, o_state, o_carried, o_came, start, end, tidx, state, carried, came):
+    """The retained GIL rows (o_*) and a batch of new ones, both sorted by start, merged into
+    one run sorted by start (old rows first on ties, as a stable sort of old then new), with
+    is_new per row; `came` is the new rows' push number. One pass over both."""
+    n_old, n_new = o_start.size, start.size
+    n = n_old + n_new
+    r_start, r_end, r_tidx = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    r_state, r_carried, r_came = np.empty(n, np.int8), np.empty(n, np.int64), np.empty(n, np.int64)
+    is_new = np.empty(n, np.bool_)
+    i = j = 0
+    for k in range(n):
+        if j >= n_new or (i < n_old and o_start[i] <= start[j]):
+            r_start[k], r_end[k], r_tidx[k], r_state[k] = o_start[i], o_end[i], o_tidx[i], o_state[i]
+            r_carried[k], r_came[k], is_new[k] = o_carried[i], o_came[i], False
+            i += 1
+        else:
+            r_start[k], r_end[k], r_tidx[k], r_state[k] = start[j], end[j], tidx[j], state[j]
+            r_carried[k], r_came[k], is_new[k] = carried[j], came, True
+            j += 1
+    return r_start, r_end, r_tidx, r_state, r_carried, r_came, is_new
+
+
+@njit(cache=True, nogil=True)
 def duplicate_rows(start, end, tidx, state, is_new) -> np.ndarray:
     """True for each new row equal (thread, state, start, end) to an earlier row; rows sorted by start."""
     n = start.size
