@@ -154,20 +154,23 @@ def test_python_threads_calling_system_gc_are_named_with_their_line_and_java_fra
                    if cause["thread"] in line_of)
 
 
-def _inference_case(jvm_pid: int, main_state: str | None):
-    """A System.gc() collection (100-200) of JVM JVM_PID that JFR names no requester for; Python
-    process 7: the churner (tid 2) holds the GIL through it, the main thread (tid 1) is in
-    MAIN_STATE through it (None: it holds the GIL too)."""
+def _inference_case(jvm_pid: int, main_state: str | None, main_from: int = 0):
+    """A System.gc() collection (B+100 to B+200, B = 100 ms) of JVM JVM_PID that JFR names no
+    requester for; Python process 7: the churner (tid 2) holds the GIL through it, the main
+    thread (tid 1) is in MAIN_STATE from MAIN_FROM through it (None: it holds the GIL too)."""
     import pandas as pd
 
     from engine.analysis import correlate
     from test_join_witness import gil_frame, pauses_frame
 
-    pauses = pauses_frame([(100, 200)]).assign(kind="gc", name="G1Full", cause="System.gc()", jvm_pid=jvm_pid)
-    rows = [(7, 2, "released", 0, 50), (7, 2, "released", 250, 260)]  # the churner: holding 50-250
-    rows += [(7, 1, "released", 0, 40), (7, 1, "released", 270, 280)]
+    b = 100_000_000
+    pauses = pauses_frame([(b + 100, b + 200)]).assign(kind="gc", name="G1Full", cause="System.gc()", jvm_pid=jvm_pid)
+    rows = [(7, 2, "released", 0, b + 50), (7, 2, "released", b + 250, b + 260)]  # the churner: holding
+    rows += [(7, 1, "released", b + 270, b + 280)]
     if main_state is not None:
-        rows.append((7, 1, main_state, 60, 240))
+        rows.append((7, 1, main_state, main_from, b + 240))
+    else:
+        rows.append((7, 1, "released", 0, b + 40))
     gil = gil_frame(rows).assign(function=pd.array(["f"] * len(rows), dtype="string"),
                                  file=pd.array(["prog.py"] * len(rows), dtype="string"),
                                  line=pd.array(list(range(len(rows))), dtype="Int64"))
@@ -179,6 +182,8 @@ def test_a_requester_jfr_does_not_name_is_inferred_from_the_one_thread_holding_t
     assert row["caused_by_python"] and row["cause_inferred"] and row["cause_tid"] == 2
     assert row["cause_held_gil"] and row["cause_state"] == "holding" and row["cause_line"] == 1  # its next release
     assert not row["jpype_gc_link"]  # (never, inferred: see engine/analysis/causes.py)
-    for jvm_pid, main_state in ((7, None), (8, "released")):  # two holders; a JVM outside the process
-        row = _inference_case(jvm_pid, main_state)
+    # two holders; a JVM outside the process; a thread that went into a Java call just before
+    # the stop and was still in it (JPype releases the GIL for calls: it may have asked)
+    for jvm_pid, main_state, main_from in ((7, None, 0), (8, "released", 0), (7, "released", 100_000_099)):
+        row = _inference_case(jvm_pid, main_state, main_from)
         assert not row["caused_by_python"] and not row["cause_inferred"] and row.isna()["cause_tid"]

@@ -68,10 +68,11 @@ def test_jpype_gc_link_is_caused_by_python_and_named(tmp_path, jdk):
         assert len(link) >= 1, impact[impact["caused_by_python"]]
         assert not impact["cause_inferred"].any()  # JFR named every requester
     else:
-        # inferred: every System.gc() collection JFR names no requester for once the churner
-        # runs is the link's, asked for by the churner (it held the GIL through it), flagged,
-        # never called the link; the collections before it (JPype's start-up) are not given to
-        # it, nor those JFR names a thread for (JPype's reference queue thread, a Java thread)
+        # inferred: the System.gc() collections JFR names no requester for once the churner runs
+        # are the link's: each is inferred as the churner's (it held the GIL through it) and
+        # flagged, or left unnamed, never given to another thread; the collections before it
+        # (JPype's start-up) are not given to it, nor those JFR names a thread for (JPype's
+        # reference-queue thread, a Java thread)
         from engine.analysis.causes import requester_tids
 
         gil = analysis.gil
@@ -81,10 +82,14 @@ def test_jpype_gc_link_is_caused_by_python_and_named(tmp_path, jdk):
         unnamed = system_gc[(system_gc["start_ns"] >= churner_from).to_numpy(bool)
                             & ~stop_of[system_gc["pause_id"]].isin(named_stops).to_numpy(bool)]
         churned = unnamed.merge(impact.drop(columns=["kind", "start_ns"]), on="pause_id")
+        # (one the main thread may have asked for, in a Java call when the stop began, is left
+        # unnamed: see CALL_WINDOW_NS in engine/analysis/causes.py)
+        assert not (churned["caused_by_python"] & ~churned["cause_inferred"]).any(), churned
+        churned = churned[churned["cause_inferred"]]
         assert len(churned) >= 3
         assert not impact.loc[impact["pause_id"].isin(pauses.loc[requester_tids(pauses).notna(), "pause_id"]),
                               "cause_inferred"].any()
-        assert (churned["cause_thread"] == "churner").all() and churned["cause_inferred"].all(), churned
+        assert (churned["cause_thread"] == "churner").all(), churned
         assert churned["cause_held_gil"].all()
         assert (churned["jpype_gc_link"] == churned["cause_java_frames"].notna()).all()  # (the frames tell it)
         assert (churned["cause_file"] == str(PROGRAM)).all()
@@ -115,7 +120,8 @@ def test_jpype_gc_link_is_caused_by_python_and_named(tmp_path, jdk):
     # collection are one System.gc()), the same in every line that gives it
     why = analysis.header["why"]
     assert why["jpype_gc_link_stops"] == link["stop_id"].nunique()
-    assert why["jpype_gc_link_stops"] == sum(c["jpype_gc_link"] for c in why["caused_by_python"])
+    listed = sum(c["jpype_gc_link"] for c in why["caused_by_python"])  # (the top 5 causes are listed)
+    assert why["jpype_gc_link_stops"] == listed if len(why["caused_by_python"]) < 5 else why["jpype_gc_link_stops"] >= listed
     from engine.report.summary import why_lines
 
     lines = why_lines(why)

@@ -141,7 +141,7 @@ def correlate(
     from engine.analysis.stream import thread_lifetimes
 
     impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, gil,
-                         inferred_requesters(pauses, thread_lifetimes(gil), overlaps))
+                         inferred_requesters(pauses, thread_lifetimes(gil), overlaps, gil))
     header["why"] = why_facts(impact, overlaps)
     return Analysis(
         pauses=pauses,

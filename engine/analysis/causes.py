@@ -35,7 +35,10 @@ JNI: its jdk.SystemGC event has no thread, the VM operation no caller) and the J
 the GIL through it. A thread that calls System.gc() through JNI stays in the call for the
 whole collection; a thread running Python code in the same process runs on through a
 collection too, so the inference can name a bystander when a Java thread asked; with two or
-more such threads, or none, nothing is inferred. An inferred cause is called JPype's GC link
+more such threads, or none, nothing is inferred; nor when a thread of the process released
+the GIL just before the stop began (within CALL_WINDOW_NS) and was still out through the pause,
+the shape of a System.gc() call made through a JPype method (then the one holder may be a
+bystander, as CI found on the demo). An inferred cause is called JPype's GC link
 only when jdk.SystemGC's frames were recorded (JDK 17 records the call, with its frames, but
 not the thread attached through JNI) and show no caller outside JPype: without them a Java
 thread's own System.gc() cannot be told from the link.
@@ -56,6 +59,11 @@ SYSTEM_GC = "System.gc()"
 # How far from an inference candidate a streamed analysis keeps its process's GIL rows: an
 # inferred requester's next release (its code) and the rows that show it alive then.
 INFERENCE_WINDOW_NS = 10_000_000_000
+# A Python thread calling System.gc() through a JPype method releases the GIL for the call and
+# the stop of the world begins tens of microseconds to a millisecond later (measured on the
+# demo: 31 us - 0.92 ms); JDK 17 names no requester for that call either. A release this
+# close before a candidate's stop, lasting through the pause, makes the inference stand down.
+CALL_WINDOW_NS = 20_000_000
 # The frames of System.gc() itself (JDK 17+: System.gc calls Runtime.gc): the first other
 # frame in a call's system_gc_frames is its Java caller.
 SYSTEM_GC_OWN_FRAMES = ("java.lang.Runtime.gc", "java.lang.System.gc")
@@ -143,25 +151,41 @@ def inference_candidates(pauses: pd.DataFrame) -> np.ndarray:
     return _system_gc_pauses(pauses) & ~named_stop & pauses["jvm_pid"].notna().to_numpy(bool)
 
 
-def inferred_requesters(pauses: pd.DataFrame, lifetimes: pd.DataFrame, overlaps: pd.DataFrame) -> pd.Series:
+def inferred_requesters(pauses: pd.DataFrame, lifetimes: pd.DataFrame, overlaps: pd.DataFrame,
+                        gil: pd.DataFrame | None = None) -> pd.Series:
     """Per pause (Int64, NA when none): the one Python thread of the JVM's own process alive
     through the pause (`lifetimes`: pid, tid, start_ns, end_ns) with no exact overlap with it
-    (it held the GIL throughout), for the inference_candidates. `overlaps`: at least those of
-    the candidates."""
+    (it held the GIL throughout), for the inference_candidates, unless a thread of that process
+    was in a Java call through the pause that began just before its stop of the world (`gil`:
+    at least the rows of those processes near the candidates; see CALL_WINDOW_NS). `overlaps`:
+    at least those of the candidates."""
     out = pd.Series(pd.array([pd.NA] * len(pauses), dtype="Int64"), index=pauses.index)
     candidates = np.flatnonzero(inference_candidates(pauses))
     if not candidates.size or not len(lifetimes):
         return out
+    from engine.correlate.stops import stop_ids
+
     exact = overlaps[~overlaps["near_miss"].astype(bool) & (overlaps["overlap_ns"] > 0)] if len(overlaps) else overlaps
     busy = exact.groupby("pause_id")["tid"].agg(set).to_dict() if len(exact) else {}
     l_pid, l_tid = lifetimes["pid"].to_numpy(np.int64), lifetimes["tid"].to_numpy(np.int64)
     l_start, l_end = lifetimes["start_ns"].to_numpy(np.int64), lifetimes["end_ns"].to_numpy(np.int64)
+    starts = pauses["start_ns"].to_numpy(np.int64)
+    stop = stop_ids(pauses)
+    stop_start = pd.Series(starts).groupby(stop).transform("min").to_numpy(np.int64)
+    released = gil[gil["state"].astype("string") == "released"] if gil is not None and len(gil) else None
+    if released is not None:
+        r_pid, r_start, r_end = (released[c].to_numpy(np.int64) for c in ("pid", "start_ns", "end_ns"))
     for i in candidates.tolist():
         pause = pauses.iloc[i]
-        alive = (l_pid == int(pause["jvm_pid"])) & (l_start <= int(pause["start_ns"])) & (l_end >= int(pause["end_ns"]))
+        pid, end = int(pause["jvm_pid"]), int(pause["end_ns"])
+        alive = (l_pid == pid) & (l_start <= int(pause["start_ns"])) & (l_end >= end)
         holders = set(l_tid[alive].tolist()) - busy.get(int(pause["pause_id"]), set())
-        if len(holders) == 1:
-            out.iloc[i] = holders.pop()
+        if len(holders) != 1:
+            continue
+        if released is not None and ((r_pid == pid) & (r_start <= stop_start[i]) & (r_start >= stop_start[i] - CALL_WINDOW_NS)
+                                     & (r_end >= end)).any():
+            continue  # (a caller through JPype may have asked: the holder may be a bystander)
+        out.iloc[i] = holders.pop()
     return out
 
 

@@ -280,9 +280,9 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         summary, stops = core.summary(), core.stops()
         overlaps_seen = (pd.concat(candidate_overlaps, ignore_index=True) if candidate_overlaps
                          else pd.DataFrame({"pause_id": [], "tid": [], "overlap_ns": [], "near_miss": []}))
-        impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses,
-                             pd.concat(requester_rows, ignore_index=True) if requester_rows else pd.DataFrame(),
-                             inferred_requesters(pauses, lifetimes, overlaps_seen))
+        near_rows = pd.concat(requester_rows, ignore_index=True) if requester_rows else pd.DataFrame()
+        impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, near_rows,
+                             inferred_requesters(pauses, lifetimes, overlaps_seen, near_rows))
         header["why"] = why_facts(impact, None, hits=add_code_hits(hits) if hits else None)
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
