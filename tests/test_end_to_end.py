@@ -153,7 +153,7 @@ def test_perfetto_links_each_caused_stop_to_the_python_slice_that_asked(recorded
         state = "held" if stop.cause_state == "holding" else stop.cause_state
         assert origin["name"].startswith(state)
         if state != "held":
-            assert origin["name"] == f"{state}: {stop.cause_function} ({Path(stop.cause_file).name}:{stop.cause_line})"
+            assert origin["name"] == f"{state}{_code_label(stop.cause_function, stop.cause_file, stop.cause_line)}"
     # every released/waiting slice names its code as the gil table does
     gil = analysis.gil
     named = gil[gil["end_ns"] > gil["start_ns"]]
@@ -161,9 +161,14 @@ def test_perfetto_links_each_caused_stop_to_the_python_slice_that_asked(recorded
              if tracks[s["track"]]["tid"] is not None and not s["name"].startswith(("JVM pause: ", "held"))}
     sample = named.sample(min(len(named), 2_000), random_state=1)
     for row in sample.itertuples():
-        code = (f": {row.function} ({Path(row.file).name}:{row.line})" if pd.notna(row.file) and pd.notna(row.line)
-                else f": {row.function}" if pd.notna(row.function) else "")
-        assert drawn[(row.tid, row.start_ns)] == f"{row.state}{code}"
+        assert drawn[(row.tid, row.start_ns)] == f"{row.state}{_code_label(row.function, row.file, row.line)}"
+
+
+def _code_label(function, file, line) -> str:
+    """How a GIL slice names its code (": function (file:line)", less what is unknown)."""
+    if pd.notna(file) and pd.notna(line):
+        return f": {function} ({Path(file).name}:{line})"
+    return f": {function}" if pd.notna(function) else ""
 
 
 def test_one_stop_of_the_world_counts_once(recorded):
