@@ -317,8 +317,12 @@ class Correlator:
         inside, "" when it leads one or stands alone (its leader started before it: seen)."""
         columns = [c for c in STOP_INPUT if c in batch.columns]
         both = batch[columns]
-        if self._leaders is not None:  # (the batch's own leaders are among them: the batch's rows go last)
-            others = self._leaders[~self._leaders["pause_id"].isin(batch["pause_id"]).to_numpy(bool)]
+        if self._leaders is not None and len(batch):  # (the batch's own leaders are among them: its rows go last)
+            # only the leaders that could hold one of the batch's pauses: those overlapping its span
+            lo, hi = int(batch["start_ns"].min()), int(batch["end_ns"].max())
+            leaders = self._leaders
+            near = leaders[(leaders["end_ns"].to_numpy(np.int64) >= lo) & (leaders["start_ns"].to_numpy(np.int64) <= hi)]
+            others = near[~near["pause_id"].isin(batch["pause_id"]).to_numpy(bool)]
             both = pd.concat([others, both], ignore_index=True)
         part_of = stop_columns(both)["part_of"].iloc[len(both) - len(batch):]
         return part_of.fillna("").to_numpy(object)
