@@ -24,7 +24,7 @@ from engine.analysis.clock import check_same_clock, clock_facts
 from engine.correlate import END, RESULT_TABLES, Correlator
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import empty_frame, to_pandas
-from engine.correlate.stops import stop_columns
+from engine.correlate.stops import stop_ids
 from engine.join import check_gil, check_pauses
 
 
@@ -140,8 +140,9 @@ def correlate(
     overlaps = to_pandas(overlaps, "overlaps")
     from engine.analysis.stream import thread_lifetimes
 
-    impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, gil,
-                         inferred_requesters(pauses, thread_lifetimes(gil), overlaps, gil))
+    stop = stop_ids(pauses)
+    impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, gil,
+                         inferred_requesters(pauses, stop, thread_lifetimes(gil), overlaps, gil))
     header["why"] = why_facts(impact, overlaps)
     return Analysis(
         pauses=pauses,
@@ -155,13 +156,13 @@ def correlate(
     )
 
 
-def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, gil: pd.DataFrame,
+def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, stop: np.ndarray, gil: pd.DataFrame,
                 inferred: pd.Series | None = None) -> pd.DataFrame:
-    """pause_impact with the stop each pause belongs to (engine/correlate/stops.py) and who asked
-    for it, when it was a Python thread (engine/analysis/causes.py; `inferred`: the requesters
-    inferred where JFR names none)."""
+    """pause_impact with the stop each pause belongs to (`stop`: engine/correlate/stops.py,
+    stop_ids) and who asked for it, when it was a Python thread (engine/analysis/causes.py;
+    `inferred`: the requesters inferred where JFR names none)."""
     causes = pause_causes(pauses, gil, inferred).assign(pause_id=pauses["pause_id"].to_numpy())
-    stops = stop_columns(pauses)[["pause_id", "stop_id"]]
+    stops = pd.DataFrame({"pause_id": pauses["pause_id"].to_numpy(np.int64), "stop_id": stop})
     return (impact.merge(stops, on="pause_id", how="left", validate="one_to_one")
             .merge(causes, on="pause_id", how="left", validate="one_to_one"))
 

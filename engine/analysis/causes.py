@@ -137,40 +137,34 @@ def _system_gc_pauses(pauses: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def inference_candidates(pauses: pd.DataFrame) -> np.ndarray:
+def inference_candidates(pauses: pd.DataFrame, stop: np.ndarray) -> np.ndarray:
     """Per pause: a System.gc() pause JFR names no requester for, of a JVM with a known pid (its
-    requester may be inferred: see the module's docstring)."""
+    requester may be inferred: see the module's docstring). `stop`: stops.stop_ids(pauses)."""
     if not len(pauses) or "jvm_pid" not in pauses.columns:
         return np.zeros(len(pauses), bool)
-    from engine.correlate.stops import stop_ids
-
     # (a GC pause or collection whose stop's safepoint JFR names a requester for is that one's)
     named = requester_tids(pauses).notna().to_numpy(bool)
-    stop = stop_ids(pauses)
     named_stop = np.isin(stop, stop[named])
     return _system_gc_pauses(pauses) & ~named_stop & pauses["jvm_pid"].notna().to_numpy(bool)
 
 
-def inferred_requesters(pauses: pd.DataFrame, lifetimes: pd.DataFrame, overlaps: pd.DataFrame,
+def inferred_requesters(pauses: pd.DataFrame, stop: np.ndarray, lifetimes: pd.DataFrame, overlaps: pd.DataFrame,
                         gil: pd.DataFrame | None = None) -> pd.Series:
     """Per pause (Int64, NA when none): the one Python thread of the JVM's own process alive
     through the pause (`lifetimes`: pid, tid, start_ns, end_ns) with no exact overlap with it
     (it held the GIL throughout), for the inference_candidates, unless a thread of that process
     was in a Java call through the pause that began just before its stop of the world (`gil`:
     at least the rows of those processes near the candidates; see CALL_WINDOW_NS). `overlaps`:
-    at least those of the candidates."""
+    at least those of the candidates. `stop`: stops.stop_ids(pauses)."""
     out = pd.Series(pd.array([pd.NA] * len(pauses), dtype="Int64"), index=pauses.index)
-    candidates = np.flatnonzero(inference_candidates(pauses))
+    candidates = np.flatnonzero(inference_candidates(pauses, stop))
     if not candidates.size or not len(lifetimes):
         return out
-    from engine.correlate.stops import stop_ids
-
     exact = overlaps[~overlaps["near_miss"].astype(bool) & (overlaps["overlap_ns"] > 0)] if len(overlaps) else overlaps
     busy = exact.groupby("pause_id")["tid"].agg(set).to_dict() if len(exact) else {}
     l_pid, l_tid = lifetimes["pid"].to_numpy(np.int64), lifetimes["tid"].to_numpy(np.int64)
     l_start, l_end = lifetimes["start_ns"].to_numpy(np.int64), lifetimes["end_ns"].to_numpy(np.int64)
     starts = pauses["start_ns"].to_numpy(np.int64)
-    stop = stop_ids(pauses)
     stop_start = pd.Series(starts).groupby(stop).transform("min").to_numpy(np.int64)
     released = gil[gil["state"].astype("string") == "released"] if gil is not None and len(gil) else None
     if released is not None:

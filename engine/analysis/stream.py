@@ -235,11 +235,12 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     requesters = np.unique(requester_tids(pauses).dropna().to_numpy(np.int64))
     # ... and, for a System.gc() pause JFR names no requester for, the overlaps of that pause and
     # the rows of its JVM's own process near it (the requester may be inferred from them).
-    candidates = pauses[inference_candidates(pauses)]  # (none without a jvm_pid column)
+    stop_of = stop_columns(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
+    stop = stop_of["stop_id"].to_numpy(np.int64)
+    candidates = pauses[inference_candidates(pauses, stop)]  # (none without a jvm_pid column)
     near = ((candidates["jvm_pid"].to_numpy(np.int64), candidates["start_ns"].to_numpy(np.int64) - INFERENCE_WINDOW_NS,
              candidates["end_ns"].to_numpy(np.int64) + INFERENCE_WINDOW_NS) if len(candidates) else ((), (), ()))
     candidate_ids, candidate_overlaps = candidates["pause_id"].to_numpy(np.int64), []
-    stop_of = stop_columns(pauses)  # the summary's code hits count each stop of the world once
     leaders = stop_of.loc[stop_of["stop_id"] == stop_of["pause_id"], "pause_id"].to_numpy(np.int64)
     requester_rows, hits = [], []
 
@@ -281,8 +282,8 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         overlaps_seen = (pd.concat(candidate_overlaps, ignore_index=True) if candidate_overlaps
                          else pd.DataFrame({"pause_id": [], "tid": [], "overlap_ns": [], "near_miss": []}))
         near_rows = pd.concat(requester_rows, ignore_index=True) if requester_rows else pd.DataFrame()
-        impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, near_rows,
-                             inferred_requesters(pauses, lifetimes, overlaps_seen, near_rows))
+        impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, near_rows,
+                             inferred_requesters(pauses, stop, lifetimes, overlaps_seen, near_rows))
         header["why"] = why_facts(impact, None, hits=add_code_hits(hits) if hits else None)
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
