@@ -119,7 +119,7 @@ RESYNC_MIN_EVENTS = 3
 
 
 class _Reader:
-    """The metadata event's bytes, read in plain Python (the varint is chunkwalk.c's)."""
+    """The metadata event's bytes, read in plain Python (varints encoded as chunkwalk.c's read_varint reads them)."""
 
     def __init__(self, data: bytes, pos: int, end: int):
         self.data, self.pos, self.end = data, pos, end
