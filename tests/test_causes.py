@@ -17,7 +17,7 @@ import pytest
 from conftest import default_java_home
 from engine.ingest.jfr import read_pauses
 from test_ingest_jfr import recordings, workload_dirs  # noqa: F401 (fixtures)
-from test_ingest_witness import jfr_print
+from test_ingest_witness import iso_duration_ns, iso_instant_ns, jfr_print
 
 JDK17 = default_java_home()
 JDK25 = Path("/usr/lib/jvm/temurin-25-jdk-amd64")
@@ -56,9 +56,11 @@ def test_system_gc_calls_name_their_thread_and_java_frames(recordings):  # noqa:
     events = jfr_print(JDK17, path, ["jdk.SystemGC"])
     assert len(events) == len(windows) >= 2
     events.sort(key=lambda e: e["values"]["startTime"])
+    # The recording's ticks reach CLOCK_MONOTONIC within its clock error; the brackets are exact.
+    error = max(r["clock"]["error_ns"] for s in pauses.attrs["sources"] for r in s["runs"])
     marked = set()
     for (before, after), event in zip(sorted(windows), events):
-        rows = pauses[(pauses["start_ns"] >= before) & (pauses["end_ns"] <= after)
+        rows = pauses[(pauses["start_ns"] >= before - error) & (pauses["end_ns"] <= after + error)
                       & pauses["kind"].isin(["safepoint", "gc_pause", "gc"])]
         assert {"safepoint", "gc_pause", "gc"} <= set(rows["kind"]), rows
         assert (rows["system_gc_os_thread_id"] == event["values"]["eventThread"]["osThreadId"]).all(), rows
@@ -67,6 +69,62 @@ def test_system_gc_calls_name_their_thread_and_java_frames(recordings):  # noqa:
         assert _methods(frames)[:3] == ["java.lang.Runtime.gc", "java.lang.System.gc", "Workload.bracketedGc"]
         marked.update(rows["pause_id"])
     assert set(pauses.loc[pauses["system_gc_os_thread_id"].notna(), "pause_id"]) == marked
+
+
+GC_AMONG_DUMPS = """
+import java.lang.management.ManagementFactory;
+
+public class GcAmongDumps {
+    public static void main(String[] args) throws Exception {
+        Thread dumper = new Thread(() -> {
+            while (true) {
+                ManagementFactory.getThreadMXBean().dumpAllThreads(false, false);
+            }
+        }, "dumper");
+        dumper.setDaemon(true);
+        dumper.start();
+        Thread.sleep(100);
+        for (int i = 0; i < Integer.parseInt(args[0]); i++) {
+            System.gc();
+        }
+    }
+}
+"""
+
+
+def test_a_safepoint_another_thread_asked_for_inside_a_system_gc_call_is_not_the_calls(tmp_path, workload_dirs):  # noqa: F811
+    """A thread dumps all threads (VM operation ThreadDump, at a safepoint) in a loop while
+    main calls System.gc(): the VM thread runs the dumper's operations queued before main's
+    collection, inside main's call. Those stops are the dumper's; only the collection is
+    main's. Witness: `jfr print` (each operation's caller, each call's span)."""
+    (tmp_path / "GcAmongDumps.java").write_text(GC_AMONG_DUMPS)
+    subprocess.run([str(JDK17 / "bin" / "javac"), "-d", str(tmp_path), str(tmp_path / "GcAmongDumps.java")], check=True)
+    path = tmp_path / "dumps.jfr"
+    settings = workload_dirs(JDK17) / "pauses.jfc"
+    subprocess.run([str(JDK17 / "bin" / "java"), "-XX:+UseG1GC", f"-XX:StartFlightRecording=filename={path},settings={settings}",
+                    "-cp", str(tmp_path), "GcAmongDumps", "60"], check=True, capture_output=True, timeout=120)
+
+    calls = [(iso_instant_ns(e["values"]["startTime"]), iso_duration_ns(e["values"]["duration"]),
+              e["values"]["eventThread"]["osThreadId"]) for e in jfr_print(JDK17, path, ["jdk.SystemGC"])]
+    (main,) = {thread for _, _, thread in calls}
+    dumps_inside = 0
+    for event in jfr_print(JDK17, path, ["jdk.ExecuteVMOperation"]):
+        values = event["values"]
+        start = iso_instant_ns(values["startTime"])
+        if values["operation"] == "ThreadDump" and any(s <= start < s + d for s, d, _ in calls):
+            dumps_inside += 1
+            assert values["caller"]["osThreadId"] != main
+    assert dumps_inside > 0, "no dump landed inside a System.gc() call: the case was not exercised"
+
+    pauses = read_pauses(path)
+    dumps = pauses[pauses["name"] == "ThreadDump"]
+    assert len(dumps) > dumps_inside and dumps["system_gc_os_thread_id"].isna().all(), dumps
+    marked = pauses[pauses["system_gc_os_thread_id"].notna()]
+    assert (marked["system_gc_os_thread_id"] == main).all()
+    assert marked["requester_os_thread_id"].isna().sum() + (marked["requester_os_thread_id"] == main).sum() == len(marked)
+    full = pauses[pauses["name"] == "G1CollectFull"]
+    assert len(full) == len(calls) and (full["system_gc_os_thread_id"] == main).all(), full
+    assert (marked["kind"].value_counts().to_dict() == {"safepoint": len(calls), "gc_pause": len(calls), "gc": len(calls)})
 
 
 @pytest.mark.slow

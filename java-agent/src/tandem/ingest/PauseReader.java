@@ -50,6 +50,8 @@ public final class PauseReader {
     public static final int KIND_VM_OPERATION = 3;
     public static final int KIND_COMPILATION = 4;
     public static final int KIND_DEOPTIMIZATION = 5;
+    /** The cause JFR gives a collection System.gc() asked for (HotSpot's GCCause::_java_lang_system_gc). */
+    static final String SYSTEM_GC_CAUSE = "System.gc()";
     /** Names of the kind codes, indexed by code. */
     public static final String[] KINDS = {"safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization"};
 
@@ -449,7 +451,10 @@ public final class PauseReader {
      * Each stop-the-world row (safepoint, GC pause, collection, VM operation) lying inside a
      * System.gc() call (the call returns when its collection is done) gets the call's thread and
      * frames. Calls of one run are sorted by start; a row takes the last call starting at or
-     * before it, if that call ends at or after it.
+     * before it, if that call ends at or after it. A row that is known to be someone else's is
+     * left alone although it lies inside: a VM operation another thread asked for (JFR's
+     * periodic thread takes its thread-dump safepoints while the caller waits for its turn), a
+     * collection with another cause.
      */
     private void attachSystemGcCalls() {
         int calls = systemGcStart.size;
@@ -461,6 +466,7 @@ public final class PauseReader {
             order[i] = i;
         }
         java.util.Arrays.sort(order, (a, b) -> Long.compare(systemGcStart.get(a), systemGcStart.get(b)));
+        int systemGcCause = strings.code(SYSTEM_GC_CAUSE);
         long[] starts = new long[calls];
         for (int i = 0; i < calls; i++) {
             starts[i] = systemGcStart.get(order[i]);
@@ -480,6 +486,12 @@ public final class PauseReader {
                 at = -at - 2;
             }
             if (at < 0 || systemGcEnd.get(order[at]) < rows.endTicks.get(row)) {
+                continue;
+            }
+            long requester = rows.requesterOsThreadId.get(row);
+            int cause = rows.cause.get(row);
+            if ((requester != NULL && requester != systemGcThread.get(order[at]))
+                    || (cause >= 0 && cause != systemGcCause)) {
                 continue;
             }
             rows.systemGcOsThreadId.set(row, systemGcThread.get(order[at]));
