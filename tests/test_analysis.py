@@ -271,3 +271,33 @@ def test_the_command_writes_results_and_prints_the_summary(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip() == f"tandem: error: {tmp_path / 'g.parquet'}: missing column 'pause_id' " \
                                  "(needs pause_id, kind, name, start_ns, end_ns)"
+
+
+def test_read_ahead_hands_over_every_item_in_order_then_the_producers_error_and_closes_a_generator_left_early():
+    """The streamed analysis reads the next GIL block in a thread of its own (read_ahead)."""
+    import threading
+
+    from engine.analysis.stream import read_ahead
+
+    closed = threading.Event()
+
+    def blocks(n, fail_at=None):
+        try:
+            for i in range(n):
+                if i == fail_at:
+                    raise TandemError(f"block {i}: damaged")
+                yield i
+        finally:
+            closed.set()
+
+    assert list(read_ahead(blocks(50), depth=2)) == list(range(50))
+    got = []
+    with pytest.raises(TandemError, match="block 7: damaged"):
+        for item in read_ahead(blocks(50, fail_at=7)):
+            got.append(item)
+    assert got == list(range(7))
+    closed.clear()
+    ahead = read_ahead(blocks(10**9), depth=2)
+    assert next(ahead) == 0
+    ahead.close()  # the consumer leaves early: the producer stops and closes its generator
+    assert closed.wait(5)

@@ -87,6 +87,54 @@ def _later_minimum(block_min: list[int]) -> np.ndarray:
         np.array([END], np.int64)
 
 
+def read_ahead(items, depth: int = 2):
+    """The items of an iterator, made by a thread of their own up to DEPTH items ahead: the next
+    GIL block is read and paired (I/O, numba and Arrow, which release the GIL) while the core
+    takes the current one. The producer's error is raised here, after the items before it."""
+    import queue
+    import threading
+
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def hand_over(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not hand_over((item, None)):
+                    return
+            hand_over((done, None))
+        except BaseException as err:  # (raised in the consumer)
+            hand_over((done, err))
+        finally:
+            close = getattr(items, "close", None)  # (a generator left early: its files closed now)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="tandem-gil-blocks", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, err = ready.get()
+            if item is done:
+                if err is not None:
+                    raise err
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 class ParquetGil:
     """A gil table in a Parquet file, read in blocks of BLOCK_ROWS rows."""
 
@@ -145,14 +193,20 @@ class EventsGil:
         self.attrs: dict = {}
 
     def first_pass(self) -> pd.DataFrame:
-        bounds = []
-        self._later = []
-        for f in self.files:
-            block_min = []
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one_file(f):
+            block_min, bounds = [], []
             for tid, _state, start, end, _code in f.blocks(ordered=False):
                 block_min.append(int(start.min()) if start.size else END)
                 bounds.append(_thread_bounds(np.full(tid.size, f.pid, np.int64), tid, start, end))
-            self._later.append(_later_minimum(block_min))
+            return _later_minimum(block_min), bounds
+
+        # Files are read side by side (reading and pairing release the GIL).
+        with ThreadPoolExecutor(max_workers=min(len(self.files), os.cpu_count() or 1) or 1) as pool:
+            done = list(pool.map(one_file, self.files))
+        self._later = [later for later, _ in done]
+        bounds = [b for _, file_bounds in done for b in file_bounds]
         # What read_gil says about the processes (engine/ingest/gil.py), for the header.
         processes = [f.process for f in self.files]
         self.attrs = {"processes": processes,
@@ -258,7 +312,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
 
     try:
         pending_pauses = pauses
-        for rows, watermark, rows_so_far, copy in gil.pushes():
+        for rows, watermark, rows_so_far, copy in read_ahead(gil.pushes()):
             emit(core.push(pauses=pending_pauses, gil=rows, watermark_ns=watermark))
             pending_pauses = None
             if copy is not None:

@@ -462,11 +462,9 @@ class Correlator:
     def _seen(self, tidx: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
         """The span; each thread's first non-empty start and latest end; each process's latest end."""
         self.span = [min(self.span[0], int(start.min())), max(self.span[1], int(end.max()))]
-        nonempty = end > start
-        t, e = tidx[nonempty], end[nonempty]
-        np.minimum.at(self.t_first, t, start[nonempty])
-        np.maximum.at(self.t_seen_end, t, e)
-        np.maximum.at(self.p_last_end, self.t_pidx[t], e)
+        kernels.group_bounds(tidx, start, end, self.t_first, self.t_seen_end)
+        nt = self.n_threads  # (a process's latest end: the latest of its threads')
+        np.maximum.at(self.p_last_end, self.t_pidx[:nt], self.t_seen_end[:nt])
 
     def _keep_rows(self, keep: np.ndarray) -> None:
         """Only the retained GIL rows where KEEP is true stay."""
