@@ -39,3 +39,27 @@ def test_not_parquet_is_one_line_error(tmp_path):
     bad.write_text("nope")
     with pytest.raises(TandemError, match="x.parquet"):
         read_table(bad)
+
+
+def test_table_writer_text_as_dictionary_reads_back_as_the_same_text(tmp_path):
+    """gil.parquet's text columns are written dictionary-encoded (TableWriter's
+    text_as_dictionary): a reader sees text, nulls where a name is unknown, the metadata kept."""
+    import pyarrow as pa
+
+    from engine.store import TableWriter
+
+    schema = pa.schema([("name", pa.string()), ("state", pa.string()), ("n", pa.int64())])
+    writer = TableWriter(tmp_path / "t.parquet", schema, text_as_dictionary=True)
+    # a dictionary with a null entry, a plain text column, another block with other dictionaries
+    writer.write(pa.table({"name": pa.DictionaryArray.from_arrays(pa.array([0, 1, 2, 1], pa.int32()), pa.array(["a", None, "b"])),
+                           "state": pa.array(["released", "waiting", None, "released"]), "n": [1, 2, 3, 4]}))
+    writer.write(pa.table({"name": pa.DictionaryArray.from_arrays(pa.array([1, None, 0], pa.int8()), pa.array(["x", "y"])),
+                           "state": pa.DictionaryArray.from_arrays(pa.array([1, 0, 1], pa.int32()), pa.array(["released", "waiting"])),
+                           "n": [5, 6, 7]}))
+    path = writer.close({"table": "t"})
+    back = pq.read_table(path)
+    assert back.schema.types == [pa.string(), pa.string(), pa.int64()]
+    assert back.column("name").to_pylist() == ["a", None, "b", None, "y", None, "x"]
+    assert back.column("state").to_pylist() == ["released", "waiting", None, "released", "waiting", "released", "waiting"]
+    frame = read_table(path)
+    assert frame.attrs == {"table": "t"} and str(frame["name"].dtype) == "string"

@@ -7,9 +7,10 @@ process (`EventsGil`, intervals made block by block by engine.ingest.gil.EventsI
 Two passes over it. The first learns what the core cannot know from the past alone: where
 each later block starts at the earliest (the watermark after each block) and each thread's
 inferred lifetime (docs/results.md, "gil_free"). The second pushes the blocks, from the
-processes' files in the order their intervals start. Pauses (a few per second of recording)
-stay in memory. Peak memory is about one block per process plus the intervals a pause still
-in progress may pair with. The GIL intervals are not copied to OUT (docs/results.md,
+processes' files in the order their intervals start, each block read and paired by a thread
+of its own while the core takes the one before (`read_ahead`). Pauses (a few per second of
+recording) stay in memory. Peak memory is about one block per process, the blocks read ahead,
+and the intervals a pause still in progress may pair with. The GIL intervals are not copied to OUT (docs/results.md,
 "gil.parquet").
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from engine.correlate import END, Correlator, GilRows, KnownLifetimes, Rows
 from engine.correlate import kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow
 from engine.correlate.stops import stop_columns
-from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, RESULT_TABLES, SCHEMAS, state_strings, to_pandas
+from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES, RESULT_TABLES, SCHEMAS, to_pandas
 from engine.errors import TandemError
 from engine.join import check_pauses
 from engine.store import TableWriter, WriterThread, read_metadata
@@ -87,7 +88,7 @@ def _later_minimum(block_min: list[int]) -> np.ndarray:
         np.array([END], np.int64)
 
 
-def read_ahead(items, depth: int = 2):
+def read_ahead(items, depth: int = 1):
     """The items of an iterator, made by a thread of their own up to DEPTH items ahead: the next
     GIL block is read and paired (I/O, numba and Arrow, which release the GIL) while the core
     takes the current one. The producer's error is raised here, after the items before it."""
@@ -236,22 +237,25 @@ class EventsGil:
             yield rows, int(watermark), rows_so_far, self._copy(f, rows)
 
     def _copy(self, f, rows: GilRows) -> pa.Table:
-        """Rows of gil.parquet as read_gil makes them (thread names from the process's files)."""
+        """Rows of gil.parquet as read_gil makes them (thread names from the process's files),
+        text dictionary-encoded (TableWriter's text_as_dictionary)."""
         names = f.thread_names()
         inverse, tids = pd.factorize(rows.tid)  # (a hash: a sort of a million rows costs 10x more)
         thread_name = pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32)),
                                                      pa.array([names.get(int(t)) for t in tids], pa.string()))
-        columns = {"pid": rows.pid, "tid": rows.tid, "thread_name": thread_name, "state": state_strings(rows.state),
+        state = pa.DictionaryArray.from_arrays(pa.array(rows.state.astype(np.int32)), pa.array(GIL_STATES, pa.string()))
+        columns = {"pid": rows.pid, "tid": rows.tid, "thread_name": thread_name, "state": state,
                    "start_ns": rows.start_ns, "end_ns": rows.end_ns,
                    **{c: rows.carried.column(c) for c in rows.carried.column_names}}
-        return pa.table({field.name: columns[field.name] if isinstance(columns[field.name], np.ndarray)
-                         else columns[field.name].cast(field.type) for field in self.copy_schema}, schema=self.copy_schema)
+        return pa.table({field.name: columns[field.name] for field in self.copy_schema})
 
 
 def _rows_frame(rows: GilRows, copy: pa.Table | None, mask: np.ndarray) -> pd.DataFrame:
     """Some rows of a block as a gil-table DataFrame (with thread names and code when known)."""
     if copy is not None:
-        return to_pandas(copy.filter(mask))
+        part = copy.filter(mask)
+        return to_pandas(pa.table({name: column.cast(pa.string()) if pa.types.is_dictionary(column.type) else column
+                                   for name, column in zip(part.column_names, part.columns)}))
     frame = pd.DataFrame({"pid": rows.pid[mask], "tid": rows.tid[mask],
                           "state": pd.array(np.array(["released", "waiting"])[rows.state[mask]], dtype="string"),
                           "start_ns": rows.start_ns[mask], "end_ns": rows.end_ns[mask]})
@@ -282,7 +286,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     writers = {"overlaps": TableWriter(out / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *gil.carried])),
                "gil_free": TableWriter(out / "gil_free.parquet", SCHEMAS["gil_free"])}
     if gil.copy_schema is not None:
-        writers["gil"] = TableWriter(out / "gil.parquet", gil.copy_schema)
+        writers["gil"] = TableWriter(out / "gil.parquet", gil.copy_schema, text_as_dictionary=True)
     background = WriterThread()
     # The causality step (engine/analysis/causes.py) needs the GIL rows of the threads that asked
     # for a pause (few), and the summary's "why" the overlap per code: both gathered on the way.

@@ -80,7 +80,11 @@ def write_table(df: pd.DataFrame, path: str | Path, metadata: dict | None = None
 class TableWriter:
     """One Parquet file written row group by row group, renamed into place by `close(metadata)`."""
 
-    def __init__(self, path: str | Path, schema):
+    def __init__(self, path: str | Path, schema, *, text_as_dictionary: bool = False):
+        """text_as_dictionary: the text columns of SCHEMA come (or are made) dictionary-encoded
+        and are written so, without Arrow's schema in the file: they read back as text. Writing
+        a block's few distinct names once with indexes costs half of casting every row to text
+        and having Parquet build the dictionary again."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -89,14 +93,20 @@ class TableWriter:
         self._tmp = _temporary(self.path)
         # (a schema copied from an input table may carry the input's own `tandem` metadata)
         schema = schema.with_metadata({k: v for k, v in (schema.metadata or {}).items() if k != METADATA_KEY})
+        if text_as_dictionary:
+            schema = pa.schema([f.with_type(pa.dictionary(pa.int32(), pa.string())) if pa.types.is_string(f.type) else f
+                                for f in schema], metadata=schema.metadata)
+        self.schema = schema
+        self._coerce = text_as_dictionary
         # Dictionary pages for text columns only: for int64 columns of times and ids, building the
         # dictionaries cost more than the rest of the write and saved little (bench/bench_join.py).
         text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
-        self._writer = pq.ParquetWriter(self._tmp, schema, compression="lz4", use_dictionary=text)
+        self._writer = pq.ParquetWriter(self._tmp, schema, compression="lz4", use_dictionary=text,
+                                        store_schema=not text_as_dictionary)
 
     def write(self, table) -> None:
         if table.num_rows:
-            self._writer.write_table(table)
+            self._writer.write_table(_as_dictionary_text(table, self.schema) if self._coerce else table)
             self.rows += table.num_rows
 
     def close(self, metadata: dict) -> Path:
@@ -110,6 +120,29 @@ class TableWriter:
             self._writer.close()
         finally:
             Path(self._tmp).unlink(missing_ok=True)
+
+
+def _as_dictionary_text(table, schema):
+    """TABLE with SCHEMA's dictionary-encoded text columns: text encoded, a null entry of a
+    dictionary made a null index (Parquet takes no null in a dictionary)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = []
+    for field in schema:
+        column = table.column(field.name)
+        if pa.types.is_dictionary(field.type):
+            chunks = []
+            for chunk in column.chunks:
+                if not pa.types.is_dictionary(chunk.type):
+                    chunk = pc.dictionary_encode(chunk)
+                if chunk.dictionary.null_count:
+                    valid = pc.is_valid(chunk.dictionary).take(chunk.indices)
+                    chunk = pa.DictionaryArray.from_arrays(pc.if_else(valid, chunk.indices, None), chunk.dictionary.fill_null(""))
+                chunks.append(chunk.cast(field.type))
+            column = pa.chunked_array(chunks, field.type)
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 class WriterThread:
