@@ -76,17 +76,24 @@ JPYPE_GC_LINK_ADVICE = ("JPype's GC link: after a Python garbage collection that
 
 
 def _empty(n: int) -> dict:
+    # (from arrays, not from lists of NA: 0.3 s less on 200 k pauses)
+    def ints():
+        return pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool))
+
+    def text():
+        return pd.array(np.full(n, None, object), dtype="string")
+
     return {
         "caused_by_python": np.zeros(n, bool),
-        "cause_pid": pd.array([pd.NA] * n, dtype="Int64"),
-        "cause_tid": pd.array([pd.NA] * n, dtype="Int64"),
-        "cause_thread": pd.array([pd.NA] * n, dtype="string"),
-        "cause_state": pd.array([pd.NA] * n, dtype="string"),
-        "cause_function": pd.array([pd.NA] * n, dtype="string"),
-        "cause_file": pd.array([pd.NA] * n, dtype="string"),
-        "cause_line": pd.array([pd.NA] * n, dtype="Int64"),
-        "cause_java_frames": pd.array([pd.NA] * n, dtype="string"),
-        "cause_held_gil": pd.array([pd.NA] * n, dtype="boolean"),
+        "cause_pid": ints(),
+        "cause_tid": ints(),
+        "cause_thread": text(),
+        "cause_state": text(),
+        "cause_function": text(),
+        "cause_file": text(),
+        "cause_line": ints(),
+        "cause_java_frames": text(),
+        "cause_held_gil": pd.arrays.BooleanArray(np.zeros(n, bool), np.ones(n, bool)),
         "cause_inferred": np.zeros(n, bool),
         "jpype_gc_link": np.zeros(n, bool),
     }
