@@ -179,6 +179,44 @@ def test_overlaps_carry_the_code_of_their_gil_interval():
         overlap_frame(pauses.sort_values("start_ns", kind="stable"), gil, slack_ns=3).astype(text), check_dtype=False)
 
 
+def test_dictionary_encoded_code_columns_carry_the_same_values_as_text():
+    """The probe's events give function and file dictionary-encoded, one entry per code: the
+    same name may sit under two entries, an unknown one is a null entry. Overlaps carry the
+    values, as from plain text."""
+    pauses, gil = adversarial_tables(3)
+    pauses, (gil, _) = check_pauses(pauses), check_gil(gil)
+    gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)
+    n = len(gil)
+    functions = pa.array(["f0", "f1", None, "f0", "f2"])  # "f0" twice, a null entry
+    files = pa.array(["m.py", None, "m.py"])
+    f_index, m_index = np.arange(n) % len(functions), (np.arange(n) // 3) % len(files)
+    lines = pa.array([None if i % 4 == 0 else i % 11 for i in range(n)], pa.int64())
+
+    def pushed(dictionary_encoded: bool):
+        core = Correlator(3)
+        rows = []
+        for lo in range(0, n, 97):  # several batches, each with its own chunks
+            hi = min(n, lo + 97)
+            part = gil.iloc[lo:hi]
+            if dictionary_encoded:
+                carried = pa.table({"function": pa.DictionaryArray.from_arrays(pa.array(f_index[lo:hi], pa.int32()), functions),
+                                    "file": pa.DictionaryArray.from_arrays(pa.array(m_index[lo:hi], pa.int32()), files),
+                                    "line": lines[lo:hi]})
+            else:
+                carried = pa.table({"function": functions.take(pa.array(f_index[lo:hi])),
+                                    "file": files.take(pa.array(m_index[lo:hi])), "line": lines[lo:hi]})
+            frame = gil_rows_from_frame(part)
+            frame.carried = carried
+            rows.append(core.push(pauses=pauses if lo == 0 else None, gil=frame,
+                                  watermark_ns=int(gil.start_ns.iloc[hi]) if hi < n else END))
+        rows.append(core.finish())
+        return pa.concat_tables([r.overlaps for r in rows]).to_pandas()
+
+    text, encoded = pushed(False), pushed(True)
+    assert len(text) and text["function"].isna().any() and (text["function"] == "f0").any()
+    pd.testing.assert_frame_equal(text, encoded)
+
+
 PROBED = """
 import sys, threading, time
 import engine.probe as probe

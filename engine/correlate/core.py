@@ -341,13 +341,21 @@ class Correlator:
             self._carried_schema = schema
         elif schema.names != self._carried_schema.names:
             table = table.select(self._carried_schema.names)
+        # A mixed-radix key over each column's dictionary indexes (as given when dictionary-encoded:
+        # equal values under two indexes only make two keys of one code), then a hash of the keys.
         key = np.zeros(table.num_rows, np.int64)
-        for column in table.columns:  # mixed-radix key over each column's dictionary indexes
-            encoded = pa.compute.dictionary_encode(column.combine_chunks(), null_encoding="encode")
-            key = key * (len(encoded.dictionary) + 1) + encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        local_codes, first_rows = np.unique(key, return_index=True)
-        inverse = np.searchsorted(local_codes, key)
-        firsts = table.take(pa.array(first_rows)).to_pylist()
+        for column in table.columns:
+            column = column.combine_chunks()
+            if not pa.types.is_dictionary(column.type):
+                column = pa.compute.dictionary_encode(column)
+            index = column.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+            if key.size and (int(key.max()) + 1) * (len(column.dictionary) + 1) >= 1 << 62:
+                key = pd.factorize(key)[0].astype(np.int64)  # (renumbered densely before it could overflow)
+            key = key * (len(column.dictionary) + 1) + (index + 1)
+        inverse, local_codes = pd.factorize(key)
+        some_rows = np.empty(len(local_codes), np.int64)
+        some_rows[inverse] = np.arange(key.size)  # (any row of a key: its rows hold the same values)
+        firsts = table.take(pa.array(some_rows)).to_pylist()
         codes = np.empty(len(firsts), np.int64)
         grew = False
         for i, row in enumerate(firsts):
