@@ -163,10 +163,15 @@ def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) 
         walks = walking.result()
     if damages:
         warnings.warn(jfr_chunks.damage_message(scan.path, damages, len(scan.chunks)), TandemWarning, stacklevel=4)
-    elif run_meta and not any(len(frame["source"][0]) for frame in frames):
+    elif run_meta and not any(len(frame["source"][0]) for frame in frames) and not any(m["unreadable_events"] for m in run_meta):
         # Intact chunks (the walk found nothing jdk.jfr missed) holding no pause event: the
         # settings it was recorded with left them out; not damage.
         warnings.warn(_no_pauses_message(scan.path, walks.values()), TandemWarning, stacklevel=4)
+    unreadable = [m for m in run_meta if m["unreadable_events"]]
+    if unreadable:  # (damage inside events, which the walk cannot see)
+        warnings.warn(f"{scan.path}: damaged recording: {sum(m['unreadable_events'] for m in unreadable)} event(s) "
+                      f"whose fields could not be read were skipped (first: {unreadable[0]['first_unreadable']})",
+                      TandemWarning, stacklevel=4)
     if not run_meta:
         raise TandemError(f"{scan.path}: jdk.jfr cannot read any chunk of this recording: "
                           + "; ".join(d.describe() for d in damages))
@@ -467,6 +472,8 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
         "fast_time": {1: True, 0: False}.get(int(reader.fastTimeEnabled())),
         "orphan_safepoint_ends": int(reader.orphanSafepointEnds()),
         "events_seen": int(reader.eventsSeen()),
+        "unreadable_events": int(reader.unreadableEvents()),
+        "first_unreadable": _jstr(reader.firstUnreadable()),
         "clock": alignment.as_metadata(),
     }
     return columns, meta

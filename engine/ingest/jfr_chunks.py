@@ -86,13 +86,28 @@ def walk_chunk(buffer: np.ndarray, chunk: Chunk, watched: tuple[str, ...], parse
     for name in watched:
         if name in event_ids:
             watch[event_ids[name]] = True
+    watch[CHECKPOINT_TYPE_ID] = True  # (checked against the checkpoints' own chain below)
     offsets, types, reached, code = _walk(buffer, start, end, known, watch)
+    is_checkpoint = types == CHECKPOINT_TYPE_ID
+    checkpoints, offsets, types = offsets[is_checkpoint], offsets[~is_checkpoint], types[~is_checkpoint]
     walk = ChunkWalk(chunk, event_ids, int(reached), _PROBLEMS.get(int(code)), offsets, types)
-    if code:
-        resumed = int(_resync(buffer, reached, end, known))
-        if resumed >= 0:
-            walk.resumed_at = resumed
-            walk.resumed_types = _walk(buffer, resumed, end, known, watch)[1]
+    if not code:
+        # A damaged size can lead the walk (and jdk.jfr, which follows the same sizes) through
+        # the middle of events and back onto whole ones further on, past events it never sees;
+        # the checkpoints' chain of deltas (what jdk.jfr reads constant pools by) does not
+        # depend on those sizes: a checkpoint on it that the walk did not step on says so.
+        chain = _checkpoint_chain(buffer, chunk)
+        missed = sorted(set(chain) - set(checkpoints.tolist())) if chain is not None else []
+        if missed:
+            visited = checkpoints[checkpoints < missed[0]]
+            walk.walked_to = int(visited.max()) if visited.size else start
+            walk.problem = f"its events skip the checkpoint at byte {missed[0]} (a damaged event size)"
+        return walk
+    resumed = int(_resync(buffer, reached, end, known))
+    if resumed >= 0:
+        walk.resumed_at = resumed
+        types = _walk(buffer, resumed, end, known, watch)[1]
+        walk.resumed_types = types[types != CHECKPOINT_TYPE_ID]
     return walk
 
 
@@ -104,6 +119,36 @@ def _walk(buffer: np.ndarray, start: int, end: int, known: np.ndarray, watch: np
     watched events, reached, problem code)."""
     offsets, types, reached, code = _chunkwalk.walk(buffer, start, end, known, watch)
     return np.frombuffer(offsets, np.int64), np.frombuffer(types, np.int64), reached, code
+
+
+def _checkpoint_chain(buffer: np.ndarray, chunk: Chunk) -> list[int] | None:
+    """The chunk's checkpoint events as jdk.jfr finds its constant pools: from the one the
+    header names (@16, relative to the chunk), each one's delta (after size, type id 1, start
+    time and duration) to the one before, until a delta of 0. Absolute offsets, newest first;
+    None where the chain leaves the chunk or lands on something else (jdk.jfr then cannot
+    read the chunk's constant pools, and says so itself)."""
+    raw = chunk.header or bytes(buffer[chunk.offset:chunk.offset + HEADER_SIZE])
+    relative = int.from_bytes(raw[16:24], "big", signed=True)
+    start, end = chunk.offset, chunk.offset + chunk.size
+    chain: list[int] = []
+    while True:
+        pos = start + relative
+        if not start + HEADER_SIZE <= pos < end or pos in chain:
+            return None
+        chain.append(pos)
+        reader = _Reader(bytes(buffer[pos:min(end, pos + 64)]), 0, min(end, pos + 64) - pos)
+        try:
+            size, type_id = reader.varint(), reader.varint()
+            if type_id != CHECKPOINT_TYPE_ID or size <= 0 or pos + size > end:
+                return None
+            reader.varint()  # start time
+            reader.varint()  # duration
+            delta = reader.varint()
+        except MetadataError:
+            return None
+        if delta == 0:
+            return chain
+        relative += delta
 
 
 def _resync(buffer: np.ndarray, stop: int, end: int, known: np.ndarray) -> int:
@@ -268,7 +313,7 @@ class Damage:
     def describe(self) -> str:
         if self.lost_pause_events is not None:
             events = f"{self.lost_pause_events} pause event(s)"
-        elif self.lost_pause_events_at_least is not None:
+        elif self.lost_pause_events_at_least:
             events = f"at least {self.lost_pause_events_at_least} pause event(s)"
         else:
             events = "pause events not countable"

@@ -97,6 +97,8 @@ public final class PauseReader {
     private final LongMap collectionNameAndCauseByGcId = new LongMap();
     private int orphanSafepointEnds;
     private long eventsSeen;
+    private long unreadableEvents;
+    private String firstUnreadable;
 
     /** jdk.SystemGC calls: start and end ticks, the calling thread's OS id, its top frames' code. */
     private final LongList systemGcStart = new LongList();
@@ -197,11 +199,23 @@ public final class PauseReader {
 
     public boolean aborted() { return aborted; }
 
-    /** Subscribes one event type, counting what jdk.jfr delivers (see {@link #eventsSeen()}). */
+    /**
+     * Subscribes one event type, counting what jdk.jfr delivers (see {@link #eventsSeen()}).
+     * An event whose fields jdk.jfr cannot give as their declared types (damaged constant pools
+     * or payload: a stack trace that is not one) is skipped and counted, not thrown: jdk.jfr
+     * would print the exception and go on.
+     */
     private void subscribe(EventStream stream, String type, java.util.function.Consumer<RecordedEvent> handler) {
         stream.onEvent(type, e -> {
             eventsSeen++;
-            handler.accept(e);
+            try {
+                handler.accept(e);
+            } catch (RuntimeException damaged) {
+                unreadableEvents++;
+                if (firstUnreadable == null) {
+                    firstUnreadable = type + ": " + damaged;
+                }
+            }
         });
     }
 
@@ -625,6 +639,10 @@ public final class PauseReader {
      * damage: jdk.jfr's EventStream swallows parse errors (IOException) and simply stops.
      */
     public long eventsSeen() { return eventsSeen; }
+    /** Delivered events whose fields could not be read as their types (skipped): damage inside events. */
+    public long unreadableEvents() { return unreadableEvents; }
+    /** The first of those: its type and the exception. */
+    public String firstUnreadable() { return firstUnreadable; }
 
     // ---------------------------------------------------------------- per-type field presence
 
