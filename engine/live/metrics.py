@@ -207,6 +207,11 @@ def _quiet_exporter_logs(url: str, every_s: float = 60.0) -> None:
         logger.propagate = False
 
 
+def _text(column: pd.Series) -> np.ndarray:
+    """A text column as a numpy array of str (missing: ""), without pandas' per-call casts."""
+    return column.to_numpy(dtype=object, na_value="")
+
+
 class LiveMetrics:
     """Measurements of a live run, handed to Prometheus and/or OpenTelemetry.
 
@@ -265,12 +270,13 @@ class LiveMetrics:
 
     def _pauses(self, pauses: pd.DataFrame) -> None:
         ids = pauses["pause_id"].to_numpy(np.int64)
-        jvm = pauses["jvm_pid"].fillna(0).to_numpy(np.int64) if "jvm_pid" in pauses else np.zeros(len(ids), np.int64)
+        jvm = (pauses["jvm_pid"].to_numpy(np.int64, na_value=0) if "jvm_pid" in pauses
+               else np.zeros(len(ids), np.int64))
         self._jvm_of_pause.update(zip(ids.tolist(), jvm.tolist()))
-        kinds = pauses["kind"].astype(str).to_numpy()
+        kinds = _text(pauses["kind"])
         gc = np.flatnonzero(kinds == "gc")
         if len(gc):
-            names = pauses["name"].astype(str).to_numpy()[gc]
+            names = _text(pauses["name"])[gc]
             seconds = (pauses["end_ns"].to_numpy(np.int64)[gc] - pauses["start_ns"].to_numpy(np.int64)[gc]) / 1e9
             for key in sorted(set(zip(jvm[gc].tolist(), names.tolist()))):
                 chosen = (jvm[gc] == key[0]) & (names == key[1])
@@ -281,10 +287,10 @@ class LiveMetrics:
     def _impact(self, impact: pd.DataFrame) -> None:
         ids = impact["pause_id"].to_numpy(np.int64).tolist()
         jvm = np.array([self._jvm_of_pause.pop(i, 0) for i in ids], np.int64)
-        kinds = impact["kind"].astype(str).to_numpy()
+        kinds = _text(impact["kind"])
         overlap = impact["overlap_ns"].to_numpy(np.int64)
         amplified = impact["amplified"].to_numpy(bool) if "amplified" in impact else np.zeros(len(ids), bool)
-        caused = (impact[CAUSED_BY_PYTHON_COLUMN].fillna(False).to_numpy(bool)
+        caused = (impact[CAUSED_BY_PYTHON_COLUMN].to_numpy(bool, na_value=False)
                   if CAUSED_BY_PYTHON_COLUMN and CAUSED_BY_PYTHON_COLUMN in impact else None)
         for pid, kind in sorted(set(zip(jvm.tolist(), kinds.tolist()))):
             chosen = (jvm == pid) & (kinds == kind)
@@ -299,7 +305,7 @@ class LiveMetrics:
     def _gil(self, gil: pd.DataFrame) -> None:
         pids = gil["pid"].to_numpy(np.int64)
         lengths = gil["end_ns"].to_numpy(np.int64) - gil["start_ns"].to_numpy(np.int64)
-        waiting = (gil["state"] == "waiting").to_numpy(bool)
+        waiting = _text(gil["state"]) == "waiting"
         for pid in np.unique(pids).tolist():
             of_pid = pids == pid
             labels = {"pid": str(pid)}
