@@ -43,11 +43,13 @@ def run_workload(python: Path, workload: str, backend: str, tmp_path: Path, env:
 
 def assert_matches_sleeps(released, brackets) -> None:
     """Fifty released intervals of 10 ms: each inside the monotonic_ns() bracket of its own
-    time.sleep(0.010) call, and within 0.5 ms of it but for at most two. The sleep itself may
-    overrun 10 ms when the shared machine is busy; the bracket is the witness of how long it
-    really took. The two: a thread preempted between its monotonic_ns() and the GIL release
-    (or between the re-take and the next monotonic_ns()) widens its bracket by the
-    preemption, which no GIL event can see (one such sleep, 2.4 ms wider, in ~100 runs).
+    time.sleep(0.010) call; the median sleep's bracket at most 0.1 ms wider than its release,
+    and at most a fifth of them more than 0.5 ms wider. The sleep itself may overrun 10 ms when
+    the shared machine is busy; the bracket is the witness of how long it really took. The
+    wider ones: a thread preempted between its monotonic_ns() and the GIL release (or between
+    the re-take and the next monotonic_ns()) widens its bracket by the preemption, which no GIL
+    event can see (one such sleep, 2.4 ms wider, in ~100 quiet runs; five of fifty, 1.7-4.3 ms
+    wider, in one CI run on a busy machine).
     Not every release is 10 ms long: CPython fixes the sleep's deadline before it releases the
     GIL, so a thread preempted in between releases for less (seen under a load of 8 on 2
     cores), and a loaded machine wakes it late (medians of 11-12 ms): hence the brackets,
@@ -55,12 +57,14 @@ def assert_matches_sleeps(released, brackets) -> None:
     assert len(released) == len(brackets) == 50
     durations = (released.end_ns - released.start_ns).to_numpy()
     assert np.median(durations) >= 9.5 * MS, durations
-    wider = []
+    wider, gaps = [], []
     for (before, after), (start, end) in zip(brackets, released[["start_ns", "end_ns"]].to_numpy()):
         assert before <= start < end <= after
-        if (after - before) - (end - start) > 0.5 * MS:
+        gaps.append((after - before) - (end - start))
+        if gaps[-1] > 0.5 * MS:
             wider.append((after - before, end - start))
-    assert len(wider) <= 2, wider
+    assert np.median(gaps) <= 0.1 * MS, gaps
+    assert len(wider) <= len(brackets) // 5, wider
 
 
 # The precise backend's two ways to see hand-overs (docs/probe.md, "precise"): the GIL's
