@@ -253,11 +253,9 @@ class EventsGil:
 def _rows_frame(rows: GilRows, copy: pa.Table | None, mask: np.ndarray) -> pd.DataFrame:
     """Some rows of a block as a gil-table DataFrame (with thread names and code when known)."""
     if copy is not None:
-        part = copy.filter(mask)
-        return to_pandas(pa.table({name: column.cast(pa.string()) if pa.types.is_dictionary(column.type) else column
-                                   for name, column in zip(part.column_names, part.columns)}))
+        return to_pandas(copy.filter(mask))
     frame = pd.DataFrame({"pid": rows.pid[mask], "tid": rows.tid[mask],
-                          "state": pd.array(np.array(["released", "waiting"])[rows.state[mask]], dtype="string"),
+                          "state": pd.array(np.array(GIL_STATES)[rows.state[mask]], dtype="string"),
                           "start_ns": rows.start_ns[mask], "end_ns": rows.end_ns[mask]})
     if rows.carried is not None:
         for name, column in zip(rows.carried.column_names, to_pandas(rows.carried.filter(mask)).items()):

@@ -787,11 +787,7 @@ class Correlator:
             return to_pandas(empty_table("pause_impact").append_column("part_of", pa.array([], pa.string()))
                              .select(list(SUMMARY_INPUT)))
         self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
-        kept = self._impact[0].select(list(SUMMARY_INPUT))
-        for name in ("kind", "name", "part_of"):
-            if pa.types.is_dictionary(kept[name].type):
-                kept = kept.set_column(kept.schema.get_field_index(name), name, kept[name].cast(pa.string()))
-        return to_pandas(kept)
+        return to_pandas(self._impact[0].select(list(SUMMARY_INPUT)))
 
     def _affected_by(self, by: tuple[str, ...]) -> pd.Series:
         """Per `by` key: the distinct Python threads with an exact overlap."""

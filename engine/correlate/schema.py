@@ -58,14 +58,17 @@ SCHEMAS["stops"] = pa.schema([("part_of", _STR), *SCHEMAS["summary"]])
 COLUMNS = {name: tuple(schema.names) for name, schema in SCHEMAS.items()}
 
 # pandas dtypes of the in-memory tables (engine.analysis.Analysis): nullable ints where a value
-# may be missing, pandas strings for text.
-_PANDAS_TYPES = {pa.string(): pd.StringDtype()}
+# may be missing, pandas strings for text (dictionary-encoded text too).
+def _pandas_type(arrow_type: pa.DataType):
+    if arrow_type == pa.string() or (pa.types.is_dictionary(arrow_type) and arrow_type.value_type == pa.string()):
+        return pd.StringDtype()
+    return None
 
 
 def to_pandas(table: pa.Table, name: str | None = None) -> pd.DataFrame:
-    """An Arrow result table as the DataFrame `engine.analysis` hands out (strings as pandas strings,
-    integers that may be missing as Int64)."""
-    frame = table.to_pandas(types_mapper=_PANDAS_TYPES.get)
+    """An Arrow result table as the DataFrame `engine.analysis` hands out (strings, plain or
+    dictionary-encoded, as pandas strings; integers that may be missing as Int64)."""
+    frame = table.to_pandas(types_mapper=_pandas_type)
     for column in NULLABLE_INT_COLUMNS:
         if column in frame.columns:
             frame[column] = frame[column].astype("Int64")

@@ -161,14 +161,14 @@ def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) 
                 frames.append(frame)
                 run_meta.append(meta)
         walks = walking.result()
+    unreadable = [m for m in run_meta if m["unreadable_events"]]  # (damage inside events, which the walk cannot see)
     if damages:
         warnings.warn(jfr_chunks.damage_message(scan.path, damages, len(scan.chunks)), TandemWarning, stacklevel=4)
-    elif run_meta and not any(len(frame["source"][0]) for frame in frames) and not any(m["unreadable_events"] for m in run_meta):
+    elif run_meta and not unreadable and not any(len(frame["source"][0]) for frame in frames):
         # Intact chunks (the walk found nothing jdk.jfr missed) holding no pause event: the
         # settings it was recorded with left them out; not damage.
         warnings.warn(_no_pauses_message(scan.path, walks.values()), TandemWarning, stacklevel=4)
-    unreadable = [m for m in run_meta if m["unreadable_events"]]
-    if unreadable:  # (damage inside events, which the walk cannot see)
+    if unreadable:
         warnings.warn(f"{scan.path}: damaged recording: {sum(m['unreadable_events'] for m in unreadable)} event(s) "
                       f"whose fields could not be read were skipped (first: {unreadable[0]['first_unreadable']})",
                       TandemWarning, stacklevel=4)

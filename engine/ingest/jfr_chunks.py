@@ -164,7 +164,8 @@ RESYNC_MIN_EVENTS = 3
 
 
 class _Reader:
-    """The metadata event's bytes, read in plain Python (varints encoded as chunkwalk.c's read_varint reads them)."""
+    """An event's bytes (the metadata event; a checkpoint's first fields), read in plain Python
+    (varints encoded as chunkwalk.c's read_varint reads them)."""
 
     def __init__(self, data: bytes, pos: int, end: int):
         self.data, self.pos, self.end = data, pos, end
