@@ -197,17 +197,14 @@ class EventsGil:
         from concurrent.futures import ThreadPoolExecutor
 
         def one_file(f):
-            block_min, bounds = [], []
-            for tid, _state, start, end, _code in f.blocks(ordered=False):
-                block_min.append(int(start.min()) if start.size else END)
-                bounds.append(_thread_bounds(np.full(tid.size, f.pid, np.int64), tid, start, end))
-            return _later_minimum(block_min), bounds
+            block_min, tid, lo, hi = f.bounds()  # (the blocks paired, their rows not made)
+            return _later_minimum(block_min), pd.DataFrame({"key": f.pid << 32 | tid, "start_ns": lo, "end_ns": hi})
 
         # Files are read side by side (reading and pairing release the GIL).
         with ThreadPoolExecutor(max_workers=min(len(self.files), os.cpu_count() or 1) or 1) as pool:
             done = list(pool.map(one_file, self.files))
         self._later = [later for later, _ in done]
-        bounds = [b for _, file_bounds in done for b in file_bounds]
+        bounds = [file_bounds for _, file_bounds in done]
         # What read_gil says about the processes (engine/ingest/gil.py), for the header.
         processes = [f.process for f in self.files]
         self.attrs = {"processes": processes,

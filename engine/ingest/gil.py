@@ -33,6 +33,7 @@ import pandas as pd
 
 from numba import njit
 
+from engine.correlate.schema import END
 from engine.errors import TandemError
 from engine.ingest.codes import NO_FRAME, read_code_table, resolve
 from engine.ring.layout import GIL_DROP, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
@@ -269,11 +270,14 @@ class SampledRecords(Exception):
 
 @njit(cache=True, nogil=True)
 def _pair_events(mono, tid, kind, aux, slot_of, slot_tid, last_t, last_k, last_drop, out_slot, out_state, out_start,
-                 out_end, out_code, n_slots) -> int:
+                 out_end, out_code, n_slots, write_rows, lo, hi, block_min) -> int:
     """events_to_intervals, one block at a time: each thread's last event (last_t/last_k, and
     the aux of its last DROP) is carried to the next block, so the pairs are those of the whole
-    stream. Rows come in the order of their closing events. Returns the rows written, or -1 at
-    a sampling-backend record. n_slots[0]: threads seen so far (slot_of maps tid -> slot)."""
+    stream. Rows come in the order of their closing events. Returns the intervals made, or -1 at
+    a sampling-backend record. n_slots[0]: threads seen so far (slot_of maps tid -> slot).
+    Without `write_rows` the intervals are only measured (the out arrays may be empty): per
+    slot the hull of its non-empty intervals (lo/hi), and the block's earliest start
+    (block_min[0])."""
     n = 0
     for i in range(mono.size):
         k = kind[i]
@@ -289,18 +293,30 @@ def _pair_events(mono, tid, kind, aux, slot_of, slot_tid, last_t, last_k, last_d
             slot_tid[s] = th
             last_k[s] = 0
             last_drop[s] = NO_FRAME
+            lo[s] = END
+            hi[s] = -END
         pk = last_k[s]
+        previous = last_t[s]
+        state = -1
         if pk == GIL_DROP and (k == GIL_TAKE_REQUEST or k == GIL_TAKE_ACQUIRED):
-            out_state[n] = 0
-        elif pk == GIL_TAKE_REQUEST and k == GIL_TAKE_ACQUIRED and t > last_t[s]:
-            out_state[n] = 1
-        else:
-            out_state[n] = -1
-        if out_state[n] >= 0:
-            out_slot[n] = s
-            out_start[n] = last_t[s]
-            out_end[n] = t
-            out_code[n] = last_drop[s]
+            state = 0
+        elif pk == GIL_TAKE_REQUEST and k == GIL_TAKE_ACQUIRED and t > previous:
+            state = 1
+        if state >= 0:
+            if write_rows:
+                out_slot[n] = s
+                out_state[n] = state
+                out_start[n] = previous
+                out_end[n] = t
+                out_code[n] = last_drop[s]
+            else:
+                if previous < block_min[0]:
+                    block_min[0] = previous
+                if t > previous:
+                    if previous < lo[s]:
+                        lo[s] = previous
+                    if t > hi[s]:
+                        hi[s] = t
             n += 1
         if k == GIL_DROP:
             last_drop[s] = aux[i]
@@ -328,6 +344,40 @@ def _order_ties_by_tid(start, tid, order) -> None:
         i = j
 
 
+class _Pairing:
+    """_pair_events' state carried from block to block (per thread slot), grown as threads come."""
+
+    def __init__(self):
+        self.slot_of = np.full(1 << 16, -1, np.int32)
+        self.n_slots = np.zeros(1, np.int64)
+        self.last_t, self.last_k = np.zeros(1024, np.int64), np.zeros(1024, np.int64)
+        self.last_drop, self.slot_tid = np.zeros(1024, np.uint64), np.zeros(1024, np.int64)
+        self.lo, self.hi = np.zeros(1024, np.int64), np.zeros(1024, np.int64)
+        self._none = [np.empty(0, t) for t in (np.int64, np.int8, np.int64, np.int64, np.uint64)]
+
+    def pair(self, records, out: list, path: Path, write_rows: bool = True, block_min=None) -> int:
+        tid = records["tid"]
+        if tid.size and int(tid.max()) >= self.slot_of.size:
+            self.slot_of = np.concatenate([self.slot_of, np.full(int(tid.max()) + 1 - self.slot_of.size, -1, np.int32)])
+        new_threads = np.unique(tid[self.slot_of[tid] < 0]) if tid.size else tid[:0]
+        if self.n_slots[0] + new_threads.size > self.last_t.size:
+            grow = int(self.n_slots[0] + new_threads.size + 1024)
+            for name in ("last_t", "last_k", "last_drop", "slot_tid", "lo", "hi"):
+                setattr(self, name, np.resize(getattr(self, name), grow))
+        n = _pair_events(records["mono_ns"], tid, records["kind"], records["aux"], self.slot_of, self.slot_tid,
+                         self.last_t, self.last_k, self.last_drop, *out, self.n_slots, write_rows, self.lo, self.hi,
+                         block_min if block_min is not None else np.zeros(1, np.int64))
+        if n < 0:
+            raise SampledRecords(str(path))
+        return n
+
+    def measure(self, records, path: Path) -> int:
+        """Pairs a block without making its rows; returns its earliest start (END if none)."""
+        block_min = np.full(1, END, np.int64)
+        self.pair(records, self._none, path, write_rows=False, block_min=block_min)
+        return int(block_min[0])
+
+
 class EventsIntervals:
     """The gil table of one process's events file, block by block in bounded memory: each
     block's intervals as arrays sorted by start (then tid), with their code (the aux of the
@@ -347,45 +397,39 @@ class EventsIntervals:
         self.code_table = read_code_table(codes_path) if self.recorded else {}
         self.process: dict = {}
 
-    def blocks(self, ordered: bool = True):
-        """(tid, state, start_ns, end_ns, code) arrays per block (in start order unless not
-        `ordered`: then in the order the intervals closed); raises SampledRecords."""
-        from engine.ring.reader import EventsBlocks
-
-        reader = EventsBlocks(self.path, self.block_records)
-        slot_of = np.full(1 << 16, -1, np.int32)
-        last_t, last_k, last_drop = np.zeros(1024, np.int64), np.zeros(1024, np.int64), np.zeros(1024, np.uint64)
-        n_slots = np.zeros(1, np.int64)
-        slot_tid = np.zeros(1024, np.int64)
-        lost = 0
-
-        def convert(records):
-            nonlocal slot_of, last_t, last_k, last_drop, slot_tid
-            tid = records["tid"]
-            if tid.size and int(tid.max()) >= slot_of.size:
-                slot_of = np.concatenate([slot_of, np.full(int(tid.max()) + 1 - slot_of.size, -1, np.int32)])
-            new_threads = np.unique(tid[slot_of[tid] < 0]) if tid.size else tid[:0]
-            if n_slots[0] + new_threads.size > last_t.size:
-                grow = n_slots[0] + new_threads.size + 1024
-                last_t, last_k = np.resize(last_t, grow), np.resize(last_k, grow)
-                last_drop, slot_tid = np.resize(last_drop, grow), np.resize(slot_tid, grow)
+    def blocks(self):
+        """(tid, state, start_ns, end_ns, code) arrays per block, in start order (ties by tid);
+        raises SampledRecords."""
+        pairing = _Pairing()
+        for records in self._records():
             size = records.size
             out = [np.empty(size, np.int64), np.empty(size, np.int8), np.empty(size, np.int64), np.empty(size, np.int64),
                    np.empty(size, np.uint64)]
-            n = _pair_events(records["mono_ns"], tid, records["kind"], records["aux"], slot_of, slot_tid, last_t, last_k,
-                             last_drop, *out, n_slots)
-            if n < 0:
-                raise SampledRecords(str(self.path))
+            n = pairing.pair(records, out, self.path)
             slot, state, start, end, code = (a[:n] for a in out)
-            rows_tid = slot_tid[slot]
-            if not ordered:
-                return rows_tid, state, start, end, code
+            rows_tid = pairing.slot_tid[slot]
             order = np.argsort(start, kind="stable")
             _order_ties_by_tid(start, rows_tid, order)
-            return rows_tid[order], state[order], start[order], end[order], code[order]
+            yield rows_tid[order], state[order], start[order], end[order], code[order]
 
-        for records in reader:
-            yield convert(records)
+    def bounds(self) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+        """What one pass of `blocks` would show, without making the rows: each block's earliest
+        start (END for a block without intervals), and per thread (tid, lo, hi) the hull of
+        its non-empty intervals (lo > hi for a thread without any)."""
+        pairing = _Pairing()
+        block_min = []
+        for records in self._records():
+            block_min.append(pairing.measure(records, self.path))
+        n = int(pairing.n_slots[0])
+        return block_min, pairing.slot_tid[:n].copy(), pairing.lo[:n].copy(), pairing.hi[:n].copy()
+
+    def _records(self):
+        """The file's record blocks (then, for a file not closed, the ring's leftovers); after
+        the last, `process` holds read_gil's facts about the process."""
+        from engine.ring.reader import EventsBlocks
+
+        reader = EventsBlocks(self.path, self.block_records)
+        yield from reader
         lost = reader.lost
         events = reader.records_read
         if not reader.closed:
@@ -394,7 +438,7 @@ class EventsIntervals:
                 lost = max(lost, ring_dropped)
                 events += leftovers.size
                 if leftovers.size:
-                    yield convert(leftovers)
+                    yield leftovers
         self.process = {"pid": self.pid, "python_version": self.header.runtime_version, "backend": self.header.backend,
                         "misses": self.meta.get("misses"), "boot_id": self.header.boot_id, "dropped": int(lost),
                         "drain_lost": int(self.header.drain_lost), "closed": bool(reader.closed), "events": int(events)}
