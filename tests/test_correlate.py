@@ -142,6 +142,9 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
         os.umask(old_mask)
     expected = correlate(pauses, read_table(tmp_path / "g.parquet"), slack_ns=5, gil_source=str(tmp_path / "g.parquet"))
     assert not (tmp_path / "out" / "gil.parquet").exists()  # not copied: the header names it
+    if seed == 3:  # unless asked: then it is the table as given
+        stream.analyze_streamed(tmp_path / "copied", pauses, stream.ParquetGil(tmp_path / "g.parquet", copy=True), slack_ns=5)
+        pd.testing.assert_frame_equal(read_table(tmp_path / "copied" / "gil.parquet"), read_table(tmp_path / "g.parquet"))
     assert streamed.header.pop("gil_table") == [str(tmp_path / "g.parquet")]
     assert streamed.header == expected.header
     loaded = load_results(tmp_path / "out")
@@ -261,6 +264,9 @@ def test_a_streamed_session_equals_the_whole_table_analysis(tmp_path):
     # (read_gil's clock facts of several files are lost in gil_from's concatenation; the stream keeps them)
     assert streamed.header.pop("clock")["gil"]["method"] == "clock_gettime(CLOCK_MONOTONIC)"
     expected.header.pop("clock")
+    # the results name the events files instead of copying their intervals (docs/results.md, "gil.parquet")
+    assert streamed.header.pop("gil_table") == [str(f.resolve()) for f in files]
+    assert not (tmp_path / "out" / "gil.parquet").exists()
     assert streamed.header == expected.header and expected.header["gil_intervals"] > 2_000
     assert expected.pause_impact.hit_python.any() and expected.pause_impact.threads_holding.any() and len(expected.gil_free)
     for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops"):
@@ -269,12 +275,21 @@ def test_a_streamed_session_equals_the_whole_table_analysis(tmp_path):
             back = back.sort_values(["pid", "start_ns"], ignore_index=True)
         pd.testing.assert_frame_equal(back, getattr(expected, "summary_table" if name == "summary" else name),
                                       check_dtype=False, obj=name)
-    # gil.parquet: read_gil's table (these intervals are in no table yet), in start order
-    back = read_table(tmp_path / "out" / "gil.parquet")
     key = ["start_ns", "pid", "tid"]
+    named = load_results(tmp_path / "out").gil  # read from the events files it names
+    pd.testing.assert_frame_equal(named.sort_values(key, ignore_index=True), expected.gil.sort_values(key, ignore_index=True),
+                                  check_dtype=False)
+    # --copy-gil: gil.parquet is read_gil's table, in start order, and the header names no files
+    copied = analyze_streamed(tmp_path / "copied", pauses, EventsGil(files, block_records=3_000, copy=True), slack_ns=20_000)
+    assert "gil_table" not in copied.header
+    back = read_table(tmp_path / "copied" / "gil.parquet")
+    assert (np.diff(back["start_ns"].to_numpy()) >= 0).all()
     pd.testing.assert_frame_equal(back.sort_values(key, ignore_index=True),
                                   expected.gil.astype({"state": "string"}).sort_values(key, ignore_index=True),
                                   check_dtype=False)
+    for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops"):
+        pd.testing.assert_frame_equal(read_table(tmp_path / "copied" / f"{name}.parquet"),
+                                      read_table(tmp_path / "out" / f"{name}.parquet"), obj=name)
 
 
 class _Told:

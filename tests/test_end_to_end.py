@@ -97,10 +97,12 @@ def test_overlaps_equal_duckdb_on_the_real_tables(recorded):
     duckdb = pytest.importorskip("duckdb")
     root, _, _, analysis = recorded
     out = root / "out"
+    gil = root / "witness-gil.parquet"  # the session's GIL intervals (the results name its events files)
+    analysis.gil.astype({"state": str}).to_parquet(gil)
     expected = duckdb.sql(f"""
         SELECT p.pause_id, g.pid, g.tid, g.state,
                greatest(p.start_ns, g.start_ns) AS start_ns, least(p.end_ns, g.end_ns) AS end_ns
-        FROM '{out}/pauses.parquet' p, '{out}/gil.parquet' g
+        FROM '{out}/pauses.parquet' p, '{gil}' g
         WHERE p.start_ns < g.end_ns AND g.start_ns < p.end_ns
           AND p.start_ns < p.end_ns AND g.start_ns < g.end_ns
     """).df()

@@ -139,7 +139,7 @@ def read_ahead(items, depth: int = 1):
 class ParquetGil:
     """A gil table in a Parquet file, read in blocks of BLOCK_ROWS rows."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, copy: bool = False):
         self.path = Path(path)
         if not self.path.is_file():
             raise TandemError(f"{self.path}: no such file")
@@ -152,10 +152,23 @@ class ParquetGil:
         self.source = str(self.path)
         self.references = [str(self.path.resolve())]
         self.carried = [self.file.schema_arrow.field(c) for c in GIL_CARRIED_COLUMNS if c in self.file.schema_arrow.names]
-        self.copy_schema = None  # the table is on disk already: not copied (docs/results.md, "gil.parquet")
+        self.copy = copy  # (the file itself is copied to OUT: docs/results.md, "gil.parquet")
+        self.copy_schema = None
 
     def _blocks(self, columns):
         return self.file.iter_batches(batch_size=BLOCK_ROWS, columns=columns)
+
+    def write_copy(self, path: Path, meta: dict) -> Path:
+        """The table as it is, every column, streamed into PATH (atomically)."""
+        source = pq.ParquetFile(self.path)  # (its own types: no dictionary read for state)
+        writer = TableWriter(path, source.schema_arrow)
+        try:
+            for batch in source.iter_batches(batch_size=BLOCK_ROWS):
+                writer.write(pa.Table.from_batches([batch]).replace_schema_metadata(writer.schema.metadata))
+        except BaseException:
+            writer.abort()
+            raise
+        return writer.close(meta)
 
     def first_pass(self) -> pd.DataFrame:
         """Each thread's lifetime (pid, tid, start_ns, end_ns); the watermarks for `pushes`."""
@@ -174,23 +187,25 @@ class ParquetGil:
         for k, batch in enumerate(self._blocks(columns)):
             rows = gil_rows_from_arrow(batch, self.source, first_row)
             first_row += batch.num_rows
-            yield rows, int(self._later[k + 1]), first_row, None
+            yield GilBlock(rows, int(self._later[k + 1]), first_row)
 
 
 class EventsGil:
     """The GIL probe's events files (one per process) as one stream of interval blocks."""
 
-    def __init__(self, paths: list[Path], block_records: int | None = None):
+    def __init__(self, paths: list[Path], block_records: int | None = None, copy: bool = False):
         from engine.ingest.gil import EventsIntervals
 
         self.files = [EventsIntervals(Path(p), block_records or BLOCK_ROWS) for p in paths]
         self.source = ", ".join(str(p) for p in paths)
         self.references = [str(Path(p).resolve()) for p in paths]
         self.carried = [pa.field("function", pa.string()), pa.field("file", pa.string()), pa.field("line", pa.int64())]
-        # gil.parquet: read_gil's table, written block by block (these intervals are in no table yet)
-        self.copy_schema = pa.schema([("pid", pa.int64()), ("tid", pa.int64()), ("thread_name", pa.string()),
+        # read_gil's table: the rows of gil.parquet when copied, and what `tables` gives
+        self.schema = pa.schema([("pid", pa.int64()), ("tid", pa.int64()), ("thread_name", pa.string()),
                                       ("state", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
                                       *self.carried])
+        self.copy = copy
+        self.copy_schema = self.schema if copy else None
         self.attrs: dict = {}
 
     def first_pass(self) -> pd.DataFrame:
@@ -229,28 +244,56 @@ class EventsGil:
             f = self.files[i]
             watermark = min(later[k] for later, k in zip(self._later, position))
             rows_so_far += start.size
-            carried = pa.table(f.code_columns(code))
-            rows = GilRows(np.full(tid.size, f.pid, np.int64), tid, state, start, end, carried)
-            yield rows, int(watermark), rows_so_far, self._copy(f, rows)
+            rows = self._rows(f, tid, state, start, end, code)
+            table_of = lambda mask, f=f, rows=rows: self._table(f, rows, mask)  # noqa: E731
+            yield GilBlock(rows, int(watermark), rows_so_far, table_of(None) if self.copy else None, table_of)
 
-    def _copy(self, f, rows: GilRows) -> pa.Table:
-        """Rows of gil.parquet as read_gil makes them (thread names from the process's files),
-        text dictionary-encoded (TableWriter's text_as_dictionary)."""
+    def tables(self):
+        """read_gil's table of each file in turn, block by block (each thread's rows in start
+        order): what reads results that name these files instead of a gil.parquet."""
+        for f in self.files:
+            for block in f.blocks():
+                yield self._table(f, self._rows(f, *block))
+
+    @staticmethod
+    def _rows(f, tid, state, start, end, code) -> GilRows:
+        return GilRows(np.full(tid.size, f.pid, np.int64), tid, state, start, end, pa.table(f.code_columns(code)))
+
+    def _table(self, f, rows: GilRows, mask: np.ndarray | None = None) -> pa.Table:
+        """Rows of read_gil's table (thread names from the process's files), text
+        dictionary-encoded (TableWriter's text_as_dictionary); only the MASK's rows if given."""
+        keep = slice(None) if mask is None else mask
+        tid = rows.tid[keep]
         names = f.thread_names()
-        inverse, tids = pd.factorize(rows.tid)  # (a hash: a sort of a million rows costs 10x more)
+        inverse, tids = pd.factorize(tid)  # (a hash: a sort of a million rows costs 10x more)
         thread_name = pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32)),
                                                      pa.array([names.get(int(t)) for t in tids], pa.string()))
-        state = pa.DictionaryArray.from_arrays(pa.array(rows.state.astype(np.int32)), pa.array(GIL_STATES, pa.string()))
-        columns = {"pid": rows.pid, "tid": rows.tid, "thread_name": thread_name, "state": state,
-                   "start_ns": rows.start_ns, "end_ns": rows.end_ns,
-                   **{c: rows.carried.column(c) for c in rows.carried.column_names}}
-        return pa.table({field.name: columns[field.name] for field in self.copy_schema})
+        state = pa.DictionaryArray.from_arrays(pa.array(rows.state[keep].astype(np.int32)),
+                                               pa.array(GIL_STATES, pa.string()))
+        carried = rows.carried if mask is None else rows.carried.filter(pa.array(mask))
+        columns = {"pid": rows.pid[keep], "tid": tid, "thread_name": thread_name, "state": state,
+                   "start_ns": rows.start_ns[keep], "end_ns": rows.end_ns[keep],
+                   **{c: carried.column(c) for c in carried.column_names}}
+        return pa.table({field.name: columns[field.name] for field in self.schema})
 
 
-def _rows_frame(rows: GilRows, copy: pa.Table | None, mask: np.ndarray) -> pd.DataFrame:
+@dataclass
+class GilBlock:
+    """One push's GIL side: the rows, the watermark after them, the rows pushed so far; `copy`:
+    the rows of gil.parquet (when copied); `table_of(mask)`: some rows as read_gil's table."""
+
+    rows: GilRows
+    watermark_ns: int
+    rows_so_far: int
+    copy: pa.Table | None = None
+    table_of: object = None
+
+
+def _rows_frame(block: GilBlock, mask: np.ndarray) -> pd.DataFrame:
     """Some rows of a block as a gil-table DataFrame (with thread names and code when known)."""
-    if copy is not None:
-        return to_pandas(copy.filter(mask))
+    if block.table_of is not None:
+        return to_pandas(block.table_of(mask))
+    rows = block.rows
     frame = pd.DataFrame({"pid": rows.pid[mask], "tid": rows.tid[mask],
                           "state": pd.array(np.array(GIL_STATES)[rows.state[mask]], dtype="string"),
                           "start_ns": rows.start_ns[mask], "end_ns": rows.end_ns[mask]})
@@ -311,25 +354,26 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
 
     try:
         pending_pauses = pauses
-        for rows, watermark, rows_so_far, copy in read_ahead(gil.pushes()):
-            emit(core.push(pauses=pending_pauses, gil=rows, watermark_ns=watermark))
+        for block in read_ahead(gil.pushes()):
+            rows = block.rows
+            emit(core.push(pauses=pending_pauses, gil=rows, watermark_ns=block.watermark_ns))
             pending_pauses = None
-            if copy is not None:
-                background.write(writers["gil"], copy)
+            if block.copy is not None:
+                background.write(writers["gil"], block.copy)
             if requesters.size or candidate_ids.size:
                 mine = np.isin(rows.tid, requesters)
                 for pid, lo, hi in zip(*near):
                     mine |= (rows.pid == pid) & (rows.end_ns >= lo) & (rows.start_ns <= hi)
                 if mine.any():
-                    requester_rows.append(_rows_frame(rows, copy, mine))
+                    requester_rows.append(_rows_frame(block, mine))
             if progress is not None:
-                progress(rows_so_far)
+                progress(block.rows_so_far)
         if pending_pauses is not None:
             emit(core.push(pauses=pending_pauses, watermark_ns=END))
         emit(core.finish())
         background.drain()
         header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, core.duplicate_gil_rows)
-        if gil.copy_schema is None:  # (docs/results.md, "gil.parquet"): the results name the table
+        if not gil.copy:  # (docs/results.md, "gil.parquet"): the results name the GIL files
             header["gil_table"] = gil.references
         summary, stops = core.summary(), core.stops()
         overlaps_seen = (pd.concat(candidate_overlaps, ignore_index=True) if candidate_overlaps
@@ -340,7 +384,9 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         header["why"] = why_facts(impact, None, hits=add_code_hits(hits) if hits else None)
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
-        if gil.copy_schema is None:
+        if isinstance(gil, ParquetGil) and gil.copy:
+            paths.append(gil.write_copy(out / "gil.parquet", meta("gil")))
+        elif not gil.copy:
             (out / "gil.parquet").unlink(missing_ok=True)  # (of an earlier run on another input)
         for name, table in (("pause_impact", pa.Table.from_pandas(impact, preserve_index=False)),
                             ("pauses", pa.Table.from_pandas(pauses, preserve_index=False)),
@@ -363,20 +409,21 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     return StreamedAnalysis(summary, header, sorted(paths, key=lambda p: order[p.stem]), stops)
 
 
-def streamable_gil(session: Path | None, gil: list[Path]):
+def streamable_gil(session: Path | None, gil: list[Path], copy: bool = False):
     """The GIL side as a stream when it is one Parquet table or only events files (a session's,
-    or given as paths); None for what is read whole (rings, several tables)."""
+    or given as paths); None for what is read whole (rings, several tables). COPY: the results
+    hold a gil.parquet of their own instead of naming these files."""
     from engine.ingest.gil import _events_files
 
     if len(gil) == 1 and gil[0].suffix == ".parquet":
-        return ParquetGil(gil[0])
+        return ParquetGil(gil[0], copy=copy)
     if any(p.suffix in (".parquet", ".ring") for p in gil):
         return None
     try:
         files = [f for p in ([session] if session is not None else gil) for f in _events_files(Path(p))]
     except TandemError:  # (reported by the whole-table path, which reads the same inputs)
         return None
-    return EventsGil(files) if files else None
+    return EventsGil(files, copy=copy) if files else None
 
 
 def analyze_parquet(out, pauses: pd.DataFrame, gil_path: Path, **options) -> StreamedAnalysis:

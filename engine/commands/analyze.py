@@ -30,6 +30,8 @@ def analyze(
     slack: str = typer.Option("0", "--slack", help="Also report near misses within this duration, e.g. 50ms."),
     offset: Optional[int] = typer.Option(None, "--offset", help="ns added to pause times to put them on the GIL clock; "
                                                         "overrides the same-clock check."),
+    copy_gil: bool = typer.Option(False, "--copy-gil", help="Copy the GIL intervals into OUT/gil.parquet, for results "
+                                  "that must outlive the session (by default they name its GIL files)."),
 ) -> None:
     """Find which JVM pauses hit which Python threads; write OUT/*.parquet and print the summary.
 
@@ -54,7 +56,7 @@ def analyze(
             result, _, files = analyze_into(session, dataset, slack_ns=slack_ns)
         else:
             result = analyze_to(out, session=session, jfr=jfr, gil=gil, pauses=pauses, slack_ns=slack_ns,
-                                offset_ns=offset, progress=advance)
+                                offset_ns=offset, progress=advance, copy_gil=copy_gil or dataset is not None)
             if dataset is not None:
                 from engine.fleet.dataset import write_session
                 from engine.session import Session

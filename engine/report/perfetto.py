@@ -93,7 +93,8 @@ def _table_files(results: Path, name: str) -> list[Path]:
     if single.exists():
         return [single]
     if name == "gil" and (results / "summary.parquet").exists():
-        # `tandem analyze --gil G.parquet` names G instead of copying it (docs/results.md, "gil.parquet").
+        # `tandem analyze` names the GIL files it streamed (G.parquet, or the probe's events files)
+        # instead of copying their intervals (docs/results.md, "gil.parquet").
         from engine.store import read_metadata
 
         named = read_metadata(results / "summary.parquet").get("analysis", {}).get("gil_table") or []
@@ -111,6 +112,12 @@ def _batches(files: list[Path], wanted: tuple[str, ...]) -> Iterator:
     from engine.errors import TandemError
 
     for path in files:
+        if path.suffix != ".parquet":  # a probe's events file: read_gil's table, block by block
+            from engine.analysis.stream import EventsGil
+
+            for table in EventsGil([path]).tables():
+                yield from table.select([c for c in wanted if c in table.column_names]).to_batches()
+            continue
         try:
             handle = pq.ParquetFile(path)
         except (OSError, ValueError) as err:
@@ -705,7 +712,7 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
         header = json.loads(raw).get("analysis", {}) if raw else {}
     except (OSError, ValueError):
         pass
-    total = sum(_row_count(path) for path in files["gil"])
+    total = sum(_row_count(path) for path in files["gil"]) or int(header.get("gil_intervals") or 0)
     done = 0
 
     def advance(rows: int) -> None:
