@@ -49,6 +49,7 @@ def analyze(
         raise TandemError("--dataset takes one SESSION directory (its session.json names the host and day), "
                           "not --jfr/--pauses/--gil")
     slack_ns = parse_duration_ns(slack)
+    _reuse_freed_blocks()
     with _progress("correlating") as advance:
         if out is None:
             from engine.fleet.dataset import analyze_into
@@ -67,6 +68,22 @@ def analyze(
         typer.echo(f"results in {out}/: {', '.join(p.name for p in result.paths)}")
     if dataset is not None:
         typer.echo(f"dataset {dataset}: session {files['sessions'].stem} under {files['sessions'].parent.relative_to(dataset / 'sessions')}")
+
+
+def _reuse_freed_blocks() -> None:
+    """Have glibc's malloc keep the streamed blocks' freed arrays (up to 32 MB each) for the next
+    block instead of unmapping them and faulting fresh pages in: this process is tandem's own
+    (docs/join.md, "malloc")."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 32 << 20)
+        libc.mallopt(m_trim_threshold, 1 << 30)
+    except (OSError, AttributeError):  # (not glibc: its defaults stand)
+        pass
 
 
 class _progress:
