@@ -345,7 +345,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             if name in writers:
                 background.write(writers[name], table)
         if "function" in rows.overlaps.column_names and rows.overlaps.num_rows:
-            hits.append(code_hits(rows.overlaps, leaders))
+            background.call(lambda overlaps=rows.overlaps: hits.append(code_hits(overlaps, leaders)))
         if candidate_ids.size and rows.overlaps.num_rows:
             mine = np.isin(rows.overlaps["pause_id"].to_numpy(), candidate_ids)
             if mine.any():
