@@ -257,7 +257,8 @@ class EventsGil:
 
     @staticmethod
     def _rows(f, tid, state, start, end, code) -> GilRows:
-        return GilRows(np.full(tid.size, f.pid, np.int64), tid, state, start, end, pa.table(f.code_columns(code)))
+        key, carried = f.code_columns(code)
+        return GilRows(np.full(tid.size, f.pid, np.int64), tid, state, start, end, pa.table(carried), key)
 
     def _table(self, f, rows: GilRows, mask: np.ndarray | None = None) -> pa.Table:
         """Rows of read_gil's table (thread names from the process's files), text

@@ -83,6 +83,7 @@ class GilRows:
     start_ns: np.ndarray
     end_ns: np.ndarray
     carried: pa.Table | None = None
+    carried_key: np.ndarray | None = None  # optional: per row a dense number, equal for rows of equal carried values
 
     def __len__(self) -> int:
         return int(self.start_ns.size)
@@ -341,20 +342,25 @@ class Correlator:
             self._carried_schema = schema
         elif schema.names != self._carried_schema.names:
             table = table.select(self._carried_schema.names)
-        # A mixed-radix key over each column's dictionary indexes (as given when dictionary-encoded:
-        # equal values under two indexes only make two keys of one code), then a hash of the keys.
-        key = np.zeros(table.num_rows, np.int64)
-        for column in table.columns:
-            column = column.combine_chunks()
-            if not pa.types.is_dictionary(column.type):
-                column = pa.compute.dictionary_encode(column)
-            index = column.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-            if key.size and (int(key.max()) + 1) * (len(column.dictionary) + 1) >= 1 << 62:
-                key = pd.factorize(key)[0].astype(np.int64)  # (renumbered densely before it could overflow)
-            key = key * (len(column.dictionary) + 1) + (index + 1)
-        inverse, local_codes = pd.factorize(key)
-        some_rows = np.empty(len(local_codes), np.int64)
-        some_rows[inverse] = np.arange(key.size)  # (any row of a key: its rows hold the same values)
+        if gil.carried_key is not None:  # (the driver numbered the rows' values already)
+            inverse = np.asarray(gil.carried_key, np.int64)
+            n_keys = int(inverse.max()) + 1 if inverse.size else 0
+        else:
+            # A mixed-radix key over each column's dictionary indexes (as given when dictionary-encoded:
+            # equal values under two indexes only make two keys of one code), then a hash of the keys.
+            key = np.zeros(table.num_rows, np.int64)
+            for column in table.columns:
+                column = column.combine_chunks()
+                if not pa.types.is_dictionary(column.type):
+                    column = pa.compute.dictionary_encode(column)
+                index = column.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+                if key.size and (int(key.max()) + 1) * (len(column.dictionary) + 1) >= 1 << 62:
+                    key = pd.factorize(key)[0].astype(np.int64)  # (renumbered densely before it could overflow)
+                key = key * (len(column.dictionary) + 1) + (index + 1)
+            inverse, local_codes = pd.factorize(key)
+            n_keys = len(local_codes)
+        some_rows = np.zeros(n_keys, np.int64)  # (a number no row has, if any, looks up row 0's values)
+        some_rows[inverse] = np.arange(inverse.size)  # (any row of a key: its rows hold the same values)
         firsts = table.take(pa.array(some_rows)).to_pylist()
         codes = np.empty(len(firsts), np.int64)
         grew = False
@@ -524,7 +530,8 @@ class Correlator:
                    start[done], np.asarray(gil.end_ns, np.int64)[done])
         keep = ~closing
         return GilRows(np.asarray(gil.pid)[keep], np.asarray(gil.tid)[keep], np.asarray(gil.state)[keep], start[keep],
-                       np.asarray(gil.end_ns)[keep], gil.carried.filter(pa.array(keep)) if gil.carried is not None else None)
+                       np.asarray(gil.end_ns)[keep], gil.carried.filter(pa.array(keep)) if gil.carried is not None else None,
+                       gil.carried_key[keep] if gil.carried_key is not None else None)
 
     def _update_open(self, open: GilRows, watermark_ns: int) -> None:
         """Hold the open intervals starting before the watermark; drop those no longer named."""

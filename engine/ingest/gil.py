@@ -449,13 +449,14 @@ class EventsIntervals:
         return self._names
 
     def code_columns(self, code: np.ndarray):
-        """function, file, line of each row's code, as Arrow arrays (dictionary-encoded text)."""
+        """Per row a dense number of its code (rows of one number carry the same values), and
+        function, file, line of each row's code as Arrow arrays (dictionary-encoded text)."""
         import pyarrow as pa
 
         inverse, uniques = pd.factorize(np.asarray(code, np.uint64))  # (a hash, not a sort of the block)
         names = resolve(uniques, self.code_table, recorded=self.recorded)
         index = pa.array(inverse.astype(np.int32))
-        return {
+        return inverse, {
             "function": pa.DictionaryArray.from_arrays(index, pa.array(names["function"].astype(object), pa.string())),
             "file": pa.DictionaryArray.from_arrays(index, pa.array(names["file"].astype(object), pa.string())),
             "line": pa.array(names["line"].astype(object), pa.int64()).take(index),
