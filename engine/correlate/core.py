@@ -481,10 +481,11 @@ class Correlator:
         np.maximum.at(self.p_last_end, self.t_pidx[:nt], self.t_seen_end[:nt])
 
     def _keep_rows(self, keep: np.ndarray) -> None:
-        """Only the retained GIL rows where KEEP is true stay."""
+        """Only the retained GIL rows where KEEP is true stay (moved up in place: the arrays are
+        the core's own, and nothing holds a view of them)."""
+        n = kernels.keep_rows(keep, self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came)
         self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came = (
-            self.r_start[keep], self.r_end[keep], self.r_tidx[keep], self.r_state[keep], self.r_carried[keep],
-            self.r_came[keep])
+            self.r_start[:n], self.r_end[:n], self.r_tidx[:n], self.r_state[:n], self.r_carried[:n], self.r_came[:n])
 
     # ---- open intervals (live) ---------------------------------------------------------------
 
@@ -605,7 +606,7 @@ class Correlator:
                                    self.p_in_span[:npids], np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids],
                                    self.p_close_start[:npids], self.p_close_end[:npids], out_pid, out_start, out_end)
         n = n0 + kernels.sweep_gil_free(
-            self.t_pidx[self.r_tidx], self.r_tidx, self.r_start, self.r_end, i0, i1, frontier, ptr, order.astype(np.int64),
+            self.t_pidx[:nt], self.r_tidx, self.r_start, self.r_end, i0, i1, frontier, ptr, order.astype(np.int64),
             self.t_run[:nt], self.t_reach[:nt], self.t_reach_closed[:nt], self.t_open_row[:nt], self.t_seen_end[:nt],
             self.t_dead[:nt], self.t_alive[:nt], self.p_holding[:npids], self.p_alive[:npids], self.p_in_span[:npids],
             np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids], self.p_close_start[:npids],

@@ -38,6 +38,17 @@ def merge_rows(o_start, o_end, o_tidx, o_state, o_carried, o_came, start, end, t
 
 
 @njit(cache=True, nogil=True)
+def keep_rows(keep, start, end, tidx, state, carried, came) -> int:
+    """Moves the rows where KEEP is true to the front of each array, in order; returns how many."""
+    n = 0
+    for i in range(keep.size):
+        if keep[i]:
+            start[n], end[n], tidx[n], state[n], carried[n], came[n] = start[i], end[i], tidx[i], state[i], carried[i], came[i]
+            n += 1
+    return n
+
+
+@njit(cache=True, nogil=True)
 def duplicate_rows(start, end, tidx, state, is_new) -> np.ndarray:
     """True for each new row equal (thread, state, start, end) to an earlier row; rows sorted by start."""
     n = start.size
@@ -131,11 +142,12 @@ def _sift_down(heap, pos, key, base, size, i):
 
 
 @njit(cache=True, nogil=True)
-def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads_ptr, pid_threads,
+def sweep_gil_free(t_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads_ptr, pid_threads,
                    t_run, t_reach, t_reach_closed, t_open_row, t_seen_end, t_dead, t_alive,
                    p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
                    out_pid, out_start, out_end) -> int:
-    """Advance the per-process holder count over rows i0..i1 (sorted by start, all before frontier),
+    """Advance the per-process holder count over rows i0..i1 (sorted by start, all before frontier;
+    row i's thread r_tidx[i], its process t_pidx[r_tidx[i]]),
     then over every run end before frontier; write the gil_free segments that became final.
 
     Per thread: t_run/t_reach (its current run of merged intervals and where it ends; END while an
@@ -171,8 +183,8 @@ def sweep_gil_free(r_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
             e = r_end[i]
             if e <= s:
                 continue
-            p = r_pidx[i]
             th = r_tidx[i]
+            p = t_pidx[th]
         else:  # the frontier, for each process
             p = i - i1
             s = frontier
