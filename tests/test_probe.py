@@ -265,6 +265,44 @@ def test_events_to_intervals_pairs_per_thread():
     assert list(zip(gaps.start_ns, gaps.end_ns)) == [(100, 120)]
 
 
+@pytest.mark.parametrize("block", [997, 50_000, 300_000])
+def test_block_pairing_equals_the_whole_stream(block):
+    """Streamed pairing (engine.ingest.gil._Pairing, block by block: its state carried across
+    blocks, its tables grown mid-block for thread ids past 64 Ki and for more than 1,024 threads)
+    makes the rows events_to_intervals makes of the whole stream; its measuring pass finds each
+    thread's hull of non-empty intervals."""
+    from engine.ingest.gil import _Pairing
+
+    rng = np.random.default_rng(5)
+    n = 300_000
+    tids = rng.choice(np.concatenate([rng.integers(1, 4_000_000, 2_500), np.arange(100, 140)]), n)
+    records = np.empty(n, np.dtype([("mono_ns", np.uint64), ("tid", np.uint32), ("kind", np.uint16), ("aux", np.uint64)]))
+    records["mono_ns"] = np.cumsum(rng.integers(0, 50, n))
+    records["tid"] = tids
+    records["kind"] = rng.choice(np.array([GIL_DROP, GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED], np.uint16), n)
+    records["aux"] = rng.integers(0, 1_000, n)
+    whole = events_to_intervals(records["mono_ns"], tids, records["kind"], pid=1, aux=records["aux"])
+    expected = sorted(zip(whole.tid, (whole.state.astype(str) == "waiting").astype(int), whole.start_ns, whole.end_ns, whole.code))
+    pairing, measuring, rows, block_min = _Pairing(), _Pairing(), [], []
+    for first in range(0, n, block):
+        part = records[first:first + block]
+        out = [np.empty(part.size, t) for t in (np.int64, np.int8, np.int64, np.int64, np.uint64)]
+        made = pairing.pair(part, out, Path("test"))
+        slot, state, start, end, code = (a[:made] for a in out)
+        rows += zip(pairing.slot_tid[slot], state, start, end, code)
+        block_min.append(measuring.measure(part, Path("test")))
+        assert block_min[-1] == (int(start.min()) if made else 1 << 62)
+    assert sorted((int(a), int(b), int(c), int(d), int(e)) for a, b, c, d, e in rows) == \
+        [(int(a), int(b), int(c), int(d), int(e)) for a, b, c, d, e in expected]
+    assert pairing.n_slots[0] == measuring.n_slots[0] == len(set(tids.tolist())) > 1_024
+    real = whole[whole.end_ns > whole.start_ns]
+    hull = real.groupby("tid").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    count = int(measuring.n_slots[0])
+    measured = {int(t): (int(lo), int(hi)) for t, lo, hi in zip(measuring.slot_tid[:count], measuring.lo[:count],
+                                                                  measuring.hi[:count]) if lo <= hi}
+    assert measured == {int(t): (int(r.lo), int(r.hi)) for t, r in hull.iterrows()}
+
+
 def test_decoder_lengths_match_objdump_on_real_prologues():
     """Our length decoder against objdump on the first instructions of the real functions."""
     from engine.probe import _probe

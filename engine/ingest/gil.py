@@ -270,23 +270,32 @@ class SampledRecords(Exception):
 
 @njit(cache=True, nogil=True)
 def _pair_events(mono, tid, kind, aux, slot_of, slot_tid, last_t, last_k, last_drop, out_slot, out_state, out_start,
-                 out_end, out_code, n_slots, write_rows, lo, hi, block_min) -> int:
+                 out_end, out_code, n_slots, write_rows, lo, hi, block_min, at) -> int:
     """events_to_intervals, one block at a time: each thread's last event (last_t/last_k, and
     the aux of its last DROP) is carried to the next block, so the pairs are those of the whole
     stream. Rows come in the order of their closing events. Returns the intervals made, or -1 at
     a sampling-backend record. n_slots[0]: threads seen so far (slot_of maps tid -> slot).
+    Starts at record at[0] with at[1] rows written; stops early, with at[0] at the record, when
+    a new thread finds slot_of or the slot arrays full (the caller grows them and calls again),
+    else sets at[0] to the block's size.
     Without `write_rows` the intervals are only measured (the out arrays may be empty): per
     slot the hull of its non-empty intervals (lo/hi), and the block's earliest start
     (block_min[0])."""
-    n = 0
-    for i in range(mono.size):
+    n = at[1]
+    for i in range(at[0], mono.size):
         k = kind[i]
         if k == GIL_SAMPLE_HELD or k == GIL_SAMPLE_FREE:
             return -1
         t = np.int64(mono[i])
         th = tid[i]
+        if th >= slot_of.size:
+            at[0] = i
+            return n
         s = slot_of[th]
         if s < 0:
+            if n_slots[0] >= slot_tid.size:
+                at[0] = i
+                return n
             s = n_slots[0]
             n_slots[0] += 1
             slot_of[th] = s
@@ -322,6 +331,7 @@ def _pair_events(mono, tid, kind, aux, slot_of, slot_tid, last_t, last_k, last_d
             last_drop[s] = aux[i]
         last_k[s] = k
         last_t[s] = t
+    at[0] = mono.size
     return n
 
 
@@ -357,19 +367,24 @@ class _Pairing:
 
     def pair(self, records, out: list, path: Path, write_rows: bool = True, block_min=None) -> int:
         tid = records["tid"]
-        if tid.size and int(tid.max()) >= self.slot_of.size:
-            self.slot_of = np.concatenate([self.slot_of, np.full(int(tid.max()) + 1 - self.slot_of.size, -1, np.int32)])
-        new_threads = np.unique(tid[self.slot_of[tid] < 0]) if tid.size else tid[:0]
-        if self.n_slots[0] + new_threads.size > self.last_t.size:
-            grow = int(self.n_slots[0] + new_threads.size + 1024)
-            for name in ("last_t", "last_k", "last_drop", "slot_tid", "lo", "hi"):
-                setattr(self, name, np.resize(getattr(self, name), grow))
-        n = _pair_events(records["mono_ns"], tid, records["kind"], records["aux"], self.slot_of, self.slot_tid,
-                         self.last_t, self.last_k, self.last_drop, *out, self.n_slots, write_rows, self.lo, self.hi,
-                         block_min if block_min is not None else np.zeros(1, np.int64))
-        if n < 0:
-            raise SampledRecords(str(path))
-        return n
+        at = np.zeros(2, np.int64)
+        while True:
+            n = _pair_events(records["mono_ns"], tid, records["kind"], records["aux"], self.slot_of, self.slot_tid,
+                             self.last_t, self.last_k, self.last_drop, *out, self.n_slots, write_rows, self.lo, self.hi,
+                             block_min if block_min is not None else np.zeros(1, np.int64), at)
+            if n < 0:
+                raise SampledRecords(str(path))
+            if at[0] == tid.size:
+                return n
+            at[1] = n  # stopped for room: a thread id past slot_of, or a new thread with every slot taken
+            th = int(tid[at[0]])
+            if th >= self.slot_of.size:
+                self.slot_of = np.concatenate([self.slot_of, np.full(max(th + 1, 2 * self.slot_of.size) - self.slot_of.size,
+                                                                     -1, np.int32)])
+            else:
+                size = 2 * self.slot_tid.size
+                for name in ("last_t", "last_k", "last_drop", "slot_tid", "lo", "hi"):
+                    setattr(self, name, np.resize(getattr(self, name), size))
 
     def measure(self, records, path: Path) -> int:
         """Pairs a block without making its rows; returns its earliest start (END if none)."""
