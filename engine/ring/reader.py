@@ -137,7 +137,7 @@ def read_events(path: str | os.PathLike) -> EventsFile:
         slots = np.empty(count, dtype=_opaque(header.record_dtype))
         raw = memoryview(slots.view(np.uint8))
         chunk = max(1, CHUNK_BYTES // header.record_size)
-        check = _EventsCheck(path, header.record_dtype, header.lane_count, chunk)
+        check = _EventsCheck(path, header.record_dtype, header.lane_count)
         kept = 0  # records kept so far; LOST markers are squeezed out as we go
         for first in range(0, count, chunk):
             n = min(count - first, chunk)
@@ -204,7 +204,7 @@ class EventsBlocks:
         count = (self.size - header.records_offset) // header.record_size
         sub = max(1, CHUNK_BYTES // header.record_size)  # checked in cache-sized chunks, as read_events
         block = max(sub, self.block_records // sub * sub)
-        check = _EventsCheck(path, header.record_dtype, header.lane_count, sub)
+        check = _EventsCheck(path, header.record_dtype, header.lane_count)
         slots = np.empty(block, dtype=_opaque(header.record_dtype))
         raw = memoryview(slots.view(np.uint8))
         fd, _ = _open_checked(path, "events")
@@ -245,36 +245,24 @@ class _EventsCheck:
     with no gap; LOST markers (seq 0, kind LOST_MARKER) sit in between.
     """
 
-    def __init__(self, path: Path, record_dtype: np.dtype, lane_count: int, chunk_records: int):
+    def __init__(self, path: Path, record_dtype: np.dtype, lane_count: int):
         self.path = path
         self.record_dtype = record_dtype
         self.lane_count = lane_count
         self.next_seq = np.ones(lane_count, dtype=np.uint64)   # per lane
         self.records = np.zeros(lane_count, dtype=np.int64)    # per lane
         self.lost = [0] * lane_count                           # per lane, exact Python ints
-        # Reused per chunk: seq - next_seq must equal 0, 1, 2, ... (no allocation per chunk).
-        self._offsets = np.arange(chunk_records, dtype=np.uint64)
-        self._relative = np.empty(chunk_records, dtype=np.uint64)
-        self._wrong = np.empty(chunk_records, dtype=bool)
-        self._breaks = np.empty(chunk_records, dtype=bool)
-        self._lanes = np.empty(chunk_records, dtype=np.uint16)
 
     def chunk(self, slots: np.ndarray, first_row: int) -> int:
         """Check SLOTS (rows from FIRST_ROW); move the records to its front, markers out.
         Returns how many records it kept."""
+        from engine.ring.seqcheck import records_continue
+
         records = slots.view(self.record_dtype)
         lane = records["lane"]
-        # Fast path, almost every chunk: a few runs (one per lane batch of a drain pass), each
-        # seq running on from that lane's previous record with no gap (which also proves there
-        # is no marker: a marker's seq is 0).
-        n = len(records)
-        # (a contiguous copy of the lane column first: numpy compares those much faster)
-        lanes = self._lanes[:n]
-        np.copyto(lanes, lane)
-        breaks = self._breaks[:max(n - 1, 0)]
-        np.not_equal(lanes[1:], lanes[:-1], out=breaks)
-        starts = np.flatnonzero(breaks) + 1
-        if len(starts) < 64 and self._runs_continue(records["seq"], lane, starts):
+        # Fast path, almost every chunk: each record's seq runs on from its lane's previous one
+        # with no gap (which also proves there is no marker: a marker's seq is 0).
+        if records_continue(records["seq"], lane, self.lane_count, self.next_seq, self.records):
             return len(records)
         if (lane >= self.lane_count).any():
             at = int(np.argmax(lane >= self.lane_count))
@@ -326,32 +314,11 @@ class _EventsCheck:
         self.records += np.bincount(run_lane, weights=run_len, minlength=self.lane_count).astype(np.int64)
         return n
 
-    def _runs_continue(self, seq: np.ndarray, lane: np.ndarray, starts: np.ndarray) -> bool:
-        """If every run [a, b) of one lane's records continues that lane's positions, count
-        them and return True; else change nothing and return False (the slow path decides)."""
-        bounds = [0, *starts.tolist(), len(seq)]
-        next_seq = self.next_seq.copy()
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            run_lane = int(lane[a])
-            if run_lane >= self.lane_count or not self._consecutive(seq[a:b], next_seq[run_lane]):
-                return False
-            next_seq[run_lane] += np.uint64(b - a)
-        self.records += (next_seq - self.next_seq).astype(np.int64)
-        self.next_seq = next_seq
-        return True
-
     def _out_of_order(self, found: int, expected: int, first_row: int) -> None:
         raise TandemError(
             f"{self.path}: record with sequence {found} where {expected} was expected in its lane, near row {first_row}: "
             "records are missing or out of order (corrupt file)"
         )
-
-    def _consecutive(self, seq: np.ndarray, next_seq: np.uint64) -> bool:
-        """Whether SEQ is next_seq, next_seq + 1, ... (leaves the mismatches in _wrong)."""
-        n = len(seq)
-        np.subtract(seq, next_seq, out=self._relative[:n])
-        np.not_equal(self._relative[:n], self._offsets[:n], out=self._wrong[:n])
-        return not self._wrong[:n].any()
 
 
 # ---- TSC time (clock_id 2 rings) -----------------------------------------------------------
