@@ -137,6 +137,7 @@ def test_sigkill_of_tandem_record_leaves_the_service_running(service, tmp_path):
     from engine.analysis import load_results
 
     assert len(load_results(out).gil) > 0  # (read from the session's events file, which the results name)
+    assert not (out / "gil.parquet").exists()  # (the service closed its events file: named, not copied)
     assert "dropped events 0" in run.stdout + run.stderr
 
 
@@ -158,6 +159,7 @@ def test_sigkill_of_the_recorded_python_is_its_exit_code_and_its_ring_is_read(se
     from engine.analysis import load_results
 
     assert len(load_results(out).gil) > 0
+    assert (out / "gil.parquet").exists()  # its events file never closed (it could grow): copied, not named
 
 
 def test_sigkill_of_tandem_analyze_mid_write_leaves_no_half_file(service, tmp_path):

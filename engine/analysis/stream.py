@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -202,10 +203,11 @@ class EventsGil:
         self.carried = [pa.field("function", pa.string()), pa.field("file", pa.string()), pa.field("line", pa.int64())]
         # read_gil's table: the rows of gil.parquet when copied, and what `tables` gives
         self.schema = pa.schema([("pid", pa.int64()), ("tid", pa.int64()), ("thread_name", pa.string()),
-                                      ("state", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
-                                      *self.carried])
-        self.copy = copy
-        self.copy_schema = self.schema if copy else None
+                                 ("state", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                                 *self.carried])
+        # A file not closed may still grow (a recording in progress): results cannot name it.
+        self.copy = copy or not all(f.header.closed for f in self.files)
+        self.copy_schema = self.schema if self.copy else None
         self.attrs: dict = {}
 
     def first_pass(self) -> pd.DataFrame:
@@ -287,7 +289,7 @@ class GilBlock:
     watermark_ns: int
     rows_so_far: int
     copy: pa.Table | None = None
-    table_of: object = None
+    table_of: Callable[[np.ndarray | None], pa.Table] | None = None
 
 
 def _rows_frame(block: GilBlock, mask: np.ndarray) -> pd.DataFrame:
