@@ -11,13 +11,10 @@ def records_continue(seq, lane, lane_count, next_seq, counted) -> bool:
     """Whether every record continues its lane: lane < lane_count and seq == that lane's next
     (so no LOST marker either: a marker's seq is 0). On True, next_seq and counted (records per
     lane) are advanced past them; on False, neither has changed."""
-    for i in range(seq.size):
-        if lane[i] >= lane_count:
-            return False
     moved = next_seq.copy()
     for i in range(seq.size):
         l = lane[i]
-        if seq[i] != moved[l]:
+        if l >= lane_count or seq[i] != moved[l]:
             return False
         moved[l] += np.uint64(1)
     for l in range(lane_count):
