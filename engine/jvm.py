@@ -106,6 +106,8 @@ def start_jvm(extra_options: tuple[str, ...] = ()):
                 "-Xshare:auto",
                 "-XX:+UseSerialGC",
                 "-Xss4m",
+                # Lets the JFR reader take event fields by position (PauseReader.EventValues).
+                "--add-opens=jdk.jfr/jdk.jfr.consumer=ALL-UNNAMED",
                 *extra_options,
                 classpath=[str(agent_jar())],
                 convertStrings=False,

@@ -95,6 +95,48 @@ def test_g1_default_jdk_fast(recordings):
     assert df.attrs["jvm_vendor"] and "G1" in df.attrs["collector"]
 
 
+# Every column and count PauseReader hands to Python.
+_READER_RESULTS = (
+    "kind", "startTicks", "endTicks", "osThreadId", "requesterOsThreadId", "systemGcOsThreadId", "systemGcFrames",
+    "safepointId", "gcId", "timeToSafepointTicks", "totalThreads", "jniCriticalThreads", "sumOfPausesNanos",
+    "longestPauseNanos", "name", "cause", "operation", "collector", "compiler", "unmatched", "atSafepoint",
+    "dictionary", "syncTicks", "syncMonotonicNanos", "eventsSeen", "unreadableEvents", "orphanSafepointEnds",
+)
+
+
+@pytest.mark.parametrize("source", ["fresh-jdk-default", "fresh-jdk25"]
+                         + sorted(p.name for p in SHARED_RECORDINGS.glob("*.jfr") if p.name != "9u0.jfr"))
+def test_fields_by_position_equal_fields_by_name(source, recordings):
+    """PauseReader reads event fields by position inside jdk.jfr's events (tandem's JVM opens
+    jdk.jfr.consumer to it): every result equals reading each field by name, jdk.jfr's API."""
+    from engine import jvm
+
+    if source.startswith("fresh-"):
+        java_home = JDK17 if source == "fresh-jdk-default" else jdk_params()[1].values[0]
+        if not (java_home / "bin" / "java").exists():
+            pytest.skip(f"{java_home} not present")
+        path = recordings(java_home, "g1")[0]
+    else:
+        path = SHARED_RECORDINGS / source
+    reader_class = jvm.start_jvm().JClass("tandem.ingest.PauseReader")
+    by_position, by_name = reader_class(), reader_class()
+    by_name.readByName()
+    by_position.readFile(str(path))
+    by_name.readFile(str(path))
+    assert by_position.readsByPosition() and not by_name.readsByPosition()
+    assert by_position.typesReadByName() == 0  # (a type whose check fails is read by name)
+    assert int(by_position.eventsSeen()) > 0
+    for result in _READER_RESULTS:
+        a, b = getattr(by_position, result)(), getattr(by_name, result)()
+        if result == "dictionary":
+            a, b = [str(s) for s in a], [str(s) for s in b]
+        elif hasattr(a, "__len__"):
+            a, b = list(a), list(b)
+        else:
+            a, b = int(a), int(b)
+        assert a == b, result
+
+
 # ---------------------------------------------------------------- third-party recordings
 
 

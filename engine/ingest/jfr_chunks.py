@@ -9,6 +9,8 @@ how many bytes and how many pause events were lost.
 """
 from __future__ import annotations
 
+import collections
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,15 +68,14 @@ class ChunkWalk:
 def walk_chunks(path: Path, chunks: list[Chunk], watched: tuple[str, ...]) -> list[ChunkWalk]:
     """Walks each chunk of `path`; `watched`: the event type names whose offsets are kept."""
     buffer = np.memmap(path, dtype=np.uint8, mode="r") if chunks else np.zeros(0, np.uint8)
-    parsed: dict[bytes, dict[str, int]] = {}  # the chunks of a recording usually repeat one metadata
-    return [walk_chunk(buffer, chunk, watched, parsed) for chunk in chunks]
+    return [walk_chunk(buffer, chunk, watched) for chunk in chunks]
 
 
-def walk_chunk(buffer: np.ndarray, chunk: Chunk, watched: tuple[str, ...], parsed: dict | None = None) -> ChunkWalk:
+def walk_chunk(buffer: np.ndarray, chunk: Chunk, watched: tuple[str, ...]) -> ChunkWalk:
     start, end = chunk.offset + HEADER_SIZE, chunk.offset + chunk.size
     empty = np.zeros(0, np.int64)
     try:
-        event_ids = read_event_types(buffer, chunk, parsed)
+        event_ids = read_event_types(buffer, chunk)
     except MetadataError as err:
         return ChunkWalk(chunk, {}, start, f"its metadata cannot be read ({err})", empty, empty)
     known = np.zeros(max(event_ids.values(), default=0) + 2, dtype=np.bool_)
@@ -218,14 +219,23 @@ class _Reader:
         raise MetadataError(f"unknown string encoding {encoding}")
 
 
-def read_event_types(buffer: np.ndarray, chunk: Chunk, parsed: dict | None = None) -> dict[str, int]:
+# Metadata bodies already parsed, by their bytes, and their event types: the chunks of one
+# recording usually repeat one metadata, one JDK build writes the same one in every file, and
+# `tandem live` reads the same recording again every few seconds; parsing one in Python holds
+# the GIL that ingest's other threads need while jdk.jfr reads the file.
+_PARSED_METADATA: "collections.OrderedDict[bytes, dict[str, int]]" = collections.OrderedDict()
+_PARSED_METADATA_MAX = 16
+_PARSED_METADATA_LOCK = threading.Lock()
+
+
+def read_event_types(buffer: np.ndarray, chunk: Chunk) -> dict[str, int]:
     """Event type name -> type id, from the metadata event the chunk header points to.
 
     Layout as jdk.jfr reads it (ChunkHeader.readMetadata, MetadataReader): size, type id 0,
     start time, duration, metadata id, a string pool (count, strings), then one element tree
     whose elements are (name, attribute pairs, children), every name and value an index into
     the pool; event types are the `class` elements under `metadata` whose superType is
-    jdk.jfr.Event. `parsed`: metadata bodies already parsed (by bytes), and their types.
+    jdk.jfr.Event.
     """
     metadata_offset = _metadata_offset(buffer, chunk)
     chunk_end = chunk.offset + chunk.size
@@ -242,11 +252,16 @@ def read_event_types(buffer: np.ndarray, chunk: Chunk, parsed: dict | None = Non
     for _ in range(3):  # start time, duration, metadata id
         reader.varint()
     body = reader.data[reader.pos:]
-    types = parsed.get(body) if parsed is not None else None
+    with _PARSED_METADATA_LOCK:
+        types = _PARSED_METADATA.get(body)
+        if types is not None:
+            _PARSED_METADATA.move_to_end(body)
     if types is None:
         types = _parse_event_types(_Reader(body, 0, len(body)))
-        if parsed is not None:
-            parsed[body] = types
+        with _PARSED_METADATA_LOCK:
+            _PARSED_METADATA[body] = types
+            while len(_PARSED_METADATA) > _PARSED_METADATA_MAX:
+                _PARSED_METADATA.popitem(last=False)
     return dict(types)
 
 

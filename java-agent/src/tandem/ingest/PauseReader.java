@@ -1,20 +1,25 @@
 package tandem.ingest;
 
 import java.io.IOException;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Objects;
 
 import jdk.jfr.EventType;
 import jdk.jfr.Timespan;
+import jdk.jfr.Unsigned;
 import jdk.jfr.ValueDescriptor;
 import jdk.jfr.consumer.EventStream;
 import jdk.jfr.consumer.RecordedClass;
 import jdk.jfr.consumer.RecordedEvent;
 import jdk.jfr.consumer.RecordedFrame;
 import jdk.jfr.consumer.RecordedMethod;
+import jdk.jfr.consumer.RecordedObject;
 import jdk.jfr.consumer.RecordedStackTrace;
 import jdk.jfr.consumer.RecordedThread;
 
@@ -33,12 +38,12 @@ import static tandem.jfr.EventFields.stringField;
  *
  * <p>Only the event types in {@link #EVENT_TYPES} are subscribed: the parser skips
  * everything else, which is what makes this fast. Per event, the handlers avoid what
- * jdk.jfr makes slow: {@code hasField(name)} is a scan of the type's fields (answered once
- * per event type by {@link Fields}), {@code getDuration(name)} looks the field's
- * {@code @Timespan} up on every call (a new annotation proxy each time; see
- * {@link #durationNanos}), and {@code getThread().getOSThreadId()} does two scans per call
- * (remembered per thread object, see {@link #osThreadId}). Matching state lives in
- * primitive hash maps (no boxed Long keys).
+ * jdk.jfr makes slow: fields are read by position rather than by name where the JVM allows
+ * it ({@link Fields}), {@code getDuration(name)} looks the field's {@code @Timespan} up on
+ * every call (a new annotation proxy each time; see {@link #durationNanos}), and
+ * {@code getThread().getOSThreadId()} scans the thread's fields on every call (remembered per
+ * thread object, see {@link ThreadIds}). Matching state lives in primitive hash maps (no boxed
+ * Long keys).
  */
 public final class PauseReader {
     /** Marks a null in the long columns (no real id, tick or count takes this value). */
@@ -124,12 +129,16 @@ public final class PauseReader {
      */
     private long ticksPerSecond;
 
-    // ---- the last thread seen and its OS thread id (pause events come from one VM thread) ----
-    private RecordedThread lastThread;
-    private long lastOsThreadId = NULL;
+    // ---- OS thread ids of the events' threads and of the VM operations' callers ----
+    private final ThreadIds eventThreads = new ThreadIds();
+    private final ThreadIds callers = new ThreadIds();
 
     /** Highest start tick dispatched so far; polled from another thread to draw progress. */
     public volatile long progressTicks = NULL;
+
+    /** Whether event fields are read by position where that is checked to hold (see Fields). */
+    private boolean byPosition = EventValues.AVAILABLE;
+    private int typesReadByName;
 
     /** The stream being read, so that {@link #abort} can close it from another thread. */
     private volatile EventStream stream;
@@ -149,6 +158,24 @@ public final class PauseReader {
      */
     public void setTicksPerSecond(long ticksPerSecond) {
         this.ticksPerSecond = ticksPerSecond;
+    }
+
+    /**
+     * Reads every field by name, as jdk.jfr's getters do: slower, the same columns (the test
+     * suite's witness for reading by position, see Fields).
+     */
+    public void readByName() {
+        byPosition = false;
+    }
+
+    /** Whether this reader reads fields by position (the JVM opens jdk.jfr.consumer to it). */
+    public boolean readsByPosition() {
+        return byPosition;
+    }
+
+    /** Event types (one per metadata) whose fields did not sit where Fields expects: read by name. */
+    public int typesReadByName() {
+        return typesReadByName;
     }
 
     /** Reads into this (already constructed) reader, so that another thread can poll progress. */
@@ -223,8 +250,8 @@ public final class PauseReader {
 
     private void onSafepointBegin(RecordedEvent e) {
         Fields f = safepointBeginFields.of(e);
-        long start = e.getLong("startTime");
-        long duration = e.getLong("duration");
+        long start = f.start(e);
+        long duration = f.duration(e);
         long id = f.longField(e, 0);
         int row = rows.add(KIND_SAFEPOINT, start, start + duration, osThreadId(e, f));
         rows.safepointId.set(row, id);
@@ -241,9 +268,10 @@ public final class PauseReader {
     }
 
     private void onSafepointEnd(RecordedEvent e) {
-        long id = safepointEndFields.of(e).longField(e, 0);
+        Fields f = safepointEndFields.of(e);
+        long id = f.longField(e, 0);
         if (id != NULL) {
-            safepointEndTicksById.put(id, e.getLong("startTime") + e.getLong("duration"));
+            safepointEndTicksById.put(id, f.start(e) + f.duration(e));
         }
     }
 
@@ -251,10 +279,10 @@ public final class PauseReader {
         Fields f = vmOperationFields.of(e);
         long id = f.longField(e, 0);
         int operation = strings.code(f.stringField(e, 1));
-        boolean atSafepoint = f.has(2) && e.getBoolean("safepoint");
+        boolean atSafepoint = f.has(2) && f.booleanField(e, 2);
         // Who asked for it: the thread that requested the operation (the event's own thread is
         // the VM thread that ran it).
-        long requester = f.has(3) ? threadOsId(e.getValue("caller")) : NULL;
+        long requester = f.has(3) ? callers.of(f.value(e, 3)) : NULL;
         if (atSafepoint) {
             // Part of a safepoint row; kept aside in case that safepoint's Begin is not recorded.
             if (id != NULL) {
@@ -268,12 +296,12 @@ public final class PauseReader {
                     return;
                 }
             }
-            long start = e.getLong("startTime");
-            safepointOperationsWithoutBegin.add(new long[] {id, start, start + e.getLong("duration"), osThreadId(e, f), operation, requester});
+            long start = f.start(e);
+            safepointOperationsWithoutBegin.add(new long[] {id, start, start + f.duration(e), osThreadId(e, f), operation, requester});
             return;
         }
-        long start = e.getLong("startTime");
-        int row = rows.add(KIND_VM_OPERATION, start, start + e.getLong("duration"), osThreadId(e, f));
+        long start = f.start(e);
+        int row = rows.add(KIND_VM_OPERATION, start, start + f.duration(e), osThreadId(e, f));
         rows.name.set(row, operation);
         rows.operation.set(row, operation);
         rows.safepointId.set(row, id);
@@ -284,8 +312,8 @@ public final class PauseReader {
 
     private void onGcPhasePause(RecordedEvent e) {
         Fields f = gcPhasePauseFields.of(e);
-        long start = e.getLong("startTime");
-        int row = rows.add(KIND_GC_PAUSE, start, start + e.getLong("duration"), osThreadId(e, f));
+        long start = f.start(e);
+        int row = rows.add(KIND_GC_PAUSE, start, start + f.duration(e), osThreadId(e, f));
         rows.gcId.set(row, f.longField(e, 0));
         rows.name.set(row, strings.code(f.stringField(e, 1)));
         progress(start);
@@ -293,11 +321,11 @@ public final class PauseReader {
 
     private void onGarbageCollection(RecordedEvent e) {
         Fields f = garbageCollectionFields.of(e);
-        long start = e.getLong("startTime");
+        long start = f.start(e);
         long gcId = f.longField(e, 0);
         int name = strings.code(f.stringField(e, 1));
         int cause = strings.code(f.stringField(e, 2));
-        int row = rows.add(KIND_GC, start, start + e.getLong("duration"), osThreadId(e, f));
+        int row = rows.add(KIND_GC, start, start + f.duration(e), osThreadId(e, f));
         rows.gcId.set(row, gcId);
         rows.name.set(row, name);
         rows.collector.set(row, name);
@@ -314,12 +342,12 @@ public final class PauseReader {
 
     private void onCompilation(RecordedEvent e) {
         Fields f = compilationFields.of(e);
-        long start = e.getLong("startTime");
-        int row = rows.add(KIND_COMPILATION, start, start + e.getLong("duration"), osThreadId(e, f));
+        long start = f.start(e);
+        int row = rows.add(KIND_COMPILATION, start, start + f.duration(e), osThreadId(e, f));
         rows.name.set(row, strings.code(methodName(e, f, 0)));
         String compiler = f.stringField(e, 1);
         if (compiler != null && f.has(2)) {
-            compiler = compiler + " level " + e.getLong("compileLevel");
+            compiler = compiler + " level " + f.longField(e, 2);
         }
         rows.compiler.set(row, strings.code(compiler));
         progress(start);
@@ -327,8 +355,8 @@ public final class PauseReader {
 
     private void onDeoptimization(RecordedEvent e) {
         Fields f = deoptimizationFields.of(e);
-        long start = e.getLong("startTime");
-        long duration = f.has(0) ? e.getLong("duration") : 0;
+        long start = f.start(e);
+        long duration = f.has(0) ? f.duration(e) : 0;
         int row = rows.add(KIND_DEOPTIMIZATION, start, start + duration, osThreadId(e, f));
         rows.name.set(row, strings.code(methodName(e, f, 1)));
         rows.cause.set(row, strings.code(f.stringField(e, 2)));
@@ -339,9 +367,9 @@ public final class PauseReader {
     /** A System.gc() call: who called it, from where (tandem's settings record its stack trace). */
     private void onSystemGc(RecordedEvent e) {
         Fields f = systemGcFields.of(e);
-        long start = e.getLong("startTime");
+        long start = f.start(e);
         systemGcStart.add(start);
-        systemGcEnd.add(start + e.getLong("duration"));
+        systemGcEnd.add(start + f.duration(e));
         systemGcThread.add(osThreadId(e, f));
         systemGcFrames.add(strings.code(f.has(0) ? topFrames(e.getStackTrace()) : null));
     }
@@ -402,11 +430,11 @@ public final class PauseReader {
 
     private void onClockSync(RecordedEvent e) {
         if (jvmPid == NULL && e.hasField("pid")) {
-            jvmPid = e.getLong("pid"); // recordings without jdk.JVMInformation (docs/session.md)
+            jvmPid = longValue(e, "pid"); // recordings without jdk.JVMInformation (docs/session.md)
         }
         if (e.hasField(CLOCK_SYNC_FIELD)) {
-            syncTicks.add(e.getLong("startTime"));
-            syncMonotonicNanos.add(e.getLong(CLOCK_SYNC_FIELD));
+            syncTicks.add(longValue(e, "startTime"));
+            syncMonotonicNanos.add(longValue(e, CLOCK_SYNC_FIELD));
         }
     }
 
@@ -521,29 +549,39 @@ public final class PauseReader {
         }
     }
 
-    /**
-     * The OS thread id of the event's thread, as {@code e.getThread().getOSThreadId()}, with one
-     * field scan instead of four: the thread objects come from the chunk's constant pool, one
-     * object per thread, so the last one's id is remembered.
-     */
-    private static long threadOsId(Object value) {
-        return value instanceof RecordedThread ? ((RecordedThread) value).getOSThreadId() : NULL;
+    /** The OS thread id of the event's thread, as {@code e.getThread().getOSThreadId()}. */
+    private long osThreadId(RecordedEvent e, Fields f) {
+        return f.hasThread ? eventThreads.of(f.thread(e)) : NULL;
     }
 
-    private long osThreadId(RecordedEvent e, Fields f) {
-        if (!f.hasThread) {
-            return NULL;
+    /**
+     * OS thread ids of RecordedThread values (NULL for anything else), the last few remembered:
+     * getOSThreadId scans the thread's fields on every call, while the thread objects come from
+     * the chunk's constant pool, one object per thread, and pause events come from a few threads
+     * (the VM thread, the GC threads, the callers that asked).
+     */
+    private static final class ThreadIds {
+        private static final int REMEMBERED = 16;
+        private final RecordedThread[] threads = new RecordedThread[REMEMBERED];
+        private final long[] ids = new long[REMEMBERED];
+        private int next;
+
+        long of(Object value) {
+            if (!(value instanceof RecordedThread)) {
+                return NULL;
+            }
+            for (int i = 0; i < REMEMBERED; i++) {
+                if (threads[i] == value) {
+                    return ids[i];
+                }
+            }
+            RecordedThread thread = (RecordedThread) value;
+            int slot = next;
+            next = (next + 1) % REMEMBERED;
+            threads[slot] = thread;
+            ids[slot] = thread.getOSThreadId();
+            return ids[slot];
         }
-        Object value = e.getValue(EVENT_THREAD);
-        if (!(value instanceof RecordedThread)) {
-            return NULL;
-        }
-        RecordedThread thread = (RecordedThread) value;
-        if (thread != lastThread) {
-            lastOsThreadId = thread.getOSThreadId();
-            lastThread = thread;
-        }
-        return lastOsThreadId;
     }
 
     private static final String EVENT_THREAD = "eventThread";
@@ -567,7 +605,7 @@ public final class PauseReader {
         boolean plain = Timespan.NANOSECONDS.equals(unit)
             || (Timespan.TICKS.equals(unit) && ticksPerSecond == NANOS_PER_SECOND);
         if (plain) {
-            long value = e.getLong(f.names[i]);
+            long value = f.longField(e, i);
             if (value > -EXACT_IN_DOUBLE && value < EXACT_IN_DOUBLE) {
                 return value;
             }
@@ -579,7 +617,7 @@ public final class PauseReader {
         if (!f.has(i)) {
             return null;
         }
-        RecordedMethod method = e.getValue(f.names[i]);
+        RecordedMethod method = (RecordedMethod) f.value(e, i);
         if (method == null) {
             return null;
         }
@@ -644,57 +682,211 @@ public final class PauseReader {
     /** The first of those: its type and the exception. */
     public String firstUnreadable() { return firstUnreadable; }
 
-    // ---------------------------------------------------------------- per-type field presence
+    // ---------------------------------------------------------------- reading an event's fields
 
     /**
-     * Which of some field names an event type has, and their @Timespan units, found once per
-     * {@link EventType} object (jdk.jfr makes one per type per metadata, so a handler sees
-     * a new one only when a chunk brings new metadata) rather than by a {@code hasField}
-     * scan per event.
+     * Which of some field names an event type has, their @Timespan units, and where each sits
+     * among the event's values, found once per {@link EventType} object (jdk.jfr makes one per
+     * type per metadata, so a handler sees a new one only when a chunk brings new metadata).
+     *
+     * <p>jdk.jfr offers fields by name only: every getValue(name) scans the type's fields
+     * comparing names, and getLong(name) also looks the field's @Unsigned annotation up. Where
+     * the JVM opens jdk.jfr.consumer to this class (tandem's own JVM does, engine/jvm.py), the
+     * values are read from the event by position instead ({@link EventValues}); the positions
+     * are checked against getValue on the first event of each type, and a type that fails the
+     * check, or a JVM that does not open the package, reads by name. Either way a value is
+     * exactly what jdk.jfr's getters return.
      */
-    private static final class Fields {
+    private final class Fields {
         final String[] names;
         private final boolean[] present;
         private final String[] units;
+        private final boolean[] unsigned;
+        /** Index of each name in the type's field list, -1 if absent. */
+        private final int[] index;
         private EventType type;
         boolean hasThread;
+        private int threadIndex;
+        private boolean hasDuration;
+        /** Read values by position (see the class comment) for the current type. */
+        private boolean direct;
+        /** How many leading fields (startTime, and duration if any) are not in the values array. */
+        private int implicit;
 
         Fields(String... names) {
             this.names = names;
             this.present = new boolean[names.length];
             this.units = new String[names.length];
+            this.unsigned = new boolean[names.length];
+            this.index = new int[names.length];
         }
 
         /** This, describing {@code e}'s event type. */
         Fields of(RecordedEvent e) {
             EventType t = e.getEventType();
             if (t != type) {
+                List<ValueDescriptor> fields = e.getFields();
                 for (int i = 0; i < names.length; i++) {
-                    present[i] = e.hasField(names[i]);
-                    ValueDescriptor field = present[i] ? t.getField(names[i]) : null;
+                    index[i] = indexOf(fields, names[i]);
+                    present[i] = index[i] >= 0;
+                    ValueDescriptor field = present[i] ? fields.get(index[i]) : null;
                     Timespan timespan = field == null ? null : field.getAnnotation(Timespan.class);
                     units[i] = timespan == null ? null : timespan.value();
+                    unsigned[i] = field != null && field.getAnnotation(Unsigned.class) != null;
                 }
-                hasThread = e.hasField(EVENT_THREAD);
+                threadIndex = indexOf(fields, EVENT_THREAD);
+                hasThread = threadIndex >= 0;
+                hasDuration = indexOf(fields, DURATION) == 1;
                 type = t;
+                direct = byPosition && positionsHold(e, fields);
+                if (byPosition && !direct) {
+                    typesReadByName++;
+                }
             }
             return this;
+        }
+
+        private static int indexOf(List<ValueDescriptor> fields, String name) {
+            for (int i = 0; i < fields.size(); i++) {
+                if (fields.get(i).getName().equals(name)) {
+                    return i;
+                }
+            }
+            return -1;
+        }
+
+        /** Whether reading by position gives what getValue gives, on this event. */
+        private boolean positionsHold(RecordedEvent e, List<ValueDescriptor> fields) {
+            Object[] values = EventValues.of(e);
+            implicit = fields.size() - values.length;
+            if (implicit != (hasDuration ? 2 : 1) || indexOf(fields, START_TIME) != 0
+                    || EventValues.startTicks(e) != e.getLong(START_TIME)
+                    || (hasDuration && EventValues.durationTicks(e) != e.getLong(DURATION))) {
+                return false;
+            }
+            for (int i = 0; i < names.length; i++) {
+                if (present[i] && !samePosition(e, values, index[i], names[i])) {
+                    return false;
+                }
+            }
+            return !hasThread || samePosition(e, values, threadIndex, EVENT_THREAD);
+        }
+
+        private boolean samePosition(RecordedEvent e, Object[] values, int fieldIndex, String name) {
+            if (fieldIndex < implicit) {
+                return false;
+            }
+            Object value = values[fieldIndex - implicit];
+            return !(value instanceof Object[]) && Objects.equals(value, e.getValue(name));
+        }
+
+        /** getValue(name) of field {@code fieldIndex}; a struct value (an Object[]) goes by name. */
+        private Object valueAt(RecordedEvent e, int fieldIndex, String name) {
+            if (direct) {
+                Object value = EventValues.of(e)[fieldIndex - implicit];
+                if (!(value instanceof Object[])) {
+                    return value;
+                }
+            }
+            return e.getValue(name);
         }
 
         boolean has(int i) { return present[i]; }
 
         String timespanUnit(int i) { return units[i]; }
 
+        /** getLong("startTime"): raw ticks. */
+        long start(RecordedEvent e) {
+            return direct ? EventValues.startTicks(e) : longValue(e, START_TIME);
+        }
+
+        /** getLong("duration"): ticks. */
+        long duration(RecordedEvent e) {
+            return direct && hasDuration ? EventValues.durationTicks(e) : longValue(e, DURATION);
+        }
+
+        /** getValue of field {@code i} (the caller checked has(i)). */
+        Object value(RecordedEvent e, int i) {
+            return valueAt(e, index[i], names[i]);
+        }
+
+        /** getValue("eventThread") (the caller checked hasThread). */
+        Object thread(RecordedEvent e) {
+            return valueAt(e, threadIndex, EVENT_THREAD);
+        }
+
         long longField(RecordedEvent e, int i) {
-            return present[i] ? e.getLong(names[i]) : NULL;
+            if (!present[i]) {
+                return NULL;
+            }
+            // getLong's own widening, with the field's @Unsigned looked up once per type.
+            Object value = value(e, i);
+            if (value instanceof Long) {
+                return (Long) value;
+            }
+            if (value instanceof Integer) {
+                int v = (Integer) value;
+                return unsigned[i] ? Integer.toUnsignedLong(v) : v;
+            }
+            return e.getLong(names[i]);
+        }
+
+        boolean booleanField(RecordedEvent e, int i) {
+            Object value = value(e, i);
+            return value instanceof Boolean ? (Boolean) value : e.getBoolean(names[i]);
         }
 
         String stringField(RecordedEvent e, int i) {
             if (!present[i]) {
                 return null;
             }
-            Object value = e.getValue(names[i]);
+            Object value = value(e, i);
             return value == null ? null : value.toString();
+        }
+    }
+
+    /**
+     * {@code e.getLong(name)} without jdk.jfr's per-call @Unsigned lookup: a value that is a
+     * Long already is what getLong returns; anything else takes getLong itself.
+     */
+    static long longValue(RecordedEvent e, String name) {
+        Object value = e.getValue(name);
+        return value instanceof Long ? (Long) value : e.getLong(name);
+    }
+
+    private static final String START_TIME = "startTime";
+    private static final String DURATION = "duration";
+
+    /**
+     * An event's values as jdk.jfr.consumer keeps them (JDK 17 to 25): the start and end
+     * ticks in RecordedEvent's own fields, every other field in RecordedObject's values array
+     * in the type's field order. Unavailable (null handles) when the package is not open to
+     * this class; {@link Fields} checks the layout before trusting it.
+     */
+    private static final class EventValues {
+        private static final VarHandle OBJECTS = handle(RecordedObject.class, "objects", Object[].class);
+        private static final VarHandle START_TICKS = handle(RecordedEvent.class, "startTimeTicks", long.class);
+        private static final VarHandle END_TICKS = handle(RecordedEvent.class, "endTimeTicks", long.class);
+        static final boolean AVAILABLE = OBJECTS != null && START_TICKS != null && END_TICKS != null;
+
+        private static VarHandle handle(Class<?> owner, String name, Class<?> type) {
+            try {
+                return MethodHandles.privateLookupIn(owner, MethodHandles.lookup()).findVarHandle(owner, name, type);
+            } catch (ReflectiveOperationException | RuntimeException notOpen) {
+                return null;
+            }
+        }
+
+        static Object[] of(RecordedEvent e) {
+            return (Object[]) OBJECTS.get((RecordedObject) e);
+        }
+
+        static long startTicks(RecordedEvent e) {
+            return (long) START_TICKS.get(e);
+        }
+
+        static long durationTicks(RecordedEvent e) {
+            return (long) END_TICKS.get(e) - (long) START_TICKS.get(e);
         }
     }
 
@@ -705,9 +897,9 @@ public final class PauseReader {
      * ({@link #take}), which is how finish() counts SafepointEnds without their Begin.
      */
     private static final class LongMap {
-        private long[] keys = new long[1024];
-        private long[] values = new long[1024];
-        private byte[] state = new byte[1024];  // 0 empty, 1 present, 2 present and taken
+        private long[] keys = new long[1 << 14];
+        private long[] values = new long[1 << 14];
+        private byte[] state = new byte[1 << 14];  // 0 empty, 1 present, 2 present and taken
         private int size;
 
         // Keys are JFR's safepoint and GC ids: counters, so neighbouring keys go to
@@ -821,28 +1013,45 @@ public final class PauseReader {
             timeToSafepointTicks, totalThreads, jniCriticalThreads, sumOfPausesNanos, longestPauseNanos};
         private final IntList[] ints = {kind, name, cause, operation, collector, compiler, unmatched, atSafepoint, systemGcFrames};
 
+        /** Rows the columns have room for; the room beyond size holds each column's fill. */
+        private int capacity;
+
+        Rows() {
+            grow(1 << 14);
+        }
+
         int add(int kindCode, long start, long end, long thread) {
-            for (LongList column : longs) {
-                column.add(NULL);
-            }
-            for (IntList column : ints) {
-                column.add(column.fill);
+            if (size == capacity) {
+                grow(2 * capacity);
             }
             int row = size++;
-            kind.set(row, kindCode);
-            startTicks.set(row, start);
-            endTicks.set(row, end);
-            osThreadId.set(row, thread);
+            kind.array[row] = kindCode;
+            startTicks.array[row] = start;
+            endTicks.array[row] = end;
+            osThreadId.array[row] = thread;
             return row;
+        }
+
+        private void grow(int rows) {
+            for (LongList column : longs) {
+                column.array = java.util.Arrays.copyOf(column.array, rows);
+                java.util.Arrays.fill(column.array, capacity, rows, NULL);
+            }
+            for (IntList column : ints) {
+                column.array = java.util.Arrays.copyOf(column.array, rows);
+                java.util.Arrays.fill(column.array, capacity, rows, column.fill);
+            }
+            capacity = rows;
         }
 
         void trim() {
             for (LongList column : longs) {
-                column.array = column.toArray();
+                column.array = java.util.Arrays.copyOf(column.array, size);
             }
             for (IntList column : ints) {
-                column.array = column.toArray();
+                column.array = java.util.Arrays.copyOf(column.array, size);
             }
+            capacity = size;
         }
     }
 
