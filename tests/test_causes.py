@@ -245,3 +245,40 @@ def test_a_requester_jfr_does_not_name_is_inferred_from_the_one_thread_holding_t
     for jvm_pid, main_state, main_from in ((7, None, 0), (8, "released", 0), (7, "released", 100_000_099)):
         row = _inference_case(jvm_pid, main_state, main_from)
         assert not row["caused_by_python"] and not row["cause_inferred"] and row.isna()["cause_tid"]
+
+
+def test_code_hits_added_up_by_code_equal_code_hits_of_every_part():
+    """CodeHits (what a streamed analysis keeps: totals per carried code, fed part by part as
+    the core makes overlaps rows) against code_hits of each part's text, added up: the same
+    table, whatever the parts, with codes whose text is alike and codes without any."""
+    import numpy as np
+    import pyarrow as pa
+
+    from engine.analysis.causes import CodeHits, add_code_hits, code_hits
+
+    rng = np.random.default_rng(5)
+    carried = pa.table({"function": pa.array(["f", "g", None, "f", "h", "g"], pa.string()),
+                        "file": pa.array(["a.py", "a.py", None, "a.py", "b.py", "c.py"], pa.string()),
+                        "line": pa.array([1, 2, None, 1, 3, 2], pa.int64())})  # codes 0 and 3: one text
+    for trial in range(20):
+        n = int(rng.integers(0, 400))
+        rows = {"pause_id": rng.integers(0, 30, n), "overlap_ns": rng.integers(0, 10**12, n),
+                "near_miss": rng.random(n) < 0.3, "code": rng.integers(0, len(carried), n)}
+        leaders = rng.choice(30, 20, replace=False) if trial % 3 else None
+        cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(0, 6))))
+        hits, parts = CodeHits(leaders), []
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, n]):
+            part = {k: v[lo:hi] for k, v in rows.items()}
+            hits.add(part["pause_id"], part["overlap_ns"], part["near_miss"], part["code"])
+            if hi > lo:
+                table = pa.table({"pause_id": part["pause_id"], "overlap_ns": part["overlap_ns"],
+                                  "near_miss": part["near_miss"]})
+                for name in carried.column_names:
+                    table = table.append_column(name, carried.column(name).take(pa.array(part["code"])))
+                parts.append(code_hits(table, leaders))
+        got = hits.table(carried)
+        if not parts:
+            assert got is None
+            continue
+        expected = add_code_hits(parts)
+        assert got.equals(expected), (trial, got.to_pydict(), expected.to_pydict())

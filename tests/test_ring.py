@@ -161,6 +161,24 @@ def test_overflow_fast_producer_slow_drain_counts_every_event(tmp_path, lanes):
         assert np.array_equal(in_ring, in_file[-len(in_ring):])
 
 
+def test_events_file_read_block_by_block_equals_read_whole(tmp_path):
+    """What a streamed analysis reads (EventsBlocks): a closed file is mapped, one still being
+    written is read; either way, in blocks of one or several checked chunks, the records and the
+    losses of read_events, with LOST markers (bursts larger than the lane) anywhere in a block."""
+    from engine.ring.reader import EventsBlocks
+
+    ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
+    probe._ring_stress(str(ring), str(events), 2, 200_000, 1024, 20_000, burst=3000, pause_us=2000, lanes=1)
+    got = read_events(events)
+    assert got.lost > 0 and len(got.records) > 3 * 32_768  # (several checked chunks of 1 MiB)
+    for mapped, block_records in ((True, 5_000), (True, 100_000), (False, 5_000), (False, 100_000)):
+        blocks = EventsBlocks(events, block_records=block_records)
+        blocks.closed = mapped  # (which way __iter__ reads)
+        records = np.concatenate([b.copy() for b in blocks])
+        assert np.array_equal(records, got.records), (mapped, block_records)
+        assert blocks.lost == got.lost and blocks.records_read == len(got.records) and blocks.closed
+
+
 def test_ring_without_consumer_keeps_first_capacity_events(tmp_path):
     """No drain: one shared lane keeps the first 1024 events of all threads; with private
     lanes each thread keeps the first 256 of its own, and the rest are counted per lane."""

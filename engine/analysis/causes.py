@@ -250,18 +250,60 @@ def code_hits(overlaps: pa.Table, leaders: np.ndarray | None = None) -> pa.Table
     if leaders is not None:
         exact = exact.filter(pc.is_in(exact.column("pause_id"), pa.array(leaders, pa.int64())))
 
-    def column(name, kind):  # (a gil table may carry some of the three only)
-        if name in exact.column_names:
-            return exact.column(name).cast(kind)
-        return pa.nulls(exact.num_rows, kind)
-
-    keyed = pa.table({"function": pc.fill_null(column("function", pa.string()), "<not recorded>"),
-                      "file": pc.fill_null(column("file", pa.string()), ""),
-                      "line": pc.fill_null(column("line", pa.int64()), -1),
-                      "overlap_ns": exact.column("overlap_ns")})
+    keyed = _code_keys(exact).append_column("overlap_ns", exact.column("overlap_ns"))
     hits = keyed.group_by(["function", "file", "line"], use_threads=False).aggregate(
         [("overlap_ns", "sum"), ("overlap_ns", "count")])
     return hits.rename_columns([{"overlap_ns_sum": "sum", "overlap_ns_count": "size"}.get(c, c) for c in hits.column_names])
+
+
+class CodeHits:
+    """code_hits of a stream of overlaps rows, added up by their carried code (the correlation
+    core's index of each distinct (function, file, line), `Correlator.overlaps_codes`) rather
+    than by their text: `table` equals add_code_hits of code_hits of every part."""
+
+    def __init__(self, leaders: np.ndarray | None):
+        self.leaders = None if leaders is None else np.unique(np.asarray(leaders, np.int64))
+        self.sums = np.zeros(0, np.int64)
+        self.counts = np.zeros(0, np.int64)
+        self.first = np.zeros(0, np.int64)  # the first row (over every part) of each code; -1: none
+        self.rows = 0
+
+    def add(self, pause_id: np.ndarray, overlap_ns: np.ndarray, near_miss: np.ndarray, code: np.ndarray) -> None:
+        from engine.correlate.kernels import code_totals
+
+        keep = ~near_miss
+        if self.leaders is not None:
+            keep &= np.isin(pause_id, self.leaders)
+        if code.size and int(code.max()) >= self.sums.size:
+            grow = max(int(code.max()) + 1, 2 * self.sums.size) - self.sums.size
+            self.sums = np.concatenate([self.sums, np.zeros(grow, np.int64)])
+            self.counts = np.concatenate([self.counts, np.zeros(grow, np.int64)])
+            self.first = np.concatenate([self.first, np.full(grow, -1, np.int64)])
+        code_totals(keep, code.astype(np.int64, copy=False), overlap_ns.astype(np.int64, copy=False), self.rows,
+                    self.sums, self.counts, self.first)
+        self.rows += code.size
+
+    def table(self, carried: pa.Table | None) -> pa.Table | None:
+        """The hits (code_hits' columns), or None if no row carried a function."""
+        if carried is None or "function" not in carried.column_names or not self.rows:
+            return None
+        seen = np.flatnonzero(self.counts)
+        seen = seen[np.argsort(self.first[seen], kind="stable")]  # in order of first appearance
+        keyed = (_code_keys(carried.take(pa.array(seen, pa.int64())))
+                 .append_column("sum", pa.array(self.sums[seen])).append_column("size", pa.array(self.counts[seen])))
+        return add_code_hits([keyed])  # (codes whose text is alike add up)
+
+
+def _code_keys(table: pa.Table) -> pa.Table:
+    """TABLE's (function, file, line) as code_hits groups them, nulls filled."""
+    def column(name, kind):  # (a gil table may carry some of the three only)
+        if name in table.column_names:
+            return table.column(name).cast(kind)
+        return pa.nulls(table.num_rows, kind)
+
+    return pa.table({"function": pc.fill_null(column("function", pa.string()), "<not recorded>"),
+                     "file": pc.fill_null(column("file", pa.string()), ""),
+                     "line": pc.fill_null(column("line", pa.int64()), -1)})
 
 
 def add_code_hits(parts: list[pa.Table]) -> pa.Table:

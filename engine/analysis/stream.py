@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.analysis.clock import check_same_clock, clock_facts
-from engine.analysis.causes import (INFERENCE_WINDOW_NS, add_code_hits, code_hits, inference_candidates,
+from engine.analysis.causes import (INFERENCE_WINDOW_NS, CodeHits, inference_candidates,
                                     inferred_requesters, requester_tids, why_facts)
 from engine.correlate import END, Correlator, GilRows, KnownLifetimes, Rows
 from engine.correlate import kernels
@@ -341,14 +341,14 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
              candidates["end_ns"].to_numpy(np.int64) + INFERENCE_WINDOW_NS) if len(candidates) else ((), (), ()))
     candidate_ids, candidate_overlaps = candidates["pause_id"].to_numpy(np.int64), []
     leaders = stop_of.loc[stop_of["stop_id"] == stop_of["pause_id"], "pause_id"].to_numpy(np.int64)
-    requester_rows, hits = [], []
+    requester_rows = []
+    hits = CodeHits(leaders)  # the summary's "why": overlap per code, added up as the core makes the rows
+    core.overlaps_codes = hits.add
 
     def emit(rows: Rows) -> None:
         for name, table in rows.tables().items():
             if name in writers:
                 background.write(writers[name], table)
-        if "function" in rows.overlaps.column_names and rows.overlaps.num_rows:
-            background.call(lambda overlaps=rows.overlaps: hits.append(code_hits(overlaps, leaders)))
         if candidate_ids.size and rows.overlaps.num_rows:
             mine = np.isin(rows.overlaps["pause_id"].to_numpy(), candidate_ids)
             if mine.any():
@@ -384,7 +384,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         near_rows = pd.concat(requester_rows, ignore_index=True) if requester_rows else pd.DataFrame()
         impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, near_rows,
                              inferred_requesters(pauses, stop, lifetimes, overlaps_seen, near_rows))
-        header["why"] = why_facts(impact, None, hits=add_code_hits(hits) if hits else None)
+        header["why"] = why_facts(impact, None, hits=hits.table(core.carried_table))
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
         if isinstance(gil, ParquetGil) and gil.copy:

@@ -53,6 +53,7 @@ per thread and per process; the summary's input, a few bytes per final pause.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -197,6 +198,10 @@ class Correlator:
         self._carried_codes: dict[tuple, int] = {}
         self._carried_schema: pa.Schema | None = None
         self._carried_table: pa.Table | None = None
+        # Called with (pause_id, overlap_ns, near_miss, carried code) of every overlaps table made
+        # from GIL rows that carry values, in the order the tables are emitted: lets a driver
+        # total overlaps per code (engine/analysis/causes.py CodeHits) without reading their text.
+        self.overlaps_codes: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None] | None = None
         # gil_free segments a pending or later pause may still overlap.
         self.f_pidx = np.zeros(0, np.int64)
         self.f_start = np.zeros(0, np.int64)
@@ -376,6 +381,11 @@ class Correlator:
             self._carried_table = pa.table({name: pa.array([r[i] for r in rows], self._carried_schema.field(name).type)
                                             for i, name in enumerate(self._carried_schema.names)})
         return codes[inverse]
+
+    @property
+    def carried_table(self) -> pa.Table | None:
+        """The carried values of each code (row = code), once GIL rows carried any."""
+        return self._carried_table
 
     def overlaps_schema(self) -> pa.Schema:
         """The overlaps table's schema: SCHEMAS["overlaps"], then the carried columns the GIL rows have."""
@@ -717,7 +727,10 @@ class Correlator:
         overlaps = pa.table({**columns, "state": state_strings(state[emit]), "near_miss": near_miss[emit]}).select(
             list(SCHEMAS["overlaps"].names)).cast(SCHEMAS["overlaps"])
         if self._carried_table is not None:
-            values = self._carried_table.take(pa.array(self.r_carried[pair_a[emit]]))
+            codes = self.r_carried[pair_a[emit]]
+            if self.overlaps_codes is not None:
+                self.overlaps_codes(columns["pause_id"], columns["overlap_ns"], near_miss[emit], codes)
+            values = self._carried_table.take(pa.array(codes))
             for name in values.column_names:
                 overlaps = overlaps.append_column(values.schema.field(name), values.column(name))
         return overlaps

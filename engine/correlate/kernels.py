@@ -409,3 +409,16 @@ def overlap_rows(pair_b, pair_a, p_id, p_start, p_end, r_start, r_end, r_tidx, r
             overlap[k] = 0
             slack[k] = later_start - earlier_end
             near_miss[k] = True
+
+
+@njit(cache=True, nogil=True)
+def code_totals(keep, code, overlap_ns, first_row, sums, counts, first) -> None:
+    """Per carried code, of the rows KEEP selects: the sum of overlap_ns, the rows, and the first
+    row's number (FIRST_ROW + position; first[c] < 0 until code c is seen)."""
+    for i in range(code.size):
+        if keep[i]:
+            c = code[i]
+            sums[c] += overlap_ns[i]
+            counts[c] += 1
+            if first[c] < 0:
+                first[c] = first_row + i

@@ -198,34 +198,62 @@ class EventsBlocks:
         self.next_seq = np.ones(self.header.lane_count, np.uint64)
 
     def __iter__(self):
-        """Blocks of records (LOST markers out). Each block is a view of one buffer reused for the
-        next: use it before asking for the next one."""
+        """Blocks of records (LOST markers out). Use each block before asking for the next one
+        (a file read, not mapped, reuses one buffer)."""
         header, path = self.header, self.path
         count = (self.size - header.records_offset) // header.record_size
         sub = max(1, CHUNK_BYTES // header.record_size)  # checked in cache-sized chunks, as read_events
         block = max(sub, self.block_records // sub * sub)
         check = _EventsCheck(path, header.record_dtype, header.lane_count)
-        slots = np.empty(block, dtype=_opaque(header.record_dtype))
-        raw = memoryview(slots.view(np.uint8))
         fd, _ = _open_checked(path, "events")
-        kept = 0
         try:
-            for first in range(0, count, sub):
-                n = min(count - first, sub)
-                if kept + n > block:
-                    yield slots[:kept].view(header.record_dtype)
-                    kept = 0
-                _read_exactly(fd, raw[kept * header.record_size:(kept + n) * header.record_size],
-                              header.records_offset + first * header.record_size, path)
-                got = check.chunk(slots[kept:kept + n], first)
-                kept += got
-                self.records_read += got
-            if kept:
-                yield slots[:kept].view(header.record_dtype)
+            # A closed file no longer changes: mapped, not copied out of the page cache. One that may
+            # still be written to could also shrink under a map (reading past its end kills the
+            # process): read.
+            blocks = self._mapped_blocks if self.closed else self._read_blocks
+            yield from blocks(fd, count, sub, block, check)
         finally:
             os.close(fd)
         _, _, self.lost, self.closed = _check_complete(path, header, check)
         self.next_seq = check.next_seq.copy()
+
+    def _read_blocks(self, fd: int, count: int, sub: int, block: int, check: "_EventsCheck"):
+        header = self.header
+        slots = np.empty(block, dtype=_opaque(header.record_dtype))
+        raw = memoryview(slots.view(np.uint8))
+        kept = 0
+        for first in range(0, count, sub):
+            n = min(count - first, sub)
+            if kept + n > block:
+                yield slots[:kept].view(header.record_dtype)
+                kept = 0
+            _read_exactly(fd, raw[kept * header.record_size:(kept + n) * header.record_size],
+                          header.records_offset + first * header.record_size, self.path)
+            got = check.chunk(slots[kept:kept + n], first)
+            kept += got
+            self.records_read += got
+        if kept:
+            yield slots[:kept].view(header.record_dtype)
+
+    def _mapped_blocks(self, fd: int, count: int, sub: int, block: int, check: "_EventsCheck"):
+        """Each block a private (copy-on-write) map of the file: only a block holding LOST markers
+        is written to (its records moved up over them), and only those pages are copied."""
+        header = self.header
+        for first in range(0, count, block):
+            n = min(count - first, block)
+            start = header.records_offset + first * header.record_size
+            aligned = start - start % mmap.ALLOCATIONGRANULARITY
+            mapped = mmap.mmap(fd, start - aligned + n * header.record_size, access=mmap.ACCESS_COPY, offset=aligned)
+            slots = np.frombuffer(mapped, dtype=_opaque(header.record_dtype), count=n, offset=start - aligned)
+            kept = 0
+            for at in range(0, n, sub):
+                got = check.chunk(slots[at:at + min(n - at, sub)], first + at)
+                if got and kept != at:
+                    slots[kept:kept + got] = slots[at:at + got]
+                kept += got
+                self.records_read += got
+            if kept:
+                yield slots[:kept].view(header.record_dtype)
 
 
 def _read_exactly(fd: int, into: memoryview, offset: int, path: Path) -> None:
