@@ -29,7 +29,10 @@ CACHE = REPO / ".cache" / "bench-ingest"
 RECORD_SECONDS = 75
 REPEATS = 5     # (b): each pass of `jfr print --json` takes seconds
 REPEATS_A = 9   # (a): passes are a fraction of a second; more of them steady the median
-WARMUPS = 3  # passes not timed on either side: both JIT-compile the jdk.jfr parser first
+# Passes not timed on either side: both JIT-compile the jdk.jfr parser first. read_pauses (a
+# larger program: the reader's handlers, in a JVM started through JPype) reaches its steady
+# state after five to eight passes, the anchor after two or three (docs/pauses.md, "Speed").
+WARMUPS = 6
 
 WORKLOAD = r"""
 public class BenchAlloc {

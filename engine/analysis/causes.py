@@ -262,7 +262,7 @@ class CodeHits:
     than by their text: `table` equals add_code_hits of code_hits of every part."""
 
     def __init__(self, leaders: np.ndarray | None):
-        self.leaders = None if leaders is None else np.unique(np.asarray(leaders, np.int64))
+        self.leaders = None if leaders is None else np.asarray(leaders, np.int64)
         self.sums = np.zeros(0, np.int64)
         self.counts = np.zeros(0, np.int64)
         self.first = np.zeros(0, np.int64)  # the first row (over every part) of each code; -1: none
