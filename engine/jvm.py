@@ -108,6 +108,8 @@ def start_jvm(extra_options: tuple[str, ...] = ()):
                 "-Xss4m",
                 # Lets the JFR reader take event fields by position (PauseReader.EventValues).
                 "--add-opens=jdk.jfr/jdk.jfr.consumer=ALL-UNNAMED",
+                # JPype loads its native half from Java: JDK 24+ warns on stderr unless allowed.
+                "--enable-native-access=ALL-UNNAMED",
                 *extra_options,
                 classpath=[str(agent_jar())],
                 convertStrings=False,
