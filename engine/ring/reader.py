@@ -205,12 +205,13 @@ class EventsBlocks:
         sub = max(1, CHUNK_BYTES // header.record_size)  # checked in cache-sized chunks, as read_events
         block = max(sub, self.block_records // sub * sub)
         check = _EventsCheck(path, header.record_dtype, header.lane_count)
-        fd, _ = _open_checked(path, "events")
+        fd, st = _open_checked(path, "events")
         try:
             # A closed file no longer changes: mapped, not copied out of the page cache. One that may
-            # still be written to could also shrink under a map (reading past its end kills the
-            # process): read.
-            blocks = self._mapped_blocks if self.closed else self._read_blocks
+            # still be written to could shrink under a map (reading past its end kills the process),
+            # and so could one that someone else may write to: read.
+            mine = st.st_uid == os.geteuid() and not st.st_mode & 0o022
+            blocks = self._mapped_blocks if self.closed and mine else self._read_blocks
             yield from blocks(fd, count, sub, block, check)
         finally:
             os.close(fd)
