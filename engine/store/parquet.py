@@ -150,9 +150,8 @@ def _as_dictionary_text(table, schema):
 
 class WriterThread:
     """Row groups handed to TableWriters are written by one thread of its own (pyarrow releases
-    the GIL while it encodes and writes), so the computation goes on meanwhile; so are other
-    jobs on finished rows handed to `call`, in the order given. `drain()` waits for everything
-    handed over and raises the first error the thread met."""
+    the GIL while it encodes and writes), so the computation goes on meanwhile. `drain()` waits
+    for everything handed over and raises the first error the thread met."""
 
     def __init__(self, depth: int = 4):
         import queue
@@ -170,7 +169,8 @@ class WriterThread:
                 if job is None:
                     return
                 if self._error is None:
-                    job()
+                    writer, table = job
+                    writer.write(table)
             except BaseException as err:  # raised by drain()
                 self._error = err
             finally:
@@ -180,12 +180,7 @@ class WriterThread:
         if self._error is not None:
             raise self._error
         if table.num_rows:
-            self.call(lambda: writer.write(table))
-
-    def call(self, job) -> None:
-        if self._error is not None:
-            raise self._error
-        self._queue.put(job)
+            self._queue.put((writer, table))
 
     def drain(self) -> None:
         self._queue.join()
