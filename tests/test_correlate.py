@@ -117,6 +117,29 @@ def test_a_row_before_the_watermark_is_refused():
         core.push(watermark_ns=50)
 
 
+def test_dense_numbers_in_parts_equal_one_factorize():
+    """Keys numbered part by part (the table grown on the way, keys -1 and 0 among them) get the
+    numbers one pass over all of them gives: first seen, first numbered."""
+    from engine.correlate.kernels import DenseNumbers
+
+    rng = np.random.default_rng(3)
+    keys = np.concatenate([[-1, 0, -1], rng.integers(-(1 << 62), 1 << 62, 5000), rng.integers(-3, 3000, 20_000)])
+    keys = keys[rng.permutation(keys.size)]
+    expected, uniques = pd.factorize(keys)
+    numbers = DenseNumbers()
+    edges = np.sort(rng.choice(keys.size, 40, replace=False))
+    got = [numbers.number(part) for part in np.split(keys, edges)]
+    assert np.array_equal(np.concatenate([n for n, _ in got]), expected)
+    assert np.array_equal(np.concatenate([new for _, new in got]), uniques) and np.array_equal(numbers.keys, uniques)
+
+
+def test_more_than_a_thousand_new_threads_in_one_push():
+    gil = gil_frame([(1, t, "released", 10 * t, 10 * t + 5) for t in range(1, 3001)])
+    core = Correlator()
+    core.push(gil=gil_rows_from_frame(gil), watermark_ns=END)
+    assert core.n_threads == 3000 and core.t_tid[:3000].tolist() == list(range(1, 3001))
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("block_rows", [7, 64, 1 << 20])
 def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch, seed, block_rows):

@@ -62,7 +62,7 @@ import pyarrow as pa
 
 from engine.correlate import kernels
 from engine.correlate.schema import END, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
-from engine.correlate.stops import STOP_INPUT, STOP_KEY, leader_rows, order_stops, stop_columns
+from engine.correlate.stops import STOP_KEY, at_safepoint_of, jvm_of, leader_rows, order_stops, stop_ids_of
 from engine.errors import TandemError
 
 NONE = kernels.NONE
@@ -71,6 +71,8 @@ GONE = NONE + 1
 # What summary() and stops() need of a final pause (a driver that does not keep every
 # pause_impact row): part_of is the stop of the world it is inside (engine/correlate/stops.py).
 SUMMARY_INPUT = ("kind", "name", "overlap_ns", "hit_python", "near_misses", "amplified", "part_of")
+# What the stop of a pause is found from (engine/correlate/stops.py), as columns of the pauses kept.
+STOP_ARRAYS = ("pause_id", "kind", "name", "start_ns", "end_ns", "_jvm", "_at_safepoint")
 
 
 @dataclass
@@ -160,8 +162,7 @@ class Correlator:
         self._swept = NONE  # gil_free and lifetimes are final before this
         # Threads (dense index) and processes (dense index): state of the gil_free sweep.
         self._thread_index: dict[tuple[int, int], int] = {}
-        self._table_keys = np.full(0, -1, np.int64)  # (pid << 32 | tid) -> index, open addressing
-        self._table_values = np.zeros(0, np.int64)
+        self._thread_numbers = kernels.DenseNumbers()  # (pid << 32 | tid) -> index
         self._pid_index: dict[int, int] = {}
         self.t_pid = np.zeros(0, np.int64)
         self.t_tid = np.zeros(0, np.int64)
@@ -216,7 +217,8 @@ class Correlator:
         # Summary: every final pause_impact row (a few per second of JVM pauses) and the distinct
         # (part_of, kind, name, thread) with an exact overlap.
         self._impact: list[pa.Table] = []
-        self._affected: set[tuple[str, str, str, int]] = set()  # (part_of, kind, name, thread)
+        self._stop_keys: dict[tuple[str, str, str], int] = {}  # (part_of, kind, name) -> number
+        self._affected: set[int] = set()  # number << 32 | thread index
         # Pauses that may lead a stop of the world a pause still to be finalized is inside
         # (engine/correlate/stops.py): kept while they end after the oldest such pause's start.
         self._leaders: pd.DataFrame | None = None
@@ -283,6 +285,7 @@ class Correlator:
                 batch[name] = batch[name].astype(object)
         batch["_seq"] = np.arange(self._next_seq, self._next_seq + len(batch), dtype=np.int64)
         batch["_came"] = np.int64(self._pushes)
+        batch["_jvm"], batch["_at_safepoint"] = jvm_of(batch), at_safepoint_of(batch)  # (read per push: plain arrays)
         self._next_seq += len(batch)
         self.pauses += len(batch)
         if "os_thread_id" in batch.columns:
@@ -290,7 +293,7 @@ class Correlator:
         self.span = [min(self.span[0], int(batch["start_ns"].min())), max(self.span[1], int(batch["end_ns"].max()))]
         pending = batch if self._pending is None else pd.concat([self._pending, batch], ignore_index=True)
         self._pending = pending.sort_values(["start_ns", "_seq"], ignore_index=True)
-        leaders = batch[leader_rows(batch)][[c for c in STOP_INPUT if c in batch.columns]]
+        leaders = batch[leader_rows(batch)][list(STOP_ARRAYS)]
         if len(leaders):
             self._leaders = leaders if self._leaders is None else pd.concat([self._leaders, leaders], ignore_index=True)
 
@@ -321,17 +324,23 @@ class Correlator:
     def _part_of(self, batch: pd.DataFrame) -> np.ndarray:
         """Per pause of a batch being finalized: the `kind: name` of the stop of the world it is
         inside, "" when it leads one or stands alone (its leader started before it: seen)."""
-        columns = [c for c in STOP_INPUT if c in batch.columns]
-        both = batch[columns]
+        columns = [batch[c].to_numpy() for c in STOP_ARRAYS]
         if self._leaders is not None and len(batch):  # (the batch's own leaders are among them: its rows go last)
             # only the leaders that could hold one of the batch's pauses: those overlapping its span
-            lo, hi = int(batch["start_ns"].min()), int(batch["end_ns"].max())
-            leaders = self._leaders
-            near = leaders[(leaders["end_ns"].to_numpy(np.int64) >= lo) & (leaders["start_ns"].to_numpy(np.int64) <= hi)]
-            others = near[~near["pause_id"].isin(batch["pause_id"]).to_numpy(bool)]
-            both = pd.concat([others, both], ignore_index=True)
-        part_of = stop_columns(both)["part_of"].iloc[len(both) - len(batch):]
-        return part_of.fillna("").to_numpy(object)
+            leaders = [self._leaders[c].to_numpy() for c in STOP_ARRAYS]
+            near = ((leaders[4] >= int(columns[3].min())) & (leaders[3] <= int(columns[4].max()))
+                    & ~np.isin(leaders[0], columns[0]))
+            if near.any():
+                columns = [np.concatenate([other[near], mine]) for other, mine in zip(leaders, columns)]
+        pause_id, kind, name, start, end, jvm, at_safepoint = columns
+        ids = stop_ids_of(pause_id, kind, start, end, jvm, at_safepoint)[-len(batch):]
+        part_of = np.full(len(batch), "", object)
+        inside = np.flatnonzero(ids != pause_id[-len(batch):])
+        if inside.size:
+            order = np.argsort(pause_id, kind="stable")
+            leader = order[np.searchsorted(pause_id, ids[inside], sorter=order)]
+            part_of[inside] = [f"{k}: {n}" for k, n in zip(kind[leader], name[leader])]
+        return part_of
 
     def _carried_code_of(self, gil: GilRows) -> np.ndarray:
         """Per row, the code of its carried values (-1 when the table carries none)."""
@@ -349,7 +358,6 @@ class Correlator:
             table = table.select(self._carried_schema.names)
         if gil.carried_key is not None:  # (the driver numbered the rows' values already)
             inverse = np.asarray(gil.carried_key, np.int64)
-            n_keys = int(inverse.max()) + 1 if inverse.size else 0
         else:
             # A mixed-radix key over each column's dictionary indexes (as given when dictionary-encoded:
             # equal values under two indexes only make two keys of one code), then a hash of the keys.
@@ -362,10 +370,8 @@ class Correlator:
                 if key.size and (int(key.max()) + 1) * (len(column.dictionary) + 1) >= 1 << 62:
                     key = pd.factorize(key)[0].astype(np.int64)  # (renumbered densely before it could overflow)
                 key = key * (len(column.dictionary) + 1) + (index + 1)
-            inverse, local_codes = pd.factorize(key)
-            n_keys = len(local_codes)
-        some_rows = np.zeros(n_keys, np.int64)  # (a number no row has, if any, looks up row 0's values)
-        some_rows[inverse] = np.arange(inverse.size)  # (any row of a key: its rows hold the same values)
+            inverse = pd.factorize(key)[0]
+        some_rows = kernels.a_row_per_key(inverse)  # (its rows hold the same values; row 0 for a number no row has)
         firsts = table.take(pa.array(some_rows)).to_pylist()
         codes = np.empty(len(firsts), np.int64)
         grew = False
@@ -395,24 +401,10 @@ class Correlator:
         return schema
 
     def _index_threads(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-        if 2 * (self.n_threads + 1024) > self._table_keys.size:  # room for this batch's new threads
-            self._rehash(4 * (self.n_threads + 1024))
-        codes = pid.astype(np.int64) << 32 | tid.astype(np.int64)
-        new_keys = np.empty(1024, np.int64)
-        n_new = kernels.thread_codes(codes, self._table_keys, self._table_values, self.n_threads, new_keys)
-        if n_new > new_keys.size:  # pragma: no cover - more than 1024 new threads in one batch
-            raise TandemError(f"{self.gil_source}: more than 1024 new threads in one batch")
-        for key in new_keys[:n_new].tolist():
+        index, new = self._thread_numbers.number(pid.astype(np.int64) << 32 | tid.astype(np.int64))
+        for key in new.tolist():
             self._new_thread(key >> 32, key & 0xFFFFFFFF)
-        return codes
-
-    def _rehash(self, size: int) -> None:
-        size = 1 << int(np.ceil(np.log2(size)))
-        self._table_keys = np.full(size, -1, np.int64)
-        self._table_values = np.zeros(size, np.int64)
-        keys = np.array([p << 32 | t for p, t in self._thread_index], np.int64)
-        if keys.size:
-            kernels.thread_codes(keys, self._table_keys, self._table_values, 0, np.empty(keys.size, np.int64))
+        return index
 
     def _new_thread(self, pid: int, tid: int) -> int:
         pidx = self._pid_index.get(pid)
@@ -703,12 +695,9 @@ class Correlator:
                 self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
         exact = np.flatnonzero(~near_miss)
         if exact.size:
-            key_of = pd.factorize(pd.Series(part_of) + "\0" + batch["kind"].astype(str).to_numpy()
-                                  + "\0" + batch["name"].astype(str).to_numpy())
-            keys = np.unique(key_of[0][pair_b[exact]].astype(np.int64) * (1 << 32) + self.r_tidx[pair_a[exact]])
-            for key in keys.tolist():
-                stop, kind, name = key_of[1][key >> 32].split("\0", 2)
-                self._affected.add((stop, kind, name, key & 0xFFFFFFFF))
+            stop_key = np.array([self._stop_keys.setdefault(key, len(self._stop_keys)) for key in
+                                 zip(part_of.tolist(), batch["kind"].tolist(), batch["name"].tolist())], np.int64)
+            self._affected.update(pd.unique(stop_key[pair_b[exact]] << 32 | self.r_tidx[pair_a[exact]]).tolist())
         return overlaps, impact
 
     def _overlaps_table(self, pauses: pd.DataFrame, pair_b: np.ndarray, pair_a: np.ndarray, near_miss: np.ndarray,
@@ -777,9 +766,15 @@ class Correlator:
             gone = self._leaders["end_ns"].to_numpy(np.int64) < horizon
             if gone.any():
                 self._leaders = self._leaders[~gone].reset_index(drop=True)
-        keep = (self.r_end >= horizon - self.slack_ns) | (self.r_start >= self._swept)
+        # Rows not swept yet (a suffix: rows are sorted by start) stay; of the others, those a
+        # pause may still overlap, moved up against them: nothing after them moves.
+        swept = int(np.searchsorted(self.r_start, self._swept, "left"))
+        keep = self.r_end[:swept] >= horizon - self.slack_ns
         if not keep.all():
-            self._keep_rows(keep)
+            first = kernels.keep_before(keep, self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came)
+            self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came = (
+                self.r_start[first:], self.r_end[first:], self.r_tidx[first:], self.r_state[first:],
+                self.r_carried[first:], self.r_came[first:])
         keep = self.f_end > horizon
         if not keep.all():
             self.f_pidx, self.f_start, self.f_end = self.f_pidx[keep], self.f_start[keep], self.f_end[keep]
@@ -812,7 +807,9 @@ class Correlator:
 
     def _affected_by(self, by: tuple[str, ...]) -> pd.Series:
         """Per `by` key: the distinct Python threads with an exact overlap."""
-        affected = pd.DataFrame(list(self._affected), columns=["part_of", "kind", "name", "thread"])
+        keys = np.fromiter(self._affected, np.int64, len(self._affected))
+        names = pd.DataFrame(list(self._stop_keys), columns=["part_of", "kind", "name"])
+        affected = names.iloc[keys >> 32].reset_index(drop=True).assign(thread=keys & 0xFFFFFFFF)
         if not len(affected):
             return pd.Series(dtype=np.int64)
         return affected.drop_duplicates([*by, "thread"]).groupby(list(by)).size()

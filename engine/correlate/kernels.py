@@ -49,6 +49,31 @@ def keep_rows(keep, start, end, tidx, state, carried, came) -> int:
 
 
 @njit(cache=True, nogil=True)
+def keep_before(keep, start, end, tidx, state, carried, came) -> int:
+    """Moves the rows i < keep.size where KEEP is true, in order, up against row keep.size;
+    returns the first row kept (the rows from there on are the ones to keep)."""
+    j = keep.size
+    for i in range(keep.size - 1, -1, -1):
+        if keep[i]:
+            j -= 1
+            start[j], end[j], tidx[j], state[j], carried[j], came[j] = start[i], end[i], tidx[i], state[i], carried[i], came[i]
+    return j
+
+
+@njit(cache=True, nogil=True)
+def a_row_per_key(keys) -> np.ndarray:
+    """Per number 0..max(KEYS): the first row with that key (0 for a number no row has)."""
+    n_keys = 0
+    for k in keys:
+        n_keys = max(n_keys, k + 1)
+    rows = np.full(n_keys, -1, np.int64)
+    for i in range(keys.size):
+        if rows[keys[i]] < 0:
+            rows[keys[i]] = i
+    return np.maximum(rows, 0)
+
+
+@njit(cache=True, nogil=True)
 def duplicate_rows(start, end, tidx, state, is_new) -> np.ndarray:
     """True for each new row equal (thread, state, start, end) to an earlier row; rows sorted by start."""
     n = start.size
@@ -363,24 +388,65 @@ def group_bounds(codes, start, end, lo, hi) -> None:
 
 
 @njit(cache=True, nogil=True)
-def thread_codes(keys, table_keys, table_values, n_known, new_keys) -> int:
-    """Dense thread index of each key ((pid << 32) | tid), from an open-addressing table (size a
-    power of two, empty slots -1) that keys not seen yet are added to, numbered from n_known on
-    and listed in new_keys (in order). Returns how many were new; keys becomes the indexes."""
+def _number_keys(keys, at, table_keys, table_used, table_values, n_known, new_keys, numbers) -> int:
+    """DenseNumbers.number's pass: from keys[at[0]] on, each key's number into NUMBERS; a key not
+    in the table (open addressing, a power of two long) gets the next number and is listed in
+    new_keys. Stops with the table half full (at[0]: the key to go on from); returns how many
+    keys were new."""
     mask = table_keys.size - 1
     n_new = 0
-    for i in range(keys.size):
+    for i in range(at[0], keys.size):
+        if 2 * (n_known + n_new + 1) > table_keys.size:
+            at[0] = i
+            return n_new
         key = keys[i]
         slot = ((key * -7046029254386353131) >> 40) & mask  # Fibonacci hashing (2^64 / golden ratio, signed)
-        while table_keys[slot] != key and table_keys[slot] != -1:
+        while table_used[slot] and table_keys[slot] != key:
             slot = (slot + 1) & mask
-        if table_keys[slot] == -1:
+        if not table_used[slot]:
+            table_used[slot] = True
             table_keys[slot] = key
             table_values[slot] = n_known + n_new
             new_keys[n_new] = key
             n_new += 1
-        keys[i] = table_values[slot]
+        numbers[i] = table_values[slot]
+    at[0] = keys.size
     return n_new
+
+
+class DenseNumbers:
+    """Numbers 0, 1, 2, ... for int64 keys, in the order they are first seen (a hash table kept
+    from call to call): threads ((pid << 32) | tid) for the core, code values for a GIL file."""
+
+    def __init__(self):
+        self.keys = np.zeros(0, np.int64)  # the key of each number
+        self._rehash(1024)
+
+    def __len__(self) -> int:
+        return int(self.keys.size)
+
+    def _rehash(self, size: int) -> None:
+        self._table_keys = np.zeros(size, np.int64)
+        self._table_used = np.zeros(size, np.bool_)
+        self._table_values = np.zeros(size, np.int64)
+        if self.keys.size:
+            _number_keys(self.keys, np.zeros(1, np.int64), self._table_keys, self._table_used, self._table_values, 0,
+                         np.empty(self.keys.size, np.int64), np.empty(self.keys.size, np.int64))
+
+    def number(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The number of each key, and the keys numbered for the first time (in number order)."""
+        keys = np.ascontiguousarray(keys, np.int64)
+        numbers = np.empty(keys.size, np.int64)
+        new_keys = np.empty(keys.size, np.int64)
+        at = np.zeros(1, np.int64)
+        n_before = self.keys.size
+        while True:
+            n_new = _number_keys(keys, at, self._table_keys, self._table_used, self._table_values, self.keys.size,
+                                 new_keys, numbers)
+            self.keys = np.concatenate([self.keys, new_keys[:n_new]])
+            if at[0] == keys.size:
+                return numbers, self.keys[n_before:]
+            self._rehash(4 * self._table_keys.size)
 
 
 @njit(cache=True, nogil=True)

@@ -16,11 +16,9 @@ import numpy as np
 import pandas as pd
 
 STOP_KEY = ("part_of", "kind", "name")
-# The pause columns the grouping reads (jvm_pid and at_safepoint when present).
-STOP_INPUT = ("pause_id", "kind", "name", "start_ns", "end_ns", "jvm_pid", "at_safepoint")
 
 
-def _jvm(pauses: pd.DataFrame) -> np.ndarray:
+def jvm_of(pauses: pd.DataFrame) -> np.ndarray:
     if "jvm_pid" not in pauses.columns:
         return np.zeros(len(pauses), np.int64)
     return pauses["jvm_pid"].astype("Int64").fillna(-1).to_numpy(np.int64)
@@ -42,7 +40,7 @@ def _inside(leaders: np.ndarray, rows: np.ndarray, start: np.ndarray, end: np.nd
     return out
 
 
-def _at_safepoint(pauses: pd.DataFrame) -> np.ndarray:
+def at_safepoint_of(pauses: pd.DataFrame) -> np.ndarray:
     if "at_safepoint" not in pauses.columns:
         return np.zeros(len(pauses), bool)
     return pauses["at_safepoint"].astype("boolean").fillna(False).to_numpy(bool)
@@ -51,18 +49,23 @@ def _at_safepoint(pauses: pd.DataFrame) -> np.ndarray:
 def leader_rows(pauses: pd.DataFrame) -> np.ndarray:
     """Per pause: it may lead a stop (a safepoint, or a vm_operation at a safepoint)."""
     kind = pauses["kind"].astype(str).to_numpy()
-    return (kind == "safepoint") | ((kind == "vm_operation") & _at_safepoint(pauses))
+    return (kind == "safepoint") | ((kind == "vm_operation") & at_safepoint_of(pauses))
 
 
 def stop_ids(pauses: pd.DataFrame) -> np.ndarray:
     """Per pause (table order): the pause_id of the pause leading its stop (its own when it leads
     one or stands alone)."""
-    ids = pauses["pause_id"].to_numpy(np.int64).copy()
     if not len(pauses):
-        return ids
-    kind = pauses["kind"].astype(str).to_numpy()
-    start, end, jvm = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64), _jvm(pauses)
-    at_safepoint = _at_safepoint(pauses)
+        return pauses["pause_id"].to_numpy(np.int64).copy()
+    return stop_ids_of(pauses["pause_id"].to_numpy(np.int64), pauses["kind"].astype(str).to_numpy(),
+                       pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64), jvm_of(pauses),
+                       at_safepoint_of(pauses))
+
+
+def stop_ids_of(pause_id: np.ndarray, kind: np.ndarray, start: np.ndarray, end: np.ndarray, jvm: np.ndarray,
+                at_safepoint: np.ndarray) -> np.ndarray:
+    """stop_ids of pauses given as arrays (jvm: -1 when unknown)."""
+    ids = pause_id.copy()
     safepoints = np.flatnonzero(kind == "safepoint")
     operations = np.flatnonzero((kind == "vm_operation") & at_safepoint)
     host = _inside(safepoints, operations, start, end, jvm)

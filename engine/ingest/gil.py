@@ -464,17 +464,27 @@ class EventsIntervals:
         return self._names
 
     def code_columns(self, code: np.ndarray):
-        """Per row a dense number of its code (rows of one number carry the same values), and
+        """Per row a dense number of its code (the file's codes numbered as they come), and
         function, file, line of each row's code as Arrow arrays (dictionary-encoded text)."""
         import pyarrow as pa
 
-        inverse, uniques = pd.factorize(np.asarray(code, np.uint64))  # (a hash, not a sort of the block)
-        names = resolve(uniques, self.code_table, recorded=self.recorded)
-        index = pa.array(inverse.astype(np.int32))
-        return inverse, {
-            "function": pa.DictionaryArray.from_arrays(index, pa.array(names["function"].astype(object), pa.string())),
-            "file": pa.DictionaryArray.from_arrays(index, pa.array(names["file"].astype(object), pa.string())),
-            "line": pa.array(names["line"].astype(object), pa.int64()).take(index),
+        from engine.correlate.kernels import DenseNumbers
+
+        if not hasattr(self, "_code_numbers"):
+            self._code_numbers, self._code_names = DenseNumbers(), None
+        numbers, new = self._code_numbers.number(np.asarray(code, np.uint64).view(np.int64))
+        if new.size:  # (names of the codes seen so far, resolved once each)
+            names = resolve(new.view(np.uint64), self.code_table, recorded=self.recorded)
+            self._code_names = names if self._code_names is None else pd.concat([self._code_names, names], ignore_index=True)
+            self._function = pa.array(self._code_names["function"].astype(object), pa.string())
+            self._file = pa.array(self._code_names["file"].astype(object), pa.string())
+            self._line = self._code_names["line"].fillna(0).to_numpy(np.int64), self._code_names["line"].isna().to_numpy(bool)
+        index = pa.array(numbers.astype(np.int32))
+        line, no_line = self._line
+        return numbers, {
+            "function": pa.DictionaryArray.from_arrays(index, self._function, safe=False),
+            "file": pa.DictionaryArray.from_arrays(index, self._file, safe=False),
+            "line": pa.array(line[numbers], pa.int64(), mask=no_line[numbers]),
         }
 
 
