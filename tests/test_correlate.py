@@ -133,6 +133,29 @@ def test_dense_numbers_in_parts_equal_one_factorize():
     assert np.array_equal(np.concatenate([new for _, new in got]), uniques) and np.array_equal(numbers.keys, uniques)
 
 
+@pytest.mark.parametrize("starts", ["spread", "ties", "bunched"])
+def test_a_block_sorted_by_buckets_equals_a_stable_sort_by_start_then_tid(starts):
+    """sort_rows (engine/ingest/gil.py): buckets by start where starts spread, np.argsort where
+    they bunch; either way a stable sort by (start, tid), as read_gil orders rows."""
+    from engine.ingest.gil import _bucket_sort, sort_rows
+
+    rng = np.random.default_rng(5)
+    n = 20_000
+    # (runs of one thread's rows in start order, as a block of the probe's file holds them)
+    start = np.concatenate([np.sort(rng.integers(0, {"spread": 10 ** 12, "ties": n // 2}.get(starts, 10), 50))
+                            for _ in range(n // 50)])
+    if starts == "bunched":
+        start[-1] = 1 << 50
+    tid, state = rng.integers(1, 9, n), rng.integers(0, 2, n).astype(np.int8)
+    end, code = start + rng.integers(0, 100, n), rng.integers(0, 1 << 63, n).astype(np.uint64)
+    rows = (tid, state, start, end, code)
+    bucketed = _bucket_sort(*rows, *(np.empty_like(a) for a in rows))
+    assert bucketed == (starts != "bunched")
+    key = np.lexsort((np.arange(n), tid, start))
+    for got, column in zip(sort_rows(*rows), rows):
+        assert np.array_equal(got, column[key])
+
+
 def test_more_than_a_thousand_new_threads_in_one_push():
     gil = gil_frame([(1, t, "released", 10 * t, 10 * t + 5) for t in range(1, 3001)])
     core = Correlator()

@@ -321,10 +321,11 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         pauses["start_ns"] += offset_ns
         pauses["end_ns"] += offset_ns
     core = Correlator(slack_ns, lifetimes=KnownLifetimes(lifetimes), gil_source=gil_clock.source,
-                      pauses_source=pause_clock.source)
+                      pauses_source=pause_clock.source, text_as_dictionary=True)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    writers = {"overlaps": TableWriter(out / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *gil.carried])),
+    writers = {"overlaps": TableWriter(out / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *gil.carried]),
+                                       text_as_dictionary=True),
                "gil_free": TableWriter(out / "gil_free.parquet", SCHEMAS["gil_free"])}
     if gil.copy_schema is not None:
         writers["gil"] = TableWriter(out / "gil.parquet", gil.copy_schema, text_as_dictionary=True)

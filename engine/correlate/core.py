@@ -61,7 +61,7 @@ import pandas as pd
 import pyarrow as pa
 
 from engine.correlate import kernels
-from engine.correlate.schema import END, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
+from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
 from engine.correlate.stops import STOP_KEY, at_safepoint_of, jvm_of, leader_rows, order_stops, stop_ids_of
 from engine.errors import TandemError
 
@@ -148,13 +148,16 @@ def _grow(array: np.ndarray, n: int, fill) -> np.ndarray:
 class Correlator:
     def __init__(self, slack_ns: int = 0, *, lifetimes: Lifetimes | None = None, gil_source: str = "gil table",
                  pauses_source: str = "pauses table", retain_ns: int = 0, keep_impact: bool = True,
-                 eager_pairs: bool = False):
+                 eager_pairs: bool = False, text_as_dictionary: bool = False):
         if slack_ns < 0:
             raise ValueError(f"slack_ns must be >= 0, got {slack_ns}")
         self.slack_ns = int(slack_ns)
         self.retain_ns = int(retain_ns)  # > 0: late rows accepted (see the module's docstring)
         self.keep_impact = keep_impact   # False: pause_impact() is not available, summary() is
         self.eager_pairs = eager_pairs    # overlaps rows with closed intervals at once (see the module's docstring)
+        # overlaps rows' text (state, carried text) dictionary-encoded, not made per row: for a
+        # driver writing them with TableWriter(text_as_dictionary=True)
+        self.text_as_dictionary = text_as_dictionary
         self._pushes = 0                  # pushes so far: when each pause and each closed GIL row came
         self.lifetimes = lifetimes or Lifetimes()
         self.gil_source, self.pauses_source = gil_source, pauses_source
@@ -713,15 +716,22 @@ class Correlator:
                              self.t_pid, self.t_tid, columns["pause_id"], columns["pid"], columns["tid"], state,
                              columns["start_ns"], columns["end_ns"], columns["overlap_ns"], columns["slack_ns"], near_miss)
         columns = {name: values[emit] for name, values in columns.items()}
-        overlaps = pa.table({**columns, "state": state_strings(state[emit]), "near_miss": near_miss[emit]}).select(
-            list(SCHEMAS["overlaps"].names)).cast(SCHEMAS["overlaps"])
+        if self.text_as_dictionary:
+            columns["state"] = pa.DictionaryArray.from_arrays(pa.array(state[emit]), pa.array(GIL_STATES), safe=False)
+        else:
+            columns["state"] = state_strings(state[emit])
+        overlaps = pa.table({**columns, "near_miss": near_miss[emit]}).select(list(SCHEMAS["overlaps"].names))
         if self._carried_table is not None:
             codes = self.r_carried[pair_a[emit]]
             if self.overlaps_codes is not None:
                 self.overlaps_codes(columns["pause_id"], columns["overlap_ns"], near_miss[emit], codes)
-            values = self._carried_table.take(pa.array(codes))
-            for name in values.column_names:
-                overlaps = overlaps.append_column(values.schema.field(name), values.column(name))
+            index = pa.array(codes.astype(np.int32))
+            for field, values in zip(self._carried_table.schema, self._carried_table.columns):
+                values = values.combine_chunks()
+                if self.text_as_dictionary and pa.types.is_string(field.type):
+                    overlaps = overlaps.append_column(field.name, pa.DictionaryArray.from_arrays(index, values, safe=False))
+                else:
+                    overlaps = overlaps.append_column(field, values.take(index))
         return overlaps
 
     def _eager_overlaps(self) -> pa.Table | None:

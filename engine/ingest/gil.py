@@ -354,6 +354,56 @@ def _order_ties_by_tid(start, tid, order) -> None:
         i = j
 
 
+BUCKET_ROWS_AT_MOST = 64
+
+
+@njit(cache=True, nogil=True)
+def _bucket_sort(tid, state, start, end, code, o_tid, o_state, o_start, o_end, o_code) -> bool:
+    """The rows sorted by (start, tid), stably, into o_*: spread into about one bucket a row by
+    start, then each bucket insertion-sorted. A block's rows are runs of one thread's rows in
+    start order, so a bucket holds a row or two. Returns False, writing nothing, when a bucket
+    would hold more than BUCKET_ROWS_AT_MOST rows (starts bunched: the caller sorts otherwise)."""
+    n = start.size
+    lo, hi = start.min(), start.max()
+    shift = 0
+    while ((hi - lo) >> shift) >= n:
+        shift += 1
+    n_buckets = ((hi - lo) >> shift) + 1
+    first = np.zeros(n_buckets + 1, np.int64)  # first row of each bucket (counts, then their sums)
+    for i in range(n):
+        first[((start[i] - lo) >> shift) + 1] += 1
+    for b in range(n_buckets):
+        if first[b + 1] > BUCKET_ROWS_AT_MOST:
+            return False
+        first[b + 1] += first[b]
+    at = first[:n_buckets].copy()
+    for i in range(n):
+        b = (start[i] - lo) >> shift
+        j = at[b]
+        at[b] += 1
+        o_tid[j], o_state[j], o_start[j], o_end[j], o_code[j] = tid[i], state[i], start[i], end[i], code[i]
+    for b in range(n_buckets):
+        for j in range(first[b] + 1, first[b + 1]):  # insertion sort by (start, tid); equal rows keep their order
+            t, st, s, e, c = o_tid[j], o_state[j], o_start[j], o_end[j], o_code[j]
+            k = j - 1
+            while k >= first[b] and (o_start[k] > s or (o_start[k] == s and o_tid[k] > t)):
+                o_tid[k + 1], o_state[k + 1], o_start[k + 1], o_end[k + 1], o_code[k + 1] = (
+                    o_tid[k], o_state[k], o_start[k], o_end[k], o_code[k])
+                k -= 1
+            o_tid[k + 1], o_state[k + 1], o_start[k + 1], o_end[k + 1], o_code[k + 1] = t, st, s, e, c
+    return True
+
+
+def sort_rows(tid, state, start, end, code):
+    """Interval rows sorted by (start, tid), stably (read_gil's order)."""
+    if start.size and _bucket_sort(tid, state, start, end, code, *(out := [np.empty_like(a) for a in
+                                                                            (tid, state, start, end, code)])):
+        return out
+    order = np.argsort(start, kind="stable")
+    _order_ties_by_tid(start, tid, order)
+    return [a[order] for a in (tid, state, start, end, code)]
+
+
 class _Pairing:
     """_pair_events' state carried from block to block (per thread slot), grown as threads come."""
 
@@ -422,10 +472,7 @@ class EventsIntervals:
                    np.empty(size, np.uint64)]
             n = pairing.pair(records, out, self.path)
             slot, state, start, end, code = (a[:n] for a in out)
-            rows_tid = pairing.slot_tid[slot]
-            order = np.argsort(start, kind="stable")
-            _order_ties_by_tid(start, rows_tid, order)
-            yield rows_tid[order], state[order], start[order], end[order], code[order]
+            yield tuple(sort_rows(pairing.slot_tid[slot], state, start, end, code))
 
     def bounds(self) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
         """What one pass of `blocks` would show, without making the rows: each block's earliest
