@@ -31,7 +31,7 @@ from engine.analysis.causes import (INFERENCE_WINDOW_NS, CodeHits, inference_can
 from engine.correlate import END, Correlator, GilRows, KnownLifetimes, Rows
 from engine.correlate import kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow
-from engine.correlate.stops import stop_columns
+from engine.correlate.stops import stop_ids
 from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES, RESULT_TABLES, SCHEMAS, to_pandas
 from engine.errors import TandemError
 from engine.join import check_pauses
@@ -57,20 +57,31 @@ class StreamedAnalysis:
         return self.summary_table
 
 
-def _thread_bounds(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> pd.DataFrame:
-    """key (pid << 32 | tid), start_ns, end_ns: the hull of each thread's non-empty intervals in a block."""
-    codes, uniques = pd.factorize(pid.astype(np.int64) << 32 | tid.astype(np.int64))
-    lo = np.full(len(uniques), END, np.int64)
-    hi = np.full(len(uniques), -END, np.int64)
-    kernels.group_bounds(codes.astype(np.int64), start, end, lo, hi)
-    return pd.DataFrame({"key": np.asarray(uniques, np.int64), "start_ns": lo, "end_ns": hi})
+class ThreadHulls:
+    """The hull of each thread's non-empty intervals (its inferred lifetime), block by block:
+    key (pid << 32 | tid), start_ns, end_ns."""
+
+    def __init__(self):
+        self.numbers = kernels.DenseNumbers()
+        self.lo, self.hi = np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+    def add(self, pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> "ThreadHulls":
+        index, new = self.numbers.number(pid.astype(np.int64) << 32 | tid.astype(np.int64))
+        if new.size:
+            self.lo = np.concatenate([self.lo, np.full(new.size, END, np.int64)])
+            self.hi = np.concatenate([self.hi, np.full(new.size, -END, np.int64)])
+        kernels.group_bounds(index, start, end, self.lo, self.hi)
+        return self
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame({"key": self.numbers.keys, "start_ns": self.lo, "end_ns": self.hi})
 
 
 def thread_lifetimes(gil: pd.DataFrame) -> pd.DataFrame:
     """pid, tid, start_ns, end_ns: each thread's lifetime in a whole GIL table (the hull of its
     non-empty intervals), as a streamed session's first pass gives it."""
     columns = (gil[c].to_numpy(np.int64) for c in ("pid", "tid", "start_ns", "end_ns"))
-    return _lifetimes([_thread_bounds(*columns)])
+    return _lifetimes([ThreadHulls().add(*columns).table()])
 
 
 def _lifetimes(bounds: list[pd.DataFrame]) -> pd.DataFrame:
@@ -173,13 +184,13 @@ class ParquetGil:
 
     def first_pass(self) -> pd.DataFrame:
         """Each thread's lifetime (pid, tid, start_ns, end_ns); the watermarks for `pushes`."""
-        block_min, bounds = [], []
+        block_min, hulls = [], ThreadHulls()
         for batch in self._blocks(list(TIME_COLUMNS)):
             pid, tid, start, end = (_int64(batch, c, self.source) for c in TIME_COLUMNS)
             block_min.append(int(start.min()) if start.size else END)
-            bounds.append(_thread_bounds(pid, tid, start, end))
+            hulls.add(pid, tid, start, end)
         self._later = _later_minimum(block_min)
-        return _lifetimes(bounds)
+        return _lifetimes([hulls.table()])
 
     def pushes(self):
         """(GilRows, watermark, rows so far) per block."""
@@ -335,13 +346,12 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     requesters = np.unique(requester_tids(pauses).dropna().to_numpy(np.int64))
     # ... and, for a System.gc() pause JFR names no requester for, the overlaps of that pause and
     # the rows of its JVM's own process near it (the requester may be inferred from them).
-    stop_of = stop_columns(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
-    stop = stop_of["stop_id"].to_numpy(np.int64)
+    stop = stop_ids(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
     candidates = pauses[inference_candidates(pauses, stop)]  # (none without a jvm_pid column)
     near = ((candidates["jvm_pid"].to_numpy(np.int64), candidates["start_ns"].to_numpy(np.int64) - INFERENCE_WINDOW_NS,
              candidates["end_ns"].to_numpy(np.int64) + INFERENCE_WINDOW_NS) if len(candidates) else ((), (), ()))
     candidate_ids, candidate_overlaps = candidates["pause_id"].to_numpy(np.int64), []
-    leaders = stop_of.loc[stop_of["stop_id"] == stop_of["pause_id"], "pause_id"].to_numpy(np.int64)
+    leaders = pauses["pause_id"].to_numpy(np.int64)[stop == pauses["pause_id"].to_numpy(np.int64)]
     requester_rows = []
     hits = CodeHits(leaders)  # the summary's "why": overlap per code, added up as the core makes the rows
     core.overlaps_codes = hits.add

@@ -221,7 +221,7 @@ class Correlator:
         # (part_of, kind, name, thread) with an exact overlap.
         self._impact: list[pa.Table] = []
         self._stop_keys: dict[tuple[str, str, str], int] = {}  # (part_of, kind, name) -> number
-        self._affected: set[int] = set()  # number << 32 | thread index
+        self._affected = np.zeros((0, 0), np.bool_)  # [number, thread index]: an exact overlap
         # Pauses that may lead a stop of the world a pause still to be finalized is inside
         # (engine/correlate/stops.py): kept while they end after the oldest such pause's start.
         self._leaders: pd.DataFrame | None = None
@@ -464,7 +464,8 @@ class Correlator:
             r_start, r_end = np.concatenate([self.r_start, start]), np.concatenate([self.r_end, end])
             r_tidx, r_state = np.concatenate([self.r_tidx, tidx]), np.concatenate([self.r_state, state])
             r_carried = np.concatenate([self.r_carried, carried])
-            r_came = np.concatenate([self.r_came, np.full(start.size, self._pushes, np.int64)])
+            r_came = np.empty(n_old + start.size, np.int64)
+            r_came[:n_old], r_came[n_old:] = self.r_came, self._pushes
             is_new = np.concatenate([np.zeros(n_old, np.bool_), np.ones(start.size, np.bool_)])
         dup = kernels.duplicate_rows(r_start, r_end, r_tidx, r_state, is_new)
         n_dup = int(np.count_nonzero(dup))
@@ -700,7 +701,13 @@ class Correlator:
         if exact.size:
             stop_key = np.array([self._stop_keys.setdefault(key, len(self._stop_keys)) for key in
                                  zip(part_of.tolist(), batch["kind"].tolist(), batch["name"].tolist())], np.int64)
-            self._affected.update(pd.unique(stop_key[pair_b[exact]] << 32 | self.r_tidx[pair_a[exact]]).tolist())
+            shape = (len(self._stop_keys), self.n_threads)
+            if shape[0] > self._affected.shape[0] or shape[1] > self._affected.shape[1]:
+                grown = np.zeros((max(shape[0], 2 * self._affected.shape[0]), max(shape[1], 2 * self._affected.shape[1])),
+                                 np.bool_)
+                grown[:self._affected.shape[0], :self._affected.shape[1]] = self._affected
+                self._affected = grown
+            self._affected[stop_key[pair_b[exact]], self.r_tidx[pair_a[exact]]] = True
         return overlaps, impact
 
     def _overlaps_table(self, pauses: pd.DataFrame, pair_b: np.ndarray, pair_a: np.ndarray, near_miss: np.ndarray,
@@ -817,9 +824,9 @@ class Correlator:
 
     def _affected_by(self, by: tuple[str, ...]) -> pd.Series:
         """Per `by` key: the distinct Python threads with an exact overlap."""
-        keys = np.fromiter(self._affected, np.int64, len(self._affected))
+        key, thread = np.nonzero(self._affected)
         names = pd.DataFrame(list(self._stop_keys), columns=["part_of", "kind", "name"])
-        affected = names.iloc[keys >> 32].reset_index(drop=True).assign(thread=keys & 0xFFFFFFFF)
+        affected = names.iloc[key].reset_index(drop=True).assign(thread=thread)
         if not len(affected):
             return pd.Series(dtype=np.int64)
         return affected.drop_duplicates([*by, "thread"]).groupby(list(by)).size()
