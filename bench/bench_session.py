@@ -7,7 +7,8 @@ in the hour: 70% of releases are followed by a wait for the GIL); a pauses table
 20,000 JVM pauses (0.1-50 ms). `tandem analyze --pauses P.parquet --gil SESSION` runs on a
 10-minute and a 60-minute session of the same rate, and DuckDB computes only the overlap
 pairs of the same 60 minutes from a Parquet copy of the intervals, in the same run; peak RSS
-is the kernel's count for each process. TANDEM_BENCH_SESSION_MINUTES=6 shrinks the long
+is the kernel's count for each process; each figure is the best of three runs, the three
+commands alternating, after the files written are synced. TANDEM_BENCH_SESSION_MINUTES=6 shrinks the long
 session (the short one is a sixth of it) for quick checks.
 """
 from __future__ import annotations
@@ -144,6 +145,7 @@ def main(console) -> list[Row]:
         console.print(f"writing a {minutes:g}-minute and a {minutes / 6:g}-minute session ...")
         long_session, long_pauses, n_long = write_session(tmp, minutes, parquet_copy=True)
         short_session, short_pauses, n_short = write_session(tmp, minutes / 6, seed=8)
+        os.sync()  # (the kernel's write-back of the 3 GB just written would run during the first timings)
 
         def tandem(session, pauses):
             return [sys.executable, "-m", "engine", "analyze", "--pauses", str(pauses), "--gil", str(session),
@@ -153,7 +155,7 @@ def main(console) -> list[Row]:
             DUCKDB_OVERLAPS.format(pauses=long_pauses, gil=tmp / "G.parquet", out=tmp / "duck.parquet"))]
         run_measured(tandem(short_session, short_pauses))  # warm-up: numba's cache
         runs = {"long": [], "short": [], "duckdb": []}
-        for _ in range(2):
+        for _ in range(3):
             runs["long"].append(run_measured(tandem(long_session, long_pauses)))
             runs["duckdb"].append(run_measured(duck))
             runs["short"].append(run_measured(tandem(short_session, short_pauses)))

@@ -7,8 +7,8 @@ process (`EventsGil`, intervals made block by block by engine.ingest.gil.EventsI
 Two passes over it. The first learns what the core cannot know from the past alone: where
 each later block starts at the earliest (the watermark after each block) and each thread's
 inferred lifetime (docs/results.md, "gil_free"). The second pushes the blocks, from the
-processes' files in the order their intervals start, each block read and paired by a thread
-of its own while the core takes the one before (`read_ahead`). Pauses (a few per second of
+processes' files in the order their intervals start, read and paired by a thread of its own
+up to READ_AHEAD_BLOCKS blocks ahead of the core (`read_ahead`). Pauses (a few per second of
 recording) stay in memory. Peak memory is about one block per process, the blocks read ahead,
 and the intervals a pause still in progress may pair with. The GIL intervals are not copied to OUT (docs/results.md,
 "gil.parquet").
@@ -38,6 +38,10 @@ from engine.join import check_pauses
 from engine.store import TableWriter, WriterThread, read_metadata
 
 BLOCK_ROWS = 1 << 20
+FIRST_PASS_THREADS = 8
+# Blocks read and paired ahead of the core: with one, the core waited for its next block ~0.5 s
+# an hour (the reading thread shares a core with the writer); three absorb that (docs/join.md).
+READ_AHEAD_BLOCKS = 3
 TIME_COLUMNS = ("pid", "tid", "start_ns", "end_ns")
 
 
@@ -228,8 +232,9 @@ class EventsGil:
             block_min, tid, lo, hi = f.bounds()  # (the blocks paired, their rows not made)
             return _later_minimum(block_min), pd.DataFrame({"key": f.pid << 32 | tid, "start_ns": lo, "end_ns": hi})
 
-        # Files are read side by side (reading and pairing release the GIL).
-        with ThreadPoolExecutor(max_workers=min(len(self.files), os.cpu_count() or 1) or 1) as pool:
+        # Files are read side by side (reading and pairing release the GIL), a thread each up to
+        # FIRST_PASS_THREADS: three files on two cores take 1.5 times one file's pass, not 2.
+        with ThreadPoolExecutor(max_workers=min(len(self.files), FIRST_PASS_THREADS) or 1) as pool:
             done = list(pool.map(one_file, self.files))
         self._later = [later for later, _ in done]
         bounds = [file_bounds for _, file_bounds in done]
@@ -368,7 +373,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
 
     try:
         pending_pauses = pauses
-        for block in read_ahead(gil.pushes()):
+        for block in read_ahead(gil.pushes(), depth=READ_AHEAD_BLOCKS):
             rows = block.rows
             emit(core.push(pauses=pending_pauses, gil=rows, watermark_ns=block.watermark_ns))
             pending_pauses = None
