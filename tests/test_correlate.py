@@ -131,6 +131,12 @@ def test_dense_numbers_in_parts_equal_one_factorize():
     got = [numbers.number(part) for part in np.split(keys, edges)]
     assert np.array_equal(np.concatenate([n for n, _ in got]), expected)
     assert np.array_equal(np.concatenate([new for _, new in got]), uniques) and np.array_equal(numbers.keys, uniques)
+    # pairs (pid, tid) as (pid << 32) | tid
+    pid, tid = rng.integers(1, 1 << 22, keys.size), rng.integers(0, 1 << 31, keys.size) % 5000
+    expected, uniques = pd.factorize(pid << 32 | tid)
+    numbers = DenseNumbers()
+    got = [numbers.number(t, high=p) for t, p in zip(np.split(tid, edges), np.split(pid, edges))]
+    assert np.array_equal(np.concatenate([n for n, _ in got]), expected) and np.array_equal(numbers.keys, uniques)
 
 
 @pytest.mark.parametrize("starts", ["spread", "ties", "bunched"])

@@ -70,7 +70,7 @@ class ThreadHulls:
         self.lo, self.hi = np.zeros(0, np.int64), np.zeros(0, np.int64)
 
     def add(self, pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> "ThreadHulls":
-        index, new = self.numbers.number(pid.astype(np.int64) << 32 | tid.astype(np.int64))
+        index, new = self.numbers.number(tid, high=pid)  # (pid << 32) | tid
         if new.size:
             self.lo = np.concatenate([self.lo, np.full(new.size, END, np.int64)])
             self.hi = np.concatenate([self.hi, np.full(new.size, -END, np.int64)])

@@ -404,7 +404,7 @@ class Correlator:
         return schema
 
     def _index_threads(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-        index, new = self._thread_numbers.number(pid.astype(np.int64) << 32 | tid.astype(np.int64))
+        index, new = self._thread_numbers.number(tid, high=pid)  # (pid << 32) | tid
         for key in new.tolist():
             self._new_thread(key >> 32, key & 0xFFFFFFFF)
         return index

@@ -18,22 +18,35 @@ END = 1 << 62
 def merge_rows(o_start, o_end, o_tidx, o_state, o_carried, o_came, start, end, tidx, state, carried, came):
     """The retained GIL rows (o_*) and a batch of new ones, both sorted by start, merged into
     one run sorted by start (old rows first on ties, as a stable sort of old then new), with
-    is_new per row; `came` is the new rows' push number. One pass over both."""
+    is_new per row; `came` is the new rows' push number. One pass over both, each row's source
+    picked by a select rather than a branch (the two runs interleave at random: a branch per
+    row was mispredicted every other row)."""
     n_old, n_new = o_start.size, start.size
     n = n_old + n_new
     r_start, r_end, r_tidx = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     r_state, r_carried, r_came = np.empty(n, np.int8), np.empty(n, np.int64), np.empty(n, np.int64)
     is_new = np.empty(n, np.bool_)
-    i = j = 0
-    for k in range(n):
-        if j >= n_new or (i < n_old and o_start[i] <= start[j]):
-            r_start[k], r_end[k], r_tidx[k], r_state[k] = o_start[i], o_end[i], o_tidx[i], o_state[i]
-            r_carried[k], r_came[k], is_new[k] = o_carried[i], o_came[i], False
-            i += 1
-        else:
-            r_start[k], r_end[k], r_tidx[k], r_state[k] = start[j], end[j], tidx[j], state[j]
-            r_carried[k], r_came[k], is_new[k] = carried[j], came, True
-            j += 1
+    i = j = k = 0
+    while i < n_old and j < n_new:
+        old = o_start[i] <= start[j]
+        r_start[k] = o_start[i] if old else start[j]
+        r_end[k] = o_end[i] if old else end[j]
+        r_tidx[k] = o_tidx[i] if old else tidx[j]
+        r_state[k] = o_state[i] if old else state[j]
+        r_carried[k] = o_carried[i] if old else carried[j]
+        r_came[k] = o_came[i] if old else came
+        is_new[k] = not old
+        i += old
+        j += 1 - old
+        k += 1
+    for i in range(i, n_old):
+        r_start[k], r_end[k], r_tidx[k], r_state[k] = o_start[i], o_end[i], o_tidx[i], o_state[i]
+        r_carried[k], r_came[k], is_new[k] = o_carried[i], o_came[i], False
+        k += 1
+    for j in range(j, n_new):
+        r_start[k], r_end[k], r_tidx[k], r_state[k] = start[j], end[j], tidx[j], state[j]
+        r_carried[k], r_came[k], is_new[k] = carried[j], came, True
+        k += 1
     return r_start, r_end, r_tidx, r_state, r_carried, r_came, is_new
 
 
@@ -388,18 +401,18 @@ def group_bounds(codes, start, end, lo, hi) -> None:
 
 
 @njit(cache=True, nogil=True)
-def _number_keys(keys, at, table_keys, table_used, table_values, n_known, new_keys, numbers) -> int:
-    """DenseNumbers.number's pass: from keys[at[0]] on, each key's number into NUMBERS; a key not
-    in the table (open addressing, a power of two long) gets the next number and is listed in
-    new_keys. Stops with the table half full (at[0]: the key to go on from); returns how many
-    keys were new."""
+def _number_keys(high, low, at, table_keys, table_used, table_values, n_known, new_keys, numbers) -> int:
+    """DenseNumbers.number's pass: from row at[0] on, each key's number into NUMBERS (the key:
+    low, or (high << 32) | low when HIGH has rows); a key not in the table (open addressing, a
+    power of two long) gets the next number and is listed in new_keys. Stops with the table half
+    full (at[0]: the row to go on from); returns how many keys were new."""
     mask = table_keys.size - 1
     n_new = 0
-    for i in range(at[0], keys.size):
+    for i in range(at[0], low.size):
         if 2 * (n_known + n_new + 1) > table_keys.size:
             at[0] = i
             return n_new
-        key = keys[i]
+        key = (np.int64(high[i]) << 32) | np.int64(low[i]) if high.size else np.int64(low[i])
         slot = ((key * -7046029254386353131) >> 40) & mask  # Fibonacci hashing (2^64 / golden ratio, signed)
         while table_used[slot] and table_keys[slot] != key:
             slot = (slot + 1) & mask
@@ -410,8 +423,11 @@ def _number_keys(keys, at, table_keys, table_used, table_values, n_known, new_ke
             new_keys[n_new] = key
             n_new += 1
         numbers[i] = table_values[slot]
-    at[0] = keys.size
+    at[0] = low.size
     return n_new
+
+
+_NO_ROWS = np.zeros(0, np.int64)
 
 
 class DenseNumbers:
@@ -430,18 +446,20 @@ class DenseNumbers:
         self._table_used = np.zeros(size, np.bool_)
         self._table_values = np.zeros(size, np.int64)
         if self.keys.size:
-            _number_keys(self.keys, np.zeros(1, np.int64), self._table_keys, self._table_used, self._table_values, 0,
-                         np.empty(self.keys.size, np.int64), np.empty(self.keys.size, np.int64))
+            _number_keys(_NO_ROWS, self.keys, np.zeros(1, np.int64), self._table_keys, self._table_used,
+                         self._table_values, 0, np.empty(self.keys.size, np.int64), np.empty(self.keys.size, np.int64))
 
-    def number(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The number of each key, and the keys numbered for the first time (in number order)."""
-        keys = np.ascontiguousarray(keys, np.int64)
+    def number(self, keys: np.ndarray, high: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The number of each key (int64; with HIGH, the keys are (high << 32) | keys), and the
+        keys numbered for the first time (in number order)."""
+        keys = np.asarray(keys)
+        high = _NO_ROWS if high is None else np.asarray(high)
         numbers = np.empty(keys.size, np.int64)
         new_keys = np.empty(keys.size, np.int64)
         at = np.zeros(1, np.int64)
         n_before = self.keys.size
         while True:
-            n_new = _number_keys(keys, at, self._table_keys, self._table_used, self._table_values, self.keys.size,
+            n_new = _number_keys(high, keys, at, self._table_keys, self._table_used, self._table_values, self.keys.size,
                                  new_keys, numbers)
             self.keys = np.concatenate([self.keys, new_keys[:n_new]])
             if at[0] == keys.size:
