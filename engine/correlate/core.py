@@ -487,11 +487,14 @@ class Correlator:
         np.maximum.at(self.p_last_end, self.t_pidx[:nt], self.t_seen_end[:nt])
 
     def _keep_rows(self, keep: np.ndarray) -> None:
-        """Only the retained GIL rows where KEEP is true stay (moved up in place: the arrays are
-        the core's own, and nothing holds a view of them)."""
-        n = kernels.keep_rows(keep, self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came)
+        """Of the retained GIL rows before keep.size, only those where KEEP is true stay (the rows
+        after all stay). They are moved up against the rows after them, in place (the arrays are
+        the core's own: nothing else holds a view of them), and the arrays become views from the
+        first row kept: nothing after the mask moves."""
+        first = kernels.keep_before(keep, self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came)
         self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came = (
-            self.r_start[:n], self.r_end[:n], self.r_tidx[:n], self.r_state[:n], self.r_carried[:n], self.r_came[:n])
+            self.r_start[first:], self.r_end[first:], self.r_tidx[first:], self.r_state[first:], self.r_carried[first:],
+            self.r_came[first:])
 
     # ---- open intervals (live) ---------------------------------------------------------------
 
@@ -784,14 +787,10 @@ class Correlator:
             if gone.any():
                 self._leaders = self._leaders[~gone].reset_index(drop=True)
         # Rows not swept yet (a suffix: rows are sorted by start) stay; of the others, those a
-        # pause may still overlap, moved up against them: nothing after them moves.
-        swept = int(np.searchsorted(self.r_start, self._swept, "left"))
-        keep = self.r_end[:swept] >= horizon - self.slack_ns
+        # pause may still overlap.
+        keep = self.r_end[:int(np.searchsorted(self.r_start, self._swept, "left"))] >= horizon - self.slack_ns
         if not keep.all():
-            first = kernels.keep_before(keep, self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came)
-            self.r_start, self.r_end, self.r_tidx, self.r_state, self.r_carried, self.r_came = (
-                self.r_start[first:], self.r_end[first:], self.r_tidx[first:], self.r_state[first:],
-                self.r_carried[first:], self.r_came[first:])
+            self._keep_rows(keep)
         keep = self.f_end > horizon
         if not keep.all():
             self.f_pidx, self.f_start, self.f_end = self.f_pidx[keep], self.f_start[keep], self.f_end[keep]

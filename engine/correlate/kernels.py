@@ -51,17 +51,6 @@ def merge_rows(o_start, o_end, o_tidx, o_state, o_carried, o_came, start, end, t
 
 
 @njit(cache=True, nogil=True)
-def keep_rows(keep, start, end, tidx, state, carried, came) -> int:
-    """Moves the rows where KEEP is true to the front of each array, in order; returns how many."""
-    n = 0
-    for i in range(keep.size):
-        if keep[i]:
-            start[n], end[n], tidx[n], state[n], carried[n], came[n] = start[i], end[i], tidx[i], state[i], carried[i], came[i]
-            n += 1
-    return n
-
-
-@njit(cache=True, nogil=True)
 def keep_before(keep, start, end, tidx, state, carried, came) -> int:
     """Moves the rows i < keep.size where KEEP is true, in order, up against row keep.size;
     returns the first row kept (the rows from there on are the ones to keep)."""
