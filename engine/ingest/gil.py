@@ -362,9 +362,12 @@ def _bucket_sort(tid, state, start, end, code, o_tid, o_state, o_start, o_end, o
     """The rows sorted by (start, tid), stably, into o_*: spread into about one bucket a row by
     start, then each bucket insertion-sorted. A block's rows are runs of one thread's rows in
     start order, so a bucket holds a row or two. Returns False, writing nothing, when a bucket
-    would hold more than BUCKET_ROWS_AT_MOST rows (starts bunched: the caller sorts otherwise)."""
+    would hold more than BUCKET_ROWS_AT_MOST rows (starts bunched) or the span of starts overflows
+    (the caller sorts otherwise)."""
     n = start.size
     lo, hi = start.min(), start.max()
+    if hi - lo < 0:  # (the span overflows int64: garbage times of a damaged file)
+        return False
     shift = 0
     while ((hi - lo) >> shift) >= n:
         shift += 1
