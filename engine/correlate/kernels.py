@@ -3,7 +3,8 @@
 Everything per GIL row runs here, in one pass over rows sorted by start: duplicate rows,
 the gil_free sweep, and each pause's columns of pause_impact from its overlap pairs.
 Threads and processes are small dense indexes (a few hundred at most); their state lives in
-arrays the core keeps between calls.
+arrays the core keeps between calls. DenseNumbers (a hash table kept across calls) gives those
+indexes, and numbers the code values of a GIL file for the reader (engine/ingest/gil.py).
 """
 from __future__ import annotations
 
