@@ -168,9 +168,11 @@ def test_events_file_read_block_by_block_equals_read_whole(tmp_path):
     from engine.ring.reader import EventsBlocks
 
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
-    probe._ring_stress(str(ring), str(events), 2, 200_000, 1024, 20_000, burst=3000, pause_us=2000, lanes=1)
+    # (enough events that the drain keeps several checked chunks of 1 MiB however much a loaded
+    # machine makes it lose: it kept 22% of 400 k under CI's load)
+    probe._ring_stress(str(ring), str(events), 2, 600_000, 1024, 20_000, burst=3000, pause_us=2000, lanes=1)
     got = read_events(events)
-    assert got.lost > 0 and len(got.records) > 3 * 32_768  # (several checked chunks of 1 MiB)
+    assert got.lost > 0 and len(got.records) > 3 * 32_768
     for mapped, block_records in ((True, 5_000), (True, 100_000), (False, 5_000), (False, 100_000)):
         blocks = EventsBlocks(events, block_records=block_records)
         blocks.closed = mapped  # (which way __iter__ reads)
