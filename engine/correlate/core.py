@@ -327,15 +327,16 @@ class Correlator:
     def _part_of(self, batch: pd.DataFrame) -> np.ndarray:
         """Per pause of a batch being finalized: the `kind: name` of the stop of the world it is
         inside, "" when it leads one or stands alone (its leader started before it: seen)."""
-        columns = [batch[c].to_numpy() for c in STOP_ARRAYS]
+        columns = {c: batch[c].to_numpy() for c in STOP_ARRAYS}
         if self._leaders is not None and len(batch):  # (the batch's own leaders are among them: its rows go last)
             # only the leaders that could hold one of the batch's pauses: those overlapping its span
-            leaders = [self._leaders[c].to_numpy() for c in STOP_ARRAYS]
-            near = ((leaders[4] >= int(columns[3].min())) & (leaders[3] <= int(columns[4].max()))
-                    & ~np.isin(leaders[0], columns[0]))
+            leaders = {c: self._leaders[c].to_numpy() for c in STOP_ARRAYS}
+            near = ((leaders["end_ns"] >= int(columns["start_ns"].min()))
+                    & (leaders["start_ns"] <= int(columns["end_ns"].max()))
+                    & ~np.isin(leaders["pause_id"], columns["pause_id"]))
             if near.any():
-                columns = [np.concatenate([other[near], mine]) for other, mine in zip(leaders, columns)]
-        pause_id, kind, name, start, end, jvm, at_safepoint = columns
+                columns = {c: np.concatenate([leaders[c][near], columns[c]]) for c in STOP_ARRAYS}
+        pause_id, kind, name, start, end, jvm, at_safepoint = (columns[c] for c in STOP_ARRAYS)
         ids = stop_ids_of(pause_id, kind, start, end, jvm, at_safepoint)[-len(batch):]
         part_of = np.full(len(batch), "", object)
         inside = np.flatnonzero(ids != pause_id[-len(batch):])

@@ -399,12 +399,13 @@ def _bucket_sort(tid, state, start, end, code, o_tid, o_state, o_start, o_end, o
 
 def sort_rows(tid, state, start, end, code):
     """Interval rows sorted by (start, tid), stably (read_gil's order)."""
-    if start.size and _bucket_sort(tid, state, start, end, code, *(out := [np.empty_like(a) for a in
-                                                                            (tid, state, start, end, code)])):
+    rows = (tid, state, start, end, code)
+    out = [np.empty_like(a) for a in rows]
+    if start.size and _bucket_sort(*rows, *out):
         return out
     order = np.argsort(start, kind="stable")
     _order_ties_by_tid(start, tid, order)
-    return [a[order] for a in (tid, state, start, end, code)]
+    return [a[order] for a in rows]
 
 
 class _Pairing:
@@ -453,6 +454,7 @@ class EventsIntervals:
     facts about the process (attrs["processes"])."""
 
     def __init__(self, events_path: Path, block_records: int = 1 << 20):
+        from engine.correlate.kernels import DenseNumbers
         from engine.ring.reader import EventsBlocks
 
         self.path = Path(events_path)
@@ -463,6 +465,8 @@ class EventsIntervals:
         codes_path = _side_file(self.path, session_name="gil.codes", suffix=".codes")
         self.recorded = codes_path.exists()
         self.code_table = read_code_table(codes_path) if self.recorded else {}
+        # code_columns' state: the file's codes numbered as they come, and their names
+        self._code_numbers, self._code_names = DenseNumbers(), None
         self.process: dict = {}
 
     def blocks(self):
@@ -518,10 +522,6 @@ class EventsIntervals:
         function, file, line of each row's code as Arrow arrays (dictionary-encoded text)."""
         import pyarrow as pa
 
-        from engine.correlate.kernels import DenseNumbers
-
-        if not hasattr(self, "_code_numbers"):
-            self._code_numbers, self._code_names = DenseNumbers(), None
         numbers, new = self._code_numbers.number(np.asarray(code, np.uint64).view(np.int64))
         if new.size:  # (names of the codes seen so far, resolved once each)
             names = resolve(new.view(np.uint64), self.code_table, recorded=self.recorded)
