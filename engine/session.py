@@ -71,7 +71,7 @@ class Session:
         jvms = [j for j in jvms if j.recordings]
         if not jvms and not pythons:
             raise TandemError(f"{path}: the session holds no JVM recording and no GIL events (was anything started under `tandem record`?)")
-        return cls(path, _read_json(path / "session.json"), jvms, pythons)
+        return cls(path, read_json(path / "session.json", strict=True), jvms, pythons)
 
     def identity(self) -> "SessionIdentity":
         """Where this session lands in a fleet dataset (docs/fleet.md, "Session identity")."""
@@ -122,13 +122,17 @@ def pid_from_name(name: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def _read_json(path: Path) -> dict:
-    if not path.exists():
-        return {}
+def read_json(path: Path, strict: bool = False) -> dict:
+    """A description (session.json, jvm.json, probe.json, docs/session.md): {} when missing;
+    when unreadable (its writer may be midway), {}, or with STRICT an error naming it."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {}
     except (OSError, ValueError) as err:
-        raise TandemError(f"{path}: unreadable session description ({err})") from None
+        if strict:
+            raise TandemError(f"{path}: unreadable session description ({err})") from None
+        return {}
 
 
 def jvm_recordings(directory: Path) -> tuple[list[Path], bool]:
@@ -147,7 +151,7 @@ def jvm_recordings(directory: Path) -> tuple[list[Path], bool]:
 
 def _jvm_source(directory: Path) -> JvmSource:
     recordings, closed = jvm_recordings(directory)
-    return JvmSource(directory, recordings, _read_json(directory / "jvm.json"), closed=closed)
+    return JvmSource(directory, recordings, read_json(directory / "jvm.json", strict=True), closed=closed)
 
 
 def _python_source(directory: Path) -> PythonSource:
@@ -157,5 +161,5 @@ def _python_source(directory: Path) -> PythonSource:
         directory,
         events if events.exists() else None,
         ring if ring.exists() else None,
-        _read_json(directory / "probe.json"),
+        read_json(directory / "probe.json", strict=True),
     )

@@ -16,12 +16,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from engine.ingest.gil import events_to_intervals
+from engine.ingest.gil import Pairing, as_records, events_to_intervals, interval_frame
 from engine.live.alerts import Alerts
-from engine.live.intervals import IncrementalIntervals
 from engine.live.writer import RollingWriter, read_parts
 from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 from engine.store import read_table
+from gil_model import model_intervals, model_open
 
 TANDEM = [sys.executable, "-m", "engine"]
 PAIR_KEY = ["pause_id", "pid", "tid", "state", "start_ns", "end_ns", "overlap_ns", "slack_ns", "near_miss"]
@@ -49,20 +49,32 @@ def _random_events(rng, threads=4, per_thread=300):
     return np.array(t)[order], np.array(tid)[order], np.array(kind)[order]
 
 
+class _Builder:
+    """What GilSource does with each poll's records: Pairing, the intervals as a gil frame."""
+
+    def __init__(self, pid: int):
+        self.pid, self.pairing = pid, Pairing()
+
+    def push(self, t, tid, kind) -> pd.DataFrame:
+        return interval_frame(self.pid, *self.pairing.intervals(as_records(t, tid, kind)))
+
+    def open_intervals(self):
+        return [(self.pid, *row) for row in zip(*(a.tolist() for a in self.pairing.open_intervals()))]
+
+
 @pytest.mark.parametrize("seed", range(5))
-def test_incremental_intervals_equal_one_shot(seed):
+def test_incremental_intervals_equal_the_per_event_model(seed):
     rng = np.random.default_rng(seed)
     t, tid, kind = _random_events(rng)
-    expected = events_to_intervals(t, tid, kind, pid=7)
     cuts = np.sort(rng.choice(np.arange(1, len(t)), size=12, replace=False))
-    builder = IncrementalIntervals(7)
+    builder = _Builder(7)
     parts = [builder.push(t[a:b], tid[a:b], kind[a:b]) for a, b in zip([0, *cuts], [*cuts, len(t)])]
     got = pd.concat(parts, ignore_index=True)
-    columns = ["pid", "tid", "state", "start_ns", "end_ns"]
-    assert _rows(got, columns) == _rows(expected, columns)
+    assert sorted(zip(got.tid.tolist(), (got.state.astype(str) == "waiting").astype(int).tolist(), got.start_ns.tolist(),
+                      got.end_ns.tolist())) == [row[:4] for row in model_intervals(t, tid, kind)]
+    assert set(got["pid"]) <= {7}
     # What is still open: each thread whose last event is DROP or TAKE_REQUEST.
-    last = {int(th): (int(tt), int(k)) for tt, th, k in zip(t, tid, kind)}
-    assert builder.pending_starts() == {th: tt for th, (tt, k) in last.items() if k in (GIL_DROP, GIL_TAKE_REQUEST)}
+    assert {th: (state, start) for _, th, state, start in builder.open_intervals()} == model_open(t, tid, kind)
 
 
 # ---- rolling files and alerts --------------------------------------------------------------
@@ -325,9 +337,9 @@ def test_a_killed_producer_is_reported_and_the_rest_continues(tmp_path):
 
 
 def test_a_gap_in_the_stream_starts_new_pairs():
-    builder = IncrementalIntervals(1)
+    builder = _Builder(1)
     builder.push([10], [5], [GIL_DROP])
-    builder.forget()  # what GilSource does when the tailer missed records
+    builder.pairing.forget()  # what GilSource does when the tailer missed records
     assert builder.push([90, 95], [5, 5], [GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED])[["state", "start_ns", "end_ns"]].astype(
         {"state": str}).values.tolist() == [["waiting", 90, 95]]
 
@@ -560,7 +572,7 @@ def test_the_core_driven_as_live_equals_offline(seed, slack):
             p_arrive[i] = max(p_arrive[i], p_arrive[inside.index].max())
     lifetimes = _ProcLike(last_end)
     core = Correlator(slack, lifetimes=lifetimes, retain_ns=20_000, keep_impact=False)
-    builders = {p: IncrementalIntervals(p) for p in (11, 12)}
+    builders = {p: _Builder(p) for p in (11, 12)}
     rows, gil_all = [], []
     now = 0
     while now <= max(span + 10_000, int(p_arrive.max())):
@@ -572,7 +584,7 @@ def test_the_core_driven_as_live_equals_offline(seed, slack):
         gil_all.append(gil)
         opens = [iv for b in builders.values() for iv in b.open_intervals() if lifetimes.alive(iv[0], iv[1])]
         open_rows = GilRows(*(np.array([iv[k] for iv in opens], np.int64) for k in (0, 1)),
-                            np.array([iv[2] == "waiting" for iv in opens], np.int8),
+                            np.array([iv[2] for iv in opens], np.int8),
                             *(np.array([iv[3] for iv in opens], np.int64),) * 2) if opens else GilRows.empty()
         batch = pauses[(p_arrive >= now) & (p_arrive < nxt)]
         rows.append(core.push(pauses=batch, gil=gil_rows_from_frame(gil), open=open_rows,

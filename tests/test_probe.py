@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 
 from engine.errors import TandemError
-from engine.ingest.gil import events_to_intervals, gil_free_gaps, gil_holds, read_gil
+from engine.ingest.gil import events_to_intervals, read_gil
 from engine.probe import check_gil_present
 from engine.probe.build import probe_env
 from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 from engine.ring.reader import read_events, read_ring
 
 from conftest import REPO, python_params, tsc_usable
+from gil_model import gil_free_gaps, gil_holds, model_intervals
 
 WORKLOADS = Path(__file__).resolve().parent / "probe_workloads.py"
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
@@ -266,12 +267,12 @@ def test_events_to_intervals_pairs_per_thread():
 
 
 @pytest.mark.parametrize("block", [997, 50_000, 300_000])
-def test_block_pairing_equals_the_whole_stream(block):
-    """Streamed pairing (engine.ingest.gil._Pairing, block by block: its state carried across
-    blocks, its tables grown mid-block for thread ids past 64 Ki and for more than 1,024 threads)
-    makes the rows events_to_intervals makes of the whole stream; its measuring pass finds each
-    thread's hull of non-empty intervals."""
-    from engine.ingest.gil import _Pairing
+def test_block_pairing_equals_the_per_event_model(block):
+    """Pairing block by block (engine.ingest.gil.Pairing: its state carried across blocks, its
+    tables grown mid-block for thread ids past 64 Ki and for more than 1,024 threads) makes the
+    rows of a per-event model of the whole stream (tests/gil_model.py), and so does
+    events_to_intervals at once; the measuring pass finds each block's earliest start."""
+    from engine.ingest.gil import Pairing
 
     rng = np.random.default_rng(5)
     n = 300_000
@@ -281,26 +282,18 @@ def test_block_pairing_equals_the_whole_stream(block):
     records["tid"] = tids
     records["kind"] = rng.choice(np.array([GIL_DROP, GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED], np.uint16), n)
     records["aux"] = rng.integers(0, 1_000, n)
+    expected = model_intervals(records["mono_ns"], records["tid"], records["kind"], records["aux"])
     whole = events_to_intervals(records["mono_ns"], tids, records["kind"], pid=1, aux=records["aux"])
-    expected = sorted(zip(whole.tid, (whole.state.astype(str) == "waiting").astype(int), whole.start_ns, whole.end_ns, whole.code))
-    pairing, measuring, rows, block_min = _Pairing(), _Pairing(), [], []
+    assert sorted(zip(whole.tid.tolist(), (whole.state.astype(str) == "waiting").astype(int).tolist(),
+                      whole.start_ns.tolist(), whole.end_ns.tolist(), whole.code.tolist())) == expected
+    pairing, measuring, rows = Pairing(), Pairing(), []
     for first in range(0, n, block):
         part = records[first:first + block]
-        out = [np.empty(part.size, t) for t in (np.int64, np.int8, np.int64, np.int64, np.uint64)]
-        made = pairing.pair(part, out, Path("test"))
-        slot, state, start, end, code = (a[:made] for a in out)
-        rows += zip(pairing.slot_tid[slot], state, start, end, code)
-        block_min.append(measuring.measure(part, Path("test")))
-        assert block_min[-1] == (int(start.min()) if made else 1 << 62)
-    assert sorted((int(a), int(b), int(c), int(d), int(e)) for a, b, c, d, e in rows) == \
-        [(int(a), int(b), int(c), int(d), int(e)) for a, b, c, d, e in expected]
-    assert pairing.n_slots[0] == measuring.n_slots[0] == len(set(tids.tolist())) > 1_024
-    real = whole[whole.end_ns > whole.start_ns]
-    hull = real.groupby("tid").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
-    count = int(measuring.n_slots[0])
-    measured = {int(t): (int(lo), int(hi)) for t, lo, hi in zip(measuring.slot_tid[:count], measuring.lo[:count],
-                                                                  measuring.hi[:count]) if lo <= hi}
-    assert measured == {int(t): (int(r.lo), int(r.hi)) for t, r in hull.iterrows()}
+        made = pairing.intervals(part)
+        rows += zip(*(a.tolist() for a in made))
+        assert made[2].tolist() == sorted(made[2].tolist())
+        assert measuring.measure(part) == (int(made[2].min()) if made[2].size else 1 << 62)
+    assert sorted(rows) == expected
 
 
 def test_decoder_lengths_match_objdump_on_real_prologues():

@@ -34,6 +34,7 @@ from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arro
 from engine.correlate.stops import stop_ids
 from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES, RESULT_TABLES, SCHEMAS, to_pandas
 from engine.errors import TandemError
+from engine.ingest.gil import PROBE_CLOCK
 from engine.join import check_pauses
 from engine.store import TableWriter, WriterThread, read_metadata
 
@@ -240,8 +241,7 @@ class EventsGil:
         bounds = [file_bounds for _, file_bounds in done]
         # What read_gil says about the processes (engine/ingest/gil.py), for the header.
         processes = [f.process for f in self.files]
-        self.attrs = {"processes": processes,
-                      "clock": {"domain": "monotonic", "method": "clock_gettime(CLOCK_MONOTONIC)", "error_ns": 0}}
+        self.attrs = {"processes": processes, "clock": dict(PROBE_CLOCK)}
         if len(processes) == 1:
             self.attrs.update(processes[0])
         return _lifetimes(bounds)

@@ -18,9 +18,6 @@ are as coarse as the sampling period and never 'waiting'.
 `function`, `file`, `line`: the Python code the thread was in when it gave the GIL up (the
 DROP's code, engine/ingest/codes.py); a waiting interval has the code of the thread's
 release before it (a forced switch: the code that was running), or none before any.
-
-`gil_free_gaps` gives the global gaps when no thread holds the GIL; `gil_holds` the
-per-thread holding intervals.
 """
 from __future__ import annotations
 
@@ -36,9 +33,11 @@ from numba import njit
 from engine.correlate.schema import END
 from engine.errors import TandemError
 from engine.ingest.codes import NO_FRAME, read_code_table, resolve
-from engine.ring.layout import GIL_DROP, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
+from engine.session import read_json
+from engine.ring.layout import GIL_RECORD_DTYPE, GIL_DROP, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 
-COLUMNS = ["pid", "tid", "thread_name", "state", "start_ns", "end_ns", "function", "file", "line"]
+# The probe stamps with clock_gettime(CLOCK_MONOTONIC) itself: no conversion, no error.
+PROBE_CLOCK = {"domain": "monotonic", "method": "clock_gettime(CLOCK_MONOTONIC)", "error_ns": 0}
 STATES = ["released", "waiting"]
 
 
@@ -62,95 +61,40 @@ def sampling_to_events(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray) -
     return out_t[order].astype(np.int64), out_tid[order].astype(np.int64), out_kind[order].astype(np.int64)
 
 
-def _by_thread(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray):
-    """Events grouped by thread, each thread's in production order (stable sort)."""
-    order = np.argsort(tid, kind="stable")
-    return mono_ns[order].astype(np.int64), tid[order].astype(np.int64), kind[order].astype(np.int64)
+def as_records(mono_ns, tid, kind, aux=None) -> np.ndarray:
+    """Events given as arrays, as the probe's records (GIL_RECORD_DTYPE): one layout for the pairing."""
+    records = np.zeros(len(mono_ns), GIL_RECORD_DTYPE)
+    records["mono_ns"], records["tid"], records["kind"] = mono_ns, tid, kind
+    if aux is not None:
+        records["aux"] = aux
+    return records
 
 
-def _code_of_intervals(th: np.ndarray, k: np.ndarray, aux: np.ndarray) -> np.ndarray:
-    """Per event (grouped by thread): the aux of the thread's last DROP at or before it
-    (NO_FRAME before the thread's first DROP): the code an interval starting there is in."""
-    position = np.arange(len(k))
-    last_drop = np.maximum.accumulate(np.where(k == GIL_DROP, position, -1)) if len(k) else position
-    own = (last_drop >= 0) & (th[np.maximum(last_drop, 0)] == th)
-    return np.where(own, aux[np.maximum(last_drop, 0)], np.uint64(NO_FRAME)).astype(np.uint64)
+def interval_frame(pid: int, tid, state, start, end, code) -> pd.DataFrame:
+    """Paired intervals (Pairing.intervals) as the gil table without thread names, with their `code`."""
+    return pd.DataFrame({
+        "pid": np.full(len(tid), pid, dtype=np.int64),
+        "tid": np.asarray(tid, np.int64),
+        "thread_name": pd.array([pd.NA] * len(tid), dtype="string"),
+        "state": pd.Categorical.from_codes(np.asarray(state, np.int8), categories=STATES),
+        "start_ns": start,
+        "end_ns": end,
+        "code": code,
+    })
 
 
 def events_to_intervals(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray, pid: int = 0, aux: np.ndarray | None = None) -> pd.DataFrame:
     """Released/waiting intervals from GIL events (arrays of equal length, production order).
 
-    Returns the gil table without thread names (column thread_name all missing). AUX (the
-    records' aux): the `code` column holds each interval's code (engine/ingest/codes.py),
-    0 without it."""
-    mono_ns, tid, kind = np.asarray(mono_ns), np.asarray(tid), np.asarray(kind)
-    aux = np.zeros(len(kind), np.uint64) if aux is None else np.asarray(aux, dtype=np.uint64)
-    sampled = np.isin(kind, (GIL_SAMPLE_HELD, GIL_SAMPLE_FREE))
+    Returns the gil table without thread names (column thread_name all missing), rows by
+    (start_ns, tid). AUX (the records' aux): the `code` column holds each interval's code
+    (engine/ingest/codes.py), 0 without it."""
+    records = as_records(mono_ns, tid, kind, aux)
+    sampled = np.isin(records["kind"], (GIL_SAMPLE_HELD, GIL_SAMPLE_FREE))
     if sampled.any():
-        s_t, s_tid, s_kind = sampling_to_events(mono_ns[sampled], tid[sampled], kind[sampled])
-        mono_ns = np.concatenate([mono_ns[~sampled], s_t])
-        tid = np.concatenate([tid[~sampled], s_tid])
-        kind = np.concatenate([kind[~sampled], s_kind])
-        aux = np.concatenate([aux[~sampled], np.zeros(len(s_t), np.uint64)])
-    order = np.argsort(tid, kind="stable")
-    t, th, k = _by_thread(mono_ns, tid, kind)
-    code = _code_of_intervals(th, k, aux[order])
-    same = th[1:] == th[:-1]
-    first, second = k[:-1], k[1:]
-    released = same & (first == GIL_DROP) & ((second == GIL_TAKE_REQUEST) | (second == GIL_TAKE_ACQUIRED))
-    # A take that did not wait has its request and its acquisition at one time (the probe's
-    # lazy request, docs/probe.md): no waiting interval for it.
-    waiting = same & (first == GIL_TAKE_REQUEST) & (second == GIL_TAKE_ACQUIRED) & (t[1:] > t[:-1])
-    keep = released | waiting
-    state = np.where(released[keep], 0, 1)
-    df = pd.DataFrame(
-        {
-            "pid": np.full(int(keep.sum()), pid, dtype=np.int64),
-            "tid": th[:-1][keep],
-            "thread_name": pd.array([pd.NA] * int(keep.sum()), dtype="string"),
-            "state": pd.Categorical.from_codes(state, categories=STATES),
-            "start_ns": t[:-1][keep],
-            "end_ns": t[1:][keep],
-            "code": code[:-1][keep],
-        }
-    )
-    return df.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
-
-
-def gil_holds(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray) -> pd.DataFrame:
-    """Per-thread holding intervals: TAKE_ACQUIRED -> next DROP of the same thread
-    (columns tid, start_ns, end_ns)."""
-    mono_ns, tid, kind = np.asarray(mono_ns), np.asarray(tid), np.asarray(kind)
-    sampled = np.isin(kind, (GIL_SAMPLE_HELD, GIL_SAMPLE_FREE))
-    if sampled.any():
-        mono_ns, tid, kind = sampling_to_events(mono_ns[sampled], tid[sampled], kind[sampled])
-    t, th, k = _by_thread(mono_ns, tid, kind)
-    pair = (th[1:] == th[:-1]) & (k[:-1] == GIL_TAKE_ACQUIRED) & (k[1:] == GIL_DROP)
-    return pd.DataFrame({"tid": th[:-1][pair], "start_ns": t[:-1][pair], "end_ns": t[1:][pair]}).sort_values("start_ns", kind="stable").reset_index(drop=True)
-
-
-def gil_free_gaps(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray) -> pd.DataFrame:
-    """Global gaps when no thread holds the GIL (start_ns, end_ns), between the first and the
-    last event: the complement of the union of every thread's holding intervals."""
-    holds = gil_holds(mono_ns, tid, kind)
-    if len(mono_ns) == 0:
-        return pd.DataFrame({"start_ns": np.array([], np.int64), "end_ns": np.array([], np.int64)})
-    lo, hi = int(np.min(mono_ns)), int(np.max(mono_ns))
-    starts, ends = holds["start_ns"].to_numpy(), holds["end_ns"].to_numpy()
-    if len(starts):
-        # Union of the holds (sorted by start): a new block begins where a start lies beyond
-        # every end seen so far; a block ends at the running maximum of ends before the next.
-        running_end = np.maximum.accumulate(ends)
-        new_block = np.concatenate([[True], starts[1:] > running_end[:-1]])
-        first_of_block = np.flatnonzero(new_block)
-        block_starts = starts[first_of_block]
-        block_ends = running_end[np.concatenate([first_of_block[1:] - 1, [len(starts) - 1]])]
-    else:
-        block_starts = block_ends = np.array([], np.int64)
-    gap_starts = np.concatenate([[lo], block_ends])
-    gap_ends = np.concatenate([block_starts, [hi]])
-    keep = gap_ends > gap_starts
-    return pd.DataFrame({"start_ns": gap_starts[keep].astype(np.int64), "end_ns": gap_ends[keep].astype(np.int64)})
+        converted = sampling_to_events(records["mono_ns"][sampled], records["tid"][sampled], records["kind"][sampled])
+        records = np.concatenate([records[~sampled], as_records(*converted)])
+    return interval_frame(pid, *Pairing().intervals(records))
 
 
 # ---- files ---------------------------------------------------------------------------------
@@ -180,23 +124,38 @@ def _side_file(path: Path, session_name: str, suffix: str) -> Path:
 def _description(path: Path) -> dict:
     """probe.json (session layout) or FILE.json (engine.probe.start(FILE)), if present."""
     meta = _side_file(path, session_name="probe.json", suffix=".json")
-    return json.loads(meta.read_text()) if meta.exists() else {}
+    return read_json(meta)
 
 
 def _thread_names(path: Path, meta: dict) -> dict[int, str]:
-    """tid -> name: probe.json's (written at stop) updated by the side file the probe
-    appends to as threads start (threads.jsonl / FILE.threads.jsonl), which survives a
-    process that never stopped the probe. A line cut short by SIGKILL is skipped."""
+    """tid -> name: probe.json's (written at stop) updated by the side file of started threads
+    (threads.jsonl / FILE.threads.jsonl), which survives a process that never stopped the probe."""
     names = {int(k): v for k, v in meta.get("thread_names", {}).items()}
-    side = _side_file(path, session_name="threads.jsonl", suffix=".threads.jsonl")
-    if side.exists():
-        for line in side.read_text(errors="replace").splitlines():
-            try:
-                entry = json.loads(line)
-                names[int(entry["tid"])] = str(entry["name"])
-            except (ValueError, KeyError, TypeError):
-                continue
+    return names | started_threads(_side_file(path, session_name="threads.jsonl", suffix=".threads.jsonl"))
+
+
+def started_threads(side: Path) -> dict[int, str]:
+    """tid -> name from the side file the probe appends a line to as each thread starts (a line
+    cut short by SIGKILL is skipped)."""
+    names = {}
+    try:
+        lines = side.read_text(errors="replace").splitlines()
+    except OSError:
+        return names
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            names[int(entry["tid"])] = str(entry["name"])
+        except (ValueError, KeyError, TypeError):
+            continue
     return names
+
+
+def _process_facts(header, meta: dict, lost: int, closed: bool, events: int) -> dict:
+    """What read_gil says of one process (attrs["processes"])."""
+    return {"pid": int(header.producer_pid), "python_version": header.runtime_version, "backend": header.backend,
+            "misses": meta.get("misses"), "boot_id": header.boot_id, "dropped": int(lost),
+            "drain_lost": int(header.drain_lost), "closed": bool(closed), "events": int(events)}
 
 
 def _load(path: Path):
@@ -219,20 +178,8 @@ def _with_ring_leftovers(path: Path, events) -> tuple[np.ndarray, int]:
     """A recording that was never closed (SIGKILL, os._exit, a JVM that exits under Jep):
     its events file holds what the drain thread wrote up to its last pass (at most one
     drain period, 20 ms by default, before the end); the ring file beside it still holds
-    the records committed since. Those are added, per lane the positions past the last one
-    in the events file (a record's seq is its lane position + 1 in both files), so a killed
-    process loses nothing it had stamped. The ring's drop counters include drops after the
-    last pass. A ring that is missing, from another producer or unreadable adds nothing:
-    the events file alone is still whole up to its last pass."""
-    from engine.ring.reader import read_ring
-
-    ring_path = _side_file(path, session_name="gil.ring", suffix=".ring")
-    if not ring_path.exists():
-        return events.records, int(events.lost)
-    try:
-        ring, leftovers, _missed = read_ring(ring_path)
-    except TandemError:
-        return events.records, int(events.lost)
+    the records committed since. Those are added (_ring_leftovers), so a killed process
+    loses nothing it had stamped."""
     last = np.zeros(events.header.lane_count, dtype=np.uint64)
     np.maximum.at(last, events.records["lane"].astype(np.intp), events.records["seq"])
     new, dropped = _ring_leftovers(path, events.header, last + np.uint64(1))
@@ -243,8 +190,10 @@ def _with_ring_leftovers(path: Path, events) -> tuple[np.ndarray, int]:
 
 def _ring_leftovers(path: Path, mine, next_seq: np.ndarray):
     """The records of the ring beside an unclosed events file past what the file holds (per
-    lane, seq >= next_seq), and the ring's drop count; (None, 0) when there is no usable ring
-    (see _with_ring_leftovers)."""
+    lane, seq >= next_seq: a record's seq is its lane position + 1 in both files), and the
+    ring's drop count (it includes drops after the drain's last pass). (None, 0) when the ring
+    is missing, from another producer or unreadable: the events file alone is still whole up
+    to its last pass."""
     from engine.ring.reader import read_ring
 
     ring_path = _side_file(path, session_name="gil.ring", suffix=".ring")
@@ -355,6 +304,8 @@ def _order_ties_by_tid(start, tid, order) -> None:
 
 
 BUCKET_ROWS_AT_MOST = 64
+# Linux thread ids are at most pid_max, 2^22 on 64-bit: a larger one is a damaged record.
+TID_AT_MOST = 1 << 22
 
 
 @njit(cache=True, nogil=True)
@@ -408,10 +359,14 @@ def sort_rows(tid, state, start, end, code):
     return [a[order] for a in rows]
 
 
-class _Pairing:
-    """_pair_events' state carried from block to block (per thread slot), grown as threads come."""
+class Pairing:
+    """GIL events paired into intervals per thread (_pair_events), batch after batch: each
+    thread's last event, and the code of its last DROP, is carried to the next batch, so the
+    intervals are those of the whole stream at once. The tables per thread grow as threads come.
+    SOURCE names the events in errors."""
 
-    def __init__(self):
+    def __init__(self, source: str = "GIL events"):
+        self.source = source
         self.slot_of = np.full(1 << 16, -1, np.int32)
         self.n_slots = np.zeros(1, np.int64)
         self.last_t, self.last_k = np.zeros(1024, np.int64), np.zeros(1024, np.int64)
@@ -419,7 +374,7 @@ class _Pairing:
         self.lo, self.hi = np.zeros(1024, np.int64), np.zeros(1024, np.int64)
         self._none = [np.empty(0, t) for t in (np.int64, np.int8, np.int64, np.int64, np.uint64)]
 
-    def pair(self, records, out: list, path: Path, write_rows: bool = True, block_min=None) -> int:
+    def _pair(self, records, out: list, write_rows: bool = True, block_min=None) -> int:
         tid = records["tid"]
         at = np.zeros(2, np.int64)
         while True:
@@ -427,12 +382,14 @@ class _Pairing:
                              self.last_t, self.last_k, self.last_drop, *out, self.n_slots, write_rows, self.lo, self.hi,
                              block_min if block_min is not None else np.zeros(1, np.int64), at)
             if n < 0:
-                raise SampledRecords(str(path))
+                raise SampledRecords(self.source)
             if at[0] == tid.size:
                 return n
             at[1] = n  # stopped for room: a thread id past slot_of, or a new thread with every slot taken
             th = int(tid[at[0]])
             if th >= self.slot_of.size:
+                if th > TID_AT_MOST:
+                    raise TandemError(f"{self.source}: thread id {th} is beyond any Linux thread id (a damaged file?)")
                 self.slot_of = np.concatenate([self.slot_of, np.full(max(th + 1, 2 * self.slot_of.size) - self.slot_of.size,
                                                                      -1, np.int32)])
             else:
@@ -440,11 +397,33 @@ class _Pairing:
                 for name in ("last_t", "last_k", "last_drop", "slot_tid", "lo", "hi"):
                     setattr(self, name, np.resize(getattr(self, name), size))
 
-    def measure(self, records, path: Path) -> int:
+    def intervals(self, records) -> list[np.ndarray]:
+        """The intervals the RECORDS close (tid, state, start_ns, end_ns, code), by (start, tid);
+        raises SampledRecords."""
+        out = [np.empty(records.size, t) for t in (np.int64, np.int8, np.int64, np.int64, np.uint64)]
+        n = self._pair(records, out)
+        slot, state, start, end, code = (a[:n] for a in out)
+        return sort_rows(self.slot_tid[slot], state, start, end, code)
+
+    def measure(self, records) -> int:
         """Pairs a block without making its rows; returns its earliest start (END if none)."""
         block_min = np.full(1, END, np.int64)
-        self.pair(records, self._none, path, write_rows=False, block_min=block_min)
+        self._pair(records, self._none, write_rows=False, block_min=block_min)
         return int(block_min[0])
+
+    def open_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tid, state, start_ns) of each interval open now: its thread's last event is a DROP
+        (released) or a TAKE_REQUEST (waiting), and its closing event has not come."""
+        n = int(self.n_slots[0])
+        last_k = self.last_k[:n]
+        released, waiting = last_k == GIL_DROP, last_k == GIL_TAKE_REQUEST
+        open_ = released | waiting
+        return self.slot_tid[:n][open_], waiting[open_].astype(np.int8), self.last_t[:n][open_]
+
+    def forget(self) -> None:
+        """No thread has a last event any more (after a gap in the stream): the next events start
+        new pairs, as at the start of a stream."""
+        self.last_k[:int(self.n_slots[0])] = 0
 
 
 class EventsIntervals:
@@ -472,23 +451,16 @@ class EventsIntervals:
     def blocks(self):
         """(tid, state, start_ns, end_ns, code) arrays per block, in start order (ties by tid);
         raises SampledRecords."""
-        pairing = _Pairing()
+        pairing = Pairing(str(self.path))
         for records in self._records():
-            size = records.size
-            out = [np.empty(size, np.int64), np.empty(size, np.int8), np.empty(size, np.int64), np.empty(size, np.int64),
-                   np.empty(size, np.uint64)]
-            n = pairing.pair(records, out, self.path)
-            slot, state, start, end, code = (a[:n] for a in out)
-            yield tuple(sort_rows(pairing.slot_tid[slot], state, start, end, code))
+            yield tuple(pairing.intervals(records))
 
     def bounds(self) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
         """What one pass of `blocks` would show, without making the rows: each block's earliest
         start (END for a block without intervals), and per thread (tid, lo, hi) the hull of
         its non-empty intervals (lo > hi for a thread without any)."""
-        pairing = _Pairing()
-        block_min = []
-        for records in self._records():
-            block_min.append(pairing.measure(records, self.path))
+        pairing = Pairing(str(self.path))
+        block_min = [pairing.measure(records) for records in self._records()]
         n = int(pairing.n_slots[0])
         return block_min, pairing.slot_tid[:n].copy(), pairing.lo[:n].copy(), pairing.hi[:n].copy()
 
@@ -508,9 +480,7 @@ class EventsIntervals:
                 events += leftovers.size
                 if leftovers.size:
                     yield leftovers
-        self.process = {"pid": self.pid, "python_version": self.header.runtime_version, "backend": self.header.backend,
-                        "misses": self.meta.get("misses"), "boot_id": self.header.boot_id, "dropped": int(lost),
-                        "drain_lost": int(self.header.drain_lost), "closed": bool(reader.closed), "events": int(events)}
+        self.process = _process_facts(self.header, self.meta, lost, reader.closed, events)
 
     def thread_names(self) -> dict[int, str]:
         if not hasattr(self, "_names"):
@@ -558,19 +528,7 @@ def read_gil(path: str | os.PathLike) -> pd.DataFrame:
         if names:
             df["thread_name"] = df["tid"].map(names).astype("string")
         frames.append(df)
-        processes.append(
-            {
-                "pid": pid,
-                "python_version": header.runtime_version,
-                "backend": header.backend,
-                "misses": meta.get("misses"),
-                "boot_id": header.boot_id,
-                "dropped": lost,
-                "drain_lost": int(header.drain_lost),
-                "closed": closed,
-                "events": int(len(records)),
-            }
-        )
+        processes.append(_process_facts(header, meta, lost, closed, len(records)))
     if not frames:
         empty = events_to_intervals(np.array([]), np.array([]), np.array([]))
         frames = [pd.concat([empty.drop(columns="code"), resolve(np.array([], np.uint64), {}, recorded=False)], axis=1)]
@@ -578,8 +536,7 @@ def read_gil(path: str | os.PathLike) -> pd.DataFrame:
     df["state"] = pd.Categorical(df["state"], categories=STATES)
     df["thread_name"] = df["thread_name"].astype("string")
     df.attrs["processes"] = processes
-    # The probe stamps with clock_gettime(CLOCK_MONOTONIC) itself: no conversion, no error.
-    df.attrs["clock"] = {"domain": "monotonic", "method": "clock_gettime(CLOCK_MONOTONIC)", "error_ns": 0}
+    df.attrs["clock"] = dict(PROBE_CLOCK)
     if len(processes) == 1:
         df.attrs.update({k: v for k, v in processes[0].items()})
     return df

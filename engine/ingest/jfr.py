@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 
-import json
 import tempfile
 import threading
 import time
@@ -24,6 +23,7 @@ from engine.clock import align
 from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET, Chunk, ChunkScan, scan_chunks, split_runs
 from engine.errors import TandemError, TandemWarning
 from engine.ingest import jfr_chunks, jfr_input
+from engine.session import read_json
 
 KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
 # The JFR event types each kind comes from (for witnesses such as `jfr print --events`).
@@ -133,10 +133,7 @@ def _session_end_wall_ns(path: Path) -> int | None:
         return None
     parts = path.parent.parts
     jvm_dir = Path(*parts[: len(parts) - parts[::-1].index("repository") - 1])
-    try:
-        session = json.loads((jvm_dir.parent / "session.json").read_text())
-    except (OSError, ValueError):
-        return None
+    session = read_json(jvm_dir.parent / "session.json")
     end = session.get("end_wall_ns")
     return int(end) if isinstance(end, int) and session.get("pid") == jvm_json["pid"] else None
 
@@ -307,10 +304,9 @@ def _agent_description(path: Path) -> dict:
         parts = path.parent.parts
         folders.append(Path(*parts[: len(parts) - parts[::-1].index("repository") - 1]))
     for folder in folders:
-        try:
-            return json.loads((folder / "jvm.json").read_text())
-        except (OSError, ValueError):
-            continue
+        description = read_json(folder / "jvm.json")
+        if description:
+            return description
     return {}
 
 

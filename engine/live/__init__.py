@@ -3,8 +3,8 @@
 The correlation is the core's (engine/correlate), as for `tandem analyze`; this package has
 its inputs and outputs, one module each:
 - sources: the processes of a session as they appear and exit; a GIL ring per Python
-  process, a pause ring or the JFR repository per JVM (chosen automatically);
-- intervals: GIL events arriving in batches -> released/waiting intervals (and those open);
+  process (its events paired into intervals as offline, engine.ingest.gil.Pairing), a
+  pause ring or the JFR repository per JVM (chosen automatically);
 - watermark: how far the GIL streams are complete;
 - lifetimes: which threads and processes still exist (/proc), for the core;
 - writer: rolling Parquet parts, each file atomic;

@@ -25,8 +25,9 @@ from engine.live import watermark as wm
 from engine.live.alerts import Alerts
 from engine.live.lifetimes import ProcLifetimes
 from engine.live.memory import release_free_memory
-from engine.live.sources import RepositorySource, SessionWatcher, _read_json
+from engine.live.sources import RepositorySource, SessionWatcher
 from engine.live.writer import RollingWriter
+from engine.session import read_json
 
 GIL_POLL_S = 0.2
 JVM_POLL_S = 0.5
@@ -120,13 +121,12 @@ class LiveRun:
 
     def _open_intervals(self) -> GilRows:
         """The GIL intervals open now, of threads alive (one that exited while released leaves no interval)."""
-        rows = [iv for s in self.watcher.gil.values() if not s.done for iv in s.intervals.open_intervals()
+        rows = [iv for s in self.watcher.gil.values() if not s.done for iv in s.open_intervals()
                 if self.lifetimes.alive(iv[0], iv[1])]
         if not rows:
             return GilRows.empty()
-        pid, tid, state, start = (np.array(c) for c in zip(*rows))
-        start = start.astype(np.int64)
-        return GilRows(pid.astype(np.int64), tid.astype(np.int64), (state == "waiting").astype(np.int8), start, start)
+        pid, tid, state, start = (np.array(c, np.int64) for c in zip(*rows))
+        return GilRows(pid, tid, state.astype(np.int8), start, start)
 
     def _push(self, pauses: pd.DataFrame, gil: pd.DataFrame, final: bool) -> None:
         w = max(wm.watermark(self.watcher.gil.values()), self.core.watermark_ns)
@@ -191,7 +191,7 @@ class LiveRun:
                 if self.view is not None and time.monotonic() - last_view >= VIEW_EVERY_S:
                     last_view = time.monotonic()
                     self.view.update(self)
-                if self.follow_recorder and "end_monotonic_ns" in _read_json(self.session / "session.json"):
+                if self.follow_recorder and "end_monotonic_ns" in read_json(self.session / "session.json"):
                     self.command_done.set()  # the recorder (`tandem record`) has seen its command end
                 if self.command_done.is_set():
                     done_since = done_since or time.monotonic()

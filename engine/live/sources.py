@@ -17,7 +17,6 @@ keeps what they need: engine/correlate/core.py, `retain_ns`).
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -28,17 +27,11 @@ import numpy as np
 import pandas as pd
 
 from engine.errors import TandemError
-from engine.live.intervals import IncrementalIntervals
-from engine.session import pid_from_name, process_alive
+from engine.ingest.gil import Pairing, SampledRecords, interval_frame, started_threads
+from engine.ring.layout import GIL_RECORD_DTYPE
+from engine.session import pid_from_name, process_alive, read_json
 
 PAUSE_RING_KINDS = {1: "safepoint", 2: "gc_pause", 3: "gc", 4: "vm_operation"}  # java-agent PauseRing.KIND_*
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 class GilSource:
@@ -48,7 +41,8 @@ class GilSource:
         self.directory = directory
         self.pid = pid_from_name(directory.name)
         self.tailer = None
-        self.intervals = IncrementalIntervals(self.pid or 0, {})
+        self.pairing = Pairing(f"py-{self.pid}")  # (each thread's last event carried from poll to poll)
+        self.thread_names: dict[int, str] = {}
         self.done = False
         self.problem: str | None = None
         self.frontier_ns: int | None = None
@@ -67,12 +61,7 @@ class GilSource:
         if size == self._names_size:
             return
         self._names_size = size
-        for line in side.read_text(errors="replace").splitlines():
-            try:
-                entry = json.loads(line)
-                self.intervals.thread_names[int(entry["tid"])] = str(entry["name"])
-            except (ValueError, KeyError, TypeError):
-                continue
+        self.thread_names.update(started_threads(side))
 
     def poll(self) -> pd.DataFrame:
         """The intervals closed by the records committed since the last poll."""
@@ -86,16 +75,16 @@ class GilSource:
                 if gone:
                     self.done = True
                     self.problem = "exited before its ring appeared"
-                return self.intervals.push([], [], [])
+                return self._intervals(np.zeros(0, GIL_RECORD_DTYPE))
             self.tailer = RingTailer(ring)
         missed_before = self.tailer.missed
         records = self.tailer.poll(producer_gone=gone)
         if self.tailer.missed > missed_before:
             # Records were overwritten before we read them: a thread's last event and its next
             # one read are no longer consecutive, so pairing them would invent an interval.
-            self.intervals.forget()
+            self.pairing.forget()
         self._thread_names()
-        out = self.intervals.push(records["mono_ns"], records["tid"], records["kind"])
+        out = self._intervals(records)
         self.frontier_ns = started
         if gone:
             self.done = True
@@ -103,6 +92,21 @@ class GilSource:
                 self.problem = "exited without closing its ring (killed?)"
             self.tailer.close()
         return out
+
+    def _intervals(self, records: np.ndarray) -> pd.DataFrame:
+        try:
+            out = interval_frame(self.pid or 0, *self.pairing.intervals(records))
+        except SampledRecords:
+            raise TandemError(f"{self.label}: sampling-backend GIL records are not supported by `tandem live` "
+                              "(use `tandem record` + `tandem analyze`)") from None
+        if len(out) and self.thread_names:
+            out["thread_name"] = out["tid"].map(self.thread_names).astype("string")
+        return out
+
+    def open_intervals(self) -> list[tuple[int, int, int, int]]:
+        """(pid, tid, state, start_ns) of each interval open now (its closing event not read yet)."""
+        tid, state, start = self.pairing.open_intervals()
+        return [(self.pid or 0, t, s, b) for t, s, b in zip(tid.tolist(), state.tolist(), start.tolist())]
 
     def status(self) -> dict:
         t = self.tailer
@@ -253,7 +257,7 @@ class RepositorySource(_PauseSource):
 
     def poll(self) -> pd.DataFrame:
         gone = not process_alive(self.pid)
-        state = _read_json(self.directory / "jvm.json").get("state")
+        state = read_json(self.directory / "jvm.json").get("state")
         recording = self.directory / "recording.jfr"
         frames = []
         if (state == "closed" or gone) and recording.exists() and recording.stat().st_size > 0:
@@ -406,8 +410,6 @@ class RingWithRepositorySource(PauseRingSource):
     def _repository_loop(self) -> None:
         """Re-reads the repository off the live loop (a read takes tenths of a second: the
         ring's rows must not wait for it)."""
-        import queue  # noqa: F401  (the queue is made in poll)
-
         while not self.done:
             try:
                 frame = self.repository.poll()

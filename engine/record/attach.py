@@ -1,14 +1,13 @@
 """Loading the tandem agent into a JVM that is already running (the Attach API)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
 from pathlib import Path
 
 from engine.errors import TandemError
-from engine.session import process_alive
+from engine.session import process_alive, read_json
 
 ATTACH_TIMEOUT_S = 60
 # After --duration the agent still writes recording.jfr; allow for a large dump.
@@ -55,10 +54,7 @@ def load_agent(java: Path, jar: Path, pid: int, options: str) -> None:
 
 
 def jvm_state(jvm_dir: Path) -> str | None:
-    try:
-        return json.loads((jvm_dir / "jvm.json").read_text()).get("state")
-    except (OSError, ValueError):
-        return None
+    return read_json(jvm_dir / "jvm.json").get("state")
 
 
 def wait_until_closed(jvm_dir: Path, pid: int, seconds: float, progress=None) -> str:

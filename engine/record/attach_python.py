@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from engine.errors import TandemError
-from engine.session import process_alive
+from engine.session import process_alive, read_json
 
 INJECT_SOURCE = Path(__file__).with_name("inject.c")
 GDB_TIMEOUT_S = 60
@@ -174,10 +174,7 @@ def stop(pid: int, session: Path, cache: Path) -> str:
 
 
 def _state(directory: Path) -> str | None:
-    try:
-        return json.loads((directory / "probe.json").read_text()).get("state")
-    except (OSError, ValueError):
-        return None
+    return read_json(directory / "probe.json").get("state")
 
 
 def _wait_for(predicate, what: str, timeout: float = 30.0) -> None:

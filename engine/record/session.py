@@ -12,8 +12,8 @@ import socket
 import time
 from pathlib import Path
 
-from engine.errors import TandemError
 from engine.probe.private import private_directory
+from engine.session import read_json
 
 
 _user_umask: int | None = None
@@ -67,10 +67,7 @@ def finish_session(path: Path, **fields) -> str | None:
 
 
 def read_description(path: Path) -> dict:
-    try:
-        return json.loads((path / "session.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(path / "session.json")
 
 
 def write_description(path: Path, description: dict) -> None:

@@ -1,14 +1,13 @@
 """What a session captured, per process: files, sizes, and JFR event counts."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.session import jvm_recordings
+from engine.session import jvm_recordings, read_json
 
 # The event types a user of tandem looks for first; the rest are summed up as "events".
 KEY_EVENTS = {
@@ -64,7 +63,7 @@ def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCa
     such a file is left out, and the reading goes on."""
     captures = []
     for directory in sorted(session.glob("jvm-*")):
-        description = _read_json(directory / "jvm.json")
+        description = read_json(directory / "jvm.json")
         try:
             files, _closed = jvm_recordings(directory)
         except OSError:  # its repository went away while we listed it
@@ -86,7 +85,7 @@ def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCa
             files = sorted(p for p in directory.iterdir() if p.is_file())
         except OSError:
             files = []
-        captures.append(ProcessCapture("python", directory, _read_json(directory / "probe.json"), files))
+        captures.append(ProcessCapture("python", directory, read_json(directory / "probe.json"), files))
     return captures
 
 
@@ -94,7 +93,7 @@ def unprobed_interpreters(session: Path) -> list[dict]:
     """The interpreters that ran without the GIL probe, with the reason (SESSION/unprobed/)."""
     from engine.probe.start_hook import UNPROBED_DIR
 
-    return [entry for entry in map(_read_json, sorted((session / UNPROBED_DIR).glob("*.json"))) if entry]
+    return [entry for entry in map(read_json, sorted((session / UNPROBED_DIR).glob("*.json"))) if entry]
 
 
 def print_summary(console, session: Path, captures: list[ProcessCapture]) -> None:
@@ -146,13 +145,6 @@ def agent_error_line(jvm_dir: Path) -> str | None:
         return (jvm_dir / "agent-error.txt").read_text().strip() or None
     except OSError:
         return None
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _size(size: float) -> str:
