@@ -179,6 +179,7 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
 
     from engine.analysis import correlate, load_results
     from engine.analysis import stream
+    from engine.ingest import gil_stream
     from engine.store import read_table, write_table
 
     pauses, gil = adversarial_tables(seed) if seed % 2 else random_scenario(seed)
@@ -188,7 +189,7 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
         gil["function"] = pd.array([f"f{i % 7}" for i in range(len(gil))], dtype="string")
         gil["line"] = pd.array([None if i % 4 == 0 else i % 11 for i in range(len(gil))], dtype="Int64")
     write_table(gil, tmp_path / "g.parquet", {"source": "test"})
-    monkeypatch.setattr(stream, "BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(gil_stream, "BLOCK_ROWS", block_rows)
     old_mask = os.umask(0o027)
     try:
         streamed = stream.analyze_parquet(tmp_path / "out", pauses, tmp_path / "g.parquet", slack_ns=5)
@@ -197,7 +198,7 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
     expected = correlate(pauses, read_table(tmp_path / "g.parquet"), slack_ns=5, gil_source=str(tmp_path / "g.parquet"))
     assert not (tmp_path / "out" / "gil.parquet").exists()  # not copied: the header names it
     if seed == 3:  # unless asked: then it is the table as given
-        stream.analyze_streamed(tmp_path / "copied", pauses, stream.ParquetGil(tmp_path / "g.parquet", copy=True), slack_ns=5)
+        stream.analyze_streamed(tmp_path / "copied", pauses, gil_stream.ParquetGil(tmp_path / "g.parquet", copy=True), slack_ns=5)
         pd.testing.assert_frame_equal(read_table(tmp_path / "copied" / "gil.parquet"), read_table(tmp_path / "g.parquet"))
     assert streamed.header.pop("gil_table") == [str(tmp_path / "g.parquet")]
     assert streamed.header == expected.header
@@ -296,8 +297,9 @@ def test_a_streamed_session_equals_the_whole_table_analysis(tmp_path):
     import sys
 
     from engine.analysis import correlate, load_results
-    from engine.analysis.sources import gil_from
-    from engine.analysis.stream import EventsGil, analyze_streamed
+    from engine.analysis.stream import analyze_streamed
+    from engine.ingest.gil_stream import EventsGil
+    from engine.ingest.inputs import gil_from
     from engine.store import read_table
 
     files = [tmp_path / f"p{i}.events" for i in range(2)]

@@ -138,7 +138,7 @@ def correlate(
     gil_free = gil_free.sort_by([("pid", "ascending"), ("start_ns", "ascending")])
     header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, duplicate_gil_rows)
     overlaps = to_pandas(overlaps, "overlaps")
-    from engine.analysis.stream import thread_lifetimes
+    from engine.ingest.gil_stream import thread_lifetimes
 
     stop = stop_ids(pauses)
     impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, gil,
@@ -194,7 +194,7 @@ def _header(core: Correlator, pauses: pd.DataFrame, gil_attrs: dict, pause_clock
 def analyze(pauses, gil=None, *, slack_ns: int = 0, offset_ns: int | None = None) -> Analysis:
     """`correlate` from a session directory (`analyze(SESSION)`), or from two tables given as
     DataFrames, Parquet paths, JFR recordings (pauses) or GIL probe files (gil)."""
-    from engine.analysis.sources import gil_from, pauses_from
+    from engine.ingest.inputs import gil_from, pauses_from
 
     if gil is None:
         return analyze_session(pauses, slack_ns=slack_ns, offset_ns=offset_ns)
@@ -209,7 +209,7 @@ def analyze(pauses, gil=None, *, slack_ns: int = 0, offset_ns: int | None = None
 
 def analyze_session(session: str | os.PathLike, *, slack_ns: int = 0, offset_ns: int | None = None) -> Analysis:
     """Every JVM recording and every GIL events file of a `tandem record` session, correlated."""
-    from engine.analysis.sources import gil_from, pauses_from
+    from engine.ingest.inputs import gil_from, pauses_from
 
     pauses, pauses_source = pauses_from(session=Path(session))
     gil, gil_source = gil_from(session=Path(session))
@@ -224,8 +224,8 @@ def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = No
     GIL side is named by the results, not copied into OUT/gil.parquet unless COPY_GIL
     (docs/results.md, "gil.parquet"). Returns the summary, the header and the files written
     (engine.analysis.stream.StreamedAnalysis)."""
-    from engine.analysis.sources import gil_from, pauses_from
-    from engine.analysis.stream import StreamedAnalysis, analyze_streamed, streamable_gil
+    from engine.analysis.stream import StreamedAnalysis, analyze_streamed
+    from engine.ingest.inputs import gil_from, pauses_from, streamable_gil
     from engine.ingest.gil import SampledRecords
 
     session = Path(session) if session is not None else None
@@ -264,7 +264,7 @@ def load_results(out_dir: str | os.PathLike) -> Analysis:
             tables[name] = empty_frame("stops")  # (results written before the stops table)
         elif name == "gil" and gil_table and not path.exists():
             # A streamed analysis names the GIL files it read instead of copying their intervals.
-            from engine.analysis.sources import gil_from
+            from engine.ingest.inputs import gil_from
 
             missing = [p for p in gil_table if not Path(p).exists()]
             if missing:

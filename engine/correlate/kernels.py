@@ -124,11 +124,7 @@ def _close_free(p, t, free_since, close_start, close_end, out_pid, out_start, ou
     """pid p stops being free at t: the segment is held back until it cannot rejoin (touching ones join)."""
     if free_since[p] != NONE:
         if free_since[p] < t:
-            if close_end[p] != NONE:
-                out_pid[n_out] = p
-                out_start[n_out] = close_start[p]
-                out_end[n_out] = close_end[p]
-                n_out += 1
+            n_out = _emit_closed(p, close_start, close_end, out_pid, out_start, out_end, n_out)
             close_start[p] = free_since[p]
             close_end[p] = t
         free_since[p] = NONE

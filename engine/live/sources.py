@@ -127,7 +127,6 @@ class _PauseSource:
         self.problem: str | None = None
         self.pauses_seen = 0
         self.clock_error_ns: int | None = None
-        self.clock_method: str | None = None
 
     @property
     def label(self) -> str:
@@ -149,7 +148,7 @@ class PauseRingSource(_PauseSource):
 
         self.tailer = RingTailer(directory / "pauses.ring")
         self.names = dict(self.tailer.header.names)
-        self.clock_error_ns, self.clock_method = 0, "System.nanoTime() (pause ring)"
+        self.clock_error_ns = 0  # (System.nanoTime() through the agent's ClockSync: on CLOCK_MONOTONIC)
 
     def _refresh_names(self) -> None:
         from engine.ring.layout import FILE_KIND_RING
@@ -225,7 +224,6 @@ class RepositorySource(_PauseSource):
                 return None
         runs = [run for source in frame.attrs.get("sources", []) for run in source.get("runs", [])]
         clock = runs[-1]["clock"] if runs else {}
-        self.clock_method = clock.get("method")
         offset = clock.get("offset_ns") if clock.get("method") == "clock_sync" and clock.get("slope") is None else None
         if offset is not None:
             if self._offset_ns is None:
@@ -365,7 +363,6 @@ class RingWithRepositorySource(PauseRingSource):
         self._delivered: dict[str, _Spans] = {}
         self._held: pd.DataFrame | None = None
         self._shifts: list[int] = []
-        self._last_repository = 0.0
         self._last_reconcile = 0.0
         self._ring_done = False
         self._repo_done = False
@@ -552,6 +549,3 @@ class SessionWatcher:
                 continue  # the agent is still starting: look again next scan
             self.jvm[directory] = source
             self.events.append(f"{directory.name}: JVM found, pauses from its {source.how}")
-
-    def active(self):
-        return [s for s in (*self.gil.values(), *self.jvm.values()) if not s.done]

@@ -113,7 +113,7 @@ def _batches(files: list[Path], wanted: tuple[str, ...]) -> Iterator:
 
     for path in files:
         if path.suffix != ".parquet":  # a probe's events file: read_gil's table, block by block
-            from engine.analysis.stream import EventsGil
+            from engine.ingest.gil_stream import EventsGil
 
             for table in EventsGil([path]).tables():
                 yield from table.select([c for c in wanted if c in table.column_names]).to_batches()

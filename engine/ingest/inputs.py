@@ -1,4 +1,5 @@
-"""Turning what a user points `tandem analyze` at into the two input tables.
+"""Turning what a user points `tandem analyze` at into the two input tables (or the GIL side
+as a stream of blocks, `streamable_gil`); new input kinds are added here.
 
 The inputs, any mix of which can be given: a session directory (`tandem record -o`), JFR
 recordings, GIL probe files (events files, rings, `py-<pid>` directories), and Parquet
@@ -6,6 +7,7 @@ tables of either side brought from elsewhere (docs/results.md, "Input tables").
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -14,9 +16,19 @@ import pandas as pd
 from engine.errors import TandemError
 
 
+def read_input_table(path: str | os.PathLike) -> pd.DataFrame:
+    """A pauses or GIL table from a Parquet file; its tandem metadata (if any) becomes df.attrs.
+    Columns are checked later, against the table's role (engine.join.tables), naming this path."""
+    from engine.store import read_table
+
+    path = Path(path)
+    if not path.is_file():
+        raise TandemError(f"{path}: no such file")
+    return read_table(path)
+
+
 def pauses_from(session: Path | None = None, jfr: Iterable[Path] = (), tables: Iterable[Path] = ()) -> tuple[pd.DataFrame, str]:
     """The pauses table of a session's JVMs, of JFR recordings, or of Parquet tables."""
-    from engine.analysis.inputs import read_input_table
     from engine.ingest.jfr import read_pauses
 
     recordings, names = list(jfr), [str(p) for p in jfr]
@@ -39,7 +51,6 @@ def pauses_from(session: Path | None = None, jfr: Iterable[Path] = (), tables: I
 
 def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[pd.DataFrame, str]:
     """The gil table of a session's interpreters, of probe files, or of Parquet tables."""
-    from engine.analysis.inputs import read_input_table
     from engine.ingest.gil import read_gil
 
     frames, names = [], []
@@ -77,3 +88,21 @@ def _concat_pauses(frames: list[pd.DataFrame]) -> pd.DataFrame:
     out = pd.concat(renumbered, ignore_index=True)
     out.attrs = dict(attrs)
     return out
+
+
+def streamable_gil(session: Path | None, gil: list[Path], copy: bool = False):
+    """The GIL side as a stream when it is one Parquet table or only events files (a session's,
+    or given as paths); None for what is read whole (rings, several tables). COPY: the results
+    hold a gil.parquet of their own instead of naming these files."""
+    from engine.ingest.gil import _events_files
+    from engine.ingest.gil_stream import EventsGil, ParquetGil
+
+    if len(gil) == 1 and gil[0].suffix == ".parquet":
+        return ParquetGil(gil[0], copy=copy)
+    if any(p.suffix in (".parquet", ".ring") for p in gil):
+        return None
+    try:
+        files = [f for p in ([session] if session is not None else gil) for f in _events_files(Path(p))]
+    except TandemError:  # (reported by the whole-table path, which reads the same inputs)
+        return None
+    return EventsGil(files, copy=copy) if files else None
