@@ -20,7 +20,7 @@ def test_round_trip_keeps_dtypes_nulls_and_metadata(tmp_path):
     pd.testing.assert_frame_equal(back, df)
     assert back.attrs == json.loads(json.dumps(df.attrs))
     # Readable without tandem: plain Parquet with the metadata as JSON under `tandem`.
-    raw = pq.read_schema(path).metadata[b"tandem"]
+    raw = pq.read_metadata(path).metadata[b"tandem"]
     assert json.loads(raw)["clock_domain"] == "wall"
 
 

@@ -121,14 +121,9 @@ def correlate(
     offset_ns, when given, is added to every pause time to put the pauses on the GIL
     table's clock, and overrides the refusal to join tables from different clocks or boots.
     """
-    pause_clock = clock_facts(pauses.attrs, pauses_source or pauses.attrs.get("source") or "pauses table")
-    gil_clock = clock_facts(gil.attrs, gil_source or gil.attrs.get("source") or "gil table")
-    alignment = check_same_clock(pause_clock, gil_clock, offset_ns)
-    pauses = check_pauses(pauses, pause_clock.source)
+    pauses, pause_clock, gil_clock, alignment = aligned_pauses(pauses, pauses_source, gil.attrs,
+                                                               gil_source or gil.attrs.get("source") or "gil table", offset_ns)
     gil, duplicate_gil_rows = check_gil(gil, gil_clock.source)
-    if offset_ns:
-        pauses["start_ns"] += offset_ns
-        pauses["end_ns"] += offset_ns
 
     core = Correlator(slack_ns, gil_source=gil_clock.source, pauses_source=pause_clock.source)
     pushed = core.push(pauses=pauses, gil=gil_rows_from_frame(gil), watermark_ns=END)
@@ -154,6 +149,20 @@ def correlate(
         header=header,
         stops=core.stops(),
     )
+
+
+def aligned_pauses(pauses: pd.DataFrame, pauses_source: str | None, gil_attrs: dict, gil_source: str,
+                   offset_ns: int | None):
+    """The pauses checked (engine.join.check_pauses) and on the GIL side's clock (OFFSET_NS added,
+    else both sides must be on one clock); with both sides' clock facts and how they were aligned."""
+    pause_clock = clock_facts(pauses.attrs, pauses_source or pauses.attrs.get("source") or "pauses table")
+    gil_clock = clock_facts(gil_attrs, gil_source)
+    alignment = check_same_clock(pause_clock, gil_clock, offset_ns)
+    pauses = check_pauses(pauses, pause_clock.source)
+    if offset_ns:
+        pauses["start_ns"] += offset_ns
+        pauses["end_ns"] += offset_ns
+    return pauses, pause_clock, gil_clock, alignment
 
 
 def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, stop: np.ndarray, gil: pd.DataFrame,

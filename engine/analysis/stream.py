@@ -20,15 +20,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from engine.analysis.clock import check_same_clock, clock_facts
 from engine.analysis.causes import (INFERENCE_WINDOW_NS, CodeHits, inference_candidates,
                                     inferred_requesters, requester_tids, why_facts)
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
 from engine.correlate.stops import stop_ids
 from engine.correlate.schema import RESULT_TABLES, SCHEMAS, to_pandas
 from engine.ingest.gil_stream import ParquetGil, rows_frame
-from engine.join import check_pauses
-from engine.store import TableWriter, WriterThread
+from engine.store import TableWriter, WriterThread, write_table
 
 # Blocks read and paired ahead of the core: with one, the core waited for its next block ~0.5 s
 # an hour (the reading thread shares a core with the writer); three absorb that (docs/join.md).
@@ -103,16 +101,10 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
                      offset_ns: int | None = None, pauses_source: str | None = None, progress=None) -> StreamedAnalysis:
     """Correlate a pauses table with a streamed GIL side (ParquetGil or EventsGil), writing
     OUT/*.parquet as it goes."""
-    from engine.analysis import _header, with_causes
+    from engine.analysis import _header, aligned_pauses, with_causes
 
     lifetimes = gil.first_pass()  # (also reads what the GIL files say about their clock)
-    pause_clock = clock_facts(pauses.attrs, pauses_source or pauses.attrs.get("source") or "pauses table")
-    gil_clock = clock_facts(gil.attrs, gil.source)
-    alignment = check_same_clock(pause_clock, gil_clock, offset_ns)
-    pauses = check_pauses(pauses, pause_clock.source)
-    if offset_ns:
-        pauses["start_ns"] += offset_ns
-        pauses["end_ns"] += offset_ns
+    pauses, pause_clock, gil_clock, alignment = aligned_pauses(pauses, pauses_source, gil.attrs, gil.source, offset_ns)
     core = Correlator(slack_ns, lifetimes=KnownLifetimes(lifetimes), gil_source=gil_clock.source,
                       pauses_source=pause_clock.source, text_as_dictionary=True)
     out = Path(out)
@@ -184,13 +176,8 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             paths.append(gil.write_copy(out / "gil.parquet", meta("gil")))
         elif not gil.copy:
             (out / "gil.parquet").unlink(missing_ok=True)  # (of an earlier run on another input)
-        for name, table in (("pause_impact", pa.Table.from_pandas(impact, preserve_index=False)),
-                            ("pauses", pa.Table.from_pandas(pauses, preserve_index=False)),
-                            ("summary", pa.Table.from_pandas(summary, preserve_index=False)),
-                            ("stops", pa.Table.from_pandas(stops, preserve_index=False))):
-            writer = TableWriter(out / f"{name}.parquet", table.schema)
-            writer.write(table)
-            paths.append(writer.close(meta(name)))
+        for name, table in (("pause_impact", impact), ("pauses", pauses), ("summary", summary), ("stops", stops)):
+            paths.append(write_table(table, out / f"{name}.parquet", meta(name)))
     except BaseException:
         try:
             background.drain()

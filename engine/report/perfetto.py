@@ -698,20 +698,17 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
     parts) to OUTPUT, atomically. fmt: "proto" or "json"; default by OUTPUT's suffix (.json:
     JSON, else protobuf). progress(done, total): GIL rows read and drawn so far."""
     from engine.errors import TandemError
+    from engine.store import read_metadata
 
     results, output = Path(results_dir), Path(output)
     fmt = fmt or ("json" if output.suffix.lower() == ".json" else "proto")
     if fmt not in FORMATS:
         raise TandemError(f"--format {fmt}: not one of {', '.join(FORMATS)}")
     files = {name: _table_files(results, name) for name in ("pauses", "gil", "overlaps")}
-    header = {}
     try:
-        import pyarrow.parquet as pq
-
-        raw = (pq.read_schema(files["overlaps"][0]).metadata or {}).get(b"tandem")
-        header = json.loads(raw).get("analysis", {}) if raw else {}
-    except (OSError, ValueError):
-        pass
+        header = read_metadata(files["overlaps"][0]).get("analysis", {})
+    except TandemError:
+        header = {}
     total = sum(_row_count(path) for path in files["gil"]) or int(header.get("gil_intervals") or 0)
     done = 0
 

@@ -1,8 +1,8 @@
 """Parquet tables with tandem metadata, written atomically with the user's umask.
 
-`write_table` writes a DataFrame in one go; `TableWriter` writes a table row group by row
-group as it is produced (peak memory: one row group). Both write to a temporary file in the
-destination directory and rename it into place (os.replace), so a reader sees the old file
+`TableWriter` writes a table row group by row group as it is produced (peak memory: one row
+group); `write_table` writes a DataFrame with it in one go. It writes to a temporary file in the
+destination directory and renames it into place (os.replace), so a reader sees the old file
 or the new one, never half of one; the file gets the mode a plain `open()` would give
 (0666 minus the umask), not mkstemp's 0600. The metadata dict is stored JSON-encoded under
 the Parquet key-value key `tandem`, and comes back as `DataFrame.attrs` from `read_table`.
@@ -61,20 +61,15 @@ def _encoded(metadata: dict) -> bytes:
 def write_table(df: pd.DataFrame, path: str | Path, metadata: dict | None = None) -> Path:
     """Writes `df` to `path` atomically with `metadata` (default: df.attrs) as JSON under `tandem`."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    path = Path(path)
-    meta = df.attrs if metadata is None else metadata
     table = pa.Table.from_pandas(df, preserve_index=False)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: _encoded(meta)})
-    tmp = _temporary(path)
+    writer = TableWriter(path, table.schema)
     try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        writer.write(table)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        writer.abort()
         raise
-    return path
+    return writer.close(df.attrs if metadata is None else metadata)
 
 
 class TableWriter:
@@ -113,9 +108,13 @@ class TableWriter:
             self.rows += table.num_rows
 
     def close(self, metadata: dict) -> Path:
-        self._writer.add_key_value_metadata({METADATA_KEY: _encoded(metadata)})
-        self._writer.close()
-        os.replace(self._tmp, self.path)
+        try:
+            self._writer.add_key_value_metadata({METADATA_KEY: _encoded(metadata)})
+            self._writer.close()
+            os.replace(self._tmp, self.path)
+        except BaseException:  # (metadata that is not JSON, a full disk: the old file stays)
+            self.abort()
+            raise
         return self.path
 
     def abort(self) -> None:
@@ -193,8 +192,8 @@ class WriterThread:
 
 
 def read_metadata(path: str | Path) -> dict:
-    """The `tandem` metadata of a Parquet file, without reading its rows. (`TableWriter` adds it to
-    the file's key-value metadata at the end, `write_table` to the Arrow schema's; both are read.)"""
+    """The `tandem` metadata of a Parquet file, without reading its rows (`TableWriter` adds it to
+    the file's key-value metadata at the end; files written before had it in the Arrow schema's)."""
     import pyarrow.parquet as pq
 
     try:
