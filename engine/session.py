@@ -116,6 +116,14 @@ def session_identity(path: Path, description: dict, producers: list[dict] = ()) 
                            int(monotonic) if monotonic is not None else None)
 
 
+def current_boot_id() -> str | None:
+    """This machine's boot id (36-char text), or None where Linux does not provide it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
 def pid_from_name(name: str) -> int | None:
     """The pid in a process directory's name (py-<pid>, jvm-<pid>), if any."""
     tail = name.rsplit("-", 1)[-1]

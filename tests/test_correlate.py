@@ -141,7 +141,7 @@ def test_dense_numbers_in_parts_equal_one_factorize():
 
 @pytest.mark.parametrize("starts", ["spread", "ties", "bunched", "overflowing"])
 def test_a_block_sorted_by_buckets_equals_a_stable_sort_by_start_then_tid(starts):
-    """sort_rows (engine/ingest/gil.py): buckets by start where starts spread, np.argsort where
+    """sort_rows (engine/ingest/gil.py): buckets by start where starts spread, np.lexsort where
     they bunch; either way a stable sort by (start, tid), as read_gil orders rows."""
     from engine.ingest.gil import _bucket_sort, sort_rows
 
@@ -192,7 +192,7 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", block_rows)
     old_mask = os.umask(0o027)
     try:
-        streamed = stream.analyze_parquet(tmp_path / "out", pauses, tmp_path / "g.parquet", slack_ns=5)
+        streamed = stream.analyze_streamed(tmp_path / "out", pauses, gil_stream.ParquetGil(tmp_path / "g.parquet"), slack_ns=5)
     finally:
         os.umask(old_mask)
     expected = correlate(pauses, read_table(tmp_path / "g.parquet"), slack_ns=5, gil_source=str(tmp_path / "g.parquet"))

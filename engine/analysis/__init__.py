@@ -19,7 +19,7 @@ import pandas as pd
 
 import pyarrow as pa
 
-from engine.analysis.causes import inferred_requesters, pause_causes, why_facts
+from engine.analysis.causes import CodeHits, inferred_requesters, pause_causes, why_facts
 from engine.analysis.clock import check_same_clock, clock_facts
 from engine.correlate import END, RESULT_TABLES, Correlator
 from engine.correlate.inputs import gil_rows_from_frame
@@ -126,6 +126,9 @@ def correlate(
     gil, duplicate_gil_rows = check_gil(gil, gil_clock.source)
 
     core = Correlator(slack_ns, gil_source=gil_clock.source, pauses_source=pause_clock.source)
+    stop = stop_ids(pauses)
+    hits = CodeHits(pauses["pause_id"].to_numpy(np.int64)[stop == pauses["pause_id"].to_numpy(np.int64)])
+    core.overlaps_codes = hits.add  # (the summary's code hit most, as a streamed analysis adds it up)
     pushed = core.push(pauses=pauses, gil=gil_rows_from_frame(gil), watermark_ns=END)
     finished = core.finish()
     overlaps = pa.concat_tables([pushed.overlaps, finished.overlaps])
@@ -135,10 +138,9 @@ def correlate(
     overlaps = to_pandas(overlaps, "overlaps")
     from engine.ingest.gil_stream import thread_lifetimes
 
-    stop = stop_ids(pauses)
     impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, gil,
                          inferred_requesters(pauses, stop, thread_lifetimes(gil), overlaps, gil))
-    header["why"] = why_facts(impact, overlaps)
+    header["why"] = why_facts(impact, hits.table(core.carried_table))
     return Analysis(
         pauses=pauses,
         gil=gil,

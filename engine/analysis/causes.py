@@ -241,25 +241,12 @@ def pause_causes(pauses: pd.DataFrame, gil: pd.DataFrame, inferred: pd.Series | 
     return pd.DataFrame(out)
 
 
-def code_hits(overlaps: pa.Table, leaders: np.ndarray | None = None) -> pa.Table:
-    """Exact overlaps rows per (function, file, line): total overlap_ns ("sum") and rows ("size"),
-    in order of first appearance; the hits of consecutive row batches add up (`add_code_hits`).
-    leaders: the pause_ids leading a stop of the world (engine/correlate/stops.py): only their
-    rows count, so a stop's safepoint, GC pause and collection hit a release once."""
-    exact = overlaps.filter(pc.invert(overlaps.column("near_miss")))
-    if leaders is not None:
-        exact = exact.filter(pc.is_in(exact.column("pause_id"), pa.array(leaders, pa.int64())))
-
-    keyed = _code_keys(exact).append_column("overlap_ns", exact.column("overlap_ns"))
-    hits = keyed.group_by(["function", "file", "line"], use_threads=False).aggregate(
-        [("overlap_ns", "sum"), ("overlap_ns", "count")])
-    return hits.rename_columns([{"overlap_ns_sum": "sum", "overlap_ns_count": "size"}.get(c, c) for c in hits.column_names])
-
-
 class CodeHits:
-    """code_hits of a stream of overlaps rows, added up by their carried code (the correlation
-    core's index of each distinct (function, file, line), `Correlator.overlaps_codes`) rather
-    than by their text: `table` equals add_code_hits of code_hits of every part."""
+    """The summary's code hit most: exact overlaps rows per (function, file, line), total
+    overlap_ns ("sum") and rows ("size"), in order of first appearance. Fed the rows as the core
+    makes them (`Correlator.overlaps_codes`: added up by carried code, not by text). leaders:
+    the pause_ids leading a stop of the world (engine/correlate/stops.py): only their rows
+    count, so a stop's safepoint, GC pause and collection hit a release once."""
 
     def __init__(self, leaders: np.ndarray | None):
         self.leaders = None if leaders is None else np.asarray(leaders, np.int64)
@@ -284,7 +271,7 @@ class CodeHits:
         self.rows += code.size
 
     def table(self, carried: pa.Table | None) -> pa.Table | None:
-        """The hits (code_hits' columns), or None if no row carried a function."""
+        """The hits (function, file, line, sum, size), or None if no row carried a function."""
         if carried is None or "function" not in carried.column_names or not self.rows:
             return None
         seen = np.flatnonzero(self.counts)
@@ -295,7 +282,7 @@ class CodeHits:
 
 
 def _code_keys(table: pa.Table) -> pa.Table:
-    """TABLE's (function, file, line) as code_hits groups them, nulls filled."""
+    """TABLE's (function, file, line) as the hits group them, nulls filled."""
     def column(name, kind):  # (a gil table may carry some of the three only)
         if name in table.column_names:
             return table.column(name).cast(kind)
@@ -323,21 +310,12 @@ def caused_stops(impact: pd.DataFrame) -> pd.DataFrame:
     return caused.iloc[order].loc[lambda d: ~stop.iloc[order].duplicated().to_numpy()]
 
 
-def why_facts(impact: pd.DataFrame, overlaps: pd.DataFrame | None, top: int = 5, hits: pa.Table | None = None) -> dict:
-    """For the summary: the Python code hit most (total overlap, exact overlaps of the pauses
-    leading a stop of the world only: each stop counts once) and the
-    causes by Python (per thread and code: stops of the world asked for, their total duration,
-    how many with the GIL held, how many JPype's GC link); each stop counts once
-    (`caused_stops`), and `jpype_gc_link_stops` is the sum of the per-cause link counts over
-    every cause. A streamed analysis passes the `hits` of its overlaps (code_hits) instead of
-    the overlaps."""
+def why_facts(impact: pd.DataFrame, hits: pa.Table | None, top: int = 5) -> dict:
+    """For the summary: the Python code hit most (HITS, CodeHits.table) and the causes by Python
+    (per thread and code: stops of the world asked for, their total duration, how many with
+    the GIL held, how many JPype's GC link); each stop counts once (`caused_stops`), and
+    `jpype_gc_link_stops` is the sum of the per-cause link counts over every cause."""
     facts: dict = {"functions_hit": [], "caused_by_python": [], "jpype_gc_link_stops": 0}
-    if hits is None and overlaps is not None and "function" in overlaps.columns and len(overlaps):
-        leaders = (impact.loc[impact["pause_id"] == impact["stop_id"], "pause_id"].to_numpy(np.int64)
-                   if "stop_id" in impact.columns else None)
-        columns = ("pause_id", "function", "file", "line", "overlap_ns", "near_miss")
-        hits = code_hits(pa.Table.from_pandas(overlaps[[c for c in columns if c in overlaps.columns]], preserve_index=False),
-                         leaders)
     if hits is not None and hits.num_rows:
         hit = hits.to_pandas().set_index(["function", "file", "line"])
         for (function, file, line), row in hit.sort_values("sum", ascending=False, kind="stable").head(top).iterrows():

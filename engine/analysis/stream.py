@@ -169,7 +169,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         near_rows = pd.concat(requester_rows, ignore_index=True) if requester_rows else pd.DataFrame()
         impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, near_rows,
                              inferred_requesters(pauses, stop, lifetimes, overlaps_seen, near_rows))
-        header["why"] = why_facts(impact, None, hits=hits.table(core.carried_table))
+        header["why"] = why_facts(impact, hits.table(core.carried_table))
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
         if isinstance(gil, ParquetGil) and gil.copy:
@@ -190,8 +190,3 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         background.stop()
     order = {name: i for i, name in enumerate(RESULT_TABLES)}
     return StreamedAnalysis(summary, header, sorted(paths, key=lambda p: order[p.stem]), stops)
-
-
-def analyze_parquet(out, pauses: pd.DataFrame, gil_path: Path, **options) -> StreamedAnalysis:
-    """`analyze_streamed` of a gil table in a Parquet file."""
-    return analyze_streamed(out, pauses, ParquetGil(gil_path), **options)

@@ -353,7 +353,7 @@ class Correlator:
                 raise TandemError(f"{self.gil_source}: a batch without the columns {', '.join(self._carried_schema.names)} "
                                   "the earlier ones had")
             return np.full(len(gil), -1, np.int64)
-        table = gil.carried.combine_chunks() if isinstance(gil.carried, pa.Table) else pa.Table.from_batches([gil.carried])
+        table = gil.carried.combine_chunks()
         schema = pa.schema([pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
                             for f in table.schema])  # (dictionary-encoded text is text)
         if self._carried_schema is None:
@@ -444,6 +444,8 @@ class Correlator:
         return len(self._pid_index)
 
     def _add_gil(self, gil: GilRows, *, is_open: bool = False) -> None:
+        from engine.join.kernels import is_sorted
+
         if not len(gil):
             return
         start = np.asarray(gil.start_ns, np.int64)
@@ -453,7 +455,7 @@ class Correlator:
         tidx = self._index_threads(np.asarray(gil.pid), np.asarray(gil.tid))
         state = np.asarray(gil.state, np.int8)
         carried = self._carried_code_of(gil)
-        if not kernels_sorted(start):
+        if start.size and not is_sorted(start):
             order = np.argsort(start, kind="stable")
             start, end, tidx, state, carried = start[order], end[order], tidx[order], state[order], carried[order]
         n_old = self.r_start.size
@@ -659,9 +661,7 @@ class Correlator:
         nt = self.n_threads
         own = (batch["os_thread_id"].astype("Int64").fillna(-1).to_numpy(np.int64) if "os_thread_id" in batch.columns
                else np.full(len(batch), -1, np.int64))
-        whole_vm = batch["kind"].isin(WHOLE_VM_KINDS).to_numpy(bool)
-        if "at_safepoint" in batch.columns:
-            whole_vm = whole_vm | batch["at_safepoint"].astype("boolean").fillna(False).to_numpy(bool)
+        whole_vm = batch["kind"].isin(WHOLE_VM_KINDS).to_numpy(bool) | batch["_at_safepoint"].to_numpy(bool)
         life_end = np.where(self.t_dead[:nt], self.t_seen_end[:nt], END)
         jvm = np.isin(self.t_tid[:nt], np.fromiter(self.jvm_tids, np.int64, len(self.jvm_tids)))
         columns = np.zeros((len(batch), 8), np.int64)
@@ -880,9 +880,3 @@ def _values(pauses: pd.DataFrame, pause_id: int) -> dict:
     """The first row of PAUSES with PAUSE_ID, as {column: value}, missing values left out."""
     row = pauses.iloc[int(np.flatnonzero(pauses["pause_id"].to_numpy(np.int64) == pause_id)[0])]
     return {k: v for k, v in row.items() if not (v is None or v is pd.NA or (isinstance(v, float) and v != v))}
-
-
-def kernels_sorted(values: np.ndarray) -> bool:
-    from engine.join.kernels import is_sorted
-
-    return bool(is_sorted(values)) if values.size else True

@@ -77,19 +77,6 @@ def stop_ids_of(pause_id: np.ndarray, kind: np.ndarray, start: np.ndarray, end: 
     return ids
 
 
-def stop_columns(pauses: pd.DataFrame) -> pd.DataFrame:
-    """pause_id, stop_id and part_of (`kind: name` of the stop's leader for a pause inside
-    another's stop, null for a leader) per pause."""
-    ids = stop_ids(pauses)
-    pause_id = pauses["pause_id"].to_numpy(np.int64)
-    order = np.argsort(pause_id, kind="stable")
-    leader = order[np.searchsorted(pause_id, ids, sorter=order)]  # the row of each pause's leader
-    label = (pauses["kind"].to_numpy(object)[leader].astype(str) + ": "
-             + pauses["name"].to_numpy(object)[leader].astype(str))
-    part_of = pd.array(np.where(ids == pause_id, None, label.astype(object)), dtype="string")
-    return pd.DataFrame({"pause_id": pause_id, "stop_id": ids, "part_of": part_of})
-
-
 def order_stops(table: pd.DataFrame) -> pd.DataFrame:
     """Stop rows (part_of null) most hits first, each followed by its detail rows (most hits first)."""
     table = table.sort_values(["pauses_hit", "total_overlap_ms", "kind", "name"], ascending=[False, False, True, True],

@@ -30,7 +30,7 @@ import pandas as pd
 
 from numba import njit
 
-from engine.correlate.schema import END
+from engine.correlate.schema import END, GIL_STATES
 from engine.errors import TandemError
 from engine.ingest.codes import NO_FRAME, read_code_table, resolve
 from engine.session import read_json
@@ -38,7 +38,6 @@ from engine.ring.layout import GIL_RECORD_DTYPE, GIL_DROP, GIL_SAMPLE_FREE, GIL_
 
 # The probe stamps with clock_gettime(CLOCK_MONOTONIC) itself: no conversion, no error.
 PROBE_CLOCK = {"domain": "monotonic", "method": "clock_gettime(CLOCK_MONOTONIC)", "error_ns": 0}
-STATES = ["released", "waiting"]
 
 
 def sampling_to_events(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -76,7 +75,7 @@ def interval_frame(pid: int, tid, state, start, end, code) -> pd.DataFrame:
         "pid": np.full(len(tid), pid, dtype=np.int64),
         "tid": np.asarray(tid, np.int64),
         "thread_name": pd.array([pd.NA] * len(tid), dtype="string"),
-        "state": pd.Categorical.from_codes(np.asarray(state, np.int8), categories=STATES),
+        "state": pd.Categorical.from_codes(np.asarray(state, np.int8), categories=list(GIL_STATES)),
         "start_ns": start,
         "end_ns": end,
         "code": code,
@@ -284,25 +283,6 @@ def _pair_events(mono, tid, kind, aux, slot_of, slot_tid, last_t, last_k, last_d
     return n
 
 
-@njit(cache=True, nogil=True)
-def _order_ties_by_tid(start, tid, order) -> None:
-    """order sorts rows by start (stably); within equal starts, order by tid as read_gil does."""
-    i = 0
-    n = order.size
-    while i < n:
-        j = i + 1
-        while j < n and start[order[j]] == start[order[i]]:
-            j += 1
-        for a in range(i + 1, j):  # insertion sort: runs of one start are a row or two
-            x = order[a]
-            b = a - 1
-            while b >= i and tid[order[b]] > tid[x]:
-                order[b + 1] = order[b]
-                b -= 1
-            order[b + 1] = x
-        i = j
-
-
 BUCKET_ROWS_AT_MOST = 64
 # Linux thread ids are at most pid_max, 2^22 on 64-bit: a larger one is a damaged record.
 TID_AT_MOST = 1 << 22
@@ -354,8 +334,7 @@ def sort_rows(tid, state, start, end, code):
     out = [np.empty_like(a) for a in rows]
     if start.size and _bucket_sort(*rows, *out):
         return out
-    order = np.argsort(start, kind="stable")
-    _order_ties_by_tid(start, tid, order)
+    order = np.lexsort((tid, start))  # (stable)
     return [a[order] for a in rows]
 
 
@@ -529,12 +508,7 @@ def read_gil(path: str | os.PathLike) -> pd.DataFrame:
             df["thread_name"] = df["tid"].map(names).astype("string")
         frames.append(df)
         processes.append(_process_facts(header, meta, lost, closed, len(records)))
-    if not frames:
-        empty = events_to_intervals(np.array([]), np.array([]), np.array([]))
-        frames = [pd.concat([empty.drop(columns="code"), resolve(np.array([], np.uint64), {}, recorded=False)], axis=1)]
-    df = pd.concat(frames, ignore_index=True)
-    df["state"] = pd.Categorical(df["state"], categories=STATES)
-    df["thread_name"] = df["thread_name"].astype("string")
+    df = pd.concat(frames, ignore_index=True)  # (_events_files found one at least, or refused the path)
     df.attrs["processes"] = processes
     df.attrs["clock"] = dict(PROBE_CLOCK)
     if len(processes) == 1:

@@ -23,7 +23,7 @@ from engine.clock import align
 from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET, Chunk, ChunkScan, scan_chunks, split_runs
 from engine.errors import TandemError, TandemWarning
 from engine.ingest import jfr_chunks, jfr_input
-from engine.session import read_json
+from engine.session import current_boot_id, read_json
 
 KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
 # The JFR event types each kind comes from (for witnesses such as `jfr print --events`).
@@ -88,7 +88,7 @@ def _read_pauses(path_list: list[Path], progress, jvm_options: tuple[str, ...]) 
             sources.append(source_meta)
 
     metadata = _table_metadata(sources)  # refuses mixed clock domains before building anything
-    table = _build_table(parts) if parts else _empty_table()
+    table = _build_table(parts)  # (every file gave a part, or _read_file refused it)
     table.attrs = metadata
     return table
 
@@ -405,7 +405,7 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
     """
     tps = run[0].ticks_per_second
     os_name = _os_name(_jstr(reader.osVersion()) or _jstr(reader.jvmVersion()))
-    boot_id = _current_boot_id()
+    boot_id = current_boot_id()
     same_boot = None if not (jvm_json.get("boot_id") and boot_id) else jvm_json["boot_id"] == boot_id
     alignment = align.choose_alignment(
         run,
@@ -555,32 +555,6 @@ def _os_name(os_version: str | None) -> str | None:
         if needle in text:
             return name
     return None
-
-
-def _current_boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def _empty_table() -> pd.DataFrame:
-    frame = pd.DataFrame({
-        "kind": pd.array([], dtype="string"), "name": pd.array([], dtype="string"),
-        "start_ns": np.array([], np.int64), "end_ns": np.array([], np.int64), "duration_ns": np.array([], np.int64),
-        "safepoint_id": pd.array([], dtype="Int64"), "gc_id": pd.array([], dtype="Int64"),
-        "cause": pd.array([], dtype="string"), "os_thread_id": pd.array([], dtype="Int64"),
-        "requester_os_thread_id": pd.array([], dtype="Int64"),
-        "system_gc_os_thread_id": pd.array([], dtype="Int64"), "system_gc_frames": pd.array([], dtype="string"),
-        "jvm_pid": pd.array([], dtype="Int64"), "time_to_safepoint_ns": pd.array([], dtype="Int64"),
-        "operation": pd.array([], dtype="string"), "collector": pd.array([], dtype="string"),
-        "compiler": pd.array([], dtype="string"), "total_threads": pd.array([], dtype="Int64"),
-        "jni_critical_threads": pd.array([], dtype="Int64"), "sum_of_pauses_ns": pd.array([], dtype="Int64"),
-        "longest_pause_ns": pd.array([], dtype="Int64"), "unmatched": np.array([], bool),
-        "at_safepoint": pd.array([], dtype="boolean"), "chunk": np.array([], np.int32),
-        "source": pd.array([], dtype="string"),
-    })
-    return frame
 
 
 # ---------------------------------------------------------------- metadata

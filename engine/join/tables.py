@@ -8,15 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from engine.correlate.schema import GIL_COLUMNS, GIL_STATES, PAUSE_COLUMNS
 from engine.errors import TandemError
 
-PAUSE_KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
-GIL_STATES = ("released", "waiting")
-
-PAUSE_COLUMNS = ("pause_id", "kind", "name", "start_ns", "end_ns")
-GIL_COLUMNS = ("pid", "tid", "state", "start_ns", "end_ns")
-# Exact copies of a GIL row on these columns are one interval recorded twice (docs/join.md).
-GIL_IDENTITY = ("pid", "tid", "state", "start_ns", "end_ns")
 
 
 def _require_columns(df: pd.DataFrame, columns, source: str) -> None:
@@ -84,7 +78,7 @@ def check_gil(df: pd.DataFrame, source: str = "gil table") -> tuple[pd.DataFrame
     if "thread_name" in out.columns:
         out["thread_name"] = out["thread_name"].astype("string")
     _check_interval_order(out, source)
-    duplicate = out.duplicated(subset=list(GIL_IDENTITY))
+    duplicate = out.duplicated(subset=list(GIL_COLUMNS))  # (exact copies: one interval recorded twice, docs/join.md)
     dropped = int(duplicate.sum())
     if dropped:
         out = out[~duplicate].reset_index(drop=True)

@@ -95,7 +95,8 @@ class GilSource:
 
     def _intervals(self, records: np.ndarray) -> pd.DataFrame:
         try:
-            out = interval_frame(self.pid or 0, *self.pairing.intervals(records))
+            # (no code columns: the live parts' gil table has none, docs/live.md)
+            out = interval_frame(self.pid or 0, *self.pairing.intervals(records)).drop(columns="code")
         except SampledRecords:
             raise TandemError(f"{self.label}: sampling-backend GIL records are not supported by `tandem live` "
                               "(use `tandem record` + `tandem analyze`)") from None

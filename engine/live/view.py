@@ -57,11 +57,11 @@ def headline(run) -> str:
 def latest_hits(run) -> pd.DataFrame:
     """The latest final pauses that hit Python, one row per stop of the world (a GC pause or
     collection inside a safepoint among them is left out: engine/correlate/stops.py)."""
-    from engine.correlate.stops import stop_columns
+    from engine.correlate.stops import stop_ids
 
     frame = pd.DataFrame(list(run.latest_hits), columns=["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"])
     frame = frame.assign(pause_id=np.arange(len(frame), dtype=np.int64))
-    frame = frame[stop_columns(frame)["part_of"].isna().to_numpy(bool)]
+    frame = frame[stop_ids(frame) == frame["pause_id"].to_numpy()]  # (a stop's own pause)
     return frame.sort_values("end_ns").tail(LATEST)
 
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from engine.probe.private import private_directory
-from engine.session import read_json
+from engine.session import current_boot_id, read_json
 
 
 _user_umask: int | None = None
@@ -42,7 +42,7 @@ def create_session(path: Path, description: dict) -> Path:
         **description,
         "start_monotonic_ns": start_monotonic_ns,
         "start_wall_ns": start_wall_ns,
-        "boot_id": boot_id(),
+        "boot_id": current_boot_id(),
         "hostname": socket.gethostname(),
         "recorder_pid": os.getpid(),
     })
@@ -93,10 +93,3 @@ def clock_pair() -> tuple[int, int]:
     wall = time.time_ns()
     after = time.monotonic_ns()
     return before + (after - before) // 2, wall
-
-
-def boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None

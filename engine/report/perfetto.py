@@ -32,6 +32,8 @@ from typing import Callable, Iterator
 import numpy as np
 import pandas as pd
 
+from engine.correlate.schema import GIL_CARRIED_COLUMNS
+
 # Pause families in the order their tracks appear under a JVM process.
 JVM_TRACKS = {
     "safepoint": "safepoints",
@@ -46,7 +48,7 @@ _LANE_STRIDE = 100  # JSON tids of a JVM's tracks: family index * stride + lane 
 _UNKNOWN_JVM_PID = 0  # pauses brought from elsewhere without jvm_pid
 _BATCH_ROWS = 1 << 16
 STATES = ("released", "waiting", "held")  # codes 0, 1, 2 in the spill files
-CODE_COLUMNS = ("function", "file", "line")  # the Python code of a GIL interval (docs/results.md)
+CODE_COLUMNS = GIL_CARRIED_COLUMNS  # the Python code of a GIL interval (docs/results.md)
 _STATE_COLOR = {"released": "grey", "waiting": "bad", "held": "good"}
 _PAUSE_ARGS = ("pause_id", "kind", "duration_ns", "cause", "gc_id", "safepoint_id", "unmatched", "os_thread_id")
 _ARG_NAMES = (*_PAUSE_ARGS, "pause_ids", "state")

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import TandemError
+from engine.session import current_boot_id  # noqa: F401  (engine.ring names it too)
 
 MAGIC = b"TNDMRING"
 VERSION = 2
@@ -189,14 +190,6 @@ class RingHeader:
         on the same clock as anything recorded now.
         """
         return self.boot_id is not None and self.boot_id == (boot_id or current_boot_id())
-
-
-def current_boot_id() -> str | None:
-    """This machine's boot id (36-char text), or None where Linux does not provide it."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
 
 
 def _text(raw: bytes, path: Path, field: str) -> str:
