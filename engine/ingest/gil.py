@@ -158,37 +158,26 @@ def _process_facts(header, meta: dict, lost: int, closed: bool, events: int) -> 
 
 
 def _load(path: Path):
-    """(header, records, lost, closed) of a drained events file or of a ring file. A ring
-    holds only its last `capacity` records (older ones went to the events file): read the
-    events file for a whole recording."""
-    from engine.ring.reader import read_events, read_ring
+    """(header, records, lost, closed) of a drained events file (with the ring's leftovers when
+    it was never closed: EventsIntervals) or of a ring file. A ring holds only its last
+    `capacity` records (older ones went to the events file): read the events file for a whole
+    recording."""
+    from engine.ring.reader import WHOLE_FILE, read_ring
 
     if path.name.endswith(".ring"):
         header, records, missed = read_ring(path)
         return header, records, int(header.dropped), bool(header.closed)
-    events = read_events(path)
-    if events.closed:
-        return events.header, events.records, int(events.lost), True
-    records, lost = _with_ring_leftovers(path, events)
-    return events.header, records, lost, False
-
-
-def _with_ring_leftovers(path: Path, events) -> tuple[np.ndarray, int]:
-    """A recording that was never closed (SIGKILL, os._exit, a JVM that exits under Jep):
-    its events file holds what the drain thread wrote up to its last pass (at most one
-    drain period, 20 ms by default, before the end); the ring file beside it still holds
-    the records committed since. Those are added (_ring_leftovers), so a killed process
-    loses nothing it had stamped."""
-    last = np.zeros(events.header.lane_count, dtype=np.uint64)
-    np.maximum.at(last, events.records["lane"].astype(np.intp), events.records["seq"])
-    new, dropped = _ring_leftovers(path, events.header, last + np.uint64(1))
-    if new is None:
-        return events.records, int(events.lost)
-    return np.concatenate([events.records, new]), max(int(events.lost), dropped)
+    events = EventsIntervals(path, WHOLE_FILE)
+    blocks = list(events._records())
+    records = np.concatenate(blocks) if len(blocks) > 1 else blocks[0] if blocks else np.zeros(0, events.header.record_dtype)
+    return events.header, records, events.process["dropped"], events.process["closed"]
 
 
 def _ring_leftovers(path: Path, mine, next_seq: np.ndarray):
-    """The records of the ring beside an unclosed events file past what the file holds (per
+    """A recording that was never closed (SIGKILL, os._exit, a JVM that exits under Jep): its
+    events file holds what the drain thread wrote up to its last pass (at most one drain
+    period, 20 ms by default, before the end); the ring file beside it still holds the records
+    committed since, so a killed process loses nothing it had stamped. Those records (per
     lane, seq >= next_seq: a record's seq is its lane position + 1 in both files), and the
     ring's drop count (it includes drops after the drain's last pass). (None, 0) when the ring
     is missing, from another producer or unreadable: the events file alone is still whole up

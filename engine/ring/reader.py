@@ -124,32 +124,17 @@ class EventsFile:
 # Records are read and checked one chunk at a time, so the checks run on data still in
 # cache and reading costs about one pass over memory, like np.fromfile.
 CHUNK_BYTES = 1 << 20
+WHOLE_FILE = 1 << 62  # (EventsBlocks' block_records: one block)
 
 
 def read_events(path: str | os.PathLike) -> EventsFile:
-    """Read a drained events file (whole records only: a file cut by SIGKILL is fine)."""
-    path = Path(path)
-    fd, st = _open_checked(path, "events")
-    try:
-        header = _read_header_page(fd, path, st.st_size, FILE_KIND_EVENTS)
-        count, trailing = divmod(st.st_size - header.records_offset, header.record_size)
-        # Read into opaque slots (memcpy-speed copies), checked and viewed as records at the end.
-        slots = np.empty(count, dtype=_opaque(header.record_dtype))
-        raw = memoryview(slots.view(np.uint8))
-        chunk = max(1, CHUNK_BYTES // header.record_size)
-        check = _EventsCheck(path, header.record_dtype, header.lane_count)
-        kept = 0  # records kept so far; LOST markers are squeezed out as we go
-        for first in range(0, count, chunk):
-            n = min(count - first, chunk)
-            into = raw[kept * header.record_size:(kept + n) * header.record_size]
-            _read_exactly(fd, into, header.records_offset + first * header.record_size, path)
-            kept += check.chunk(slots[kept:kept + n], first)
-    finally:
-        os.close(fd)
-    records = slots[:kept].view(header.record_dtype)
-    lane_records, lane_lost, lost, closed = _check_complete(path, header, check)
-    return EventsFile(header=header, records=records, lost=lost, trailing_bytes=trailing, closed=closed,
-                      lane_records=lane_records, lane_lost=lane_lost)
+    """Read a drained events file (whole records only: a file cut by SIGKILL is fine): its
+    blocks (EventsBlocks) as one."""
+    blocks = EventsBlocks(path, block_records=WHOLE_FILE)
+    parts = list(blocks)
+    records = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, blocks.header.record_dtype)
+    return EventsFile(header=blocks.header, records=records, lost=blocks.lost, trailing_bytes=blocks.trailing_bytes,
+                      closed=blocks.closed, lane_records=blocks.lane_records, lane_lost=blocks.lane_lost)
 
 
 def _check_complete(path: Path, header: RingHeader, check: "_EventsCheck"):
@@ -179,9 +164,9 @@ def _check_complete(path: Path, header: RingHeader, check: "_EventsCheck"):
 
 
 class EventsBlocks:
-    """A drained events file read block by block (same checks as `read_events`; memory: one
-    block). Iterate for the records; afterwards `lost`, `closed`, `records_read`, and
-    `next_seq` (per lane: the seq its next record would have) are known."""
+    """A drained events file read block by block, every record checked (memory: one block).
+    Iterate for the records; afterwards `lost`, `closed`, `records_read`, `lane_records`,
+    `lane_lost` and `next_seq` (per lane: the seq its next record would have) are known."""
 
     def __init__(self, path: str | os.PathLike, block_records: int = 1 << 20):
         self.path = Path(path)
@@ -196,14 +181,17 @@ class EventsBlocks:
         self.closed = self.header.closed
         self.records_read = 0
         self.next_seq = np.ones(self.header.lane_count, np.uint64)
+        self.lane_records: tuple[int, ...] = ()
+        self.lane_lost: tuple[int, ...] = ()
+        self.trailing_bytes = (self.size - self.header.records_offset) % self.header.record_size  # (cut by SIGKILL)
 
     def __iter__(self):
         """Blocks of records (LOST markers out). Use each block before asking for the next one
         (a file read, not mapped, reuses one buffer)."""
         header, path = self.header, self.path
         count = (self.size - header.records_offset) // header.record_size
-        sub = max(1, CHUNK_BYTES // header.record_size)  # checked in cache-sized chunks, as read_events
-        block = max(sub, self.block_records // sub * sub)
+        sub = max(1, CHUNK_BYTES // header.record_size)  # checked in cache-sized chunks (in cache)
+        block = max(sub, min(self.block_records // sub, -(-count // sub)) * sub)  # (at most the file)
         check = _EventsCheck(path, header.record_dtype, header.lane_count)
         fd, st = _open_checked(path, "events")
         try:
@@ -215,7 +203,7 @@ class EventsBlocks:
             yield from blocks(fd, count, sub, block, check)
         finally:
             os.close(fd)
-        _, _, self.lost, self.closed = _check_complete(path, header, check)
+        self.lane_records, self.lane_lost, self.lost, self.closed = _check_complete(path, header, check)
         self.next_seq = check.next_seq.copy()
 
     def _read_blocks(self, fd: int, count: int, sub: int, block: int, check: "_EventsCheck"):
