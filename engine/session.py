@@ -14,6 +14,14 @@ from pathlib import Path
 
 from engine.errors import TandemError
 
+# The names of a session directory (docs/session.md), for every module that reads one. (The GIL
+# probe, engine/probe, spells its own: it runs inside the recorded service and imports nothing.)
+SESSION_JSON = "session.json"
+PYTHON_DIRS, JVM_DIRS = "py-*", "jvm-*"  # one directory per process: py-<pid>, jvm-<pid>
+GIL_EVENTS, GIL_RING, GIL_CODES, PROBE_JSON, THREADS_JSONL = "gil.events", "gil.ring", "gil.codes", "probe.json", "threads.jsonl"
+JVM_JSON, RECORDING, REPOSITORY, KEPT_CHUNKS = "jvm.json", "recording.jfr", "repository", ".chunks"
+PAUSES_RING, AGENT_ERROR = "pauses.ring", "agent-error.txt"
+
 
 def process_alive(pid: int | None) -> bool:
     """Whether `pid` runs (a zombie has exited, unreaped: not alive)."""
@@ -66,12 +74,12 @@ class Session:
         path = Path(path)
         if not path.is_dir():
             raise TandemError(f"{path}: not a session directory (expected the -o directory of `tandem record`)")
-        jvms = [_jvm_source(d) for d in sorted(path.glob("jvm-*")) if d.is_dir()]
-        pythons = [_python_source(d) for d in sorted(path.glob("py-*")) if d.is_dir()]
+        jvms = [_jvm_source(d) for d in sorted(path.glob(JVM_DIRS)) if d.is_dir()]
+        pythons = [_python_source(d) for d in sorted(path.glob(PYTHON_DIRS)) if d.is_dir()]
         jvms = [j for j in jvms if j.recordings]
         if not jvms and not pythons:
             raise TandemError(f"{path}: the session holds no JVM recording and no GIL events (was anything started under `tandem record`?)")
-        return cls(path, read_json(path / "session.json", strict=True), jvms, pythons)
+        return cls(path, read_json(path / SESSION_JSON, strict=True), jvms, pythons)
 
     def identity(self) -> "SessionIdentity":
         """Where this session lands in a fleet dataset (docs/fleet.md, "Session identity")."""
@@ -150,24 +158,40 @@ def jvm_recordings(directory: Path) -> tuple[list[Path], bool]:
     in the order JFR wrote them (their names are timestamps); or, when the agent stopped
     recording on a nearly full disk and JFR then cleared its repository, the chunks the
     agent kept (.chunks/, docs/session.md)."""
-    recording = directory / "recording.jfr"
+    recording = directory / RECORDING
     if recording.is_file() and recording.stat().st_size > 0:
         return [recording], True
-    chunks = sorted((directory / "repository").rglob("*.jfr"), key=lambda p: p.name)
-    return chunks or sorted((directory / ".chunks").glob("*.jfr"), key=lambda p: p.name), False
+    chunks = sorted((directory / REPOSITORY).rglob("*.jfr"), key=lambda p: p.name)
+    return chunks or sorted((directory / KEPT_CHUNKS).glob("*.jfr"), key=lambda p: p.name), False
+
+
+def jvm_directory_of(chunk: Path) -> Path | None:
+    """The jvm-<pid> directory of a chunk in its repository/ (None for a file elsewhere)."""
+    parts = chunk.parent.parts
+    if REPOSITORY not in parts:
+        return None
+    return Path(*parts[: len(parts) - parts[::-1].index(REPOSITORY) - 1])
+
+
+def agent_error_line(jvm_dir: Path) -> str | None:
+    """What the agent left in agent-error.txt when it could not record (docs/session.md)."""
+    try:
+        return (jvm_dir / AGENT_ERROR).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _jvm_source(directory: Path) -> JvmSource:
     recordings, closed = jvm_recordings(directory)
-    return JvmSource(directory, recordings, read_json(directory / "jvm.json", strict=True), closed=closed)
+    return JvmSource(directory, recordings, read_json(directory / JVM_JSON, strict=True), closed=closed)
 
 
 def _python_source(directory: Path) -> PythonSource:
-    events = directory / "gil.events"
-    ring = directory / "gil.ring"
+    events = directory / GIL_EVENTS
+    ring = directory / GIL_RING
     return PythonSource(
         directory,
         events if events.exists() else None,
         ring if ring.exists() else None,
-        read_json(directory / "probe.json", strict=True),
+        read_json(directory / PROBE_JSON, strict=True),
     )

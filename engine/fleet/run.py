@@ -99,7 +99,9 @@ def find_sessions(sources: list[str]) -> list[str]:
 
 
 def _is_session(path: Path) -> bool:
-    return (path / "session.json").is_file() or any(path.glob("jvm-*")) or any(path.glob("py-*"))
+    from engine.session import JVM_DIRS, PYTHON_DIRS, SESSION_JSON
+
+    return (path / SESSION_JSON).is_file() or any(path.glob(JVM_DIRS)) or any(path.glob(PYTHON_DIRS))
 
 
 def _node_prefix(source: str) -> str | None:

@@ -33,7 +33,7 @@ from numba import njit
 from engine.correlate.schema import END, GIL_STATES
 from engine.errors import TandemError
 from engine.ingest.codes import NO_FRAME, read_code_table, resolve
-from engine.session import read_json
+from engine.session import GIL_CODES, GIL_EVENTS, GIL_RING, PROBE_JSON, PYTHON_DIRS, THREADS_JSONL, read_json
 from engine.ring.layout import GIL_RECORD_DTYPE, GIL_DROP, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 
 # The probe stamps with clock_gettime(CLOCK_MONOTONIC) itself: no conversion, no error.
@@ -103,9 +103,9 @@ def _events_files(path: Path) -> list[Path]:
     """The events files of a file, a py-<pid> directory or a session directory."""
     if path.is_file():
         return [path]
-    if (path / "gil.events").exists():
-        return [path / "gil.events"]
-    found = sorted(path.glob("py-*/gil.events"))
+    if (path / GIL_EVENTS).exists():
+        return [path / GIL_EVENTS]
+    found = sorted(path.glob(f"{PYTHON_DIRS}/{GIL_EVENTS}"))
     if found:
         return found
     raise TandemError(f"{path}: no GIL events here (expected an events file, a py-<pid> directory or a session)")
@@ -114,7 +114,7 @@ def _events_files(path: Path) -> list[Path]:
 def _side_file(path: Path, session_name: str, suffix: str) -> Path:
     """A file the probe writes beside its events: SESSION/py-<pid>/<session_name> in a session,
     else FILE<suffix> for `engine.probe.start(FILE)` (FILE.ring names the same recording)."""
-    if path.name in ("gil.events", "gil.ring"):
+    if path.name in (GIL_EVENTS, GIL_RING):
         return path.parent / session_name
     base = path.name[: -len(".ring")] if path.name.endswith(".ring") else path.name
     return path.with_name(base + suffix)
@@ -122,7 +122,7 @@ def _side_file(path: Path, session_name: str, suffix: str) -> Path:
 
 def _description(path: Path) -> dict:
     """probe.json (session layout) or FILE.json (engine.probe.start(FILE)), if present."""
-    meta = _side_file(path, session_name="probe.json", suffix=".json")
+    meta = _side_file(path, session_name=PROBE_JSON, suffix=".json")
     return read_json(meta)
 
 
@@ -130,7 +130,7 @@ def _thread_names(path: Path, meta: dict) -> dict[int, str]:
     """tid -> name: probe.json's (written at stop) updated by the side file of started threads
     (threads.jsonl / FILE.threads.jsonl), which survives a process that never stopped the probe."""
     names = {int(k): v for k, v in meta.get("thread_names", {}).items()}
-    return names | started_threads(_side_file(path, session_name="threads.jsonl", suffix=".threads.jsonl"))
+    return names | started_threads(_side_file(path, session_name=THREADS_JSONL, suffix=".threads.jsonl"))
 
 
 def started_threads(side: Path) -> dict[int, str]:
@@ -184,7 +184,7 @@ def _ring_leftovers(path: Path, mine, next_seq: np.ndarray):
     to its last pass."""
     from engine.ring.reader import read_ring
 
-    ring_path = _side_file(path, session_name="gil.ring", suffix=".ring")
+    ring_path = _side_file(path, session_name=GIL_RING, suffix=".ring")
     if not ring_path.exists():
         return None, 0
     try:
@@ -409,7 +409,7 @@ class EventsIntervals:
         self.header = EventsBlocks(self.path, block_records).header
         self.pid = int(self.header.producer_pid)
         self.meta = _description(self.path)
-        codes_path = _side_file(self.path, session_name="gil.codes", suffix=".codes")
+        codes_path = _side_file(self.path, session_name=GIL_CODES, suffix=".codes")
         self.recorded = codes_path.exists()
         self.code_table = read_code_table(codes_path) if self.recorded else {}
         # code_columns' state: the file's codes numbered as they come, and their names
@@ -489,7 +489,7 @@ def read_gil(path: str | os.PathLike) -> pd.DataFrame:
         meta = _description(events_path)
         pid = int(header.producer_pid)
         df = events_to_intervals(records["mono_ns"], records["tid"], records["kind"], pid=pid, aux=records["aux"])
-        codes_path = _side_file(events_path, session_name="gil.codes", suffix=".codes")
+        codes_path = _side_file(events_path, session_name=GIL_CODES, suffix=".codes")
         code = resolve(df.pop("code").to_numpy(), read_code_table(codes_path), recorded=codes_path.exists())
         df[list(code.columns)] = code
         names = _thread_names(events_path, meta)

@@ -23,7 +23,7 @@ from engine.clock import align
 from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET, Chunk, ChunkScan, scan_chunks, split_runs
 from engine.errors import TandemError, TandemWarning
 from engine.ingest import jfr_chunks, jfr_input
-from engine.session import current_boot_id, read_json
+from engine.session import JVM_JSON, SESSION_JSON, current_boot_id, jvm_directory_of, read_json
 
 KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
 # The JFR event types each kind comes from (for witnesses such as `jfr print --events`).
@@ -128,12 +128,10 @@ def _session_end_wall_ns(path: Path) -> int | None:
     SESSION/session.json's `end_wall_ns` (docs/session.md) bounds when a killed JVM died
     only if the JVM is the command's own process (a child JVM could outlive the command).
     """
-    jvm_json = _agent_description(path)
-    if "repository" not in path.parent.parts or not jvm_json.get("pid"):
+    jvm_json, jvm_dir = _agent_description(path), jvm_directory_of(path)
+    if jvm_dir is None or not jvm_json.get("pid"):
         return None
-    parts = path.parent.parts
-    jvm_dir = Path(*parts[: len(parts) - parts[::-1].index("repository") - 1])
-    session = read_json(jvm_dir.parent / "session.json")
+    session = read_json(jvm_dir.parent / SESSION_JSON)
     end = session.get("end_wall_ns")
     return int(end) if isinstance(end, int) and session.get("pid") == jvm_json["pid"] else None
 
@@ -299,12 +297,8 @@ def _agent_description(path: Path) -> dict:
     It sits beside `recording.jfr`, or, for a chunk of the JVM's disk repository (all that
     survives a SIGKILL), beside the `repository/` folder that holds the chunk.
     """
-    folders = [path.parent]
-    if "repository" in path.parent.parts:
-        parts = path.parent.parts
-        folders.append(Path(*parts[: len(parts) - parts[::-1].index("repository") - 1]))
-    for folder in folders:
-        description = read_json(folder / "jvm.json")
+    for folder in (path.parent, jvm_directory_of(path)):
+        description = read_json(folder / JVM_JSON) if folder is not None else {}
         if description:
             return description
     return {}

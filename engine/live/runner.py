@@ -27,7 +27,7 @@ from engine.live.lifetimes import ProcLifetimes
 from engine.live.memory import release_free_memory
 from engine.live.sources import RepositorySource, SessionWatcher
 from engine.live.writer import RollingWriter
-from engine.session import read_json
+from engine.session import SESSION_JSON, read_json
 
 GIL_POLL_S = 0.2
 JVM_POLL_S = 0.5
@@ -191,7 +191,7 @@ class LiveRun:
                 if self.view is not None and time.monotonic() - last_view >= VIEW_EVERY_S:
                     last_view = time.monotonic()
                     self.view.update(self)
-                if self.follow_recorder and "end_monotonic_ns" in read_json(self.session / "session.json"):
+                if self.follow_recorder and "end_monotonic_ns" in read_json(self.session / SESSION_JSON):
                     self.command_done.set()  # the recorder (`tandem record`) has seen its command end
                 if self.command_done.is_set():
                     done_since = done_since or time.monotonic()

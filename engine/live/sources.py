@@ -29,7 +29,8 @@ import pandas as pd
 from engine.errors import TandemError
 from engine.ingest.gil import Pairing, SampledRecords, interval_frame, started_threads
 from engine.ring.layout import GIL_RECORD_DTYPE
-from engine.session import pid_from_name, process_alive, read_json
+from engine.session import (AGENT_ERROR, GIL_RING, JVM_DIRS, JVM_JSON, PAUSES_RING, PYTHON_DIRS, RECORDING, REPOSITORY,
+                            THREADS_JSONL, agent_error_line, pid_from_name, process_alive, read_json)
 
 PAUSE_RING_KINDS = {1: "safepoint", 2: "gc_pause", 3: "gc", 4: "vm_operation"}  # java-agent PauseRing.KIND_*
 
@@ -53,7 +54,7 @@ class GilSource:
         return f"py-{self.pid}"
 
     def _thread_names(self) -> None:
-        side = self.directory / "threads.jsonl"
+        side = self.directory / THREADS_JSONL
         try:
             size = side.stat().st_size
         except OSError:
@@ -70,7 +71,7 @@ class GilSource:
         started = time.monotonic_ns()
         gone = not process_alive(self.pid)
         if self.tailer is None:
-            ring = self.directory / "gil.ring"
+            ring = self.directory / GIL_RING
             if not ring.exists():
                 if gone:
                     self.done = True
@@ -147,7 +148,7 @@ class PauseRingSource(_PauseSource):
         self._empty: pd.DataFrame | None = None
         from engine.ring import RingTailer
 
-        self.tailer = RingTailer(directory / "pauses.ring")
+        self.tailer = RingTailer(directory / PAUSES_RING)
         self.names = dict(self.tailer.header.names)
         self.clock_error_ns = 0  # (System.nanoTime() through the agent's ClockSync: on CLOCK_MONOTONIC)
 
@@ -256,8 +257,8 @@ class RepositorySource(_PauseSource):
 
     def poll(self) -> pd.DataFrame:
         gone = not process_alive(self.pid)
-        state = read_json(self.directory / "jvm.json").get("state")
-        recording = self.directory / "recording.jfr"
+        state = read_json(self.directory / JVM_JSON).get("state")
+        recording = self.directory / RECORDING
         frames = []
         if (state == "closed" or gone) and recording.exists() and recording.stat().st_size > 0:
             frame = self._read(recording)
@@ -267,7 +268,7 @@ class RepositorySource(_PauseSource):
         else:
             if gone:
                 self._stamps.clear()  # the last read of every chunk keeps its unmatched safepoints
-            for chunk in sorted((self.directory / "repository").rglob("*.jfr"), key=lambda p: p.name):
+            for chunk in sorted((self.directory / REPOSITORY).rglob("*.jfr"), key=lambda p: p.name):
                 try:
                     st = chunk.stat()
                 except OSError:
@@ -287,8 +288,9 @@ class RepositorySource(_PauseSource):
             self.done = True
             if not recording.exists() and self._last_error and not self.pauses_seen:
                 self.problem = self._last_error
-        if (self.directory / "agent-error.txt").exists():
-            self.problem = (self.directory / "agent-error.txt").read_text().strip()
+        agent_error = agent_error_line(self.directory)
+        if agent_error:
+            self.problem = agent_error
             self.done = self.done or not frames
         frames = [f for f in frames if len(f)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -474,7 +476,7 @@ class RingWithRepositorySource(PauseRingSource):
             frames.append(self._reconcile(repo, final))
         # Once the ring is closed, done when the repository side is too, or when this JVM has
         # no repository at all (nothing to reconcile).
-        self.done = ring_done and (self._repo_done or not (self.directory / "repository").exists())
+        self.done = ring_done and (self._repo_done or not (self.directory / REPOSITORY).exists())
         if self.repository.problem and not self.problem:
             self.problem = self.repository.problem
         frames = [f for f in frames if len(f)]
@@ -535,16 +537,16 @@ class SessionWatcher:
         self.events: list[str] = []  # human-readable discoveries and exits, for the view
 
     def scan(self) -> None:
-        for directory in sorted(self.session.glob("py-*")):
+        for directory in sorted(self.session.glob(PYTHON_DIRS)):
             if directory.is_dir() and directory not in self.gil:
                 self.gil[directory] = GilSource(directory)
                 self.events.append(f"{directory.name}: Python process found")
-        for directory in sorted(self.session.glob("jvm-*")):
+        for directory in sorted(self.session.glob(JVM_DIRS)):
             if not directory.is_dir() or directory in self.jvm:
                 continue
-            if (directory / "pauses.ring").exists():
+            if (directory / PAUSES_RING).exists():
                 source = RingWithRepositorySource(directory)
-            elif (directory / "jvm.json").exists() or (directory / "agent-error.txt").exists():
+            elif (directory / JVM_JSON).exists() or (directory / AGENT_ERROR).exists():
                 source = RepositorySource(directory)
             else:
                 continue  # the agent is still starting: look again next scan

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from engine.errors import TandemError
-from engine.session import process_alive, read_json
+from engine.session import JVM_JSON, process_alive, read_json
 
 ATTACH_TIMEOUT_S = 60
 # After --duration the agent still writes recording.jfr; allow for a large dump.
@@ -54,7 +54,7 @@ def load_agent(java: Path, jar: Path, pid: int, options: str) -> None:
 
 
 def jvm_state(jvm_dir: Path) -> str | None:
-    return read_json(jvm_dir / "jvm.json").get("state")
+    return read_json(jvm_dir / JVM_JSON).get("state")
 
 
 def wait_until_closed(jvm_dir: Path, pid: int, seconds: float, progress=None) -> str:

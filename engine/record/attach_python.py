@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from engine.errors import TandemError
-from engine.session import process_alive, read_json
+from engine.session import PROBE_JSON, process_alive, read_json
 
 INJECT_SOURCE = Path(__file__).with_name("inject.c")
 GDB_TIMEOUT_S = 60
@@ -174,7 +174,7 @@ def stop(pid: int, session: Path, cache: Path) -> str:
 
 
 def _state(directory: Path) -> str | None:
-    return read_json(directory / "probe.json").get("state")
+    return read_json(directory / PROBE_JSON).get("state")
 
 
 def _wait_for(predicate, what: str, timeout: float = 30.0) -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from engine.probe.private import private_directory
-from engine.session import current_boot_id, read_json
+from engine.session import SESSION_JSON, current_boot_id, read_json
 
 
 _user_umask: int | None = None
@@ -67,7 +67,7 @@ def finish_session(path: Path, **fields) -> str | None:
 
 
 def read_description(path: Path) -> dict:
-    return read_json(path / "session.json")
+    return read_json(path / SESSION_JSON)
 
 
 def write_description(path: Path, description: dict) -> None:
@@ -81,7 +81,7 @@ def write_description(path: Path, description: dict) -> None:
     try:
         with os.fdopen(fd, "w") as out:
             out.write(json.dumps(description, indent=2) + "\n")
-        os.replace(tmp, path / "session.json")
+        os.replace(tmp, path / SESSION_JSON)
     except OSError:
         tmp.unlink(missing_ok=True)  # no half file left behind (disk full)
         raise

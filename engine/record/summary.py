@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.session import jvm_recordings, read_json
+from engine.session import JVM_DIRS, JVM_JSON, PROBE_JSON, PYTHON_DIRS, agent_error_line, jvm_recordings, read_json
 
 # The event types a user of tandem looks for first; the rest are summed up as "events".
 KEY_EVENTS = {
@@ -62,8 +62,8 @@ def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCa
     Files may vanish while we look (a short-lived JVM's repository is deleted at its exit):
     such a file is left out, and the reading goes on."""
     captures = []
-    for directory in sorted(session.glob("jvm-*")):
-        description = read_json(directory / "jvm.json")
+    for directory in sorted(session.glob(JVM_DIRS)):
+        description = read_json(directory / JVM_JSON)
         try:
             files, _closed = jvm_recordings(directory)
         except OSError:  # its repository went away while we listed it
@@ -80,12 +80,12 @@ def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCa
             capture.event_counts, unreadable = jfr_event_counts(jfr_tool, files)
             capture.problem = capture.problem or unreadable
         captures.append(capture)
-    for directory in sorted(d for d in session.glob("py-*") if d.is_dir()):
+    for directory in sorted(d for d in session.glob(PYTHON_DIRS) if d.is_dir()):
         try:
             files = sorted(p for p in directory.iterdir() if p.is_file())
         except OSError:
             files = []
-        captures.append(ProcessCapture("python", directory, read_json(directory / "probe.json"), files))
+        captures.append(ProcessCapture("python", directory, read_json(directory / PROBE_JSON), files))
     return captures
 
 
@@ -135,14 +135,6 @@ def print_summary(console, session: Path, captures: list[ProcessCapture]) -> Non
 def _file_size(file: Path) -> int | None:
     try:
         return file.stat().st_size
-    except OSError:
-        return None
-
-
-def agent_error_line(jvm_dir: Path) -> str | None:
-    """What the agent left in agent-error.txt when it could not record (docs/session.md)."""
-    try:
-        return (jvm_dir / "agent-error.txt").read_text().strip() or None
     except OSError:
         return None
 
