@@ -21,7 +21,6 @@ from engine.live.alerts import Alerts
 from engine.live.writer import RollingWriter, read_parts
 from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 from engine.store import read_table
-from gil_model import model_intervals, model_open
 
 TANDEM = [sys.executable, "-m", "engine"]
 PAIR_KEY = ["pause_id", "pid", "tid", "state", "start_ns", "end_ns", "overlap_ns", "slack_ns", "near_miss"]
@@ -64,6 +63,8 @@ class _Builder:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_incremental_intervals_equal_the_per_event_model(seed):
+    from gil_model import model_intervals, model_open  # (here: bench/bench_live.py imports this module)
+
     rng = np.random.default_rng(seed)
     t, tid, kind = _random_events(rng)
     cuts = np.sort(rng.choice(np.arange(1, len(t)), size=12, replace=False))
