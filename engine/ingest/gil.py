@@ -409,11 +409,8 @@ class EventsIntervals:
         self.header = EventsBlocks(self.path, block_records).header
         self.pid = int(self.header.producer_pid)
         self.meta = _description(self.path)
-        codes_path = _side_file(self.path, session_name=GIL_CODES, suffix=".codes")
-        self.recorded = codes_path.exists()
-        self.code_table = read_code_table(codes_path) if self.recorded else {}
         # code_columns' state: the file's codes numbered as they come, and their names
-        self._code_numbers, self._code_names = DenseNumbers(), None
+        self._code_numbers, self._code_names, self._code_table = DenseNumbers(), None, None
         self.process: dict = {}
 
     def blocks(self):
@@ -462,7 +459,11 @@ class EventsIntervals:
 
         numbers, new = self._code_numbers.number(np.asarray(code, np.uint64).view(np.int64))
         if new.size:  # (names of the codes seen so far, resolved once each)
-            names = resolve(new.view(np.uint64), self.code_table, recorded=self.recorded)
+            if self._code_table is None:  # (read when the first code is named: _load names none)
+                codes_path = _side_file(self.path, session_name=GIL_CODES, suffix=".codes")
+                self._recorded = codes_path.exists()
+                self._code_table = read_code_table(codes_path) if self._recorded else {}
+            names = resolve(new.view(np.uint64), self._code_table, recorded=self._recorded)
             self._code_names = names if self._code_names is None else pd.concat([self._code_names, names], ignore_index=True)
             self._function = pa.array(self._code_names["function"].astype(object), pa.string())
             self._file = pa.array(self._code_names["file"].astype(object), pa.string())
