@@ -127,8 +127,7 @@ def correlate(
 
     core = Correlator(slack_ns, gil_source=gil_clock.source, pauses_source=pause_clock.source)
     stop = stop_ids(pauses)
-    hits = CodeHits(pauses["pause_id"].to_numpy(np.int64)[stop == pauses["pause_id"].to_numpy(np.int64)])
-    core.overlaps_codes = hits.add  # (the summary's code hit most, as a streamed analysis adds it up)
+    hits = CodeHits.fed_by(core, pauses, stop)  # the summary's code hit most, as a streamed analysis adds it up
     pushed = core.push(pauses=pauses, gil=gil_rows_from_frame(gil), watermark_ns=END)
     finished = core.finish()
     overlaps = pa.concat_tables([pushed.overlaps, finished.overlaps])

@@ -255,6 +255,15 @@ class CodeHits:
         self.first = np.zeros(0, np.int64)  # the first row (over every part) of each code; -1: none
         self.rows = 0
 
+    @classmethod
+    def fed_by(cls, core, pauses: pd.DataFrame, stop: np.ndarray) -> "CodeHits":
+        """The hits of the pauses leading a stop (STOP: stop_ids of PAUSES), fed by CORE (a
+        Correlator) as it makes overlaps rows."""
+        pause_id = pauses["pause_id"].to_numpy(np.int64)
+        hits = cls(pause_id[stop == pause_id])
+        core.overlaps_codes = hits.add
+        return hits
+
     def add(self, pause_id: np.ndarray, overlap_ns: np.ndarray, near_miss: np.ndarray, code: np.ndarray) -> None:
         from engine.correlate.kernels import code_totals
 

@@ -125,10 +125,8 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     near = ((candidates["jvm_pid"].to_numpy(np.int64), candidates["start_ns"].to_numpy(np.int64) - INFERENCE_WINDOW_NS,
              candidates["end_ns"].to_numpy(np.int64) + INFERENCE_WINDOW_NS) if len(candidates) else ((), (), ()))
     candidate_ids, candidate_overlaps = candidates["pause_id"].to_numpy(np.int64), []
-    leaders = pauses["pause_id"].to_numpy(np.int64)[stop == pauses["pause_id"].to_numpy(np.int64)]
     requester_rows = []
-    hits = CodeHits(leaders)  # the summary's "why": overlap per code, added up as the core makes the rows
-    core.overlaps_codes = hits.add
+    hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
 
     def emit(rows: Rows) -> None:
         for name, table in rows.tables().items():
