@@ -24,6 +24,7 @@ def attach(
     from engine import jvm
     from engine.errors import TandemError
     from engine.record import attach as attaching, launch, session as sessions, summary
+    from engine.session import agent_error_line
 
     from engine.record import attach_python
 
@@ -45,7 +46,7 @@ def attach(
         attaching.load_agent(java, jar, pid, options)
     jvm_dir = directory / f"jvm-{pid}"
     if attaching.jvm_state(jvm_dir) is None:
-        reason = summary.agent_error_line(jvm_dir) or "that JVM's stderr says why (a `tandem-agent:` line)"
+        reason = agent_error_line(jvm_dir) or "that JVM's stderr says why (a `tandem-agent:` line)"
         raise TandemError(f"pid {pid}: the agent loaded but did not start recording: {reason}")
     if duration is None:
         console.print(f"tandem: pid {pid} records into {jvm_dir} until it exits")
