@@ -48,13 +48,50 @@ final class PauseRing {
     private static final int FILE_KIND_RING = 1;
     private static final int RECORD_TYPE_PAUSE = 2;
     private static final int CLOCK_MONOTONIC = 1;
-    private static final int HEAD = HEADER_SIZE;          // lane 0
-    private static final int TAIL = HEADER_SIZE + 128;
-    private static final int DROPPED = HEADER_SIZE + 256;
-    private static final int STATE = 1408;
     private static final int STATE_CLOSED = 2;
-    private static final int NAMES_USED = 2048;
-    private static final int NAMES = 2112;
+    // Byte offsets of docs/ring.md's tables (tests/test_ring_layout.py holds them to it).
+    // Header:
+    static final int OFF_MAGIC = 0;
+    static final int OFF_VERSION = 8;
+    static final int OFF_HEADER_SIZE = 12;
+    static final int OFF_FILE_KIND = 16;
+    static final int OFF_RECORD_TYPE = 20;
+    static final int OFF_RECORD_SIZE = 24;
+    static final int OFF_LANE_CAPACITY = 28;
+    static final int OFF_PRODUCER_PID = 32;
+    static final int OFF_CLOCK_ID = 36;
+    static final int OFF_SYNC_REALTIME_NS = 40;
+    static final int OFF_SYNC_MONOTONIC_NS = 48;
+    static final int OFF_SYNC_UNCERTAINTY_NS = 56;
+    static final int OFF_BOOT_ID = 64;
+    static final int OFF_RUNTIME_VERSION = 104;
+    static final int OFF_BACKEND = 136;
+    static final int OFF_LANE_COUNT = 168;
+    static final int OFF_LANE_STRIDE = 172;
+    static final int OFF_RECORDS_OFFSET = 176;
+    static final int OFF_STATE = 1408;
+    static final int OFF_NAMES_USED = 2048;
+    static final int NAME_TABLE_START = 2112;
+    // Lane table entry (lane 0 at HEADER_SIZE):
+    static final int LANE_OFF_HEAD = 0;
+    static final int LANE_OFF_TAIL = 128;
+    static final int LANE_OFF_DROPPED = 256;
+    // Pause record:
+    static final int REC_OFF_SEQ = 0;
+    static final int REC_OFF_START_NS = 8;
+    static final int REC_OFF_TID = 16;
+    static final int REC_OFF_KIND = 20;
+    static final int REC_OFF_LANE = 22;
+    static final int REC_OFF_AUX = 24;
+    static final int REC_OFF_END_NS = 32;
+    static final int REC_OFF_ID = 40;
+    static final int REC_OFF_NAME_CODE = 48;
+    private static final int HEAD = HEADER_SIZE + LANE_OFF_HEAD; // lane 0
+    private static final int TAIL = HEADER_SIZE + LANE_OFF_TAIL;
+    private static final int DROPPED = HEADER_SIZE + LANE_OFF_DROPPED;
+    private static final int STATE = OFF_STATE;
+    private static final int NAMES_USED = OFF_NAMES_USED;
+    private static final int NAMES = NAME_TABLE_START;
 
     private static final VarHandle LONGS = MethodHandles.byteBufferViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
     private static final VarHandle INTS = MethodHandles.byteBufferViewVarHandle(int[].class, ByteOrder.LITTLE_ENDIAN);
@@ -111,15 +148,15 @@ final class PauseRing {
     }
 
     private void writeHeader(long pid, String runtimeVersion, String backend) {
-        buf.put(0, "TNDMRING".getBytes(StandardCharsets.US_ASCII));
-        buf.putInt(8, VERSION);
-        buf.putInt(12, HEADER_SIZE);
-        buf.putInt(16, FILE_KIND_RING);
-        buf.putInt(20, RECORD_TYPE_PAUSE);
-        buf.putInt(24, RECORD_SIZE);
-        buf.putInt(28, capacity);
-        buf.putInt(32, (int) pid);
-        buf.putInt(36, CLOCK_MONOTONIC);
+        buf.put(OFF_MAGIC, "TNDMRING".getBytes(StandardCharsets.US_ASCII));
+        buf.putInt(OFF_VERSION, VERSION);
+        buf.putInt(OFF_HEADER_SIZE, HEADER_SIZE);
+        buf.putInt(OFF_FILE_KIND, FILE_KIND_RING);
+        buf.putInt(OFF_RECORD_TYPE, RECORD_TYPE_PAUSE);
+        buf.putInt(OFF_RECORD_SIZE, RECORD_SIZE);
+        buf.putInt(OFF_LANE_CAPACITY, capacity);
+        buf.putInt(OFF_PRODUCER_PID, (int) pid);
+        buf.putInt(OFF_CLOCK_ID, CLOCK_MONOTONIC);
         // The tightest of a few (monotonic, realtime, monotonic) reads.
         long bestWidth = Long.MAX_VALUE;
         for (int attempt = 0; attempt < 5; attempt++) {
@@ -128,17 +165,17 @@ final class PauseRing {
             long after = System.nanoTime();
             if (after - before < bestWidth) {
                 bestWidth = after - before;
-                buf.putLong(40, wall.getEpochSecond() * 1_000_000_000L + wall.getNano());
-                buf.putLong(48, before + (after - before) / 2);
-                buf.putLong(56, after - before);
+                buf.putLong(OFF_SYNC_REALTIME_NS, wall.getEpochSecond() * 1_000_000_000L + wall.getNano());
+                buf.putLong(OFF_SYNC_MONOTONIC_NS, before + (after - before) / 2);
+                buf.putLong(OFF_SYNC_UNCERTAINTY_NS, after - before);
             }
         }
-        putText(64, 40, bootId());
-        putText(104, 32, runtimeVersion);
-        putText(136, 32, backend);
-        buf.putInt(168, 1);             // lane_count
-        buf.putInt(172, LANE_STRIDE);
-        buf.putLong(176, RECORDS_OFFSET);
+        putText(OFF_BOOT_ID, OFF_RUNTIME_VERSION - OFF_BOOT_ID, bootId());
+        putText(OFF_RUNTIME_VERSION, OFF_BACKEND - OFF_RUNTIME_VERSION, runtimeVersion);
+        putText(OFF_BACKEND, 32, backend);
+        buf.putInt(OFF_LANE_COUNT, 1);
+        buf.putInt(OFF_LANE_STRIDE, LANE_STRIDE);
+        buf.putLong(OFF_RECORDS_OFFSET, RECORDS_OFFSET);
     }
 
     /** ASCII text, NUL-padded, truncated to leave at least one NUL; unprintable characters become '?'. */
@@ -180,19 +217,19 @@ final class PauseRing {
             LONGS.setRelease(buf, TAIL, tailCache);
         }
         int at = RECORDS_OFFSET + (int) (pos & (capacity - 1)) * RECORD_SIZE;
-        LONGS.setOpaque(buf, at, 0L); // seqlock: being rewritten
+        LONGS.setOpaque(buf, at + REC_OFF_SEQ, 0L); // seqlock: being rewritten
         VarHandle.releaseFence();      // ...visible before any new field value
-        buf.putLong(at + 8, startNs);
-        buf.putInt(at + 16, tid > 0 && tid <= 0xFFFF_FFFFL ? (int) tid : 0);
-        buf.putShort(at + 20, (short) kind);
-        buf.putShort(at + 22, (short) 0); // lane
-        buf.putLong(at + 24, aux);
-        buf.putLong(at + 32, endNs);
-        buf.putLong(at + 40, id);
-        buf.putInt(at + 48, nameCode);
-        buf.putInt(at + 52, 0);
-        buf.putLong(at + 56, 0L);
-        LONGS.setRelease(buf, at, pos + 1);   // commit the slot
+        buf.putLong(at + REC_OFF_START_NS, startNs);
+        buf.putInt(at + REC_OFF_TID, tid > 0 && tid <= 0xFFFF_FFFFL ? (int) tid : 0);
+        buf.putShort(at + REC_OFF_KIND, (short) kind);
+        buf.putShort(at + REC_OFF_LANE, (short) 0);
+        buf.putLong(at + REC_OFF_AUX, aux);
+        buf.putLong(at + REC_OFF_END_NS, endNs);
+        buf.putLong(at + REC_OFF_ID, id);
+        buf.putInt(at + REC_OFF_NAME_CODE, nameCode);
+        buf.putInt(at + REC_OFF_NAME_CODE + 4, 0); // reserved to the end of the record
+        buf.putLong(at + REC_OFF_NAME_CODE + 8, 0L);
+        LONGS.setRelease(buf, at + REC_OFF_SEQ, pos + 1);   // commit the slot
         LONGS.setRelease(buf, HEAD, pos + 1); // publish head
         written++;
     }
