@@ -301,3 +301,94 @@ def test_read_ahead_hands_over_every_item_in_order_then_the_producers_error_and_
     assert next(ahead) == 0
     ahead.close()  # the consumer leaves early: the producer stops and closes its generator
     assert closed.wait(5)
+
+
+SERVICE_WITH_A_JVM = """
+import threading, time, jpype
+jpype.startJVM()
+
+def work(n):
+    for _ in range(n):
+        sum(range(20_000))  # holds the GIL
+        time.sleep(0.001)   # releases it
+
+threads = [threading.Thread(target=work, args=(300,), name=f"worker-{i}") for i in range(3)]
+for t in threads:
+    t.start()
+for _ in range(3):
+    jpype.java.lang.System.gc()
+    time.sleep(0.1)
+for t in threads:
+    t.join()
+"""
+
+# Each OUT/*.parquet read by DuckDB in a process that imports nothing of tandem: its row count
+# and column names, and the GIL table's rows (JSON on stdout).
+DUCKDB_READER = """
+import json, sys
+from pathlib import Path
+import duckdb
+out = Path(sys.argv[1])
+tables = {p.stem: {"rows": duckdb.sql(f"SELECT count(*) FROM '{p}'").fetchall()[0][0],
+                   "columns": [c for c in duckdb.sql(f"SELECT * FROM '{p}' LIMIT 0").columns]}
+          for p in sorted(out.glob("*.parquet"))}
+gil = duckdb.sql(f"SELECT pid, tid, state, start_ns, end_ns FROM '{out}/gil.parquet' "
+                 "ORDER BY pid, tid, start_ns, end_ns, state").fetchall() if "gil" in tables else []
+assert not [m for m in sys.modules if m == "engine" or m.startswith("engine.")]
+print(json.dumps({"tables": tables, "gil": gil}))
+"""
+
+
+@pytest.mark.slow
+def test_results_of_a_recorded_session_are_every_table_readable_by_duckdb_alone(tmp_path):
+    """OUT of `tandem analyze SESSION` holds every table (docs/results.md, "gil.parquet"): moved
+    away from the session, DuckDB alone reads each one, the GIL table equal to read_gil's."""
+    import json
+    import os
+
+    from conftest import default_java_home
+    from engine.analysis import load_results
+    from engine.correlate.schema import RESULT_TABLES
+    from engine.ingest.gil import read_gil
+    from test_record_helpers import jdk_env, run_tandem
+
+    session, program = tmp_path / "s", tmp_path / "service.py"
+    program.write_text(SERVICE_WITH_A_JVM)
+    env = jdk_env(default_java_home())
+    run = run_tandem("record", "-o", str(session), "--", sys.executable, str(program), env=env)
+    assert run.returncode == 0, run.stderr
+    witness = read_gil(session)  # every events file is closed: --reference-gil could name them
+    assert len(witness) > 1000
+    run = run_tandem("analyze", str(session), "-o", str(tmp_path / "out"), env=env)
+    assert run.returncode == 0, run.stderr
+    referenced = run_tandem("analyze", str(session), "--reference-gil", "-o", str(tmp_path / "referenced"), env=env)
+    assert referenced.returncode == 0, referenced.stderr
+    assert not (tmp_path / "referenced" / "gil.parquet").exists()
+    assert len(load_results(tmp_path / "referenced").gil) == len(witness)
+
+    moved = tmp_path / "elsewhere"
+    (tmp_path / "out").rename(moved)
+    session.rename(tmp_path / "session-gone")
+    read = subprocess.run([sys.executable, "-I", "-c", DUCKDB_READER, str(moved)], capture_output=True, text=True,
+                          cwd=tmp_path, env={"PATH": os.environ["PATH"]})
+    assert read.returncode == 0, read.stderr
+    seen = json.loads(read.stdout)
+    assert set(seen["tables"]) == set(RESULT_TABLES)
+    back = load_results(moved)
+    for name, table in back.tables().items():
+        assert seen["tables"][name]["rows"] == len(table), name
+    assert seen["tables"]["gil"]["rows"] == len(witness) == back.header["gil_intervals"]
+    assert {"pid", "tid", "thread_name", "state", "start_ns", "end_ns"} <= set(seen["tables"]["gil"]["columns"])
+    expected = witness.astype({"state": str}).sort_values(["pid", "tid", "start_ns", "end_ns", "state"])
+    assert [tuple(r) for r in seen["gil"]] == list(expected[["pid", "tid", "state", "start_ns", "end_ns"]]
+                                                   .itertuples(index=False, name=None))
+    with pytest.raises(TandemError, match="missing; the GIL intervals of the results"):
+        load_results(tmp_path / "referenced")  # (named files, moved away)
+
+
+def test_reference_gil_does_not_go_with_a_dataset(tmp_path):
+    run = subprocess.run([str(Path(sys.executable).parent / "tandem"), "analyze", str(tmp_path), "--reference-gil",
+                          "--dataset", str(tmp_path / "root")], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.strip() == "tandem: error: --reference-gil cannot go with --copy-gil or --dataset " \
+                                 "(a fleet dataset holds the GIL rows)"

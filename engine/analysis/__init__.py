@@ -227,12 +227,13 @@ def analyze_session(session: str | os.PathLike, *, slack_ns: int = 0, offset_ns:
 
 
 def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = None, jfr=(), gil=(), pauses=(),
-               slack_ns: int = 0, offset_ns: int | None = None, progress=None, copy_gil: bool = False):
+               slack_ns: int = 0, offset_ns: int | None = None, progress=None, reference_gil: bool = False):
     """What `tandem analyze -o OUT` does: a SESSION, or the JVM side (jfr/pauses) and the GIL
     side (gil) given apart, correlated into OUT/*.parquet; streamed through the core in bounded
-    memory when the GIL side is events files or one Parquet table, else read whole. A streamed
-    GIL side is named by the results, not copied into OUT/gil.parquet unless COPY_GIL
-    (docs/results.md, "gil.parquet"). Returns the summary, the header and the files written
+    memory when the GIL side is events files or one Parquet table, else read whole. Every table
+    is written into OUT, gil.parquet included, unless REFERENCE_GIL: then a streamed GIL side
+    whose files are closed is named by the results instead (docs/results.md, "gil.parquet").
+    Returns the summary, the header and the files written
     (engine.analysis.stream.StreamedAnalysis)."""
     from engine.analysis.stream import StreamedAnalysis, analyze_streamed
     from engine.ingest.inputs import gil_from, pauses_from, streamable_gil
@@ -241,7 +242,7 @@ def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = No
     session = Path(session) if session is not None else None
     jfr, gil, pauses = [Path(p) for p in jfr], [Path(p) for p in gil], [Path(p) for p in pauses]
     pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
-    streamable = streamable_gil(session if not gil else None, gil, copy=copy_gil)
+    streamable = streamable_gil(session if not gil else None, gil, copy=not reference_gil)
     if streamable is not None:
         try:
             return analyze_streamed(out, pauses_df, streamable, slack_ns=slack_ns, offset_ns=offset_ns,

@@ -7,8 +7,8 @@ probe's events files): a first pass learns each block's watermark and each threa
 the second pushes the blocks, read and paired by a thread of its own up to READ_AHEAD_BLOCKS
 blocks ahead of the core (`read_ahead`). Pauses (a few per second of recording) stay in
 memory. Peak memory is about one block per process, the blocks read ahead, and the intervals a
-pause still in progress may pair with. The GIL intervals are not copied to OUT
-(docs/results.md, "gil.parquet").
+pause still in progress may pair with. The GIL intervals are copied to OUT/gil.parquet as
+they are pushed, unless the results name the GIL files instead (docs/results.md, "gil.parquet").
 """
 from __future__ import annotations
 

@@ -30,8 +30,10 @@ def analyze(
     slack: str = typer.Option("0", "--slack", help="Also report near misses within this duration, e.g. 50ms."),
     offset: Optional[int] = typer.Option(None, "--offset", help="ns added to pause times to put them on the GIL clock; "
                                                         "overrides the same-clock check."),
-    copy_gil: bool = typer.Option(False, "--copy-gil", help="Copy the GIL intervals into OUT/gil.parquet, for results "
-                                  "that must outlive the session (by default they name its GIL files)."),
+    reference_gil: bool = typer.Option(False, "--reference-gil", help="Name the session's closed GIL files in the "
+                                       "results instead of copying their intervals into OUT/gil.parquet (faster; OUT "
+                                       "then needs the session and tandem to read the GIL table)."),
+    copy_gil: bool = typer.Option(False, "--copy-gil", hidden=True, help="The default now (kept for old scripts)."),
 ) -> None:
     """Find which JVM pauses hit which Python threads; write OUT/*.parquet and print the summary.
 
@@ -48,6 +50,8 @@ def analyze(
     if dataset is not None and (session is None or jfr or pauses or gil):
         raise TandemError("--dataset takes one SESSION directory (its session.json names the host and day), "
                           "not --jfr/--pauses/--gil")
+    if reference_gil and (copy_gil or dataset is not None):
+        raise TandemError("--reference-gil cannot go with --copy-gil or --dataset (a fleet dataset holds the GIL rows)")
     slack_ns = parse_duration_ns(slack)
     _reuse_freed_blocks()
     with _progress("correlating") as advance:
@@ -57,7 +61,7 @@ def analyze(
             result, _, files = analyze_into(session, dataset, slack_ns=slack_ns)
         else:
             result = analyze_to(out, session=session, jfr=jfr, gil=gil, pauses=pauses, slack_ns=slack_ns,
-                                offset_ns=offset, progress=advance, copy_gil=copy_gil or dataset is not None)
+                                offset_ns=offset, progress=advance, reference_gil=reference_gil)
             if dataset is not None:
                 from engine.fleet.dataset import write_session
                 from engine.session import Session

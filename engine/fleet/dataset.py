@@ -114,7 +114,7 @@ def analyze_into(session_path: str | os.PathLike, root: str | os.PathLike, *, sl
     work = Path(root) / ".work" / f"{identity.session_id}.{os.getpid()}"
     _private_dirs(work)
     try:
-        analysis = analyze_to(work, session=session.path, slack_ns=slack_ns, copy_gil=True)  # (a dataset holds its rows)
+        analysis = analyze_to(work, session=session.path, slack_ns=slack_ns)  # (gil.parquet copied: a dataset holds its rows)
         return analysis, identity, write_session(work, analysis.header, root, session)
     finally:
         shutil.rmtree(work, ignore_errors=True)
