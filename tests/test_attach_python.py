@@ -1,6 +1,6 @@
-"""`tandem attach PID` on a running CPython (issue 15): the probe injected through gdb,
-started into a session, stopped after --duration; the target's output and exit code are
-unchanged and no thread of ours is left in it. Refused clearly where ptrace is not allowed."""
+"""`tandem attach PID` on a running CPython: the probe injected by pyinjector (gdb when it
+cannot), started into a session, stopped after --duration; the target's output and exit code
+are unchanged and no thread of ours is left in it. Refused clearly where ptrace is not allowed."""
 from __future__ import annotations
 
 import json
@@ -15,9 +15,8 @@ import pytest
 
 from conftest import default_java_home, python_params
 from engine.ingest.gil import read_gil
+from engine.record.attach_python import gdb_call_problem
 from test_record_helpers import jdk_env, run_tandem
-
-pytestmark = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
 
 # Sleeps in brackets for SECONDS, then the witness to OUT; prints two lines, exits 3.
 TARGET = r'''
@@ -61,6 +60,8 @@ def test_attach_records_a_running_cpython_and_leaves_it_unharmed(python, tmp_pat
         run = run_tandem("attach", str(target.pid), "-o", str(session), "--duration", "3",
                          env=jdk_env(default_java_home()), timeout=180)
         assert run.returncode == 0, run.stderr[-3000:]
+        # the target sleeps in clock_nanosleep: a safe point for pyinjector, no gdb needed
+        assert "probe injected through pyinjector, in thread" in " ".join(run.stderr.split()), run.stderr
         assert target.poll() is None  # still running
         time.sleep(0.5)  # the injected thread that ran stop() ends right after it
         assert sorted(task_names(target.pid)) == before, (before, task_names(target.pid))
@@ -80,6 +81,50 @@ def test_attach_records_a_running_cpython_and_leaves_it_unharmed(python, tmp_pat
     for b, a in during:  # each sleep after the attach: one released interval inside its bracket
         inside = released[(released.start_ns >= b) & (released.end_ns <= a)]
         assert len(inside[(inside.end_ns - inside.start_ns) >= 5_000_000]) == 1, (b, a, inside)
+
+
+# Never waits in a system call (one thread, computing until the file ARGV[1] exists): pyinjector finds no safe point.
+BUSY_TARGET = r'''
+import os, sys
+print("busy started", flush=True)
+while not os.path.exists(sys.argv[1]):
+    [str(i) for i in range(100)]
+print("busy done", flush=True)
+sys.exit(4)
+'''
+
+
+def test_attach_falls_back_to_gdb_where_no_thread_waits_in_a_system_call(tmp_path):
+    """A CPU-bound single-threaded CPython: pyinjector has no safe point, so tandem says so and
+    injects through gdb at an allocator's entry; the probe records and the target is unharmed."""
+    problem = gdb_call_problem()
+    if problem:
+        pytest.skip(f"gdb's inferior calls fail here: {problem}")
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY_TARGET)
+    done = tmp_path / "done"
+    target = subprocess.Popen([sys.executable, str(script), str(done)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        assert target.stdout.readline() == "busy started\n"
+        session = tmp_path / "S"
+        run = run_tandem("attach", str(target.pid), "-o", str(session), "--duration", "1",
+                         env=jdk_env(default_java_home()), timeout=180)
+        assert run.returncode == 0, run.stderr[-3000:]
+        said = " ".join(run.stderr.split())
+        assert f"probe injected through gdb, as no thread of pid {target.pid} waited in a system call" in said, said
+        assert "Traceback" not in run.stderr
+        assert target.poll() is None
+        done.touch()
+        out, err = target.communicate(timeout=60)
+    finally:
+        target.kill()
+    assert target.returncode == 4 and out == "busy done\n" and err == "", (target.returncode, out, err)
+    meta = json.loads((session / f"py-{target.pid}" / "probe.json").read_text())
+    assert meta["state"] == "closed" and meta["pid"] == target.pid
+    df = read_gil(session / f"py-{target.pid}")
+    assert (df.tid == target.pid).any()  # the computing main thread, seen by the probe
+    assert not list(session.glob(".attach-*"))  # the injected copies are gone
 
 
 def _python_as_nobody() -> subprocess.Popen:

@@ -8,7 +8,7 @@ import typer
 
 
 def attach(
-    pid: int = typer.Argument(..., help="Process id of a running JVM (17+, same user) or CPython (3.11+, through gdb)."),
+    pid: int = typer.Argument(..., help="Process id of a running JVM (17+, same user) or CPython (3.11+, by injection: pyinjector, else gdb)."),
     output: Path = typer.Option(..., "-o", "--output", help="Session directory to create (must not exist or be empty)."),
     duration: Optional[float] = typer.Option(None, "--duration", min=0.001, help="Record this many seconds, then write the recording (default: until the JVM exits)."),
     settings: Optional[Path] = typer.Option(None, "--settings", help="A .jfc file to start from instead of the JDK's default settings."),
@@ -17,7 +17,7 @@ def attach(
                                        "environment, system properties and command lines (off by default: docs/session.md)."),
 ) -> None:
     """Load tandem's agent into the running JVM PID (JFR pauses into SESSION/jvm-PID/), or start the GIL
-    probe in the running CPython PID through gdb (SESSION/py-PID/, until --duration, Ctrl-C or its exit)."""
+    probe in the running CPython PID by injecting it (SESSION/py-PID/, until --duration, Ctrl-C or its exit)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -76,8 +76,9 @@ def _attach_python(pid: int, directory: Path, duration: float | None) -> None:
     sessions.create_session(directory, {"kind": "attach", "target_pid": pid, "runtime": "cpython", "duration_s": duration})
     console = Console(stderr=True)
     cache = cache_root()
-    with console.status(f"starting the GIL probe in pid {pid} (gdb)"):
-        py_dir = attach_python.start(pid, directory, cache)
+    with console.status(f"starting the GIL probe in pid {pid}"):
+        py_dir, how = attach_python.start(pid, directory, cache)
+    console.print(f"tandem: pid {pid}: probe injected through {how}", markup=False, highlight=False)
     until = f"for {duration:g} s" if duration is not None else "until it exits"
     console.print(f"tandem: pid {pid} records into {py_dir} {until} (Ctrl-C stops)")
     deadline = None if duration is None else time.monotonic() + duration
