@@ -191,7 +191,7 @@ def run_fleet(sources: list[str], root: str | os.PathLike, *, slack_ns: int = 0,
               address: str | None = None, workers: int | None = None, fresh_workers: bool = False, console=None,
               progress: bool = True) -> FleetRun:
     """Analyze every session of `sources` into the dataset at `root`, one Ray task each."""
-    import ray
+    ray = require("ray")
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     sessions = find_sessions(sources)
