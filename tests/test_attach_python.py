@@ -154,3 +154,19 @@ def test_attach_refuses_where_ptrace_is_not_permitted(tmp_path):
         assert target.poll() is None
     finally:
         target.kill()
+
+
+def test_doctor_says_whether_attaching_to_a_running_cpython_works(tmp_path):
+    """One line each: ptrace, the injector, gdb's inferior calls, the interpreter's symbols, and the verdict
+    (here pyinjector is installed and root may ptrace, as the attach tests above show by doing it)."""
+    run = run_tandem("doctor", env=dict(jdk_env(default_java_home()), COLUMNS="250"), timeout=180)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in run.stdout.splitlines()
+            if line.count("│") == 3}
+    assert rows["attach: pyinjector"].startswith("importable")
+    assert rows["attach: interpreter symbols"].startswith("exported")
+    problem = gdb_call_problem()
+    assert rows["attach: gdb"].startswith("present, inferior calls work") if problem is None else problem in rows["attach: gdb"]
+    if os.geteuid() == 0:
+        assert rows["attach: ptrace"].startswith("allowed")
+        assert rows["attach to a running CPython"] == "works here (through pyinjector)"

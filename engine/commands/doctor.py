@@ -4,18 +4,23 @@ from __future__ import annotations
 import typer
 
 
+def _cpu_flags() -> set[str]:
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def _tick_source() -> str:
     """What JFR's ticks will be here, and how tandem pins them to CLOCK_MONOTONIC."""
     from pathlib import Path
 
-    flags = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    flags = _cpu_flags()
     try:
         clocksource = Path("/sys/devices/system/clocksource/clocksource0/current_clocksource").read_text().strip()
     except OSError:
@@ -87,8 +92,44 @@ def _interpreter_rows() -> list[tuple[str, str]]:
     return rows
 
 
+def _attach_rows() -> list[tuple[str, str]]:
+    """Whether `tandem attach PID` can inject the probe into a running CPython here, and why not."""
+    import ctypes
+    import os
+    import shutil
+
+    from engine.record import attach_python
+
+    rows = []
+    scope = attach_python.ptrace_scope()
+    refusal = attach_python.scope_refusal(scope, os.geteuid() == 0)
+    rows.append(("attach: ptrace", f"[red]{refusal}[/red]" if refusal else f"[green]allowed[/green] (kernel.yama.ptrace_scope {scope}"
+                 f"{', as root' if os.geteuid() == 0 else ''})"))
+    missing = attach_python.pyinjector_missing()
+    rows.append(("attach: pyinjector", f"[red]{missing}[/red]" if missing else "[green]importable[/green] (the injector used first)"))
+    gdb_problem = attach_python.gdb_call_problem() if not refusal else "not tried (ptrace is not allowed)"
+    amx = "amx_tile" in _cpu_flags()
+    if gdb_problem is None:
+        gdb = "[green]present, inferior calls work[/green] (the fallback)"
+    else:
+        gdb = f"[yellow]no fallback: {gdb_problem}[/yellow]" + (" (this CPU has Intel AMX, which gdb 13 cannot restore)" if amx else "")
+    rows.append(("attach: gdb", gdb))
+    python = ctypes.PyDLL(None)  # the global scope the injected library's symbols resolve in
+    absent = [name for name in ("PyGILState_Ensure", "PyGILState_Release", "PyRun_SimpleString")
+              if not hasattr(python, name)]
+    rows.append(("attach: interpreter symbols", f"[red]this interpreter does not export {', '.join(absent)}[/red]" if absent
+                 else "[green]exported[/green] (PyGILState_Ensure, PyRun_SimpleString: the injected thread runs Python)"))
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if not compiler:
+        rows.append(("attach: C compiler", "[red]no gcc: the probe and the injected library are built on first use[/red]"))
+    works = not refusal and not absent and compiler and (not missing or gdb_problem is None)
+    how = "pyinjector" if not missing else "gdb"
+    rows.append(("attach to a running CPython", f"[green]works here[/green] (through {how})" if works else "[red]not here[/red] (the lines above say why)"))
+    return rows
+
+
 def doctor() -> None:
-    """Show the JDK, the JFR tick source and the GIL probe backends available here."""
+    """Show the JDK, the JFR tick source, the GIL probe backends and whether attaching to a running CPython works here."""
     from rich.console import Console
     from rich.table import Table
 
@@ -105,7 +146,7 @@ def doctor() -> None:
     except TandemError as err:
         table.add_row("JDK", f"[red]{err}[/red]")
     table.add_row("JFR ticks", _tick_source())
-    for check, result in _probe_rows() + _interpreter_rows():
+    for check, result in _probe_rows() + _interpreter_rows() + _attach_rows():
         table.add_row(check, result)
     Console().print(table)
 
