@@ -1,0 +1,186 @@
+"""OTLP JSON files, as the OpenTelemetry Collector's file exporter writes them, into a spans table.
+
+One `ExportTraceServiceRequest` JSON object per line (resourceSpans -> scopeSpans -> spans),
+in OTLP's JSON encoding (OTLP specification, "JSON Protobuf Encoding"): protobuf's JSON
+mapping (field names in lowerCamelCase, the proto names accepted too; 64-bit integers as text
+or numbers; enums as names or numbers) except that trace and span ids are hex text.
+
+Read with the standard json module and a walk of the few fields used here, not with the
+protocol's generated classes and protobuf's JSON parser: that parser is pure Python and
+took 170 us a span (a minute of a service at 100 k spans a minute: 17 s). tests/test_spans.py
+holds this reader to the protocol's own classes (opentelemetry-proto and protobuf's
+json_format) on the same files.
+
+The table (SPAN_COLUMNS; times are the spans' own wall clock, ns since the epoch):
+trace_id, span_id, parent_span_id (lowercase hex, parent null for a root), name, kind
+(`server`, `client`, `internal`, `producer`, `consumer`, `unspecified`), start_wall_ns,
+end_wall_ns, service_name and host_name (resource attributes `service.name`, `host.name`),
+pid (resource attribute `process.pid`), thread_id, thread_name (span attributes `thread.id`,
+`thread.name` of the semantic conventions), endpoint (`http.route`, else the span's name).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.errors import TandemError
+
+SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_wall_ns", "end_wall_ns",
+                "service_name", "host_name", "pid", "thread_id", "thread_name", "endpoint")
+_KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+_KIND_NAMES = {f"SPAN_KIND_{name.upper()}": name for name in _KINDS.values()}
+_SCALARS = ("stringValue", "intValue", "boolValue", "doubleValue", "string_value", "int_value", "bool_value",
+            "double_value")
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _field(message: dict, camel: str, proto: str, default=None):
+    """A field in either of the spellings protobuf's JSON mapping accepts."""
+    value = message.get(camel)
+    if value is None:
+        value = message.get(proto, default)
+    return default if value is None else value
+
+
+def _list(message: dict, camel: str, proto: str) -> list:
+    value = _field(message, camel, proto, [])
+    if not isinstance(value, list):
+        raise _Malformed(f"{camel} is not a list")
+    return value
+
+
+def _attributes(pairs: list) -> dict:
+    """An attribute list ({key, value: AnyValue}) as {key: scalar}; arrays and maps are skipped."""
+    out = {}
+    for pair in pairs:
+        if not isinstance(pair, dict) or not isinstance(pair.get("key"), str):
+            raise _Malformed("an attribute without a key")
+        value = pair.get("value") or {}
+        for name in _SCALARS:
+            if name in value:
+                out[pair["key"]] = value[name]
+                break
+    return out
+
+
+def _nanos(span: dict, camel: str, proto: str) -> int:
+    value = _field(span, camel, proto, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise _Malformed(f"{camel} is not an integer")
+    try:
+        return int(value)
+    except ValueError:
+        raise _Malformed(f"{camel} {value!r} is not an integer") from None
+
+
+def _hex_id(span: dict, camel: str, proto: str, size: int) -> str | None:
+    value = _field(span, camel, proto, "")
+    if not value:
+        return None
+    if not isinstance(value, str) or len(value) != 2 * size:
+        raise _Malformed(f"{camel} {value!r} is not {size} bytes of hex text")
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        raise _Malformed(f"{camel} {value!r} is not hex text") from None
+    return value.lower()
+
+
+def _kind(span: dict) -> str:
+    value = _field(span, "kind", "kind", 0)
+    if isinstance(value, str):
+        if value not in _KIND_NAMES:
+            raise _Malformed(f"kind {value!r} is not a SpanKind")
+        return _KIND_NAMES[value]
+    return _KINDS.get(value, "unspecified")
+
+
+def _int_or_none(value) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def read_span_file(path: str | Path) -> pd.DataFrame:
+    """One OTLP JSON file's spans as a table (SPAN_COLUMNS), in file order."""
+    path = Path(path)
+    rows: dict[str, list] = {column: [] for column in SPAN_COLUMNS}
+    try:
+        lines = path.open("r", encoding="utf-8")
+    except OSError as err:
+        raise TandemError(f"{path}: cannot read the spans file ({err.strerror})") from None
+    with lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                _read_request(json.loads(line), rows)
+            except (ValueError, _Malformed, AttributeError, TypeError) as err:
+                raise TandemError(f"{path}:{number}: not an OTLP JSON trace request ({err})") from None
+    return _frame(rows)
+
+
+def _read_request(request: dict, rows: dict[str, list]) -> None:
+    """Appends the spans of one ExportTraceServiceRequest (a decoded JSON object) to ROWS."""
+    if not isinstance(request, dict):
+        raise _Malformed("a line is not a JSON object")
+    for resource_spans in _list(request, "resourceSpans", "resource_spans"):
+        resource = _attributes(_list(_field(resource_spans, "resource", "resource", {}), "attributes", "attributes"))
+        service, host = resource.get("service.name"), resource.get("host.name")
+        pid = _int_or_none(resource.get("process.pid"))
+        for scope_spans in _list(resource_spans, "scopeSpans", "scope_spans"):
+            for span in _list(scope_spans, "spans", "spans"):
+                trace_id, span_id = _hex_id(span, "traceId", "trace_id", 16), _hex_id(span, "spanId", "span_id", 8)
+                if trace_id is None or span_id is None:
+                    raise _Malformed("a span without a traceId or spanId")
+                start, end = _nanos(span, "startTimeUnixNano", "start_time_unix_nano"), _nanos(span, "endTimeUnixNano", "end_time_unix_nano")
+                if end < start:
+                    raise _Malformed(f"span {span_id} ends before it starts")
+                attributes = _attributes(_list(span, "attributes", "attributes"))
+                name = str(_field(span, "name", "name", ""))
+                rows["trace_id"].append(trace_id)
+                rows["span_id"].append(span_id)
+                rows["parent_span_id"].append(_hex_id(span, "parentSpanId", "parent_span_id", 8))
+                rows["name"].append(name)
+                rows["kind"].append(_kind(span))
+                rows["start_wall_ns"].append(start)
+                rows["end_wall_ns"].append(end)
+                rows["service_name"].append(service)
+                rows["host_name"].append(host)
+                rows["pid"].append(pid)
+                rows["thread_id"].append(_int_or_none(attributes.get("thread.id")))
+                thread_name = attributes.get("thread.name")
+                rows["thread_name"].append(str(thread_name) if thread_name is not None else None)
+                route = attributes.get("http.route")
+                rows["endpoint"].append(str(route) if route else name)
+
+
+def _frame(rows: dict[str, list]) -> pd.DataFrame:
+    frame = pd.DataFrame({column: pd.Series(values, dtype=_DTYPES[column]) for column, values in rows.items()})
+    return frame
+
+
+_DTYPES = {
+    "trace_id": "string", "span_id": "string", "parent_span_id": "string", "name": "string", "kind": "string",
+    "start_wall_ns": np.int64, "end_wall_ns": np.int64, "service_name": "string", "host_name": "string",
+    "pid": "Int64", "thread_id": "Int64", "thread_name": "string", "endpoint": "string",
+}
+
+
+def read_spans(paths) -> pd.DataFrame:
+    """Every span of the OTLP JSON files PATHS, sorted by start (then span id); a span
+    exported twice (same trace and span id) is kept once."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise TandemError("no spans file given")
+    frames = [read_span_file(p) for p in paths]
+    spans = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    spans = spans.drop_duplicates(subset=["trace_id", "span_id"], keep="first")
+    return spans.sort_values(["start_wall_ns", "span_id"], kind="stable", ignore_index=True)
