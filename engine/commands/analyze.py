@@ -34,6 +34,8 @@ def analyze(
                                        "results instead of copying their intervals into OUT/gil.parquet (faster; OUT "
                                        "then needs the session and tandem to read the GIL table)."),
     copy_gil: bool = typer.Option(False, "--copy-gil", hidden=True, help="The default now (kept for old scripts)."),
+    spans: List[Path] = typer.Option([], "--spans", help="OTLP JSON file(s) of the service's OpenTelemetry spans: "
+                                     "OUT/spans.parquet and requests.parquet, which requests the pauses hurt."),
 ) -> None:
     """Find which JVM pauses hit which Python threads; write OUT/*.parquet and print the summary.
 
@@ -50,6 +52,8 @@ def analyze(
     if dataset is not None and (session is None or jfr or pauses or gil):
         raise TandemError("--dataset takes one SESSION directory (its session.json names the host and day), "
                           "not --jfr/--pauses/--gil")
+    if spans and (out is None or session is None):
+        raise TandemError("--spans needs a SESSION (its clock pairs put the spans on CLOCK_MONOTONIC) and -o OUT")
     if reference_gil and (copy_gil or dataset is not None):
         raise TandemError("--reference-gil cannot go with --copy-gil or --dataset (a fleet dataset holds the GIL rows)")
     slack_ns = parse_duration_ns(slack)
@@ -68,6 +72,14 @@ def analyze(
 
                 files = write_session(out, result.header, dataset, Session.open(session))
     result.summary()
+    if spans:
+        from engine.report.summary import requests_hurt_lines
+        from engine.spans.analyze import analyze_spans
+
+        _, requests, span_files = analyze_spans(out, session, spans)
+        for line in requests_hurt_lines(requests):
+            typer.echo(line)
+        result.paths.extend(span_files)
     if out is not None:
         typer.echo(f"results in {out}/: {', '.join(p.name for p in result.paths)}")
     if dataset is not None:

@@ -155,3 +155,22 @@ def why_lines(why: dict) -> list[str]:
     if why.get("jpype_gc_link_stops"):
         lines.append(f"JPype's GC link, {why['jpype_gc_link_stops']} stop(s): {JPYPE_GC_LINK_ADVICE}")
     return lines
+
+
+def requests_hurt_lines(requests: pd.DataFrame, limit: int = 5) -> list[str]:
+    """Requests hurt (requests.parquet, docs/results.md): the endpoints whose slowest 1% lost the
+    largest share of their time to stops of the world and GIL waits, with figures."""
+    from engine.spans.outputs import hurt_endpoints
+
+    hurt = hurt_endpoints(requests, limit)
+    if not len(hurt):
+        return [f"requests hurt: none ({len(requests)} endpoint(s); no slowest 1% lost 1% of its time to pauses or GIL waits)"]
+    lines = ["requests hurt (slowest 1% of each endpoint: share of its time in stops of the world / GIL waits):"]
+    for row in hurt.itertuples(index=False):
+        service = f"{row.service_name} " if isinstance(row.service_name, str) and row.service_name else ""
+        lines.append(f"  {service}{row.endpoint}: {row.spans} spans, p99 {row.p99_latency_ms:.3g} ms, "
+                     f"{row.tail_lost_share:.0%} lost ({row.tail_pause_share:.0%} stops, {row.tail_gil_wait_share:.0%} "
+                     f"GIL waits); p99 pause {row.p99_pause_ms:.3g} ms, p99 GIL wait {row.p99_gil_wait_ms:.3g} ms")
+        if isinstance(row.top_stops, str):
+            lines.append(f"    cost most: {row.top_stops.split(' | ')[0]}")
+    return lines
