@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,6 +22,44 @@ PYTHON_DIRS, JVM_DIRS = "py-*", "jvm-*"  # one directory per process: py-<pid>, 
 GIL_EVENTS, GIL_RING, GIL_CODES, PROBE_JSON, THREADS_JSONL = "gil.events", "gil.ring", "gil.codes", "probe.json", "threads.jsonl"
 JVM_JSON, RECORDING, REPOSITORY, KEPT_CHUNKS = "jvm.json", "recording.jfr", "repository", ".chunks"
 PAUSES_RING, AGENT_ERROR = "pauses.ring", "agent-error.txt"
+# Memory samples: SESSION/memory/<pid>.jsonl from outside (tandem record), py-<pid>/memory.jsonl from inside CPython.
+PROCESS_MEMORY_DIR, PYTHON_MEMORY = "memory", "memory.jsonl"
+# The flight recorder's GIL segments (docs/ring.md, "Segments"): gil.events.000000, ...; the
+# keeper packs a closed one into gil.events.000000.packed (engine/ingest/segments.py reads both).
+PACKED_SUFFIX = ".packed"
+_SEGMENT_NAME = re.compile(r"^(?P<base>.+)\.(?P<number>\d{6})(?P<packed>\.packed)?$")
+
+
+@dataclass(frozen=True)
+class Segment:
+    path: Path
+    number: int
+    packed: bool
+
+
+def gil_segments(events_path: Path) -> list[Segment]:
+    """The segments of the recording whose events file would be EVENTS_PATH (`py-<pid>/gil.events`),
+    in order, packed and raw (a segment both packed and raw, caught between the keeper's rename
+    and its unlink, counts once, packed); [] for a recording without rotation."""
+    events_path = Path(events_path)
+    found: dict[int, Segment] = {}
+    try:
+        names = [entry.name for entry in os.scandir(events_path.parent)]
+    except OSError:
+        return []
+    for name in names:
+        match = _SEGMENT_NAME.match(name)
+        if not match or match["base"] != events_path.name:
+            continue
+        number, packed = int(match["number"]), bool(match["packed"])
+        if number not in found or packed:
+            found[number] = Segment(events_path.parent / name, number, packed)
+    return [found[n] for n in sorted(found)]
+
+
+def has_gil_events(directory: Path) -> bool:
+    """Whether a py-<pid> directory holds drained GIL events: its events file or its segments."""
+    return (directory / GIL_EVENTS).exists() or bool(gil_segments(directory / GIL_EVENTS))
 
 
 def process_alive(pid: int | None) -> bool:
@@ -191,7 +230,7 @@ def _python_source(directory: Path) -> PythonSource:
     ring = directory / GIL_RING
     return PythonSource(
         directory,
-        events if events.exists() else None,
+        events if has_gil_events(directory) else None,
         ring if ring.exists() else None,
         read_json(directory / PROBE_JSON, strict=True),
     )

@@ -32,8 +32,10 @@ from numba import njit
 
 from engine.correlate.schema import END, GIL_STATES
 from engine.errors import TandemError
-from engine.ingest.codes import NO_FRAME, read_code_table, resolve
-from engine.session import GIL_CODES, GIL_EVENTS, GIL_RING, PROBE_JSON, PYTHON_DIRS, THREADS_JSONL, read_json
+from engine.ingest.codes import NO_FRAME, UNKNOWN, read_code_table, resolve
+from engine.ingest.segments import SegmentedBlocks, events_blocks
+from engine.session import (GIL_CODES, GIL_EVENTS, GIL_RING, PROBE_JSON, PYTHON_DIRS, THREADS_JSONL, gil_segments,
+                            has_gil_events, read_json)
 from engine.ring.layout import GIL_RECORD_DTYPE, GIL_DROP, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 
 # The probe stamps with clock_gettime(CLOCK_MONOTONIC) itself: no conversion, no error.
@@ -82,18 +84,19 @@ def interval_frame(pid: int, tid, state, start, end, code) -> pd.DataFrame:
     })
 
 
-def events_to_intervals(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray, pid: int = 0, aux: np.ndarray | None = None) -> pd.DataFrame:
+def events_to_intervals(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray, pid: int = 0, aux: np.ndarray | None = None,
+                        first_code: int = NO_FRAME) -> pd.DataFrame:
     """Released/waiting intervals from GIL events (arrays of equal length, production order).
 
     Returns the gil table without thread names (column thread_name all missing), rows by
     (start_ns, tid). AUX (the records' aux): the `code` column holds each interval's code
-    (engine/ingest/codes.py), 0 without it."""
+    (engine/ingest/codes.py), 0 without it. FIRST_CODE: see Pairing."""
     records = as_records(mono_ns, tid, kind, aux)
     sampled = np.isin(records["kind"], (GIL_SAMPLE_HELD, GIL_SAMPLE_FREE))
     if sampled.any():
         converted = sampling_to_events(records["mono_ns"][sampled], records["tid"][sampled], records["kind"][sampled])
         records = np.concatenate([records[~sampled], as_records(*converted)])
-    return interval_frame(pid, *Pairing().intervals(records))
+    return interval_frame(pid, *Pairing(first_code=first_code).intervals(records))
 
 
 # ---- files ---------------------------------------------------------------------------------
@@ -101,11 +104,11 @@ def events_to_intervals(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray, 
 
 def _events_files(path: Path) -> list[Path]:
     """The events files of a file, a py-<pid> directory or a session directory."""
-    if path.is_file():
+    if path.is_file() or gil_segments(path):  # (a recording in segments: FILE.000000, ... beside FILE)
         return [path]
-    if (path / GIL_EVENTS).exists():
-        return [path / GIL_EVENTS]
-    found = sorted(path.glob(f"{PYTHON_DIRS}/{GIL_EVENTS}"))
+    if has_gil_events(path):
+        return [path / GIL_EVENTS]  # (the events file, or the name its segments share: engine/ingest/segments.py)
+    found = [d / GIL_EVENTS for d in sorted(path.glob(PYTHON_DIRS)) if has_gil_events(d)]
     if found:
         return found
     raise TandemError(f"{path}: no GIL events here (expected an events file, a py-<pid> directory or a session)")
@@ -150,15 +153,27 @@ def started_threads(side: Path) -> dict[int, str]:
     return names
 
 
-def _process_facts(header, meta: dict, lost: int, closed: bool, events: int) -> dict:
-    """What read_gil says of one process (attrs["processes"])."""
-    return {"pid": int(header.producer_pid), "python_version": header.runtime_version, "backend": header.backend,
-            "misses": meta.get("misses"), "boot_id": header.boot_id, "dropped": int(lost),
-            "drain_lost": int(header.drain_lost), "closed": bool(closed), "events": int(events)}
+def first_code_of(header) -> int:
+    """Pairing's FIRST_CODE for events that begin with HEADER's file: UNKNOWN when positions came
+    before it (a segment after the first: what rotation took named those threads' code)."""
+    return UNKNOWN if header.lanes["base_head"].any() or header.lanes["base_dropped"].any() else NO_FRAME
+
+
+def _process_facts(header, meta: dict, lost: int, closed: bool, events: int, reader=None) -> dict:
+    """What read_gil says of one process (attrs["processes"]); READER: the events' reader, whose
+    `drain_lost` and `window` (a flight recorder's kept segments) count over every segment."""
+    facts = {"pid": int(header.producer_pid), "python_version": header.runtime_version, "backend": header.backend,
+             "misses": meta.get("misses"), "boot_id": header.boot_id, "dropped": int(lost),
+             "drain_lost": int(getattr(reader, "drain_lost", header.drain_lost)), "closed": bool(closed),
+             "events": int(events)}
+    window = getattr(reader, "window", None)
+    if window is not None:
+        facts["kept_window"] = window.as_dict()
+    return facts
 
 
 def _load(path: Path):
-    """(header, records, lost, closed) of a drained events file (with the ring's leftovers when
+    """(header, records, lost, closed, read_gil's facts or None) of a drained events file (with the ring's leftovers when
     it was never closed: EventsIntervals) or of a ring file. A ring holds only its last
     `capacity` records (older ones went to the events file): read the events file for a whole
     recording."""
@@ -166,11 +181,11 @@ def _load(path: Path):
 
     if path.name.endswith(".ring"):
         header, records, missed = read_ring(path)
-        return header, records, int(header.dropped), bool(header.closed)
+        return header, records, int(header.dropped), bool(header.closed), None
     events = EventsIntervals(path, WHOLE_FILE)
     blocks = list(events._records())
     records = np.concatenate(blocks) if len(blocks) > 1 else blocks[0] if blocks else np.zeros(0, events.header.record_dtype)
-    return events.header, records, events.process["dropped"], events.process["closed"]
+    return events.header, records, events.process["dropped"], events.process["closed"], events.process
 
 
 def _ring_leftovers(path: Path, mine, next_seq: np.ndarray):
@@ -207,7 +222,7 @@ class SampledRecords(Exception):
 
 @njit(cache=True, nogil=True)
 def _pair_events(mono, tid, kind, aux, slot_of, slot_tid, last_t, last_k, last_drop, out_slot, out_state, out_start,
-                 out_end, out_code, n_slots, write_rows, lo, hi, block_min, at) -> int:
+                 out_end, out_code, n_slots, write_rows, lo, hi, block_min, at, first_code) -> int:
     """events_to_intervals, one block at a time: each thread's last event (last_t/last_k, and
     the aux of its last DROP) is carried to the next block, so the pairs are those of the whole
     stream. Rows come in the order of their closing events. Returns the intervals made, or -1 at
@@ -238,7 +253,7 @@ def _pair_events(mono, tid, kind, aux, slot_of, slot_tid, last_t, last_k, last_d
             slot_of[th] = s
             slot_tid[s] = th
             last_k[s] = 0
-            last_drop[s] = NO_FRAME
+            last_drop[s] = first_code
             lo[s] = END
             hi[s] = -END
         pk = last_k[s]
@@ -331,10 +346,13 @@ class Pairing:
     """GIL events paired into intervals per thread (_pair_events), batch after batch: each
     thread's last event, and the code of its last DROP, is carried to the next batch, so the
     intervals are those of the whole stream at once. The tables per thread grow as threads come.
-    SOURCE names the events in errors."""
+    SOURCE names the events in errors. FIRST_CODE: the code of a thread's intervals before its
+    first DROP: NO_FRAME (a thread starts with no Python frame), or UNKNOWN for a stream that
+    starts after its beginning (a flight recorder's kept window: that DROP was rotated out)."""
 
-    def __init__(self, source: str = "GIL events"):
+    def __init__(self, source: str = "GIL events", first_code: int = NO_FRAME):
         self.source = source
+        self.first_code = np.uint64(first_code)
         self.slot_of = np.full(1 << 16, -1, np.int32)
         self.n_slots = np.zeros(1, np.int64)
         self.last_t, self.last_k = np.zeros(1024, np.int64), np.zeros(1024, np.int64)
@@ -348,7 +366,7 @@ class Pairing:
         while True:
             n = _pair_events(records["mono_ns"], tid, records["kind"], records["aux"], self.slot_of, self.slot_tid,
                              self.last_t, self.last_k, self.last_drop, *out, self.n_slots, write_rows, self.lo, self.hi,
-                             block_min if block_min is not None else np.zeros(1, np.int64), at)
+                             block_min if block_min is not None else np.zeros(1, np.int64), at, self.first_code)
             if n < 0:
                 raise SampledRecords(self.source)
             if at[0] == tid.size:
@@ -402,11 +420,13 @@ class EventsIntervals:
 
     def __init__(self, events_path: Path, block_records: int = 1 << 20):
         from engine.correlate.kernels import DenseNumbers
-        from engine.ring.reader import EventsBlocks
 
         self.path = Path(events_path)
         self.block_records = block_records
-        self.header = EventsBlocks(self.path, block_records).header
+        first = events_blocks(self.path, block_records)
+        self.header = first.header
+        # A flight recorder's segments rotate away: never a file that results can name.
+        self.segmented = isinstance(first, SegmentedBlocks)
         self.pid = int(self.header.producer_pid)
         self.meta = _description(self.path)
         # code_columns' state: the file's codes numbered as they come, and their names
@@ -416,7 +436,7 @@ class EventsIntervals:
     def blocks(self):
         """(tid, state, start_ns, end_ns, code) arrays per block, in start order (ties by tid);
         raises SampledRecords."""
-        pairing = Pairing(str(self.path))
+        pairing = Pairing(str(self.path), first_code_of(self.header))
         for records in self._records():
             yield tuple(pairing.intervals(records))
 
@@ -424,7 +444,7 @@ class EventsIntervals:
         """What one pass of `blocks` would show, without making the rows: each block's earliest
         start (END for a block without intervals), and per thread (tid, lo, hi) the hull of
         its non-empty intervals (lo > hi for a thread without any)."""
-        pairing = Pairing(str(self.path))
+        pairing = Pairing(str(self.path), first_code_of(self.header))
         block_min = [pairing.measure(records) for records in self._records()]
         n = int(pairing.n_slots[0])
         return block_min, pairing.slot_tid[:n].copy(), pairing.lo[:n].copy(), pairing.hi[:n].copy()
@@ -432,9 +452,7 @@ class EventsIntervals:
     def _records(self):
         """The file's record blocks (then, for a file not closed, the ring's leftovers); after
         the last, `process` holds read_gil's facts about the process."""
-        from engine.ring.reader import EventsBlocks
-
-        reader = EventsBlocks(self.path, self.block_records)
+        reader = events_blocks(self.path, self.block_records)
         yield from reader
         lost = reader.lost
         events = reader.records_read
@@ -445,7 +463,7 @@ class EventsIntervals:
                 events += leftovers.size
                 if leftovers.size:
                     yield leftovers
-        self.process = _process_facts(self.header, self.meta, lost, reader.closed, events)
+        self.process = _process_facts(self.header, self.meta, lost, reader.closed, events, reader)
 
     def thread_names(self) -> dict[int, str]:
         if not hasattr(self, "_names"):
@@ -486,10 +504,11 @@ def read_gil(path: str | os.PathLike) -> pd.DataFrame:
     at the top level. `dropped` counts events lost to a full ring."""
     frames, processes = [], []
     for events_path in _events_files(Path(path)):
-        header, records, lost, closed = _load(events_path)
+        header, records, lost, closed, process = _load(events_path)
         meta = _description(events_path)
         pid = int(header.producer_pid)
-        df = events_to_intervals(records["mono_ns"], records["tid"], records["kind"], pid=pid, aux=records["aux"])
+        df = events_to_intervals(records["mono_ns"], records["tid"], records["kind"], pid=pid, aux=records["aux"],
+                                 first_code=first_code_of(header))
         codes_path = _side_file(events_path, session_name=GIL_CODES, suffix=".codes")
         code = resolve(df.pop("code").to_numpy(), read_code_table(codes_path), recorded=codes_path.exists())
         df[list(code.columns)] = code
@@ -497,7 +516,7 @@ def read_gil(path: str | os.PathLike) -> pd.DataFrame:
         if names:
             df["thread_name"] = df["tid"].map(names).astype("string")
         frames.append(df)
-        processes.append(_process_facts(header, meta, lost, closed, len(records)))
+        processes.append(process or _process_facts(header, meta, lost, closed, len(records)))
     df = pd.concat(frames, ignore_index=True)  # (_events_files found one at least, or refused the path)
     df.attrs["processes"] = processes
     df.attrs["clock"] = dict(PROBE_CLOCK)

@@ -143,8 +143,9 @@ class EventsGil:
         self.schema = pa.schema([("pid", pa.int64()), ("tid", pa.int64()), ("thread_name", pa.string()),
                                  ("state", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
                                  *self.carried])
-        # A file not closed may still grow (a recording in progress): results cannot name it.
-        self.copy = copy or not all(f.header.closed for f in self.files)
+        # A file not closed may still grow (a recording in progress), segments rotate away:
+        # results cannot name them.
+        self.copy = copy or not all(f.header.closed and not f.segmented for f in self.files)
         self.copy_schema = self.schema if self.copy else None
         self.attrs: dict = {}
 

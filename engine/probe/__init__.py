@@ -255,6 +255,8 @@ def start(
     clock: str = "auto",
     wait_when_full: bool = False,
     record_code: bool = True,
+    segment_bytes: int = 0,
+    segment_ms: int = 0,
 ) -> dict:
     """Start recording GIL events of this process into FILE.
 
@@ -270,6 +272,9 @@ def start(
     event, holding the GIL) for the drain thread to make room, for a lossless events file.
     record_code: False records no code (no FILE.codes; the gil table's function/file/line
     are null): the benchmark's comparison.
+    segment_bytes, segment_ms: when either is set, the events go to segments FILE.000000,
+    FILE.000001, ..., each closed whole once it is that long or that old (docs/ring.md,
+    "Segments"): what the flight recorder compresses and rotates. 0, 0: one file.
     Returns the status dict (see status()). Stopped by stop() or at interpreter exit.
     """
     if backend not in BACKENDS:
@@ -277,7 +282,8 @@ def start(
     file = os.path.abspath(os.fspath(file))
     os.makedirs(os.path.dirname(file), exist_ok=True)
     options = dict(backend=backend, capacity=capacity, drain_period_us=drain_period_us, sample_period_us=sample_period_us,
-                   clock=clock, wait_when_full=wait_when_full, record_code=record_code)
+                   clock=clock, wait_when_full=wait_when_full, record_code=record_code, segment_bytes=segment_bytes,
+                   segment_ms=segment_ms)
     return _start_files(file + ".ring", file, file + ".json", file + ".threads.jsonl", file + ".codes", **options)
 
 
@@ -291,6 +297,11 @@ def start_session(session: str | os.PathLike, **options: object) -> dict:
     directory = private_directory(os.path.join(os.fspath(session), f"py-{os.getpid()}"))
     status = _start_files(*(os.path.join(directory, name) for name in ("gil.ring", "gil.events", "probe.json",
                                                                        "threads.jsonl", "gil.codes")), **options)
+    try:  # CPython's own memory accounting, once a second (engine/probe/memory.py); never at the recording's cost
+        from engine.probe import memory
+        memory.start(directory)
+    except Exception:
+        pass
     if _session_dir is None:
         os.register_at_fork(after_in_child=_restart_in_fork_child)
     _session_dir = os.fspath(session)

@@ -48,9 +48,21 @@ def in_sub_interpreter() -> bool:
 _ran = False
 
 
+def segment_options(environ) -> dict:
+    """The flight recorder's segment rotation (TANDEM_PROBE_SEGMENT_BYTES, TANDEM_PROBE_SEGMENT_MS,
+    set by `tandem record --max-size/--max-age`), as engine.probe.start takes it; {} when unset."""
+    options = {}
+    for name, key in (("TANDEM_PROBE_SEGMENT_BYTES", "segment_bytes"), ("TANDEM_PROBE_SEGMENT_MS", "segment_ms")):
+        value = environ.get(name, "")
+        if value.isdigit():
+            options[key] = int(value)
+    return options
+
+
 def run() -> None:
     """Start recording into $TANDEM_SESSION (backend from $TANDEM_PROBE_BACKEND, default auto;
-    TANDEM_PROBE_WAIT_WHEN_FULL=1: a thread waits for the drain rather than drop an event)."""
+    TANDEM_PROBE_WAIT_WHEN_FULL=1: a thread waits for the drain rather than drop an event;
+    segment_options: the flight recorder's rotation)."""
     global _ran
     session = os.environ.get("TANDEM_SESSION")
     if _ran or not session or in_sub_interpreter():
@@ -63,7 +75,8 @@ def run() -> None:
 
         if engine.probe.backend() is None:
             engine.probe.start_session(session, backend=os.environ.get("TANDEM_PROBE_BACKEND", "auto"),
-                                       wait_when_full=os.environ.get("TANDEM_PROBE_WAIT_WHEN_FULL") == "1")
+                                       wait_when_full=os.environ.get("TANDEM_PROBE_WAIT_WHEN_FULL") == "1",
+                                       **segment_options(os.environ))
     except Exception as err:  # never break the interpreter being observed
         from engine.probe.start_hook import note_unprobed
 

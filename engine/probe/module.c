@@ -1,7 +1,8 @@
 /* Module glue of the GIL probe: engine.probe._probe.
  *
  *   start(ring_path, events_path, backend="auto", capacity=1048576, drain_period_us=20000,
- *         sample_period_us=100, clock="auto") -> dict
+ *         sample_period_us=100, clock="auto", wait_when_full=False, codes_path=None,
+ *         segment_bytes=0, segment_ms=0) -> dict
  *                                           install a backend, create the ring, drain it
  *   stop() -> dict                          uninstall, wait for in-flight stamps, close
  *   status() -> dict                        backend, counters, what the backend can miss
@@ -167,18 +168,21 @@ static PyObject *status_dict(void) {
 
 static PyObject *start_locked(const char *ring_path, const char *events_path, const char *codes_path, const char *backend,
                               unsigned int capacity, unsigned int drain_period_us, unsigned int sample_period_us,
-                              const char *clock, int wait_when_full);
+                              const char *clock, int wait_when_full, unsigned long long segment_bytes,
+                              unsigned long long segment_ms);
 
 static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"ring_path", "events_path", "backend", "capacity", "drain_period_us",
-                             "sample_period_us", "clock", "wait_when_full", "codes_path", NULL};
+                             "sample_period_us", "clock", "wait_when_full", "codes_path", "segment_bytes",
+                             "segment_ms", NULL};
     const char *ring_path, *events_path, *backend = "auto", *clock = "auto", *codes_path = NULL;
     unsigned int capacity = PROBE_DEFAULT_CAPACITY, drain_period_us = 20000, sample_period_us = 100;
     int wait_when_full = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|sIIIspz:start", kwlist, &ring_path, &events_path, &backend,
+    unsigned long long segment_bytes = 0, segment_ms = 0; /* 0, 0: one events file */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|sIIIspzKK:start", kwlist, &ring_path, &events_path, &backend,
                                      &capacity, &drain_period_us, &sample_period_us, &clock, &wait_when_full,
-                                     &codes_path))
+                                     &codes_path, &segment_bytes, &segment_ms))
         return NULL;
 #ifdef Py_GIL_DISABLED
     PyErr_SetString(ProbeError, "no GIL to watch: this is a free-threaded build of CPython");
@@ -196,14 +200,15 @@ static PyObject *probe_start(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     probe.starting = 1;
     PyObject *started = start_locked(ring_path, events_path, codes_path, backend, capacity, drain_period_us,
-                                     sample_period_us, clock, wait_when_full);
+                                     sample_period_us, clock, wait_when_full, segment_bytes, segment_ms);
     probe.starting = 0;
     return started;
 }
 
 static PyObject *start_locked(const char *ring_path, const char *events_path, const char *codes_path, const char *backend,
                               unsigned int capacity, unsigned int drain_period_us, unsigned int sample_period_us,
-                              const char *clock, int wait_when_full) {
+                              const char *clock, int wait_when_full, unsigned long long segment_bytes,
+                              unsigned long long segment_ms) {
     /* A ring inherited through fork() is left mapped, never closed: its drain thread's
      * condition variable had a waiter in the parent, so destroying it here would block. */
     probe.ring_from_parent = NULL;
@@ -251,6 +256,7 @@ static PyObject *start_locked(const char *ring_path, const char *events_path, co
     tandem_ring_options opt = {capacity, version, chosen, lanes, (uint32_t)clock_tsc, (uint32_t)wait_when_full};
     tandem_ring *ring = tandem_ring_create(ring_path, &opt, err, sizeof err);
     /* The code table (codes.h) before any stamp can reach the ring; none: releases unnamed. */
+    if (ring) tandem_ring_set_segments(ring, segment_bytes, segment_ms * 1000000ull);
     if (ring == NULL || (codes_path && tandem_codes_open(codes_path, err, sizeof err) != 0) ||
         tandem_ring_start_drain(ring, events_path, drain_period_us, err, sizeof err) != 0) {
         if (ring) tandem_ring_close(ring);
@@ -470,7 +476,7 @@ static void after_fork_child(void) {
 
 static PyMethodDef probe_methods[] = {
     {"start", (PyCFunction)(void (*)(void))probe_start, METH_VARARGS | METH_KEYWORDS,
-     "start(ring_path, events_path, backend='auto', capacity=1048576, drain_period_us=20000, sample_period_us=100, clock='auto')"},
+     "start(ring_path, events_path, backend='auto', capacity=1048576, drain_period_us=20000, sample_period_us=100, clock='auto', wait_when_full=False, codes_path=None, segment_bytes=0, segment_ms=0)"},
     {"stop", probe_stop, METH_NOARGS, "Stop recording; returns the final status."},
     {"status", probe_status, METH_NOARGS, "Backend, counters and what the backend can miss."},
     {"backends", probe_backends, METH_NOARGS, "Backend name -> what it can miss."},

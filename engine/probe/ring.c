@@ -86,6 +86,9 @@
 #define OFF_STATE 1408      /* u32 RING_STATE_* bits */
 #define OFF_DRAIN_LOST 1416 /* u64, meaningful in a closed events file: sum over the lanes */
 #define OFF_NAMES_USED 2048 /* u32 + name table up to the page end (pause records; unused here) */
+#define OFF_SEGMENT 184     /* u32, events file: segment number (0 for the first or only file) */
+#define LANE_OFF_BASE_HEAD 400    /* u64, events file: the lane's positions before this segment */
+#define LANE_OFF_BASE_DROPPED 408 /* u64, events file: the lane's drops reported before it   */
 /* TSC calibration (clock_id 2 rings only; zero otherwise and in events files): the drain
  * thread's (tsc, CLOCK_MONOTONIC ns) pairs, under a seqlock (docs/ring.md, "TSC time"). */
 #define OFF_CALIB_SEQ 512        /* u64: odd while the drain thread writes the block below  */
@@ -127,7 +130,9 @@ struct tandem_ring {
                                 * (guarded by drain_mutex): full lanes drop, not wait */
     int wait_when_full;        /* options.wait_when_full */
     uint32_t period_us;
-    int events_fd;             /* -1: consume without writing */
+    int events_fd;             /* -1: consume without writing (drain thread's table) */
+    int control_fd;            /* the first events file as opened in the program's table */
+    int private_fd_table;      /* the drain thread runs with a private fd table */
     int events_failed;         /* a write failed: records are no longer appended */
     off_t events_size;         /* bytes of the events file: header + lane table + whole batches */
     unsigned char *events_header; /* records_offset bytes: header page + lane table */
@@ -146,7 +151,15 @@ struct tandem_ring {
     uint64_t calib_total;
     double ns_per_tick;       /* nominal, from the creation pairs: to judge a pair's width */
     ring_gil_record *converted;
-    uint64_t lane_drain_lost[RING_MAX_LANES];
+    uint64_t lane_drain_lost[RING_MAX_LANES]; /* (of the current segment when rotating) */
+    /* Segment rotation (tandem_ring_set_segments): the events file is a series of
+     * standalone files EVENTS.000000, EVENTS.000001, ...; each lane's position and reported
+     * drops where the current segment starts. */
+    uint64_t segment_bytes, segment_ns; /* 0, 0: one events file, no rotation */
+    uint32_t segment;
+    uint64_t segment_started_ns;
+    char events_base[4096];
+    uint64_t lane_base_head[RING_MAX_LANES], lane_base_dropped[RING_MAX_LANES];
     /* Bytes of each lane made writable so far, from its first slot (RING_STARTER_BYTES at
      * creation, then populate_lanes), and its head at the drain's previous look. */
     size_t lane_populated[RING_MAX_LANES];
@@ -405,6 +418,7 @@ tandem_ring *tandem_ring_create(const char *path, const tandem_ring_options *opt
     ring->hot.id = atomic_fetch_add_explicit(&next_ring_id, 1, memory_order_relaxed);
     ring->hot.fork_generation = current_generation();
     ring->events_fd = -1;
+    ring->control_fd = -1;
     ring->time_tsc = time_tsc;
     ring->wait_when_full = opt->wait_when_full != 0;
     ring->calib_first = first;
@@ -727,6 +741,112 @@ static inline uint64_t tsc_map_apply(const tsc_map *m, uint64_t t) {
     return from_knot(m->mono[lo], m->tsc[lo], m->slope[lo], t);
 }
 
+/* The current events file's name: EVENTS itself, or EVENTS.NNNNNN when rotating. */
+static void events_file_name(const tandem_ring *ring, char *name, size_t len) {
+    if (ring->segment_bytes || ring->segment_ns) snprintf(name, len, "%s.%06u", ring->events_base, ring->segment);
+    else snprintf(name, len, "%s", ring->events_base);
+}
+
+/* Create the current events file (0600, O_EXCL) and write its header: a copy of the ring's
+ * header page (file_kind = events, state 0, CLOCK_MONOTONIC, no calibration block), its
+ * segment number, and a lane table holding only each lane's base (positions and reported
+ * drops before this segment) until finish_events_file writes the counters. Records then
+ * start at the same records_offset as in the ring. Returns 0, or -1 with err set. */
+static int open_events_file(tandem_ring *ring, char *err, size_t errlen) {
+    char name[4200];
+    events_file_name(ring, name, sizeof name);
+    int fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(err, errlen, "events file %s: cannot create: %s", name, strerror(errno));
+        return -1;
+    }
+    unsigned char *h = ring->events_header;
+    memset(h, 0, ring->records_offset);
+    memcpy(h, ring->base, RING_HEADER_SIZE);
+    put_u32(h, OFF_STATE, 0);
+    put_u32(h, OFF_FILE_KIND, RING_FILE_KIND_EVENTS);
+    put_u32(h, OFF_CLOCK_ID, RING_CLOCK_MONOTONIC); /* the drain converts TSC times */
+    memset(h + OFF_CALIB_SEQ, 0, OFF_CALIB_END - OFF_CALIB_SEQ);
+    put_u32(h, OFF_SEGMENT, ring->segment);
+    for (uint32_t l = 0; l < ring->lane_count; l++) {
+        size_t off = RING_HEADER_SIZE + (size_t)l * RING_LANE_STRIDE;
+        put_u64(h, off + LANE_OFF_BASE_HEAD, ring->lane_base_head[l]);
+        put_u64(h, off + LANE_OFF_BASE_DROPPED, ring->lane_base_dropped[l]);
+    }
+    struct iovec iov = {h, ring->records_offset};
+    int rc = write_all(fd, &iov, 1);
+    if (rc != 0) {
+        snprintf(err, errlen, "events file %s: cannot write header: %s", name, strerror(rc));
+        close(fd);
+        unlink(name);
+        return -1;
+    }
+    ring->events_fd = fd;
+    ring->events_size = (off_t)ring->records_offset;
+    ring->segment_started_ns = clock_ns(CLOCK_MONOTONIC);
+    return 0;
+}
+
+/* Write the current events file's counters (lane table, name table, drain_lost, state
+ * closed) and close it. FINAL: the ring closes (no producer emits: each lane's head is
+ * every position claimed); else a rotation, where a lane's counters are what this file
+ * holds: positions up to the tail (all consumed) and the drops reported in markers. */
+static void finish_events_file(tandem_ring *ring, int final) {
+    unsigned char *h = ring->events_header;
+    uint64_t lost = 0;
+    for (uint32_t l = 0; l < ring->lane_count; l++) lost += ring->lane_drain_lost[l];
+    put_u64(h, OFF_DRAIN_LOST, lost);
+    put_u32(h, OFF_STATE, RING_STATE_CLOSED);
+    memcpy(h + OFF_NAMES_USED, ring->base + OFF_NAMES_USED, RING_HEADER_SIZE - OFF_NAMES_USED);
+    for (uint32_t l = 0; l < ring->lane_count; l++) {
+        size_t off = RING_HEADER_SIZE + (size_t)l * RING_LANE_STRIDE;
+        uint64_t tail = atomic_load(&ring->lanes[l].tail);
+        put_u64(h, off + 0, final ? atomic_load(&ring->lanes[l].head) : tail);
+        put_u64(h, off + 128, tail);
+        put_u64(h, off + 256, final ? atomic_load(&ring->lanes[l].dropped) : ring->dropped_reported[l]);
+        put_u32(h, off + 384, atomic_load(&ring->lanes[l].owner));
+        put_u64(h, off + 392, ring->lane_drain_lost[l]);
+    }
+    /* Lane table first, state last: a reader seeing `closed` sees the counters. */
+    size_t table = ring->records_offset - RING_HEADER_SIZE;
+    if (pwrite(ring->events_fd, h + RING_HEADER_SIZE, table, RING_HEADER_SIZE) < 0 ||
+        pwrite(ring->events_fd, h + 1024, RING_HEADER_SIZE - 1024, 1024) < 0)
+        atomic_store(&ring->drain_errno, errno);
+    close(ring->events_fd);
+    ring->events_fd = -1;
+}
+
+/* Rotation, after a pass (drain thread): the current segment reached its size or age
+ * (and holds records): close it whole and start the next, whose lanes start where this
+ * one's ended. A next segment that cannot be created (disk full) ends the writing as a
+ * failed write does: the drain keeps consuming and counts what it could not write. */
+static void rotate_if_due(tandem_ring *ring) {
+    if (!(ring->segment_bytes || ring->segment_ns) || ring->events_fd < 0 || ring->events_failed) return;
+    if (ring->events_size == (off_t)ring->records_offset) return;
+    int by_size = ring->segment_bytes && (uint64_t)ring->events_size >= ring->segment_bytes;
+    int by_age = ring->segment_ns && clock_ns(CLOCK_MONOTONIC) - ring->segment_started_ns >= ring->segment_ns;
+    if (!by_size && !by_age) return;
+    finish_events_file(ring, 0);
+    for (uint32_t l = 0; l < ring->lane_count; l++) {
+        ring->lane_base_head[l] = atomic_load_explicit(&ring->lanes[l].tail, memory_order_relaxed);
+        ring->lane_base_dropped[l] = ring->dropped_reported[l];
+        ring->lane_drain_lost[l] = 0;
+    }
+    ring->segment++;
+    char err[512];
+    if (open_events_file(ring, err, sizeof err) != 0) {
+        atomic_store_explicit(&ring->drain_errno, errno ? errno : EIO, memory_order_relaxed);
+        ring->events_failed = 1;
+    }
+}
+
+int tandem_ring_set_segments(tandem_ring *ring, uint64_t max_bytes, uint64_t max_ns) {
+    if (ring->drain_started) return -1;
+    ring->segment_bytes = max_bytes;
+    ring->segment_ns = max_ns;
+    return 0;
+}
+
 /* One pass over every lane: copy the committed records from the lane's tail on (in
  * position order, stopping at the first slot still being written) to the events file, a
  * LOST marker after them for the lane's new drops, then hand the slots back by advancing
@@ -804,7 +924,10 @@ static uint64_t drain_once(tandem_ring *ring) {
         }
         if (has_lost[l]) iov[n++] = (struct iovec){&lost[l], sizeof lost[l]};
     }
-    if (n == 0) return backlog;
+    if (n == 0) {
+        rotate_if_due(ring); /* an idle segment still ends at its age */
+        return backlog;
+    }
     if (ring->events_fd >= 0 && !ring->events_failed) {
         off_t batch_bytes = 0;
         for (int i = 0; i < n; i++) batch_bytes += (off_t)iov[i].iov_len;
@@ -830,6 +953,7 @@ static uint64_t drain_once(tandem_ring *ring) {
     /* release: our reads of the slots above happen before a producer reuses them. */
     for (uint32_t l = 0; l < ring->lane_count; l++)
         if (end[l] != start[l]) atomic_store_explicit(&ring->lanes[l].tail, end[l], memory_order_release);
+    rotate_if_due(ring);
     return backlog;
 }
 
@@ -896,7 +1020,10 @@ static void populate_lanes(tandem_ring *ring, int first) {
 
 static void *drain_main(void *arg) {
     tandem_ring *ring = arg;
-    tandem_private_fd_table(ring->events_fd);
+    /* From here on the events files are this thread's alone: segments it creates live in
+     * its private table, so it also does the last pass and closes the file (a descriptor
+     * number of this table means nothing, or another file, in the program's). */
+    ring->private_fd_table = tandem_private_fd_table(ring->events_fd);
     uint32_t wait_us = ring->period_us < RING_FIRST_DRAIN_US ? ring->period_us : RING_FIRST_DRAIN_US;
     populate_lanes(ring, 1);
     pthread_mutex_lock(&ring->drain_mutex);
@@ -924,6 +1051,10 @@ static void *drain_main(void *arg) {
     }
     if (ring->full_waiters) pthread_cond_broadcast(&ring->pass_cond);     /* stopping: give up */
     pthread_mutex_unlock(&ring->drain_mutex);
+    /* Closing (tandem_ring_close: no thread emits any more): the last records, then the
+     * final counters into the events file. */
+    drain_once(ring);
+    if (ring->events_fd >= 0) finish_events_file(ring, 1);
     return NULL;
 }
 
@@ -939,43 +1070,19 @@ int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t
     ring->period_us = period_us;
     ring->events_fd = -1;
     if (events_path) {
-        int fd = open(events_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-        if (fd < 0) {
-            snprintf(err, errlen, "events file %s: cannot create: %s", events_path, strerror(errno));
-            return -1;
-        }
-        /* The events file stands alone: it starts with a copy of the ring's header page
-         * (file_kind = events, state 0) and a zero lane table until close writes the final
-         * counters, so records start at the same records_offset as in the ring. */
-        memset(ring->events_header, 0, ring->records_offset);
-        memcpy(ring->events_header, ring->base, RING_HEADER_SIZE);
-        put_u32(ring->events_header, OFF_STATE, 0);
-        put_u32(ring->events_header, OFF_FILE_KIND, RING_FILE_KIND_EVENTS);
-        /* An events file always holds CLOCK_MONOTONIC ns (the drain converts TSC times). */
-        put_u32(ring->events_header, OFF_CLOCK_ID, RING_CLOCK_MONOTONIC);
-        memset(ring->events_header + OFF_CALIB_SEQ, 0, OFF_CALIB_END - OFF_CALIB_SEQ);
         if (ring->time_tsc) {
             /* Converted copies of one pass's records: at most every slot. Pages are only
              * touched as far as the largest pass. */
             ring->converted = malloc((size_t)ring->lane_count * ring->lane_capacity * RING_GIL_RECORD_SIZE);
             if (!ring->converted) {
                 snprintf(err, errlen, "events file %s: out of memory for the TSC conversion buffer", events_path);
-                close(fd);
-                unlink(events_path);
                 return -1;
             }
         }
-        struct iovec iov = {ring->events_header, ring->records_offset};
-        int rc = write_all(fd, &iov, 1);
-        if (rc != 0) {
-            snprintf(err, errlen, "events file %s: cannot write header: %s", events_path, strerror(rc));
-            close(fd);
-            unlink(events_path);
-            return -1;
-        }
-        ring->events_fd = fd;
-        ring->events_size = (off_t)ring->records_offset;
+        snprintf(ring->events_base, sizeof ring->events_base, "%s", events_path);
+        if (open_events_file(ring, err, errlen) != 0) return -1;
     }
+    ring->control_fd = ring->events_fd;
     ring->drain_stop = 0;
     atomic_fetch_or_explicit(header_u32(ring->base, OFF_STATE), RING_STATE_DRAINING, memory_order_relaxed);
     /* The drain thread blocks every signal (it inherits the mask at creation), so process
@@ -1022,30 +1129,10 @@ void tandem_ring_close(tandem_ring *ring) {
             ring->drain_stop = 1;
             pthread_cond_signal(&ring->drain_cond);
             pthread_mutex_unlock(&ring->drain_mutex);
-            pthread_join(ring->drain_thread, NULL);
-            drain_once(ring); /* the last records, now that no thread emits any more */
-            if (ring->events_fd >= 0) {
-                /* Final counters (lane table, name table) in the events file's header: a
-                 * reader can then check, per lane, records + lost == head + dropped. */
-                unsigned char *h = ring->events_header;
-                put_u64(h, OFF_DRAIN_LOST, atomic_load(&ring->drain_lost));
-                put_u32(h, OFF_STATE, RING_STATE_CLOSED);
-                memcpy(h + OFF_NAMES_USED, ring->base + OFF_NAMES_USED, RING_HEADER_SIZE - OFF_NAMES_USED);
-                for (uint32_t l = 0; l < ring->lane_count; l++) {
-                    size_t off = RING_HEADER_SIZE + (size_t)l * RING_LANE_STRIDE;
-                    put_u64(h, off + 0, atomic_load(&ring->lanes[l].head));
-                    put_u64(h, off + 128, atomic_load(&ring->lanes[l].tail));
-                    put_u64(h, off + 256, atomic_load(&ring->lanes[l].dropped));
-                    put_u32(h, off + 384, atomic_load(&ring->lanes[l].owner));
-                    put_u64(h, off + 392, ring->lane_drain_lost[l]);
-                }
-                /* Lane table first, state last: a reader seeing `closed` sees the counters. */
-                size_t table = ring->records_offset - RING_HEADER_SIZE;
-                if (pwrite(ring->events_fd, h + RING_HEADER_SIZE, table, RING_HEADER_SIZE) < 0 ||
-                    pwrite(ring->events_fd, h + 1024, RING_HEADER_SIZE - 1024, 1024) < 0)
-                    atomic_store(&ring->drain_errno, errno);
-                close(ring->events_fd);
-            }
+            pthread_join(ring->drain_thread, NULL); /* (it did the last pass and closed its file) */
+            /* The program's copy of the first events file's descriptor, when the drain
+             * thread's table was a private copy (else the thread closed the one shared). */
+            if (ring->private_fd_table && ring->control_fd >= 0) close(ring->control_fd);
         }
         atomic_fetch_and_explicit(header_u32(ring->base, OFF_STATE), ~RING_STATE_DRAINING, memory_order_relaxed);
         atomic_fetch_or_explicit(header_u32(ring->base, OFF_STATE), RING_STATE_CLOSED, memory_order_release);

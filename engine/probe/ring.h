@@ -101,6 +101,13 @@ void tandem_ring_emit_gil(tandem_ring *ring, uint16_t event, uint32_t tid, uint6
  * slots) without writing, for live mode without a file. Returns 0, or -1 with err set. */
 int tandem_ring_start_drain(tandem_ring *ring, const char *events_path, uint32_t period_us, char *err, size_t errlen);
 
+/* Before tandem_ring_start_drain: write the events as a series of segments instead of one
+ * file, EVENTS_PATH.000000, .000001, ... (docs/ring.md, "Segments"): the drain closes the
+ * current one (whole, with its counters, readable on its own) after the pass that makes it
+ * MAX_BYTES long or MAX_NS old, and starts the next. 0 for both: one file (the default).
+ * Returns 0, or -1 once the drain has started. */
+int tandem_ring_set_segments(tandem_ring *ring, uint64_t max_bytes, uint64_t max_ns);
+
 /* For the probe's native helper threads (drain, sampler), called first in the thread: give
  * it a private file descriptor table holding only KEEP_FD (-1: none), so its existence does
  * not put the program's own fd system calls on the kernel's shared-table slow path

@@ -76,6 +76,7 @@ OFFSET_LANE_CAPACITY = 28
 OFFSET_LANE_COUNT = 168
 OFFSET_LANE_STRIDE = 172
 OFFSET_RECORDS = 176
+OFFSET_SEGMENT = 184  # events files: segment number (0: the first segment, or the only file)
 OFFSET_STATE = 1408
 OFFSET_DRAIN_LOST = 1416
 # One lane's counters, at HEADER_SIZE + lane * LANE_STRIDE; each written word alone in a
@@ -85,11 +86,16 @@ LANE_OFFSET_TAIL = 128
 LANE_OFFSET_DROPPED = 256
 LANE_OFFSET_OWNER = 384
 LANE_OFFSET_DRAIN_LOST = 392
+# Events files: the lane's positions and reported drops before this file (a segment after
+# the first, docs/ring.md "Segments"); 0 in a file that holds the recording from its start.
+LANE_OFFSET_BASE_HEAD = 400
+LANE_OFFSET_BASE_DROPPED = 408
 LANE_DTYPE = np.dtype(
     {
-        "names": ["head", "tail", "dropped", "owner", "drain_lost"],
-        "formats": ["<u8", "<u8", "<u8", "<u4", "<u8"],
-        "offsets": [LANE_OFFSET_HEAD, LANE_OFFSET_TAIL, LANE_OFFSET_DROPPED, LANE_OFFSET_OWNER, LANE_OFFSET_DRAIN_LOST],
+        "names": ["head", "tail", "dropped", "owner", "drain_lost", "base_head", "base_dropped"],
+        "formats": ["<u8", "<u8", "<u8", "<u4", "<u8", "<u8", "<u8"],
+        "offsets": [LANE_OFFSET_HEAD, LANE_OFFSET_TAIL, LANE_OFFSET_DROPPED, LANE_OFFSET_OWNER, LANE_OFFSET_DRAIN_LOST,
+                    LANE_OFFSET_BASE_HEAD, LANE_OFFSET_BASE_DROPPED],
         "itemsize": LANE_STRIDE,
     }
 )
@@ -121,19 +127,19 @@ HEADER_DTYPE = np.dtype(
             "magic", "version", "header_size", "file_kind", "record_type", "record_size", "lane_capacity",
             "producer_pid", "clock_id", "sync_realtime_ns", "sync_monotonic_ns", "sync_uncertainty_ns",
             "boot_id", "runtime_version", "backend", "lane_count", "lane_stride", "records_offset",
-            "state", "drain_lost", "names_used",
+            "segment", "state", "drain_lost", "names_used",
         ],
         "formats": [
             "S8", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4",
             "<u4", "<u4", "<u8", "<u8", "<u8",
             "V40", "V32", "V32", "<u4", "<u4", "<u8",
-            "<u4", "<u8", "<u4",
+            "<u4", "<u4", "<u8", "<u4",
         ],
         "offsets": [
             0, 8, 12, 16, 20, 24, OFFSET_LANE_CAPACITY,
             32, 36, 40, 48, 56,
             64, 104, 136, OFFSET_LANE_COUNT, OFFSET_LANE_STRIDE, OFFSET_RECORDS,
-            OFFSET_STATE, OFFSET_DRAIN_LOST, OFFSET_NAMES_USED,
+            OFFSET_SEGMENT, OFFSET_STATE, OFFSET_DRAIN_LOST, OFFSET_NAMES_USED,
         ],
         "itemsize": HEADER_SIZE,
     }
@@ -168,6 +174,7 @@ class RingHeader:
     state: int                # STATE_* bits
     drain_lost: int           # records consumed but not written (events file write error)
     names: dict[int, str]     # name_code -> name, for pause records
+    segment: int = 0          # events files: segment number (docs/ring.md, "Segments")
 
     @property
     def capacity(self) -> int:
@@ -285,7 +292,7 @@ def parse_header(page: bytes, path: Path, expected_kind: int) -> RingHeader:
     if int(h["drain_lost"]) >= MAX_POSITION:
         raise TandemError(f"{path}: counter drain_lost = {int(h['drain_lost'])} is out of range (corrupt file)")
     lanes = np.frombuffer(page, dtype=LANE_DTYPE, count=lane_count, offset=HEADER_SIZE).copy()
-    for name in ("head", "tail", "dropped", "drain_lost"):
+    for name in ("head", "tail", "dropped", "drain_lost", "base_head", "base_dropped"):
         bad = np.flatnonzero(lanes[name] >= np.uint64(MAX_POSITION))
         if len(bad):
             raise TandemError(f"{path}: lane {int(bad[0])} counter {name} = {int(lanes[name][bad[0]])} is out of range (corrupt file)")
@@ -313,4 +320,5 @@ def parse_header(page: bytes, path: Path, expected_kind: int) -> RingHeader:
         state=int(h["state"]),
         drain_lost=int(h["drain_lost"]),
         names=_names(bytes(page[:HEADER_SIZE]), int(h["names_used"]), path),
+        segment=int(h["segment"]) if file_kind == FILE_KIND_EVENTS else 0,
     )

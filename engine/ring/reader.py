@@ -153,7 +153,10 @@ def _check_complete(path: Path, header: RingHeader, check: "_EventsCheck"):
             raise TandemError(f"{path}: closed events file: lane drain_lost counters do not add up to the header's {header.drain_lost} (corrupt file)")
         complete = header.drain_lost == 0
         for lane in range(header.lane_count):
-            head, dropped, unwritten = int(lanes["head"][lane]), int(lanes["dropped"][lane]), int(lanes["drain_lost"][lane])
+            # (a segment after the first counts from its lane's bases: docs/ring.md, "Segments")
+            head = int(lanes["head"][lane]) - int(lanes["base_head"][lane])
+            dropped = int(lanes["dropped"][lane]) - int(lanes["base_dropped"][lane])
+            unwritten = int(lanes["drain_lost"][lane])
             got, got_lost = lane_records[lane], lane_lost[lane]
             if got + unwritten != head or (got_lost != dropped if complete else got_lost > dropped):
                 raise TandemError(
@@ -180,7 +183,7 @@ class EventsBlocks:
         self.lost = 0
         self.closed = self.header.closed
         self.records_read = 0
-        self.next_seq = np.ones(self.header.lane_count, np.uint64)
+        self.next_seq = first_seq(self.header)
         self.lane_records: tuple[int, ...] = ()
         self.lane_lost: tuple[int, ...] = ()
         self.trailing_bytes = (self.size - self.header.records_offset) % self.header.record_size  # (cut by SIGKILL)
@@ -192,7 +195,7 @@ class EventsBlocks:
         count = (self.size - header.records_offset) // header.record_size
         sub = max(1, CHUNK_BYTES // header.record_size)  # checked in cache-sized chunks (in cache)
         block = max(sub, min(self.block_records // sub, -(-count // sub)) * sub)  # (at most the file)
-        check = _EventsCheck(path, header.record_dtype, header.lane_count)
+        check = _EventsCheck(path, header.record_dtype, header.lane_count, first_seq(header))
         fd, st = _open_checked(path, "events")
         try:
             # A closed file no longer changes: mapped, not copied out of the page cache. One that may
@@ -245,6 +248,12 @@ class EventsBlocks:
                 yield slots[:kept].view(header.record_dtype)
 
 
+def first_seq(header: RingHeader) -> np.ndarray:
+    """Per lane, the seq of an events file's first record: 1, or for a segment after the
+    first, one past its lane's base (docs/ring.md, "Segments")."""
+    return header.lanes["base_head"].astype(np.uint64) + np.uint64(1)
+
+
 def _read_exactly(fd: int, into: memoryview, offset: int, path: Path) -> None:
     done = 0
     while done < len(into):
@@ -259,14 +268,16 @@ class _EventsCheck:
 
     The drain writes every position of every lane from 0 in order (lanes interleaved in
     batches), so per lane the records' seq (= position in the lane + 1) count 1, 2, 3, ...
-    with no gap; LOST markers (seq 0, kind LOST_MARKER) sit in between.
+    (in a segment: from its lane's base + 1) with no gap; LOST markers (seq 0, kind
+    LOST_MARKER) sit in between.
     """
 
-    def __init__(self, path: Path, record_dtype: np.dtype, lane_count: int):
+    def __init__(self, path: Path, record_dtype: np.dtype, lane_count: int, next_seq: np.ndarray | None = None):
         self.path = path
         self.record_dtype = record_dtype
         self.lane_count = lane_count
-        self.next_seq = np.ones(lane_count, dtype=np.uint64)   # per lane
+        # per lane (a segment's lanes start past their base: first_seq)
+        self.next_seq = np.ones(lane_count, dtype=np.uint64) if next_seq is None else next_seq.astype(np.uint64)
         self.records = np.zeros(lane_count, dtype=np.int64)    # per lane
         self.lost = [0] * lane_count                           # per lane, exact Python ints
 

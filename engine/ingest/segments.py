@@ -1,0 +1,319 @@
+"""GIL events kept as segments (the flight recorder): where they are, how they are packed, how
+they are read. Every reader of a process's events (read_gil, the streamed analysis, tandem
+live, tandem dump) asks this module; nothing else knows the names or the packed encoding.
+
+A process that records with rotation (`engine.probe.start(..., segment_bytes=, segment_ms=)`)
+writes `gil.events.000000`, `gil.events.000001`, ... (docs/ring.md, "Segments"): each a whole
+events file once closed, the newest one still being written. The keeper of `tandem record`
+packs each closed one into `gil.events.NNNNNN.packed` (docs/ring.md, "Packed segments") and
+drops the oldest to stay within the session's bounds. A recording is read as its segments in
+order: a lane's records continue from one segment to the next (each segment's lane table holds
+the positions before it), so a reader keeps its pairing state across them, and the first kept
+segment starts where rotation left off.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import TandemError
+from engine.ring.layout import (
+    FILE_KIND_EVENTS,
+    GIL_RECORD_DTYPE,
+    RECORD_TYPE_GIL,
+    RingHeader,
+    parse_header,
+    records_offset_of,
+)
+from engine.ring.reader import EventsBlocks, _check_complete, _EventsCheck, _opaque, first_seq
+from engine.session import PACKED_SUFFIX, Segment, gil_segments
+
+PACKED_MAGIC = b"TNDMPACK"
+PACKED_VERSION = 1
+PACKED_PREFIX = 48  # magic, version, record size, rows, events file size, first and last time
+# The columns of a packed segment, in order: (field, width in bytes); those in LANE_DELTA are
+# stored as differences from the lane's previous row (a thread's tid and seq barely change,
+# its times are close), the others as they are.
+PACKED_COLUMNS = (("lane", 2), ("kind", 2), ("tid", 4), ("seq", 8), ("mono_ns", 8), ("aux", 8))
+LANE_DELTA = ("tid", "seq", "mono_ns")
+ZSTD_LEVEL = 3
+
+
+# ---- where -----------------------------------------------------------------------------------
+
+
+def segments_of(events_path: Path) -> list[Segment]:
+    """The kept segments of a recording (engine.session.gil_segments)."""
+    return gil_segments(events_path)
+
+
+# ---- packed encoding (docs/ring.md, "Packed segments") ----------------------------------------
+
+
+def _lane_order(lane: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by lane, in file order inside a lane; and which of those rows start a lane."""
+    order = np.argsort(lane, kind="stable")
+    first = np.empty(len(order), bool)
+    if len(order):
+        first[0] = True
+        sorted_lane = lane[order]
+        np.not_equal(sorted_lane[1:], sorted_lane[:-1], out=first[1:])
+    return order, first
+
+
+def _planes(values: np.ndarray, width: int) -> bytes:
+    """VALUES (unsigned, WIDTH bytes each) as WIDTH byte planes: every row's byte 0, then byte 1..."""
+    return np.ascontiguousarray(values.astype(f"<u{width}").view(np.uint8).reshape(-1, width).T).tobytes()
+
+
+def _from_planes(raw: memoryview, rows: int, width: int) -> np.ndarray:
+    planes = np.frombuffer(raw, np.uint8, count=rows * width).reshape(width, rows)
+    return np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(rows)
+
+
+def pack(events_path: Path) -> bytes:
+    """The packed form of a closed events file (raises TandemError for any other)."""
+    import zstandard
+
+    events_path = Path(events_path)
+    blocks = EventsBlocks(events_path)
+    if not blocks.closed:
+        raise TandemError(f"{events_path}: not closed: only a closed segment is packed")
+    if blocks.header.record_type != RECORD_TYPE_GIL:
+        raise TandemError(f"{events_path}: not a GIL events file")
+    for _ in blocks:  # every record checked, as any reader would (counters of the closed file too)
+        pass
+    with open(events_path, "rb") as f:
+        data = f.read()
+    offset = blocks.header.records_offset
+    rows = (len(data) - offset) // GIL_RECORD_DTYPE.itemsize
+    records = np.frombuffer(data, GIL_RECORD_DTYPE, count=rows, offset=offset)
+    order, first = _lane_order(records["lane"])
+    parts = [data[:offset]]
+    for name, width in PACKED_COLUMNS:
+        values = records[name].astype(np.uint64)
+        if name not in LANE_DELTA:
+            parts.append(_planes(values, width))
+            continue
+        grouped = values[order]
+        delta = np.empty_like(grouped)
+        delta[1:] = grouped[1:] - grouped[:-1]  # (wraps modulo 2^64: the decoder's sum wraps back)
+        delta[first] = grouped[first]
+        in_rows = np.empty_like(delta)
+        in_rows[order] = delta
+        parts.append(_planes(in_rows & np.uint64((1 << 8 * width) - 1), width))
+    payload = b"".join(parts)
+    first_ns, last_ns = time_span(records)
+    prefix = (PACKED_MAGIC + PACKED_VERSION.to_bytes(4, "little") + GIL_RECORD_DTYPE.itemsize.to_bytes(4, "little")
+              + rows.to_bytes(8, "little") + len(data).to_bytes(8, "little")
+              + first_ns.to_bytes(8, "little") + last_ns.to_bytes(8, "little"))
+    return prefix + zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(payload)
+
+
+def time_span(records: np.ndarray) -> tuple[int, int]:
+    """(earliest, latest) mono_ns of RECORDS' events, LOST markers left out; (0, 0) for none."""
+    times = records["mono_ns"][records["seq"] != 0]
+    return (int(times.min()), int(times.max())) if times.size else (0, 0)
+
+
+def packed_span(path: Path) -> tuple[int, int]:
+    """(earliest, latest) event time of a packed segment, from its prefix alone."""
+    with open(path, "rb") as f:
+        prefix = f.read(PACKED_PREFIX)
+    if len(prefix) < PACKED_PREFIX or prefix[:8] != PACKED_MAGIC:
+        raise TandemError(f"{path}: not a packed tandem segment")
+    return int.from_bytes(prefix[32:40], "little"), int.from_bytes(prefix[40:48], "little")
+
+
+def unpack(path: Path) -> tuple[bytes, np.ndarray]:
+    """(the events file's header page and lane table, its rows in file order: records and LOST
+    markers) of a packed segment."""
+    try:
+        import zstandard
+    except ImportError:
+        raise TandemError(f"{path}: reading packed GIL segments needs the zstandard package (pip install zstandard)") from None
+    data = Path(path).read_bytes()
+    if len(data) < PACKED_PREFIX or data[:8] != PACKED_MAGIC:
+        raise TandemError(f"{path}: not a packed tandem segment (magic {data[:8]!r}, expected {PACKED_MAGIC!r})")
+    version = int.from_bytes(data[8:12], "little")
+    if version != PACKED_VERSION:
+        raise TandemError(f"{path}: packed segment version {version}, this tandem reads version {PACKED_VERSION}")
+    record_size, rows, raw_size = (int.from_bytes(data[a:b], "little") for a, b in ((12, 16), (16, 24), (24, 32)))
+    if record_size != GIL_RECORD_DTYPE.itemsize or rows > (1 << 40):
+        raise TandemError(f"{path}: packed segment of {rows} records of {record_size} bytes (corrupt file)")
+    try:
+        payload = zstandard.ZstdDecompressor().decompress(data[PACKED_PREFIX:], max_output_size=raw_size + (1 << 20))
+    except zstandard.ZstdError as err:
+        raise TandemError(f"{path}: packed segment does not decompress ({err}) (corrupt file)") from None
+    offset = records_offset_of(payload)
+    expected = offset + rows * sum(width for _, width in PACKED_COLUMNS)
+    if offset == 0 or len(payload) != expected or raw_size != offset + rows * record_size:
+        raise TandemError(f"{path}: packed segment holds {len(payload)} bytes, expected {expected} (corrupt file)")
+    view = memoryview(payload)
+    at = offset
+    columns = {}
+    for name, width in PACKED_COLUMNS:
+        columns[name] = _from_planes(view[at:at + rows * width], rows, width)
+        at += rows * width
+    records = np.zeros(rows, GIL_RECORD_DTYPE)
+    for name, _width in PACKED_COLUMNS:
+        if name not in LANE_DELTA:
+            records[name] = columns[name]
+    order, first = _lane_order(columns["lane"])
+    group_start = np.maximum.accumulate(np.where(first, np.arange(rows), 0)) if rows else np.zeros(0, np.intp)
+    for name, width in PACKED_COLUMNS:
+        if name not in LANE_DELTA:
+            continue
+        summed = np.cumsum(columns[name].astype(np.uint64)[order], dtype=np.uint64)
+        before = np.where(group_start > 0, summed[group_start - 1], np.uint64(0))
+        values = np.empty(rows, np.uint64)
+        values[order] = (summed - before) & np.uint64((1 << 8 * width) - 1)
+        records[name] = values
+    return bytes(payload[:offset]), records
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+
+class PackedBlocks:
+    """A packed segment read as EventsBlocks reads an events file (same checks, same attributes)."""
+
+    def __init__(self, path: Path, block_records: int = 1 << 20):
+        self.path = Path(path)
+        self._head, self._rows = unpack(self.path)
+        self.header = parse_header(self._head, self.path, FILE_KIND_EVENTS)
+        self.block_records = max(1, int(block_records))
+        self.lost = 0
+        self.closed = self.header.closed
+        self.records_read = 0
+        self.next_seq = first_seq(self.header)
+        self.lane_records: tuple[int, ...] = ()
+        self.lane_lost: tuple[int, ...] = ()
+        self.trailing_bytes = 0
+
+    def __iter__(self):
+        header = self.header
+        check = _EventsCheck(self.path, header.record_dtype, header.lane_count, first_seq(header))
+        rows = self._rows.view(_opaque(header.record_dtype))
+        for first in range(0, len(rows), self.block_records):
+            block = rows[first:first + self.block_records].copy()
+            got = check.chunk(block, first)
+            self.records_read += got
+            if got:
+                yield block[:got].view(header.record_dtype)
+        self.lane_records, self.lane_lost, self.lost, self.closed = _check_complete(self.path, header, check)
+        self.next_seq = check.next_seq.copy()
+
+
+def open_segment(segment: Segment, block_records: int = 1 << 20):
+    return PackedBlocks(segment.path, block_records) if segment.packed else EventsBlocks(segment.path, block_records)
+
+
+class SegmentedBlocks:
+    """A recording's kept segments read as one events file, block by block (EventsBlocks'
+    interface: `header` (the first kept segment's), then after iterating `lost`, `closed` (the
+    newest segment closed), `records_read`, `next_seq`, `lane_records`, `lane_lost`), plus
+    `window` (what is kept and what was rotated out). Each lane's records must continue from
+    one kept segment to the next; a segment that went while it was being listed is skipped
+    as rotated out when it is the oldest."""
+
+    def __init__(self, events_path: Path, block_records: int = 1 << 20):
+        self.path = Path(events_path)
+        self.block_records = block_records
+        self.segments = segments_of(self.path)
+        if not self.segments:
+            raise TandemError(f"{self.path}: no events file and no segments of it")
+        self.header = self._first_header()
+        self.lost = 0
+        self.closed = False
+        self.records_read = 0
+        self.next_seq = first_seq(self.header)
+        self.lane_records: tuple[int, ...] = ()
+        self.lane_lost: tuple[int, ...] = ()
+        self.trailing_bytes = 0
+        self.drain_lost = 0
+        self.window = SegmentWindow.of(self.header)
+
+    def _first_header(self) -> RingHeader:
+        while self.segments:
+            try:
+                return open_segment(self.segments[0], 1).header
+            except (TandemError, FileNotFoundError):
+                if len(self.segments) > 1 and not self.segments[0].path.exists():
+                    self.segments.pop(0)  # rotated out meanwhile
+                    continue
+                raise
+        raise TandemError(f"{self.path}: its segments were all rotated out while being read")
+
+    def __iter__(self):
+        lane_count = self.header.lane_count
+        records = np.zeros(lane_count, np.int64)
+        lost = np.zeros(lane_count, object)
+        expected = None
+        for segment in self.segments:
+            try:
+                reader = open_segment(segment, self.block_records)
+            except FileNotFoundError:
+                if expected is None:  # the oldest went meanwhile: the window starts later
+                    continue
+                raise TandemError(f"{segment.path}: a kept segment vanished while being read") from None
+            if expected is not None and not np.array_equal(first_seq(reader.header), expected):
+                raise TandemError(f"{segment.path}: its lanes do not continue the segment before it (a segment is missing)")
+            if reader.header.lane_count != lane_count or reader.header.producer_pid != self.header.producer_pid:
+                raise TandemError(f"{segment.path}: a segment of another recording")
+            for block in reader:
+                self.window.saw(block["mono_ns"])
+                yield block
+            records += np.asarray(reader.lane_records, np.int64)
+            lost += np.asarray(reader.lane_lost, object)
+            self.lost += reader.lost
+            self.records_read += reader.records_read
+            self.drain_lost += reader.header.drain_lost
+            self.closed = reader.closed
+            expected = reader.next_seq
+            self.next_seq = reader.next_seq.copy()
+            self.window.add(reader)
+        self.lane_records = tuple(int(n) for n in records)
+        self.lane_lost = tuple(int(n) for n in lost)
+
+
+@dataclass
+class SegmentWindow:
+    """What a segmented recording keeps: its segments, the first kept one's number, and what
+    rotation took before it (per lane positions before the first kept segment)."""
+
+    first_segment: int
+    rotated_out_events: int  # records and drops before the first kept segment
+    segments: int = 0
+    first_ns: int | None = None
+    last_ns: int | None = None
+
+    @classmethod
+    def of(cls, header: RingHeader) -> "SegmentWindow":
+        before = int(header.lanes["base_head"].astype(object).sum() + header.lanes["base_dropped"].astype(object).sum())
+        return cls(first_segment=header.segment, rotated_out_events=before)
+
+    def add(self, reader) -> None:
+        self.segments += 1
+
+    def saw(self, mono_ns: np.ndarray) -> None:
+        if mono_ns.size:
+            low, high = int(mono_ns.min()), int(mono_ns.max())
+            self.first_ns = low if self.first_ns is None else min(self.first_ns, low)
+            self.last_ns = high if self.last_ns is None else max(self.last_ns, high)
+
+    def as_dict(self) -> dict:
+        return {"first_segment": self.first_segment, "segments": self.segments,
+                "rotated_out_events": self.rotated_out_events, "first_ns": self.first_ns, "last_ns": self.last_ns}
+
+
+def events_blocks(events_path: Path, block_records: int = 1 << 20):
+    """The reader of a process's events: its events file, or its kept segments."""
+    events_path = Path(events_path)
+    if events_path.name.endswith(PACKED_SUFFIX):
+        return PackedBlocks(events_path, block_records)
+    if not events_path.exists() and segments_of(events_path):
+        return SegmentedBlocks(events_path, block_records)
+    return EventsBlocks(events_path, block_records)
