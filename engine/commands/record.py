@@ -17,6 +17,9 @@ def record(
                                        "environment, system properties and command lines (off by default: docs/session.md)."),
     python: List[str] = typer.Option([], "--python", help="An interpreter the command runs, to build the GIL probe for before it starts "
                                      "(repeatable; others are built on first use)."),
+    max_size: Optional[str] = typer.Option(None, "--max-size", help="Flight recorder: keep the session within this much disk "
+                                           "(e.g. 500M, 2G), deleting the oldest history first."),
+    max_age: Optional[str] = typer.Option(None, "--max-age", help="Flight recorder: keep only this much history (e.g. 30m, 2h)."),
 ) -> None:
     """Run COMMAND; every JVM it starts records JFR pauses into SESSION (and every CPython its GIL states)."""
     import shlex
@@ -25,15 +28,17 @@ def record(
 
     from engine import jvm
     from engine.errors import TandemError
-    from engine.record import launch, session as sessions, summary
+    from engine.record import keeper as keeping, launch, session as sessions, summary
+    from engine.record.memory import ProcessMemorySampler
 
     if settings is not None and not settings.is_file():
         raise TandemError(f"{settings}: settings file not found")
+    bounds = keeping.bounds_from(max_size, max_age)
     jar = jvm.agent_jar()
     directory = Path(output).expanduser().absolute()
     options = launch.agent_options(directory, settings.absolute() if settings else None, event, live=live,
-                                 secret_events=secret_events)
-    env = launch.recording_environment(directory, jar, options)
+                                 secret_events=secret_events, max_bytes=bounds.jfr_max_bytes(), max_age_s=bounds.max_age_s)
+    env = launch.recording_environment(directory, jar, options, bounds.probe_environment())
     sessions.create_session(directory, {
         "kind": "record",
         "command": shlex.join(command),
@@ -41,18 +46,27 @@ def record(
         "cwd": str(Path.cwd()),
         "agent_options": options,
         "java_tool_options": env["JAVA_TOOL_OPTIONS"],
+        **({"flight_recorder": bounds.as_dict()} if bounds else {}),
     })
 
     console = Console(stderr=True)  # stdout belongs to the command
     with console.status("building the GIL probe for the interpreters found"):
         launch.prebuild_probes(directory, env, python)
     console.print(f"[dim]tandem: recording `{shlex.join(command)}` into {directory}[/dim]")
+    sampler = ProcessMemorySampler(directory).start()  # every process below tandem, once a second
+    # the flight recorder's keeper: packs GIL segments, keeps the bounds (engine/record/keeper.py)
+    keeper = keeping.Keeper(directory, bounds, say=lambda line: console.print(line, highlight=False)).start() if bounds else None
     try:
         pid, exit_code = launch.run_forwarding_signals(command, env)
     except TandemError:
         sessions.finish_session(directory, exit_code=None, error="command did not start")
         raise
-    problem = sessions.finish_session(directory, pid=pid, exit_code=exit_code)
+    finally:
+        sampler.stop()
+        if keeper is not None:
+            keeper.stop()
+    kept = {"flight_recorder": keeper.summary()} if keeper is not None else {}
+    problem = sessions.finish_session(directory, pid=pid, exit_code=exit_code, **kept)
     if problem and not directory.is_dir():
         console.print(f"tandem: {problem}")
         console.print(f"[dim]tandem: `{command[0]}` exited with {exit_code}[/dim]")

@@ -26,8 +26,11 @@ _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def agent_options(session: Path, settings: Path | str | None = None, events: Sequence[str] = (),
-                  duration_s: float | None = None, live: bool = False, secret_events: bool = False) -> str:
-    """The option string after `tandem-agent.jar=` (parsed by java-agent's AgentOptions)."""
+                  duration_s: float | None = None, live: bool = False, secret_events: bool = False,
+                  max_bytes: int | None = None, max_age_s: float | None = None) -> str:
+    """The option string after `tandem-agent.jar=` (parsed by java-agent's AgentOptions).
+    MAX_BYTES, MAX_AGE_S: the flight recorder's bounds of each JVM's JFR recording (JFR's own
+    maxsize/maxage: it deletes its oldest chunks)."""
     _check_option_path("session directory", session)
     parts = [f"session={session}"]
     if settings:
@@ -44,6 +47,10 @@ def agent_options(session: Path, settings: Path | str | None = None, events: Seq
         parts.append("live=true")  # also write pauses into jvm-PID/pauses.ring (docs/live.md)
     if secret_events:
         parts.append("secret_events=true")  # keep JFR's environment, properties, command lines
+    if max_bytes is not None:
+        parts.append(f"maxsize={int(max_bytes)}")
+    if max_age_s is not None:
+        parts.append(f"maxage={max_age_s:g}")
     return ",".join(parts)
 
 
@@ -58,12 +65,15 @@ def java_tool_options(existing: str | None, jar: Path, options: str) -> str:
     return f"{existing.strip()} {agent}" if existing and existing.strip() else agent
 
 
-def recording_environment(session: Path, jar: Path, options: str) -> dict[str, str]:
+def recording_environment(session: Path, jar: Path, options: str, probe: dict[str, str] | None = None) -> dict[str, str]:
+    """The command's environment; PROBE: more variables for the GIL probe (the flight
+    recorder's segment rotation, engine/record/keeper.py)."""
     from engine.probe.build import hook_environment
 
     env = hook_environment(os.environ)
     env["JAVA_TOOL_OPTIONS"] = java_tool_options(env.get("JAVA_TOOL_OPTIONS"), jar, options)
     env[SESSION_VARIABLE] = str(session)
+    env.update(probe or {})
     return env
 
 

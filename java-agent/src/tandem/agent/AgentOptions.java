@@ -19,6 +19,8 @@ import java.util.List;
  *                                   (default 200; 0 = JFR's own, about 1 s); see LivePauses
  *   secret_events=true              optional: leave the events that carry the environment, system
  *                                   properties and command lines to the base settings (see PauseEvents)
+ *   maxsize=BYTES                   optional (flight recorder): JFR keeps its chunks within this many bytes
+ *   maxage=SECONDS                  optional (flight recorder): JFR drops chunks older than this
  * </pre>
  *
  * Values are split at the first '=' only, so an event setting may hold its own '='.
@@ -33,9 +35,12 @@ final class AgentOptions {
     /** JFR flush interval asked for the live stream, ms; 0 = leave JFR's default (1 s). */
     final long flushMillis;
     final boolean secretEvents;
+    /** Flight recorder bounds of the JFR recording (Recording.setMaxSize / setMaxAge); 0 = none. */
+    final long maxBytes;
+    final double maxAgeSeconds;
 
     private AgentOptions(String raw, Path session, String settings, List<String> events, double durationSeconds,
-                         boolean live, long flushMillis, boolean secretEvents) {
+                         boolean live, long flushMillis, boolean secretEvents, long maxBytes, double maxAgeSeconds) {
         this.raw = raw;
         this.session = session;
         this.settings = settings;
@@ -44,6 +49,13 @@ final class AgentOptions {
         this.live = live;
         this.flushMillis = flushMillis;
         this.secretEvents = secretEvents;
+        this.maxBytes = maxBytes;
+        this.maxAgeSeconds = maxAgeSeconds;
+    }
+
+    /** True when the recording is bounded: JFR then deletes its oldest chunks as it goes. */
+    boolean bounded() {
+        return maxBytes > 0 || maxAgeSeconds > 0;
     }
 
     static AgentOptions parse(String raw) {
@@ -55,6 +67,8 @@ final class AgentOptions {
         boolean live = false;
         boolean secretEvents = false;
         long flushMillis = LivePauses.DEFAULT_FLUSH_MILLIS;
+        long maxBytes = 0;
+        double maxAge = 0;
         for (String pair : text.split(",")) {
             if (pair.isBlank()) {
                 continue;
@@ -111,16 +125,36 @@ final class AgentOptions {
                 case "secret_events":
                     secretEvents = bool(key, value);
                     break;
+                case "maxsize":
+                    try {
+                        maxBytes = Long.parseLong(value);
+                    } catch (NumberFormatException e) {
+                        throw new IllegalArgumentException("maxsize=" + value + " is not a whole number of bytes");
+                    }
+                    if (maxBytes <= 0) {
+                        throw new IllegalArgumentException("maxsize=" + value + " must be positive");
+                    }
+                    break;
+                case "maxage":
+                    try {
+                        maxAge = Double.parseDouble(value);
+                    } catch (NumberFormatException e) {
+                        throw new IllegalArgumentException("maxage=" + value + " is not a number of seconds");
+                    }
+                    if (!(maxAge > 0)) {
+                        throw new IllegalArgumentException("maxage=" + value + " must be positive");
+                    }
+                    break;
                 default:
                     throw new IllegalArgumentException("unknown option '" + key
-                            + "' (known: session, settings, events, duration, live, flush_ms, secret_events)");
+                            + "' (known: session, settings, events, duration, live, flush_ms, secret_events, maxsize, maxage)");
             }
         }
         if (session == null) {
             throw new IllegalArgumentException("no session=<directory> in options '" + text + "'");
         }
         return new AgentOptions(text, session, settings, Collections.unmodifiableList(events), duration, live, flushMillis,
-                secretEvents);
+                secretEvents, maxBytes, maxAge);
     }
 
     private static boolean bool(String key, String value) {

@@ -60,6 +60,29 @@ final class ChunkKeeper {
         }
     }
 
+    /**
+     * The flight recorder (maxsize/maxage): JFR deletes its oldest chunks as it records; drop our
+     * links to them too, or they would keep every chunk on disk. Only chunks older than the oldest
+     * one JFR still has, and never while the repository is empty (JFR's clean-up at exit clears
+     * it: then the links are the recording).
+     */
+    synchronized void forgetRotatedChunks() {
+        List<Path> current = chunksIn(repository);
+        if (current.isEmpty()) {
+            return;
+        }
+        String oldest = current.get(0).getFileName().toString();
+        for (Path chunk : chunksIn(kept)) {
+            if (chunk.getFileName().toString().compareTo(oldest) < 0) {
+                try {
+                    Files.deleteIfExists(chunk);
+                } catch (IOException ignored) {
+                    // tried again next second
+                }
+            }
+        }
+    }
+
     /** False once links to chunks turned out impossible here (then JFR's own dump must write the recording). */
     synchronized boolean keeping() {
         return !linksUnsupported;

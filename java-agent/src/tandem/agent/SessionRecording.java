@@ -6,6 +6,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
+import java.time.Duration;
 import java.time.Instant;
 import java.util.LinkedHashMap;
 import java.util.Map;
@@ -40,6 +41,7 @@ final class SessionRecording {
     private Recording recording;
     private LivePauses live;
     private Thread clockSync;
+    private PauseFlush pauseFlush;
     private Thread shutdownHook;
     private boolean closed;
     /** True when JFR writes the recording (its destination set), false when the agent does from kept chunks. */
@@ -84,6 +86,12 @@ final class SessionRecording {
         recording = new Recording(settings);
         recording.setName("tandem");
         recording.setToDisk(true);
+        if (options.maxBytes > 0) {
+            recording.setMaxSize(options.maxBytes); // the flight recorder: JFR deletes its oldest chunks
+        }
+        if (options.maxAgeSeconds > 0) {
+            recording.setMaxAge(Duration.ofMillis((long) (options.maxAgeSeconds * 1000)));
+        }
 
         long monotonicBefore = System.nanoTime();
         Instant wall = Instant.now();
@@ -97,6 +105,7 @@ final class SessionRecording {
         if (options.live) {
             startLive(settings);
         }
+        startPauseFlush();
         writeDescription("recording");
 
         shutdownHook = new Thread(() -> close("jvm exit", true), "tandem-agent-shutdown");
@@ -128,6 +137,31 @@ final class SessionRecording {
         }
     }
 
+    /** The flush after collections (PauseFlush); where it cannot run, JFR's own flush stays, quietly. */
+    private void startPauseFlush() {
+        Map<String, Object> about = new LinkedHashMap<>();
+        try {
+            pauseFlush = PauseFlush.start(inst);
+            about.put("poll_ms", PauseFlush.POLL_MILLIS);
+            about.put("min_gap_ms", PauseFlush.MIN_GAP_MILLIS);
+        } catch (Throwable t) {
+            about.put("problem", Agent.describe(t));
+        }
+        description.put("flush_after_gc", about);
+    }
+
+    private void stopPauseFlush() {
+        if (pauseFlush == null) {
+            return;
+        }
+        pauseFlush.stop();
+        if (pauseFlush.problem() != null) {
+            @SuppressWarnings("unchecked")
+            Map<String, Object> about = (Map<String, Object>) description.get("flush_after_gc");
+            about.put("problem", pauseFlush.problem());
+        }
+    }
+
     /** Ends the live output first, so its ring is closed after its last events. */
     private void closeLive() {
         if (live == null) {
@@ -146,6 +180,9 @@ final class SessionRecording {
                 Thread.sleep(CLOCK_SYNC_PERIOD_MILLIS);
                 ClockSyncEvent.commitNow();
                 chunkKeeper.keepNewChunks();
+                if (options.bounded()) {
+                    chunkKeeper.forgetRotatedChunks(); // else our links would keep what maxsize/maxage let go
+                }
                 letJfrDumpIfChunksAreNotKept();
                 PrivateFiles.tighten(repository); // a new chunk after a rotation
                 long free = usableBytes(directory);
@@ -196,6 +233,7 @@ final class SessionRecording {
                 + (DISK_RESERVE_BYTES >> 20) + " MiB, before JFR would stop the JVM)";
         Agent.warn("recording stopped: " + reason);
         try {
+            stopPauseFlush();
             closeLive();
             if (jfrDumps) {
                 recording.setDestination(null); // no dump: it needs the space that is missing
@@ -254,6 +292,7 @@ final class SessionRecording {
         }
         try {
             clockSync.interrupt();
+            stopPauseFlush();
             if (atJvmExit) {
                 chunkKeeper.keepNewChunks(); // before JFR's own hook can clear the repository
             }
@@ -370,6 +409,8 @@ final class SessionRecording {
         description.put("events", options.events);
         description.put("secret_events", options.secretEvents);
         description.put("duration_s", options.durationSeconds > 0 ? options.durationSeconds : null);
+        description.put("max_size_bytes", options.maxBytes > 0 ? options.maxBytes : null);
+        description.put("max_age_s", options.maxAgeSeconds > 0 ? options.maxAgeSeconds : null);
         description.put("recording", directory.relativize(recordingFile).toString());
         description.put("repository", directory.relativize(repository).toString());
     }

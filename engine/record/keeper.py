@@ -1,0 +1,235 @@
+"""The flight recorder's keeper: `tandem record/attach --max-size/--max-age` keep a session within
+both bounds for as long as the service runs (docs/session.md, "Flight recorder").
+
+The recorded service only writes: its probe's drain closes a GIL segment every SEGMENT_BYTES or
+SEGMENT_MS (engine/probe, docs/ring.md "Segments") and JFR keeps its own repository within the
+`maxsize`/`maxage` the agent gives it. Everything else runs here, in tandem's own process, so
+the service's CPU stays its own: each closed segment is packed (engine/ingest/segments.py,
+docs/ring.md "Packed segments"), and the oldest packed segments are deleted, whole, while the
+session is over --max-size (its whole disk use: rings, code tables, JFR's chunks included) or
+hold events older than --max-age.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import TandemError
+from engine.ingest.segments import pack, packed_span
+from engine.ring.layout import OFFSET_STATE, STATE_CLOSED
+from engine.session import GIL_EVENTS, PACKED_SUFFIX, PYTHON_DIRS, gil_segments
+
+# A segment is closed after this many bytes or this long (whichever first): small enough that
+# the one being written, not yet packed, stays a small part of the budget.
+SEGMENT_BYTES = 1 << 20
+SEGMENT_MS = 5000
+# JFR's share of --max-size (its maxsize option, per JVM): the GIL side takes what JFR leaves.
+JFR_SHARE = 0.5
+PERIOD_S = 0.25
+# Room kept free under --max-size per Python process: its segment being written (up to
+# SEGMENT_BYTES and one drain pass) and the one closed since the last round, not packed yet.
+HEADROOM_BYTES = 2 * SEGMENT_BYTES
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_size(text: str, option: str = "--max-size") -> int:
+    """'500M', '2G', '100MiB', '1048576' -> bytes (binary units)."""
+    raw = text.strip().lower()
+    number = raw.rstrip("abgikmt")
+    unit = raw[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1
+    if unit not in _UNITS or value <= 0:
+        raise TandemError(f"{option} {text!r}: expected a size such as 500M or 2G")
+    return int(value * _UNITS[unit])
+
+
+def parse_duration(text: str, option: str = "--max-age") -> float:
+    """'30m', '2h', '90s', '1d', '600' (seconds) -> seconds."""
+    raw = text.strip().lower()
+    number = raw.rstrip("adhimns")
+    unit = raw[len(number):] or "s"
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1
+    if unit not in _SECONDS or value <= 0:
+        raise TandemError(f"{option} {text!r}: expected a duration such as 90s, 30m or 2h")
+    return value * _SECONDS[unit]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_bytes: int | None = None
+    max_age_s: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.max_bytes is not None or self.max_age_s is not None
+
+    def probe_environment(self) -> dict[str, str]:
+        """What the probe reads to rotate its events (engine/probe/autostart.py, segment_options)."""
+        return {"TANDEM_PROBE_SEGMENT_BYTES": str(SEGMENT_BYTES), "TANDEM_PROBE_SEGMENT_MS": str(SEGMENT_MS)} if self else {}
+
+    def jfr_max_bytes(self) -> int | None:
+        return None if self.max_bytes is None else int(self.max_bytes * JFR_SHARE)
+
+    def as_dict(self) -> dict:
+        return {"max_bytes": self.max_bytes, "max_age_s": self.max_age_s, "segment_bytes": SEGMENT_BYTES,
+                "segment_ms": SEGMENT_MS, "jfr_max_bytes": self.jfr_max_bytes()}
+
+
+def bounds_from(max_size: str | None, max_age: str | None) -> Bounds:
+    return Bounds(parse_size(max_size) if max_size else None, parse_duration(max_age) if max_age else None)
+
+
+def disk_use(directory: Path) -> int:
+    """Bytes the directory's files take on disk (allocated blocks: a sparse code table counts
+    what it uses, a preallocated ring all of it), as du counts them."""
+    total = 0
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:  # deleted meanwhile (JFR's rotation, ours)
+                pass
+    return total
+
+
+class Keeper:
+    """Packs closed segments and deletes the oldest to stay within BOUNDS. `step()` does one
+    round; `start()` runs rounds every PERIOD_S in a thread until `stop()` (which does a last
+    round, packing what the service closed as it exited)."""
+
+    def __init__(self, session: Path, bounds: Bounds, say=None):
+        self.session = Path(session)
+        self.bounds = bounds
+        self.say = say or (lambda line: print(line, file=sys.stderr))
+        self.packed = 0
+        self.deleted = 0
+        self.raw_bytes = 0
+        self.packed_bytes = 0
+        self.failed: str | None = None
+        self.over_by_fixed = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Keeper":
+        self._thread = threading.Thread(target=self._run, name="tandem-keeper", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.step()
+
+    def _run(self) -> None:
+        while not self._stop.wait(PERIOD_S):
+            try:
+                self.step()
+            except Exception as err:  # the service runs on whatever happens here: say it once, keep going
+                self._fail(f"{type(err).__name__}: {err}")
+
+    def step(self) -> None:
+        if not self.session.is_dir():
+            return
+        for directory in sorted(self.session.glob(PYTHON_DIRS)):
+            self._pack_closed(directory / GIL_EVENTS)
+        self._enforce()
+
+    def _pack_closed(self, events_path: Path) -> None:
+        segments = gil_segments(events_path)
+        for segment in segments:
+            if segment.packed:
+                continue
+            try:
+                with open(segment.path, "rb") as f:
+                    closed = _closed(f.read(4096))
+            except FileNotFoundError:
+                continue
+            if not closed:
+                continue  # the one being written (or one cut by a kill: packed once the process is gone)
+            target = segment.path.with_name(segment.path.name + PACKED_SUFFIX)
+            tmp = target.with_name(target.name + ".tmp")
+            try:
+                data = pack(segment.path)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                os.replace(tmp, target)
+                size = segment.path.stat().st_size
+                os.unlink(segment.path)
+            except OSError as err:
+                tmp.unlink(missing_ok=True)
+                self._fail(f"cannot pack {segment.path} ({err.strerror or err}); it stays unpacked")
+                return
+            self.packed += 1
+            self.raw_bytes += size
+            self.packed_bytes += len(data)
+
+    def _enforce(self) -> None:
+        """Delete the oldest packed segments (of any process) while over a bound."""
+        packed = []
+        for directory in self.session.glob(PYTHON_DIRS):
+            for segment in gil_segments(directory / GIL_EVENTS):
+                if segment.packed:
+                    try:
+                        first_ns, last_ns = packed_span(segment.path)
+                        packed.append((first_ns, last_ns, segment.path))
+                    except (OSError, TandemError):
+                        continue
+        packed.sort()
+        if self.bounds.max_age_s is not None:
+            # (a round late at worst: what turns too old before the next round goes now)
+            oldest_kept = time.monotonic_ns() - int((self.bounds.max_age_s - 2 * PERIOD_S) * 1e9)
+            while packed and packed[0][0] and packed[0][0] < oldest_kept:
+                self._delete(packed.pop(0)[2])
+        if self.bounds.max_bytes is not None:
+            use = disk_use(self.session)
+            limit = self.bounds.max_bytes - HEADROOM_BYTES * len(list(self.session.glob(PYTHON_DIRS)))
+            while use > limit and packed:
+                path = packed.pop(0)[2]
+                use -= _blocks(path)
+                self._delete(path)
+            if use > limit and not self.over_by_fixed:
+                self.over_by_fixed = True
+                self.say(f"tandem: flight recorder: {self.session} takes {use >> 20} MiB with no GIL history left to "
+                         f"delete (rings, code tables, JFR's chunks): --max-size is too small for it")
+
+    def _delete(self, path: Path) -> None:
+        try:
+            os.unlink(path)
+            self.deleted += 1
+        except FileNotFoundError:
+            pass
+
+    def _fail(self, reason: str) -> None:
+        if self.failed is None:
+            self.failed = reason
+            self.say(f"tandem: flight recorder: {reason}")
+
+    def summary(self) -> dict:
+        return {**self.bounds.as_dict(), "packed_segments": self.packed, "deleted_segments": self.deleted,
+                "raw_bytes_packed": self.raw_bytes, "packed_bytes": self.packed_bytes, "problem": self.failed}
+
+
+def _closed(header_page: bytes) -> bool:
+    if len(header_page) < OFFSET_STATE + 4:
+        return False
+    return bool(int.from_bytes(header_page[OFFSET_STATE:OFFSET_STATE + 4], "little") & STATE_CLOSED)
+
+
+def _blocks(path: Path) -> int:
+    try:
+        return os.lstat(path).st_blocks * 512
+    except OSError:
+        return 0

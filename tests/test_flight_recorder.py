@@ -1,0 +1,233 @@
+"""The flight recorder: GIL events in segments (the probe's drain rotates them), packed by the
+keeper of `tandem record --max-size/--max-age`, read by every reader as one recording.
+
+Witnesses: the probe's own counters (probe.json: every position claimed), the segments' bytes
+laid end to end as one events file read the way an unsegmented recording is, and `du`-style
+disk use sampled every second while a service runs."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.errors import TandemError
+from engine.ingest import segments
+from engine.ingest.gil import read_gil
+from engine.record.keeper import PERIOD_S, Keeper, bounds_from, disk_use, parse_duration, parse_size
+from engine.ring import read_events
+from engine.ring.layout import LANE_OFFSET_BASE_DROPPED, LANE_OFFSET_BASE_HEAD, OFFSET_SEGMENT, lane_offset
+from engine.session import gil_segments, read_json
+from test_record_helpers import run_tandem
+
+# A service whose threads hand the GIL over all the time (sleep(0) releases it), naming a few
+# code objects; records its GIL in segments of SEGMENT_BYTES.
+_SERVICE = textwrap.dedent("""
+    import os, sys, threading, time
+    import engine.probe
+    path, seconds, segment_bytes, segment_ms = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    engine.probe.start(path, segment_bytes=segment_bytes, segment_ms=segment_ms, wait_when_full=True)
+    def spin(n):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _ in range(n):
+                time.sleep(0)
+            os.getpid()
+    threads = [threading.Thread(target=spin, args=(k,), name=f"spin-{k}") for k in (50, 200, 1000)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    print(engine.probe.stop()["ring"]["claimed"])
+""")
+
+
+def _record(tmp_path: Path, seconds: float = 1.5, segment_bytes: int = 96 << 10, segment_ms: int = 300) -> tuple[Path, int]:
+    events = tmp_path / "run.gil"
+    run = subprocess.run([sys.executable, "-c", _SERVICE, str(events), str(seconds), str(segment_bytes), str(segment_ms)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return events, int(run.stdout.split()[-1])
+
+
+def _one_file(events: Path, target: Path) -> Path:
+    """The segments laid end to end as one events file: the newest one's header and lane table
+    with every base zero and segment 0, then every segment's records in order."""
+    parts = [Path(s.path).read_bytes() for s in gil_segments(events)]
+    offset = read_events(gil_segments(events)[0].path).header.records_offset
+    head = bytearray(parts[-1][:offset])
+    head[OFFSET_SEGMENT:OFFSET_SEGMENT + 4] = bytes(4)
+    lanes = read_events(gil_segments(events)[-1].path).header.lane_count
+    for lane in range(lanes):
+        for field in (LANE_OFFSET_BASE_HEAD, LANE_OFFSET_BASE_DROPPED):
+            head[lane_offset(lane) + field:lane_offset(lane) + field + 8] = bytes(8)
+    drain_lost = sum(read_events(s.path).header.drain_lost for s in gil_segments(events))
+    head[1416:1424] = drain_lost.to_bytes(8, "little")
+    target.write_bytes(bytes(head) + b"".join(part[offset:] for part in parts))
+    for side in (".json", ".codes", ".threads.jsonl"):  # the probe's files beside it: same recording
+        Path(str(target) + side).write_bytes(Path(str(events) + side).read_bytes())
+    return target
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values(["tid", "start_ns", "end_ns", "state"]).reset_index(drop=True)
+
+
+def test_segments_are_whole_files_that_continue_one_another(tmp_path):
+    events, claimed = _record(tmp_path)
+    found = gil_segments(events)
+    assert len(found) >= 3 and not events.exists()
+    counts = []
+    for number, segment in enumerate(found):
+        alone = read_events(segment.path)  # each one readable on its own, every counter checked
+        assert alone.closed and alone.header.segment == number
+        counts.append(len(alone.records))
+    assert sum(counts) == claimed  # the probe's own count of every position claimed: nothing lost, nothing twice
+    whole = _one_file(events, tmp_path / "whole.gil")
+    assert len(read_events(whole).records) == claimed
+    by_segments = read_gil(events)
+    pd.testing.assert_frame_equal(_sorted(by_segments), _sorted(read_gil(whole)))
+    assert by_segments.attrs["kept_window"]["rotated_out_events"] == 0
+    assert by_segments.attrs["kept_window"]["segments"] == len(found)
+
+
+def test_packed_segments_are_the_same_bytes_and_read_the_same(tmp_path):
+    events, claimed = _record(tmp_path)
+    before = read_gil(events)
+    raw_bytes = packed_bytes = 0
+    for segment in gil_segments(events):
+        raw = segment.path.read_bytes()
+        packed = segment.path.with_name(segment.path.name + ".packed")
+        packed.write_bytes(segments.pack(segment.path))
+        head, rows = segments.unpack(packed)
+        assert head + rows.tobytes() == raw  # lossless, byte for byte
+        raw_bytes, packed_bytes = raw_bytes + len(raw), packed_bytes + packed.stat().st_size
+        segment.path.unlink()
+    assert all(s.packed for s in gil_segments(events))
+    after = read_gil(events)
+    pd.testing.assert_frame_equal(_sorted(before), _sorted(after))
+    assert after.attrs["events"] == claimed
+    assert packed_bytes * 5 < raw_bytes, (raw_bytes, packed_bytes)
+
+
+def test_what_rotation_took_is_said_and_the_rest_reads_as_the_full_recording(tmp_path):
+    events, claimed = _record(tmp_path)
+    full = read_gil(_one_file(events, tmp_path / "whole.gil"))
+    found = gil_segments(events)
+    gone = found[:2]
+    gone_events = sum(len(read_events(s.path).records) + read_events(s.path).lost for s in gone)
+    for segment in gone:
+        segment.path.unlink()
+    kept = read_gil(events)
+    window = kept.attrs["kept_window"]
+    assert window["first_segment"] == 2 and window["rotated_out_events"] == gone_events
+    assert kept.attrs["events"] == claimed - gone_events
+    # Per thread, the kept window's intervals are the full recording's from the thread's first
+    # kept event on (an interval whose first event was rotated out is not made up).
+    first_kept = {}
+    for segment in found[2:]:
+        records = read_events(segment.path).records
+        for tid in np.unique(records["tid"]).tolist():
+            first_kept.setdefault(tid, int(records["mono_ns"][records["tid"] == tid].min()))
+    expected = full[full["start_ns"] >= full["tid"].map(first_kept).fillna(np.inf)].copy()
+    # ...and where the code of an interval is that of a DROP rotated out (a thread's intervals
+    # before its first kept DROP), it is said to be unknown, not made up.
+    first_drop = {}
+    for segment in found[2:]:
+        records = read_events(segment.path).records
+        drops = records[records["kind"] == 1]
+        for tid in np.unique(drops["tid"]).tolist():
+            first_drop.setdefault(tid, int(drops["mono_ns"][drops["tid"] == tid].min()))
+    unknown = expected["start_ns"] < expected["tid"].map(first_drop).fillna(np.inf)
+    assert unknown.sum() >= 1
+    expected.loc[unknown, "function"] = "<unknown>"
+    expected.loc[unknown, ["file", "line"]] = None
+    pd.testing.assert_frame_equal(_sorted(kept), _sorted(expected), check_dtype=False)
+
+
+def test_a_missing_middle_segment_or_a_damaged_packed_one_is_one_clear_error(tmp_path):
+    events, _ = _record(tmp_path)
+    found = gil_segments(events)
+    packed = found[-1].path.with_name(found[-1].path.name + ".packed")
+    packed.write_bytes(segments.pack(found[-1].path)[:-20])
+    found[-1].path.unlink()
+    with pytest.raises(TandemError, match="packed segment"):
+        read_gil(events)
+    packed.unlink()
+    found[1].path.unlink()
+    with pytest.raises(TandemError, match="a segment is missing"):
+        read_gil(events)
+
+
+def test_sizes_and_durations_parse_or_say_what_is_expected():
+    assert parse_size("500M") == 500 << 20 and parse_size("2g") == 2 << 30 and parse_size("1048576") == 1 << 20
+    assert parse_duration("90s") == 90 and parse_duration("30m") == 1800 and parse_duration("2h") == 7200
+    for bad in ("", "-1M", "lots", "5X"):
+        with pytest.raises(TandemError, match="--max-size"):
+            parse_size(bad)
+    with pytest.raises(TandemError, match="--max-age"):
+        parse_duration("soon")
+
+
+def test_the_keeper_packs_closed_segments_and_keeps_the_bounds(tmp_path):
+    session = tmp_path / "s"
+    directory = session / "py-1"
+    directory.mkdir(parents=True)
+    events, claimed = _record(tmp_path, seconds=2.0, segment_bytes=16 << 20, segment_ms=300)
+    for segment in gil_segments(events):
+        os.rename(segment.path, directory / segment.path.name.replace("run.gil", "gil.events"))
+    keeper = Keeper(session, bounds_from(None, None))
+    keeper.step()
+    found = gil_segments(directory / "gil.events")
+    assert found and all(s.packed for s in found) and keeper.packed == len(found)
+    assert read_gil(session).attrs["events"] == claimed
+    # an age bound: every segment whose first event is older goes, whole (segments are ~300 ms
+    # apart: the bound falls 150 ms before the first event of the third one from the end)
+    assert len(found) >= 4
+    cut_ns = segments.packed_span(found[-3].path)[0] - 150_000_000
+    age = (time.monotonic_ns() - cut_ns) / 1e9 + 2 * PERIOD_S  # (the keeper looks two rounds ahead)
+    Keeper(session, bounds_from(None, f"{age:.3f}s")).step()
+    assert [s.number for s in gil_segments(directory / "gil.events")] == [s.number for s in found[-3:]]
+    # a size bound under what is left: nothing of the GIL history can stay
+    Keeper(session, bounds_from("1K", None), say=lambda line: None).step()
+    assert gil_segments(directory / "gil.events") == []
+
+
+@pytest.mark.slow
+def test_record_with_bounds_never_exceeds_them(tmp_path):
+    """`tandem record --max-size --max-age` on a busy service: the session's disk use sampled every
+    second stays within --max-size, the history kept within --max-age, and what is kept reads."""
+    session = tmp_path / "s"
+    script = textwrap.dedent("""
+        import threading, time
+        def spin():
+            end = time.monotonic() + 20
+            while time.monotonic() < end:
+                time.sleep(0)
+        threads = [threading.Thread(target=spin) for _ in range(3)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    """)
+    max_size, max_age = 38 << 20, 8.0
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "record", "--max-size", "38M", "--max-age", "8s",
+                             "-o", str(session), "--", sys.executable, "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    samples = []
+    while proc.poll() is None:
+        time.sleep(1)
+        if session.is_dir():
+            samples.append(disk_use(session))
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err
+    assert max(samples) <= max_size, samples
+    description = read_json(session / "session.json")
+    kept = description["flight_recorder"]
+    assert kept["deleted_segments"] > 0 and kept["problem"] is None, kept
+    gil = read_gil(session)
+    window = gil.attrs["kept_window"]
+    assert window["rotated_out_events"] > 0
+    assert (window["last_ns"] - window["first_ns"]) / 1e9 <= max_age
