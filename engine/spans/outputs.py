@@ -83,11 +83,26 @@ REQUEST_COLUMNS = ("service_name", "endpoint", "spans", "spans_hit", "p50_latenc
 
 def write_span_results(out: str | Path, spans: pd.DataFrame, requests: pd.DataFrame, metadata: dict) -> list[Path]:
     """OUT/spans.parquet and OUT/requests.parquet, each atomically, with METADATA under `tandem`."""
-    from engine.store import write_table
-
     out = Path(out)
-    return [write_table(spans, out / SPANS_FILE, {"table": "spans", "spans": metadata}),
-            write_table(requests, out / REQUESTS_FILE, {"table": "requests", "spans": metadata})]
+    return [_write(spans, out / SPANS_FILE, {"table": "spans", "spans": metadata}),
+            _write(requests, out / REQUESTS_FILE, {"table": "requests", "spans": metadata})]
+
+
+def _write(frame: pd.DataFrame, path: Path, metadata: dict) -> Path:
+    """engine.store's writer, without pandas' own schema metadata: pandas cannot read back the
+    Arrow list dtype it names there (stop_ids), every reader reads the Parquet list as it is."""
+    import pyarrow as pa
+
+    from engine.store import TableWriter
+
+    table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
+    writer = TableWriter(path, table.schema)
+    try:
+        writer.write(table)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close(metadata)
 
 
 def hurt_endpoints(requests: pd.DataFrame, limit: int = 5) -> pd.DataFrame:
