@@ -1,0 +1,117 @@
+"""The bar for spans: a service of known requests (tests/spans_program.py: real JPype JVM, real
+OpenTelemetry SDK, System.gc() inside requests and at known times, sleeps that release the
+GIL, a thread that holds it) recorded with `tandem record` and analyzed with `tandem analyze
+--spans`: every request is matched to its span by thread and time, and its lost time equals
+the ground truth (the request's own CLOCK_MONOTONIC bracket against the recorded pauses and
+GIL intervals, computed by DuckDB) within the stated clock error plus 50 us."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+TANDEM = [sys.executable, "-m", "engine"]
+PROGRAM = Path(__file__).with_name("spans_program.py")
+TOLERANCE_NS = 50_000
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("spans")
+    session, out, spans, markers = root / "session", root / "out", root / "spans.jsonl", root / "markers.json"
+    subprocess.run([*TANDEM, "record", "-o", str(session), "--", sys.executable, str(PROGRAM), str(spans), str(markers)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    analyzed = subprocess.run([*TANDEM, "analyze", str(session), "-o", str(out), "--spans", str(spans)],
+                              check=True, capture_output=True, text=True, timeout=300)
+    description = json.loads((session / "session.json").read_text())
+    return (json.loads(markers.read_text()), pd.read_parquet(out / "spans.parquet"),
+            pd.read_parquet(out / "requests.parquet"), out, description["pid"], analyzed.stdout)
+
+
+def test_every_request_is_matched_to_its_span_by_thread_and_time(recorded):
+    markers, spans, _, _, _, _ = recorded
+    requests = pd.DataFrame(markers["requests"])
+    assert len(requests) == 60 and len(spans) == 60
+    for request in requests.itertuples():
+        slack = spans["clock_error_ns"] + request.bracket_ns
+        mine = spans[(spans["thread_id"] == request.tid)
+                     & ((spans["start_ns"] - request.before_ns).abs() <= slack)
+                     & ((spans["end_ns"] - request.after_ns).abs() <= slack)]
+        assert mine["span_id"].tolist() == [request.span_id]  # one span, and it is this request's
+    assert spans["span_id"].str.fullmatch("[0-9a-f]{16}").all() and spans["trace_id"].str.fullmatch("[0-9a-f]{32}").all()
+    assert (spans["figures_of"] == "thread").all() and (spans["pause_scope"] == "process").all()
+    assert spans["clock_error_ns"].max() < 200_000  # the pairs of one short session on one host
+
+
+def _truth(markers, out: Path, pid: int) -> pd.DataFrame:
+    """Per request: its time in the JVM's stops of the world, waiting for the GIL, and in either,
+    from its bracket and OUT's pauses.parquet and gil.parquet (DuckDB)."""
+    requests = pd.DataFrame(markers["requests"])
+    con = duckdb.connect()
+    con.register("requests", requests)
+    stops = con.execute(f"""
+        select start_ns, end_ns from '{out}/pauses.parquet'
+        where (kind in ('safepoint', 'gc_pause') or coalesce(at_safepoint, false)) and jvm_pid = {pid}
+        order by start_ns""").fetchall()
+    waits = con.execute(f"""
+        select r.span_id, greatest(g.start_ns, r.before_ns) as s, least(g.end_ns, r.after_ns) as e
+        from requests r join '{out}/gil.parquet' g
+          on g.pid = {pid} and g.tid = r.tid and g.state = 'waiting' and g.start_ns < r.after_ns and g.end_ns > r.before_ns
+        """).df()
+    rows = []
+    for request in requests.itertuples():
+        a, b = request.before_ns, request.after_ns
+        mine = [(max(s, a), min(e, b)) for s, e in stops if s < b and e > a]
+        theirs = [(s, e) for s, e in zip(*(waits[waits["span_id"] == request.span_id][c] for c in ("s", "e")))]
+        rows.append({"span_id": request.span_id, "route": request.route, "pause_ns": _measure(mine),
+                     "gil_wait_ns": _measure(theirs), "lost_ns": _measure(mine + theirs)})
+    return pd.DataFrame(rows)
+
+
+def _measure(intervals) -> int:
+    total, reach = 0, None
+    for s, e in sorted(intervals):
+        if reach is None or s > reach:
+            total, reach = total + e - s, e
+        elif e > reach:
+            total, reach = total + e - reach, e
+    return total
+
+
+def test_lost_time_equals_the_ground_truth_within_the_clock_error(recorded):
+    markers, spans, _, out, pid, _ = recorded
+    truth = _truth(markers, out, pid).merge(spans, on="span_id", suffixes=("_truth", ""))
+    assert len(truth) == 60
+    bound = truth["clock_error_ns"] + TOLERANCE_NS
+    for column in ("pause_ns", "gil_wait_ns", "lost_ns"):
+        error = (truth[column].astype(np.int64) - truth[f"{column}_truth"]).abs()
+        assert (error <= bound).all(), (column, truth.loc[error > bound, ["span_id", column, f"{column}_truth"]])
+    # The known part: a request that called System.gc() lost at least that collection's stop.
+    # (Which thread asked is pause_impact's cause, named where JFR names the requester: with
+    # three threads calling System.gc() at once, not for every stop.)
+    gc = truth[truth["route"] == "/gc"]
+    assert (gc["pause_ns"] > 0).all()
+    assert all(any("(System.gc())" in cause for cause in causes) for causes in gc["stop_causes"])
+    assert any(f"caused by Python thread {tid} " in cause for tid, causes in zip(gc["thread_id"], gc["stop_causes"])
+               for cause in causes)
+    # Sleeps release the GIL: a stop that fell in a request's sleep found its thread released.
+    assert (truth["stop_released_ns"] > 0).sum() >= 20
+    assert (truth["gil_wait_ns_truth"] > 0).sum() >= 20  # the hog thread made requests wait
+
+
+def test_requests_table_and_summary(recorded):
+    _, spans, requests, _, _, stdout = recorded
+    assert sorted(requests["endpoint"]) == ["/gc", "/sleep"]
+    for row in requests.itertuples():
+        mine = spans[spans["endpoint"] == row.endpoint]
+        assert row.spans == len(mine)
+        assert row.p99_latency_ms == pytest.approx(np.percentile(mine["duration_ns"], 99) / 1e6)
+        assert row.p99_lost_share == pytest.approx(np.percentile(mine["lost_share"], 99))
+    assert "requests hurt" in stdout and "/gc:" in stdout
