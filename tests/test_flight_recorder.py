@@ -231,3 +231,31 @@ def test_record_with_bounds_never_exceeds_them(tmp_path):
     window = gil.attrs["kept_window"]
     assert window["rotated_out_events"] > 0
     assert (window["last_ns"] - window["first_ns"]) / 1e9 <= max_age
+
+
+@pytest.mark.slow
+def test_dump_of_a_running_session_is_analyzable_and_keeps_the_last_window(tmp_path):
+    """`tandem dump` while the demo service (Python with an embedded JVM) records: the snapshot
+    holds JFR.dump's recording and the GIL segments of the last --last seconds, and analyzes;
+    the service runs on to its own end."""
+    session, snapshot = tmp_path / "s", tmp_path / "snap"
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "record", "--max-size", "500M", "--max-age", "10m",
+                             "-o", str(session), "--", sys.executable, "-m", "engine.demo.workload", "--seconds", "25"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(session.glob("py-*/gil.events.000002*")):
+        time.sleep(0.5)
+    dumped = run_tandem("dump", str(session), "-o", str(snapshot), "--last", "6s", env=dict(os.environ))
+    out, err = proc.communicate(timeout=300)
+    assert dumped.returncode == 0, dumped.stderr
+    assert proc.returncode == 0, err
+    assert len(list(snapshot.glob("jvm-*/recording.jfr"))) == 1
+    assert read_json(snapshot / "session.json")["dump"]["last_s"] == 6
+    gil = read_gil(snapshot)
+    window = gil.attrs["kept_window"]
+    assert window["first_segment"] >= 1 and window["rotated_out_events"] > 0  # (older segments left out)
+    # whole segments reaching 6 s back: at most one segment (5 s) more
+    assert (window["last_ns"] - window["first_ns"]) / 1e9 <= 6 + 5 + 1
+    analyzed = run_tandem("analyze", str(snapshot), "-o", str(tmp_path / "out"), env=dict(os.environ))
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert "flight recorder: pid" in analyzed.stdout + analyzed.stderr and "rotated out" in analyzed.stdout + analyzed.stderr

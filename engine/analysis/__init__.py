@@ -192,6 +192,9 @@ def _header(core: Correlator, pauses: pd.DataFrame, gil_attrs: dict, pause_clock
         "gil_intervals": core.gil_intervals,
         "dropped_events": _dropped_events(gil_attrs),
         "drain_lost_events": _dropped_events(gil_attrs, "drain_lost"),
+        # a flight recorder's GIL window: what its segments keep, what rotation took before it
+        "kept_windows": [{"pid": p.get("pid"), **p["kept_window"]} for p in gil_attrs.get("processes") or []
+                         if p.get("kept_window")],
         "jfr_lost": _jfr_lost(pauses.attrs),
         "duplicate_gil_rows_dropped": int(duplicate_gil_rows),
         "slack_ns": int(core.slack_ns),

@@ -26,7 +26,7 @@ def _root() -> None:
 
 
 # Each module exposes `register(app)`. Order here is the order in `tandem --help`.
-_COMMAND_MODULES = ["demo", "record", "attach", "live", "analyze", "fleet", "pauses", "export", "doctor"]
+_COMMAND_MODULES = ["demo", "record", "attach", "dump", "live", "analyze", "fleet", "pauses", "export", "doctor"]
 
 
 def _register_all() -> None:

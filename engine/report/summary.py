@@ -30,8 +30,19 @@ def header_line(header: dict) -> str:
         f"span {span_s:.3f} s; Python pids {python}; JVM pids {jvms}; "
         f"{header.get('pauses', 0)} pauses, {header.get('gil_intervals', 0)} GIL intervals; "
         f"dropped events {header.get('dropped_events', 0)}{drain_lost}; {_jfr_lost(header.get('jfr_lost'))}"
-        f"clock error: {errors or 'unknown'}{slack}"
+        f"{_kept_windows(header.get('kept_windows'))}clock error: {errors or 'unknown'}{slack}"
     )
+
+
+def _kept_windows(windows: list | None) -> str:
+    """What a flight recorder kept of each process's GIL events, and what it rotated out before."""
+    parts = []
+    for w in windows or []:
+        kept_s = (w["last_ns"] - w["first_ns"]) / 1e9 if w.get("first_ns") is not None else 0.0
+        before = f", {w['rotated_out_events']} earlier events rotated out" if w.get("rotated_out_events") else ""
+        parts.append(f"pid {w['pid']} keeps the last {kept_s:.1f} s of GIL events (segments {w['first_segment']}-"
+                     f"{w['first_segment'] + max(w['segments'] - 1, 0)}){before}")
+    return f"flight recorder: {'; '.join(parts)}; " if parts else ""
 
 
 def _jfr_lost(lost: dict | None) -> str:

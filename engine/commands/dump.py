@@ -1,0 +1,211 @@
+"""`tandem dump SESSION -o SNAPSHOT [--last 10m]`: a consistent, analyzable copy of a session,
+taken while it records, without stopping anything (docs/session.md, "Flight recorder")."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+# Bytes copied at a time from a file being written: what was whole when its size was read.
+_COPY_CHUNK = 1 << 20
+
+
+def dump(
+    session: Path = typer.Argument(..., help="A session directory, recording or not."),
+    output: Path = typer.Option(..., "-o", "--output", help="Snapshot directory to create (must not exist or be empty)."),
+    last: Optional[str] = typer.Option(None, "--last", help="Keep only this much of the most recent history (e.g. 10m, 1h)."),
+) -> None:
+    """Copy SESSION as it is now into SNAPSHOT: closed GIL segments, the one being written up to its
+    last whole record, each JVM's recording (JFR.dump of a running one); SESSION records on."""
+    from rich.console import Console
+
+    from engine.errors import TandemError
+    from engine.record import keeper as keeping, session as sessions
+    from engine.session import JVM_DIRS, PYTHON_DIRS, SESSION_JSON, read_json
+
+    source = Path(session).expanduser().absolute()
+    if not (source / SESSION_JSON).is_file():
+        raise TandemError(f"{source}: not a tandem session (no {SESSION_JSON})")
+    last_s = keeping.parse_duration(last, "--last") if last else None
+    target = Path(output).expanduser().absolute()
+    if target == source or source in target.parents:
+        raise TandemError(f"{target}: the snapshot must be outside the session")
+    sessions.keep_private()
+    from engine.probe.private import private_directory
+
+    private_directory(target, empty=True)
+    console = Console(stderr=True)
+    at_ns, at_wall_ns = sessions.clock_pair()
+    since_ns = at_ns - int(last_s * 1e9) if last_s is not None else None
+    notes: list[str] = []
+    for directory in sorted(source.glob(PYTHON_DIRS)):
+        if directory.is_dir():
+            _dump_python(directory, target / directory.name, since_ns, notes)
+    for directory in sorted(source.glob(JVM_DIRS)):
+        if directory.is_dir():
+            _dump_jvm(directory, target / directory.name, last_s, notes)
+    description = read_json(source / SESSION_JSON, strict=True)
+    description["dump"] = {"of": str(source), "at_monotonic_ns": at_ns, "at_wall_ns": at_wall_ns, "last_s": last_s}
+    sessions.write_description(target, description)
+    for note in notes:
+        console.print(f"tandem: {note}", highlight=False)
+    console.print(f"tandem: snapshot of {source} in {target}", highlight=False)
+
+
+def _dump_python(source: Path, target: Path, since_ns: int | None, notes: list[str]) -> None:
+    """One py-<pid>: its side files, its kept segments (from SINCE_NS on), or its events file."""
+    from engine.ingest.segments import segment_span
+    from engine.probe.private import private_directory
+    from engine.session import GIL_CODES, GIL_EVENTS, PROBE_JSON, THREADS_JSONL, gil_segments
+
+    private_directory(target)
+    for name in (PROBE_JSON, THREADS_JSONL):
+        _copy_whole(source / name, target / name)
+    _copy_code_table(source / GIL_CODES, target / GIL_CODES)
+    segments = gil_segments(source / GIL_EVENTS)
+    if not segments:
+        if (source / GIL_EVENTS).exists():
+            _copy_records(source / GIL_EVENTS, target / GIL_EVENTS)
+            if since_ns is not None:
+                notes.append(f"{source.name}: recorded without --max-size/--max-age (one events file): --last keeps all of it")
+        return
+    kept = segments
+    if since_ns is not None:
+        # The newest segments whose events reach SINCE_NS, whole (segments continue one another).
+        spans = [segment_span(s) for s in segments]
+        first = next((i for i, (_lo, hi) in enumerate(spans) if hi == 0 or hi >= since_ns), len(segments) - 1)
+        kept = segments[first:]
+    for segment in kept:
+        destination = target / segment.path.name
+        try:
+            if segment is segments[-1] and not segment.packed:
+                _copy_records(segment.path, destination)  # (may be the one being written)
+            else:
+                _link_or_copy(segment.path, destination)  # closed: never written again
+        except FileNotFoundError:  # rotated out or packed meanwhile
+            packed = segment.path.with_name(segment.path.name + ".packed")
+            if not segment.packed and packed.exists():
+                _link_or_copy(packed, target / packed.name)
+
+
+def _dump_jvm(source: Path, target: Path, last_s: float | None, notes: list[str]) -> None:
+    """One jvm-<pid>: its closed recording, or JFR.dump of the running JVM (its repository's chunks
+    when that cannot run)."""
+    import os
+    import subprocess
+
+    from engine import jvm
+    from engine.errors import TandemError
+    from engine.probe.private import private_directory
+    from engine.session import JVM_JSON, RECORDING, REPOSITORY, pid_from_name, process_alive, read_json
+
+    private_directory(target)
+    _copy_whole(source / JVM_JSON, target / JVM_JSON)
+    description = read_json(source / JVM_JSON)
+    pid = description.get("pid") or pid_from_name(source.name)
+    if (source / RECORDING).exists() or not process_alive(pid):
+        if (source / RECORDING).exists():
+            _link_or_copy(source / RECORDING, target / RECORDING)
+        else:
+            _copy_chunks(source / REPOSITORY, target / REPOSITORY)
+        return
+    destination = target / RECORDING
+    argv = [str(jvm.jdk_tool("jcmd")), str(pid), "JFR.dump", "name=tandem", f"filename={destination}"]
+    if last_s is not None:
+        argv.append(f"maxage={int(max(1, last_s))}s")
+    try:
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        ok = run.returncode == 0 and destination.exists()
+        reason = (run.stdout + run.stderr).strip().splitlines()[-1:] if not ok else []
+    except (OSError, subprocess.TimeoutExpired, TandemError) as err:
+        ok, reason = False, [str(err)]
+    if ok:
+        os.chmod(destination, 0o600)  # JFR writes it with the JVM's umask
+        return
+    notes.append(f"{source.name}: JFR.dump failed ({' '.join(reason) or 'no output'}); copied its repository's chunks instead")
+    _copy_chunks(source / REPOSITORY, target / REPOSITORY)
+
+
+def _copy_whole(source: Path, target: Path) -> None:
+    import shutil
+
+    try:
+        shutil.copyfile(source, target)
+    except FileNotFoundError:
+        pass
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A file that no longer changes: a hard link (no copy, no I/O), else a copy."""
+    import os
+    import shutil
+
+    try:
+        os.link(source, target)
+    except OSError as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        shutil.copyfile(source, target)
+
+
+def _copy_records(source: Path, target: Path) -> None:
+    """An events file that may be being written: its bytes up to the last whole record when looked at
+    (docs/ring.md: a reader of a file not closed reads whole records only)."""
+    import os
+
+    from engine.ring.layout import GIL_RECORD_DTYPE, records_offset_of
+
+    with open(source, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(min(size, 1 << 16))
+        offset = records_offset_of(head)
+        if offset and size > offset:
+            size = offset + (size - offset) // GIL_RECORD_DTYPE.itemsize * GIL_RECORD_DTYPE.itemsize
+        f.seek(0)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            left = size
+            while left > 0:
+                chunk = f.read(min(left, _COPY_CHUNK))
+                if not chunk:
+                    break
+                out.write(chunk)
+                left -= len(chunk)
+
+
+def _copy_code_table(source: Path, target: Path) -> None:
+    """The code table up to its committed entries (the file is a sparse 16 MiB mapping)."""
+    from engine.ingest.codes import HEADER
+
+    try:
+        with open(source, "rb") as f:
+            header = f.read(HEADER.size)
+            if len(header) < HEADER.size:
+                return
+            used = HEADER.unpack_from(header)[4]
+            data = header + f.read(min(used, 1 << 30))
+    except FileNotFoundError:
+        return
+    target.write_bytes(data)
+
+
+def _copy_chunks(repository: Path, target: Path) -> None:
+    """The JFR repository's chunk files (the last one may be unfinished: read to its last flush)."""
+    import shutil
+
+    from engine.probe.private import private_directory
+
+    if not repository.is_dir():
+        return
+    for chunk in sorted(repository.rglob("*.jfr")):
+        destination = target / chunk.relative_to(repository)
+        private_directory(destination.parent)
+        try:
+            shutil.copyfile(chunk, destination)
+        except FileNotFoundError:  # JFR rotated it out meanwhile
+            pass
+
+
+def register(app: typer.Typer) -> None:
+    app.command("dump")(dump)
