@@ -26,10 +26,11 @@ def demo(
     if output.exists():
         shutil.rmtree(output)
     output.mkdir(parents=True)
-    session, results = output / "session", output / "results"
+    session, results, spans = output / "session", output / "results", output / "spans.jsonl"
     log = output / "workload.log"
     argv = [sys.executable, "-m", "engine", "record", "-o", str(session), "--",
-            sys.executable, "-m", "engine.demo.workload", "--seconds", str(seconds), "--markers", str(output / "markers.json")]
+            sys.executable, "-m", "engine.demo.workload", "--seconds", str(seconds), "--markers", str(output / "markers.json"),
+            "--spans", str(spans)]
     console.print(f"[bold]tandem demo[/bold]: recording a Python service with an embedded JVM for {seconds:g} s")
     with log.open("w") as sink, Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("recording (JFR + GIL probe)", total=seconds + 3)
@@ -49,6 +50,11 @@ def demo(
         analysis = analyze_session(session)
         analysis.write(results)
     analysis.summary(console=console)
+    from engine.report.summary import requests_hurt_lines
+    from engine.spans.analyze import analyze_spans
+
+    for line in requests_hurt_lines(analyze_spans(results, session, [spans])[1]):
+        console.print(line, markup=False, highlight=False)
     picture = output / "timeline.png"
     analysis.timeline(*analysis.worst_window(), path=picture)
     trace = export_perfetto(results, output / "trace.pftrace")
