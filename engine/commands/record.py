@@ -29,6 +29,7 @@ def record(
     from engine import jvm
     from engine.errors import TandemError
     from engine.record import keeper as keeping, launch, session as sessions, summary
+    from engine.record.memory import ProcessMemorySampler
 
     if settings is not None and not settings.is_file():
         raise TandemError(f"{settings}: settings file not found")
@@ -52,6 +53,7 @@ def record(
     with console.status("building the GIL probe for the interpreters found"):
         launch.prebuild_probes(directory, env, python)
     console.print(f"[dim]tandem: recording `{shlex.join(command)}` into {directory}[/dim]")
+    sampler = ProcessMemorySampler(directory).start()  # every process below tandem, once a second
     # the flight recorder's keeper: packs GIL segments, keeps the bounds (engine/record/keeper.py)
     keeper = keeping.Keeper(directory, bounds, say=lambda line: console.print(line, highlight=False)).start() if bounds else None
     try:
@@ -60,6 +62,7 @@ def record(
         sessions.finish_session(directory, exit_code=None, error="command did not start")
         raise
     finally:
+        sampler.stop()
         if keeper is not None:
             keeper.stop()
     kept = {"flight_recorder": keeper.summary()} if keeper is not None else {}

@@ -297,6 +297,11 @@ def start_session(session: str | os.PathLike, **options: object) -> dict:
     directory = private_directory(os.path.join(os.fspath(session), f"py-{os.getpid()}"))
     status = _start_files(*(os.path.join(directory, name) for name in ("gil.ring", "gil.events", "probe.json",
                                                                        "threads.jsonl", "gil.codes")), **options)
+    try:  # CPython's own memory accounting, once a second (engine/probe/memory.py); never at the recording's cost
+        from engine.probe import memory
+        memory.start(directory)
+    except Exception:
+        pass
     if _session_dir is None:
         os.register_at_fork(after_in_child=_restart_in_fork_child)
     _session_dir = os.fspath(session)

@@ -61,6 +61,23 @@ final class PauseEvents {
             "jdk.JavaErrorThrow",          // messages
             "jdk.JavaExceptionThrow");
 
+    /**
+     * Memory, once a second (engine/memory reads them; docs/results.md, "memory.parquet"):
+     * direct and mapped buffers, code cache, threads, and where the JDK has them the heap's
+     * usage, the RSS and, with -XX:NativeMemoryTracking (tandem record --native-memory), NMT's
+     * categories. JFR ignores the names a JDK does not know (17 has the first three only).
+     * jdk.GCHeapSummary and jdk.MetaspaceSummary come at every GC (default.jfc enables them).
+     */
+    static final List<String> MEMORY_EVERY_SECOND = List.of(
+            "jdk.DirectBufferStatistics",
+            "jdk.CodeCacheStatistics",
+            "jdk.JavaThreadStatistics",
+            "jdk.GCHeapMemoryUsage",
+            "jdk.ResidentSetSize",
+            "jdk.NativeMemoryUsage",
+            "jdk.NativeMemoryUsageTotal");
+    static final List<String> MEMORY_AT_GC = List.of("jdk.GCHeapSummary", "jdk.MetaspaceSummary");
+
     private static final Pattern TIMESPAN_WITHOUT_SPACE = Pattern.compile("(\\d+)(ns|us|ms|s|m|h|d)");
 
     static Map<String, String> settings(String base, List<String> userEvents, boolean secretEvents)
@@ -81,6 +98,13 @@ final class PauseEvents {
         settings.put("jdk.SystemGC#enabled", "true");
         settings.put("jdk.SystemGC#threshold", "0 ms");
         settings.put("jdk.SystemGC#stackTrace", "true");
+        for (String event : MEMORY_EVERY_SECOND) {
+            settings.put(event + "#enabled", "true");
+            settings.put(event + "#period", "1 s");
+        }
+        for (String event : MEMORY_AT_GC) {
+            settings.put(event + "#enabled", "true");
+        }
         settings.put("tandem.ClockSync#stackTrace", "false");
         settings.put("tandem.ClockSync#period", "everyChunk"); // plus the agent's own once a second
         // Tells ingest whether ticks are the OS clock or the TSC (and at which frequency).

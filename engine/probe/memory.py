@@ -1,0 +1,137 @@
+"""What CPython's own accounting says about the memory of this process, once a second.
+
+A daemon thread started with the GIL probe (engine.probe.start_session) appends one JSON
+line to SESSION/py-<pid>/memory.jsonl per sample, stamped with CLOCK_MONOTONIC:
+
+    blocks            sys.getallocatedblocks(): objects and other blocks pymalloc holds
+    arena_bytes       pymalloc's arenas (mmap'd apart from malloc) and the bytes of their
+    pymalloc_bytes    allocated blocks, from _PyObject_DebugMallocStats written into memory
+    malloc_in_use     glibc mallinfo2(): uordblks + hblkhd (every malloc of the process:
+    malloc_mmapped    Python's large objects, numpy buffers, the JVM's own mallocs in one
+    malloc_free       embedding it...), hblkhd, and fordblks (freed but held by malloc)
+    tracemalloc       tracemalloc's traced total, when the user has it tracing (numpy's
+                      buffers included: numpy reports them under its own domain)
+
+Cost, measured on 3.11-3.13 with 150 MB of small objects: about 0.35 ms a sample, holding
+the GIL (getallocatedblocks and the malloc stats each walk pymalloc's pools once; mallinfo2
+under 1 us). Standard library only; ctypes is imported by the thread itself, never on the
+interpreter's start path. A failure stops the sampling, never the service.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+FILE_NAME = "memory.jsonl"
+PERIOD_S = 1.0
+
+_started_in_pid: int | None = None
+
+
+def start(directory: str, period_s: float = PERIOD_S) -> None:
+    """Sample this process into DIRECTORY/memory.jsonl from a daemon thread (once per process:
+    a forked child calls this again from its own start)."""
+    global _started_in_pid
+    if _started_in_pid == os.getpid():
+        return
+    _started_in_pid = os.getpid()
+    thread = threading.Thread(target=_sample_forever, args=(os.path.join(directory, FILE_NAME), period_s),
+                              name="tandem-memory", daemon=True)
+    thread.start()
+
+
+def _sample_forever(path: str, period_s: float) -> None:
+    from engine.probe import _json  # (the probe's JSON writer: no json import in the service)
+
+    try:
+        read = _Readers()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except Exception:
+        return
+    pid = os.getpid()
+    try:
+        while _started_in_pid == pid:  # a forked child's copy of this thread does not exist; the parent's stops here
+            os.write(fd, (_json(read.sample()) + "\n").encode())
+            time.sleep(period_s)
+    except Exception:  # never into the service: the samples so far stay
+        pass
+    finally:
+        os.close(fd)
+
+
+class _Readers:
+    """The sampling functions this interpreter allows (each left out where it is missing)."""
+
+    def __init__(self):
+        import ctypes
+
+        self._ctypes = ctypes
+        try:
+            self._libc = ctypes.CDLL(None)
+        except OSError:
+            self._libc = None
+        self._mallinfo2 = None
+        if self._libc is not None and hasattr(self._libc, "mallinfo2"):  # glibc 2.33+
+            class MallInfo2(ctypes.Structure):
+                _fields_ = [(name, ctypes.c_size_t) for name in (
+                    "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                    "keepcost")]
+
+            self._mallinfo2 = self._libc.mallinfo2
+            self._mallinfo2.restype = MallInfo2
+            self._mallinfo2.argtypes = []
+        self._malloc_stats = None
+        try:
+            stats = ctypes.pythonapi._PyObject_DebugMallocStats
+            memstream = self._libc.open_memstream
+        except AttributeError:  # libpython's symbols not global (some embedders), or not glibc
+            return
+        stats.argtypes, stats.restype = [ctypes.c_void_p], ctypes.c_int
+        memstream.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_size_t)]
+        memstream.restype = ctypes.c_void_p
+        self._libc.fclose.argtypes = [ctypes.c_void_p]
+        self._libc.free.argtypes = [ctypes.c_void_p]
+        self._malloc_stats = (stats, memstream)
+
+    def sample(self) -> dict:
+        sample = {"t": time.monotonic_ns(), "blocks": sys.getallocatedblocks()}
+        sample.update(self._pymalloc())
+        if self._mallinfo2 is not None:
+            info = self._mallinfo2()
+            sample.update(malloc_in_use=info.uordblks + info.hblkhd, malloc_mmapped=info.hblkhd,
+                          malloc_free=info.fordblks)
+        tracemalloc = sys.modules.get("tracemalloc")  # imported by whoever turned it on
+        if tracemalloc is not None and tracemalloc.is_tracing():
+            sample["tracemalloc"] = tracemalloc.get_traced_memory()[0]
+        return sample
+
+    def _pymalloc(self) -> dict:
+        """pymalloc's arenas and allocated bytes, from its statistics printed into memory
+        (sys._debugmallocstats prints the same to the process's stderr)."""
+        if self._malloc_stats is None:
+            return {}
+        ctypes = self._ctypes
+        stats, memstream = self._malloc_stats
+        buffer, size = ctypes.c_char_p(), ctypes.c_size_t()
+        stream = memstream(ctypes.byref(buffer), ctypes.byref(size))
+        if not stream:
+            return {}
+        try:
+            printed = stats(stream)
+        finally:
+            self._libc.fclose(stream)
+            text = ctypes.string_at(buffer, size.value) if size.value else b""
+            self._libc.free(buffer)
+        if not printed:  # pymalloc not in use (PYTHONMALLOC=malloc)
+            return {}
+        found = {}
+        for line in text.splitlines():
+            if line.startswith(b"# arenas allocated current"):
+                found["arenas"] = int(line.rsplit(b"=", 1)[1].replace(b",", b""))
+            elif line.startswith(b"# bytes in allocated blocks"):
+                found["pymalloc_bytes"] = int(line.rsplit(b"=", 1)[1].replace(b",", b""))
+            elif b"bytes/arena" in line:
+                found["arena_bytes"] = int(line.rsplit(b"=", 1)[1].replace(b",", b""))
+        return found
