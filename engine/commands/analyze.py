@@ -72,6 +72,12 @@ def analyze(
 
                 files = write_session(out, result.header, dataset, Session.open(session))
     result.summary()
+    if session is not None and out is not None:  # where the memory went: OUT/memory.parquet, printed under the pauses
+        from engine.memory import write_memory
+        from engine.report.summary import memory_lines
+
+        for line in memory_lines(write_memory(session, out)):
+            typer.echo(line)
     if spans:
         from engine.report.summary import requests_hurt_lines
         from engine.spans.analyze import analyze_spans

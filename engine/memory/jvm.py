@@ -1,0 +1,108 @@
+"""The JVM's memory events of a JFR recording (PauseEvents.java selects them), on CLOCK_MONOTONIC.
+
+Read through jdk.jfr in tandem's own JVM (engine.jvm), one handler per event type, so the
+parser skips every other event; ticks go to CLOCK_MONOTONIC with the recording's
+tandem.ClockSync events (engine.clock.align, as the pauses do).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.clock import align
+from engine.clock.chunks import scan_chunks
+
+# event type -> {column: field}; every value in bytes except the counts.
+PERIODIC_FIELDS = {
+    "jdk.DirectBufferStatistics": {"jvm_direct_buffers": "memoryUsed", "jvm_direct_buffer_count": "count"},
+    "jdk.JavaThreadStatistics": {"jvm_threads": "activeCount"},
+    "jdk.GCHeapMemoryUsage": {"jvm_heap_used": "used", "jvm_heap_committed": "committed"},  # JDK 21+
+    "jdk.ResidentSetSize": {"jvm_rss": "size"},  # JDK 21+
+    "jdk.NativeMemoryUsageTotal": {"jvm_nmt_committed": "committed"},  # JDK 20+, NMT on
+}
+AT_GC_FIELDS = {
+    "jdk.GCHeapSummary": {"jvm_heap_used": "heapUsed", "jvm_heap_committed": "heapSpace.committedSize",
+                          "jvm_heap_start": "heapSpace.start", "jvm_heap_end": "heapSpace.reservedEnd"},
+    "jdk.MetaspaceSummary": {"jvm_metaspace_used": "metaspace.used", "jvm_metaspace_committed": "metaspace.committed"},
+}
+CODE_CACHE = "jdk.CodeCacheStatistics"  # one event per code heap: summed into jvm_code_cache
+NMT_CATEGORY = "jdk.NativeMemoryUsage"  # one event per NMT category: jvm_nmt_<category>
+CLOCK_SYNC = "tandem.ClockSync"
+
+
+def nmt_column(category: str) -> str:
+    """The memory.parquet column of an NMT category ("Java Heap" -> jvm_nmt_java_heap)."""
+    return "jvm_nmt_" + "".join(c if c.isalnum() else "_" for c in category.lower()).strip("_")
+
+
+def read_jvm_memory(recordings: list[Path]) -> tuple[pd.DataFrame, dict]:
+    """Long table (t_ns, column, value, after_gc) of one JVM's memory events, and what was
+    left out and why (an unfinished chunk: a killed JVM's last seconds)."""
+    rows: list[tuple] = []
+    sync_ticks: list[int] = []
+    sync_mono: list[int] = []
+    skipped = []
+    tps = None
+    for path in recordings:
+        scan = scan_chunks(path)
+        if scan.unfinished is not None or not scan.chunks:
+            skipped.append(str(path))  # jdk.jfr would wait for the rest of an unfinished chunk
+            continue
+        tps = scan.chunks[0].ticks_per_second
+        _read_file(path, rows, sync_ticks, sync_mono)
+    facts = {"skipped_recordings": skipped}
+    if not rows or not sync_ticks or tps is None:
+        facts["note"] = "no memory events" if not rows else "no tandem.ClockSync events: the JVM's memory is left out"
+        return pd.DataFrame({"t_ns": pd.Series(dtype="int64"), "column": pd.Series(dtype="string"),
+                             "value": pd.Series(dtype="float64"), "after_gc": pd.Series(dtype="bool")}), facts
+    alignment = align.fit_clock_sync(np.array(sync_ticks), np.array(sync_mono), tps)
+    ticks, column, value, after_gc = zip(*rows)
+    table = pd.DataFrame({"t_ns": align.ticks_to_domain_ns(np.array(ticks, dtype=np.int64), [], alignment),
+                          "column": pd.array(column, dtype="string"), "value": np.array(value, dtype=np.float64),
+                          "after_gc": np.array(after_gc, dtype=bool)})
+    facts["clock"] = alignment.as_metadata()
+    return table.sort_values("t_ns", kind="stable", ignore_index=True), facts
+
+
+def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list) -> None:
+    from engine import jvm
+
+    jpype = jvm.start_jvm()
+    EventStream = jpype.JClass("jdk.jfr.consumer.EventStream")
+    Paths = jpype.JClass("java.nio.file.Path")
+
+    def fields_of(mapping: dict, at_gc: bool):
+        def handle(event) -> None:
+            ticks = int(event.getLong("startTime"))
+            after = at_gc and str(event.getString("when")) == "After GC"
+            for column, name in mapping.items():
+                if event.hasField(name):
+                    rows.append((ticks, column, float(event.getLong(name)), after))
+        return handle
+
+    def code_cache(event) -> None:
+        reserved = int(event.getLong("reservedTopAddress")) - int(event.getLong("startAddress"))
+        rows.append((int(event.getLong("startTime")), "jvm_code_cache:" + str(event.getString("codeBlobType")),
+                     float(reserved - int(event.getLong("unallocatedCapacity"))), False))
+
+    def nmt(event) -> None:
+        rows.append((int(event.getLong("startTime")), nmt_column(str(event.getString("type"))),
+                     float(event.getLong("committed")), False))
+
+    def clock_sync(event) -> None:
+        sync_ticks.append(int(event.getLong("startTime")))
+        sync_mono.append(int(event.getLong("monotonicNanos")))
+
+    handlers = {CODE_CACHE: code_cache, NMT_CATEGORY: nmt, CLOCK_SYNC: clock_sync}
+    handlers.update({name: fields_of(mapping, False) for name, mapping in PERIODIC_FIELDS.items()})
+    handlers.update({name: fields_of(mapping, True) for name, mapping in AT_GC_FIELDS.items()})
+    stream = EventStream.openFile(Paths.of(str(path)))
+    try:
+        for name, handler in handlers.items():
+            stream.onEvent(name, jpype.JProxy("java.util.function.Consumer", dict={"accept": handler}))
+        stream.start()  # reads the whole file in this thread, calling the handlers
+    finally:
+        stream.close()
+        jpype.java.lang.Thread.detach()

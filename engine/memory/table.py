@@ -1,0 +1,150 @@
+"""memory.parquet: one row per process per sample, every memory series a column, on CLOCK_MONOTONIC.
+
+The grid is the process sampler's (SESSION/memory/<pid>.jsonl, engine/record/memory.py);
+a process it never saw (a session of `tandem attach`) gets the times of its runtime's own
+samples. Each runtime series joins as of its latest value at or before the row (a series
+sampled once a second counts for STALE_NS; the heap and metaspace summaries, written at each
+GC, until the next). The buckets (docs/results.md, "memory.parquet") split the RSS into
+what each runtime accounts for, and `unexplained`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.memory.jvm import AT_GC_FIELDS, read_jvm_memory
+from engine.session import PROCESS_MEMORY_DIR, PYTHON_MEMORY, Session
+
+STALE_NS = 3_000_000_000
+SCHEMA = "tandem.memory"
+SCHEMA_VERSION = 1
+BUCKETS = ("jvm_heap", "jvm_native", "python", "native_other", "unexplained")
+_AT_GC_COLUMNS = {column for fields in AT_GC_FIELDS.values() for column in fields}
+
+
+def read_jsonl(path: Path) -> pd.DataFrame:
+    """A samples file (a process killed mid-line leaves half a last line: skipped)."""
+    rows = []
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return pd.DataFrame(rows)
+
+
+def memory_table(session: Session | Path) -> tuple[pd.DataFrame, dict]:
+    """The memory table of a session and its facts (per JVM: clock, recordings left out)."""
+    session = session if isinstance(session, Session) else Session.open(session)
+    outside = {int(p.stem): read_jsonl(p) for p in sorted((session.path / PROCESS_MEMORY_DIR).glob("*.jsonl"))}
+    python = {p.pid: read_jsonl(p.directory / PYTHON_MEMORY) for p in session.pythons
+              if p.pid and (p.directory / PYTHON_MEMORY).is_file()}
+    jvms, facts = {}, {"jvms": {}}
+    for source in session.jvms:
+        if source.pid:
+            jvms[source.pid], facts["jvms"][str(source.pid)] = read_jvm_memory(source.recordings)
+    parts = []
+    for pid in sorted(set(outside) | set(python) | set(jvms)):
+        part = _process_rows(pid, outside.get(pid), python.get(pid), jvms.get(pid))
+        if part is not None and len(part):
+            parts.append(part)
+    table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"t_ns": [], "pid": []})
+    table = with_buckets(table)
+    facts.update(schema=SCHEMA, schema_version=SCHEMA_VERSION, clock_domain="monotonic")
+    return table, facts
+
+
+def _process_rows(pid: int, outside: pd.DataFrame | None, python: pd.DataFrame | None,
+                  jvm: pd.DataFrame | None) -> pd.DataFrame | None:
+    if outside is not None and len(outside):
+        rows = outside.rename(columns={"t": "t_ns"}).drop(columns=["pid"], errors="ignore")
+    elif python is not None and len(python):
+        rows = python[["t"]].rename(columns={"t": "t_ns"})
+    elif jvm is not None and len(jvm):
+        rows = pd.DataFrame({"t_ns": np.unique(jvm["t_ns"].to_numpy())})
+    else:
+        return None
+    rows = rows.sort_values("t_ns", ignore_index=True)
+    rows["t_ns"] = rows["t_ns"].astype("int64")
+    if python is not None and len(python):
+        series = python.rename(columns={"t": "t_ns", "blocks": "py_blocks", "arenas": "py_arenas",
+                                        "arena_bytes": "py_arena_bytes", "pymalloc_bytes": "py_pymalloc_bytes",
+                                        "tracemalloc": "py_tracemalloc"})
+        rows = _as_of(rows, series, STALE_NS)
+    if jvm is not None and len(jvm):
+        rows = _with_jvm(rows, jvm)
+        if "large_mappings" in rows and "jvm_heap_start" in rows:
+            rows["jvm_heap_resident"] = [
+                _resident_within(mappings, start, end) for mappings, start, end
+                in zip(rows["large_mappings"], rows["jvm_heap_start"], rows["jvm_heap_end"])]
+    rows = rows.drop(columns=["large_mappings", "jvm_heap_start", "jvm_heap_end"], errors="ignore")
+    rows.insert(1, "pid", np.int64(pid))
+    return rows
+
+
+def _resident_within(mappings, start: float, end: float) -> float:
+    """The resident bytes of the sampled mappings inside [START, END) (a JVM's heap), pro rata."""
+    if not isinstance(mappings, list) or np.isnan(start) or np.isnan(end):
+        return np.nan
+    total = 0.0
+    for low, high, resident in mappings:
+        overlap = min(high, end) - max(low, start)
+        if overlap > 0:
+            total += resident * overlap / (high - low)
+    return total
+
+
+def _as_of(rows: pd.DataFrame, series: pd.DataFrame, tolerance_ns: int | None) -> pd.DataFrame:
+    series = series.sort_values("t_ns").astype({"t_ns": "int64"})
+    return pd.merge_asof(rows, series, on="t_ns", direction="backward", tolerance=tolerance_ns)
+
+
+def _with_jvm(rows: pd.DataFrame, jvm: pd.DataFrame) -> pd.DataFrame:
+    """The JVM's series as columns; the code heaps (one event each) summed into jvm_code_cache,
+    the heap after the latest GC kept apart (jvm_heap_after_gc: the live set and what leaks),
+    and the most the heap held so far (jvm_heap_peak: before a GC, eden full), which its pages
+    were touched for."""
+    heap = jvm[jvm["column"] == "jvm_heap_used"]
+    after = heap[heap["after_gc"]].assign(column="jvm_heap_after_gc")
+    peak = heap.assign(column="jvm_heap_peak", value=heap["value"].cummax())
+    parts = []
+    for column, one in pd.concat([jvm, after, peak], ignore_index=True).groupby("column", sort=True):
+        at_gc = column in _AT_GC_COLUMNS or column in ("jvm_heap_after_gc", "jvm_heap_peak")
+        values = one.groupby("t_ns", as_index=False)["value"].last().rename(columns={"value": column})
+        rows = _as_of(rows, values, None if at_gc else STALE_NS)
+        if column.startswith("jvm_code_cache:"):
+            parts.append(column)
+    if parts:
+        rows["jvm_code_cache"] = rows[parts].sum(axis=1, min_count=1)
+        rows = rows.drop(columns=parts)
+    return rows
+
+
+def with_buckets(table: pd.DataFrame) -> pd.DataFrame:
+    """The RSS split (bytes; docs/results.md): jvm_heap, jvm_native, python, native_other, unexplained."""
+    def column(name: str) -> pd.Series:
+        return table[name].astype("float64").fillna(0.0) if name in table else pd.Series(0.0, index=table.index)
+
+    table = table.copy()
+    direct = column("jvm_direct_buffers")
+    # The heap's resident part: the pages it touched, at least the most it held so far (its
+    # used memory only counts what a GC found live or, before one, eden full), within what is committed.
+    if "jvm_heap_resident" in table:  # measured (the recorder's pagemap reads), else the bound below
+        table["jvm_heap"] = table["jvm_heap_resident"].astype("float64").fillna(column("jvm_heap_peak"))
+    elif "jvm_heap_peak" in table:
+        table["jvm_heap"] = np.fmin(column("jvm_heap_peak"), table["jvm_heap_committed"].astype("float64")).fillna(0.0)
+    else:
+        table["jvm_heap"] = column("jvm_heap_used")
+    table["jvm_native"] = column("jvm_metaspace_committed") + column("jvm_code_cache") + direct
+    python_malloc = (column("py_tracemalloc") - column("py_pymalloc_bytes")).clip(lower=0)  # 0 unless tracing
+    table["python"] = column("py_arena_bytes") + python_malloc
+    # malloc in use, less what the runtimes say is theirs in it: the JVM's direct buffers
+    # (malloc'd by Unsafe) and Python's large objects (known when tracemalloc traces).
+    table["native_other"] = (column("malloc_in_use") - direct - python_malloc).clip(lower=0)
+    known = table["jvm_heap"] + table["jvm_native"] + table["python"] + table["native_other"]
+    table["unexplained"] = column("rss") - known if "rss" in table else np.nan
+    return table
