@@ -185,3 +185,29 @@ def requests_hurt_lines(requests: pd.DataFrame, limit: int = 5) -> list[str]:
         if isinstance(row.top_stops, str):
             lines.append(f"    cost most: {row.top_stops.split(' | ')[0]}")
     return lines
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def memory_lines(growths: list) -> list[str]:
+    """Who grew (engine/memory/growth.py): per process its RSS, the trend of its second half
+    split by bucket, and the leak-like growth named with its rate, or that there is none."""
+    from engine.memory.growth import BUCKET_NAMES
+
+    lines = []
+    for g in growths:
+        lines.append(f"memory of pid {g.pid} ({g.comm or '?'}): RSS {_bytes(g.rss_first)} -> {_bytes(g.rss_last)} "
+                     f"(peak {_bytes(g.rss_peak)}) over {g.span_s:.0f} s; trend {_bytes(g.rss_rate)}/s: "
+                     + ", ".join(f"{BUCKET_NAMES[b]} {_bytes(rate)}/s" for b, rate in g.rates.items()))
+        if g.leak:
+            part = f" ({g.leak_part})" if g.leak_part else ""
+            lines.append(f"  leak-like growth: RSS +{_bytes(g.rss_rate)}/s, {g.leak_share:.0%} of it "
+                         f"{BUCKET_NAMES[g.leak]}{part} at +{_bytes(g.leak_rate)}/s")
+        else:
+            lines.append("  no leak-like growth")
+    return lines
