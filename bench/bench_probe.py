@@ -72,9 +72,11 @@ class _Probe:
     """Context: the tandem probe recording into a scratch file with the given stamp clock.
     Counts events and drops over all its rounds; the files go after each round."""
 
-    def __init__(self, directory: Path, clock: str = "auto", method: str = "", record_code: bool = True):
-        self.file = directory / f"bench-{clock}{method}{'' if record_code else '-nocode'}.gil"
+    def __init__(self, directory: Path, clock: str = "auto", method: str = "", record_code: bool = True,
+                 segments: tuple[int, int] = (0, 0)):
+        self.file = directory / f"bench-{clock}{method}{'' if record_code else '-nocode'}{'-seg' if any(segments) else ''}.gil"
         self.clock = clock
+        self.segments = segments  # (segment_bytes, segment_ms): the flight recorder's rotation
         self.record_code = record_code  # False: the probe as before issue 16 (no code per release)
         self.code_bytes = 0             # code table bytes written over all rounds
         self.method = method  # "inline": the precise backend's inline hooks (TANDEM_PROBE_METHOD)
@@ -91,7 +93,8 @@ class _Probe:
         if self.method:
             os.environ["TANDEM_PROBE_METHOD"] = self.method
         try:
-            status = engine.probe.start(self.file, clock=self.clock, record_code=self.record_code)
+            status = engine.probe.start(self.file, clock=self.clock, record_code=self.record_code,
+                                        segment_bytes=self.segments[0], segment_ms=self.segments[1])
         finally:
             os.environ.pop("TANDEM_PROBE_METHOD", None)
         self.clock_used = status["clock"]
@@ -238,6 +241,38 @@ def _phased(step, threads: int, contexts: dict, console, what: str, phase_s: flo
                       f"vs no probe: median {median:.3f}x (quartiles {q1:.3f}-{q3:.3f}), mean {statistics.fmean(ratios):.3f}x "
                       f"+- {half_ci:.3f} (95%) over {cycles} cycles; context switches per phase median {statistics.median(switches[name]):.0f}")
     return result
+
+
+def segment_rows(console) -> list[Row]:
+    """The flight recorder's rotation (segments of the keeper's size and age, engine/record/keeper.py)
+    against the probe writing one events file, paired phases of the release-heavy 2-thread lseek
+    loop (the most drain work per second): process CPU per call, and the drain thread's CPU per
+    event. `python -c 'from bench.bench_probe import segment_rows; ...'` runs this part alone."""
+    from engine.record.keeper import SEGMENT_BYTES, SEGMENT_MS
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-segments-") as tmp, open(__file__, "rb") as f:
+        fd = f.fileno()
+        one_file, segmented = _Probe(Path(tmp), "tsc"), _Probe(Path(tmp), "tsc", segments=(SEGMENT_BYTES, SEGMENT_MS))
+        contexts = {"none": _Nothing(), "probe tsc": one_file, "probe tsc segments": segmented}
+        lseek, cur = os.lseek, os.SEEK_CUR
+
+        def lseek_step():
+            for _ in range(LSEEK_CHUNK):
+                lseek(fd, 0, cur)
+
+        accounts: dict[str, list[int]] = {}
+        heavy = _phased(lseek_step, 2, contexts, console, "release-heavy lseek", cycles=3 * PHASE_CYCLES, accounts=accounts)
+        ratio = heavy["probe tsc segments"][0] / heavy["probe tsc"][0]
+        rows.append(Row("probe", f"(tsc) release-heavy 2 threads lseek, cpu per call (median of {3 * PHASE_CYCLES} paired phases): "
+                        "segments / one events file", ratio, 1.0, "ratio", "<= 1.02x", ratio <= 1.02))
+        drain = {name: sums[1] / max(sums[0], 1) for name, sums in accounts.items()}
+        console.print(f"drain thread cpu per event: one file {drain['probe tsc']:.2f} ns, segments {drain['probe tsc segments']:.2f} ns "
+                      f"({accounts['probe tsc segments'][0]} events, segments of {SEGMENT_BYTES >> 20} MiB / {SEGMENT_MS} ms)")
+        rows.append(Row("probe", "(tsc) drain thread cpu per event, release-heavy 2 threads lseek: segments / one events file",
+                        drain["probe tsc segments"] / drain["probe tsc"], 1.0, "ratio", "<= 1.02x (noisy: one drain pass per wake-up)",
+                        drain["probe tsc segments"] <= 1.02 * drain["probe tsc"]))
+    return rows
 
 
 def main(console) -> list[Row]:
@@ -408,4 +443,5 @@ def main(console) -> list[Row]:
                           f"{probe.full_waits} waits of a producer for the drain)")
         load = os.getloadavg()[0]
         console.print(f"load average {load:.1f} on {os.cpu_count()} cores: figures are {'noisy' if load > 1 else 'quiet'}")
+    rows.extend(segment_rows(console))
     return rows

@@ -212,8 +212,8 @@ def test_record_with_bounds_never_exceeds_them(tmp_path):
         [t.start() for t in threads]
         [t.join() for t in threads]
     """)
-    max_size, max_age = 38 << 20, 8.0
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "record", "--max-size", "38M", "--max-age", "8s",
+    max_size, max_age = 48 << 20, 8.0
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "record", "--max-size", "48M", "--max-age", "8s",
                              "-o", str(session), "--", sys.executable, "-c", script],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     samples = []
@@ -259,3 +259,33 @@ def test_dump_of_a_running_session_is_analyzable_and_keeps_the_last_window(tmp_p
     analyzed = run_tandem("analyze", str(snapshot), "-o", str(tmp_path / "out"), env=dict(os.environ))
     assert analyzed.returncode == 0, analyzed.stderr
     assert "flight recorder: pid" in analyzed.stdout + analyzed.stderr and "rotated out" in analyzed.stdout + analyzed.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+def test_a_full_disk_stops_the_recording_with_one_line_never_the_service(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    # room for the ring (32 MiB) and about 2 MiB of events: the first segment fills it
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=34m", "tmpfs", str(disk)], check=True)
+    try:
+        script = textwrap.dedent("""
+            import threading, time
+            def spin():
+                end = time.monotonic() + 4
+                while time.monotonic() < end:
+                    time.sleep(0)
+            threads = [threading.Thread(target=spin) for _ in range(3)]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+            print("service done")
+        """)
+        run = subprocess.run([sys.executable, "-m", "engine", "record", "--max-size", "1G", "-o", str(disk / "s"), "--",
+                              sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0 and run.stdout == "service done\n", run.stderr
+        lines = [line for line in run.stderr.splitlines() if "flight recorder:" in line]
+        assert len(lines) == 1 and "disk is full" in lines[0], run.stderr
+        assert "Traceback" not in run.stderr
+        gil = read_gil(disk / "s")  # what was written before reads
+        assert gil.attrs["drain_lost"] > 0 and len(gil) > 0
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

@@ -11,6 +11,7 @@ hold events older than --max-age.
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import threading
@@ -25,7 +26,7 @@ from engine.session import GIL_EVENTS, PACKED_SUFFIX, PYTHON_DIRS, gil_segments
 
 # A segment is closed after this many bytes or this long (whichever first): small enough that
 # the one being written, not yet packed, stays a small part of the budget.
-SEGMENT_BYTES = 1 << 20
+SEGMENT_BYTES = 4 << 20
 SEGMENT_MS = 5000
 # JFR's share of --max-size (its maxsize option, per JVM): the GIL side takes what JFR leaves.
 JFR_SHARE = 0.5
@@ -170,7 +171,11 @@ class Keeper:
                 os.unlink(segment.path)
             except OSError as err:
                 tmp.unlink(missing_ok=True)
-                self._fail(f"cannot pack {segment.path} ({err.strerror or err}); it stays unpacked")
+                if err.errno == errno.ENOSPC:  # the probe's drain meets it too: it stops writing, counting what it could not
+                    self._fail(f"the session's disk is full: GIL events of {segment.path.parent.name} are no longer written "
+                               "(counted as not written); the service runs on")
+                else:
+                    self._fail(f"cannot pack {segment.path} ({err.strerror or err}); it stays unpacked")
                 return
             self.packed += 1
             self.raw_bytes += size
