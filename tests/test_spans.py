@@ -278,3 +278,46 @@ def test_interval_set_union_and_intersection():
     both = a.intersect(b)
     assert list(zip(both.starts.tolist(), both.ends.tolist())) == [(2, 3), (5, 6), (11, 12), (20, 25)]
     assert a.covered(np.array([0, 4, 11]), np.array([100, 6, 21])).tolist() == [20, 1, 2]
+
+
+# ---------------------------------------------------------------- requests.parquet
+
+
+def test_requests_table_equals_duckdb():
+    import duckdb
+
+    from engine.report.summary import requests_hurt_lines
+    from engine.spans.outputs import requests_table
+
+    rng = np.random.default_rng(7)
+    n = 3000
+    duration = rng.integers(1_000, 10_000_000, n)
+    pause = (duration * rng.random(n) * (rng.random(n) < 0.3)).astype(np.int64)
+    wait = (duration * rng.random(n) * 0.2).astype(np.int64)
+    spans = pd.DataFrame({"service_name": rng.choice(["a", "b"], n), "endpoint": rng.choice(["/x", "/y", "/z"], n),
+                          "duration_ns": duration, "pause_ns": pause, "gil_wait_ns": pd.array(wait, dtype="Int64"),
+                          "lost_ns": np.minimum(duration, pause + wait)})
+    spans["lost_share"] = spans["lost_ns"] / spans["duration_ns"]
+    overlaps = pd.DataFrame({"span": [0, 1, 1], "stop_id": [5, 5, 6], "cause": ["safepoint: A", "safepoint: A", "safepoint: B"],
+                             "overlap_ns": [1_000_000, 2_000_000, 4_000_000]})
+    spans.loc[[0, 1], ["service_name", "endpoint"]] = ["a", "/x"]
+    got = requests_table(spans, overlaps)
+    witness = duckdb.sql("""
+        with tail as (select service_name, endpoint, quantile_cont(duration_ns, 0.99) as p99 from spans group by all)
+        select s.service_name, s.endpoint, count(*) as spans, quantile_cont(duration_ns, 0.5) / 1e6 as p50,
+               quantile_cont(duration_ns, 0.99) / 1e6 as p99, quantile_cont(lost_share, 0.99) as p99_share,
+               sum(lost_ns) filter (where duration_ns >= t.p99) / sum(duration_ns) filter (where duration_ns >= t.p99) as tail_lost
+        from spans s join tail t using (service_name, endpoint) group by all""").df()
+    both = got.merge(witness, on=["service_name", "endpoint"])
+    assert len(both) == 6
+    assert (both["spans_x"] == both["spans_y"]).all()
+    for mine, theirs in (("p50_latency_ms", "p50"), ("p99_latency_ms", "p99"), ("p99_lost_share", "p99_share"),
+                         ("tail_lost_share", "tail_lost")):
+        assert np.allclose(both[mine], both[theirs]), mine
+    assert got["tail_lost_share"].is_monotonic_decreasing
+    row = got[(got["service_name"] == "a") & (got["endpoint"] == "/x")].iloc[0]
+    assert row["top_stops"] == "safepoint: B (pause 6): 4 ms | safepoint: A (pause 5): 3 ms"
+    assert got["top_stops"].notna().sum() == 1
+    lines = requests_hurt_lines(got)
+    assert lines[0].startswith("requests hurt") and len(lines) == 1 + 5 + sum(
+        isinstance(t, str) for t in got.head(5)["top_stops"])
