@@ -289,3 +289,30 @@ def test_a_full_disk_stops_the_recording_with_one_line_never_the_service(tmp_pat
         assert gil.attrs["drain_lost"] > 0 and len(gil) > 0
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_attach_to_a_jvm_with_bounds_gives_jfr_its_maxsize_and_maxage(tmp_path):
+    """JFR keeps the JVM's side within the bounds itself: the agent sets them on its recording
+    (a JFC-independent witness: `jfr summary` of the result and jvm.json's own report)."""
+    from conftest import default_java_home
+    from test_record_helpers import compile_workload, jdk_env
+
+    java_home = default_java_home()
+    env = jdk_env(java_home)
+    workload = compile_workload(tmp_path / "workload")
+    target = subprocess.Popen([str(java_home / "bin" / "java"), "-cp", str(workload), "Workload", "wait"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == "ready"
+        session = tmp_path / "s"
+        run = run_tandem("attach", str(target.pid), "-o", str(session), "--duration", "2", "--max-size", "64M",
+                         "--max-age", "90s", env=env)
+        assert run.returncode == 0, run.stderr
+        description = read_json(session / f"jvm-{target.pid}" / "jvm.json")
+        assert description["max_size_bytes"] == 32 << 20 and description["max_age_s"] == 90
+        assert description["state"] == "closed" and (session / f"jvm-{target.pid}" / "recording.jfr").stat().st_size > 0
+        bad = run_tandem("attach", str(target.pid), "-o", str(tmp_path / "bad"), "--max-size", "lots", env=env)
+        assert bad.returncode == 2 and "--max-size 'lots'" in bad.stderr and "Traceback" not in bad.stderr
+    finally:
+        target.kill()
+        target.wait()

@@ -15,6 +15,9 @@ def attach(
     event: List[str] = typer.Option([], "--event", help="Extra JFR event setting, NAME or NAME#setting=value (repeatable)."),
     secret_events: bool = typer.Option(False, "--secret-events", help="Also record the JFR events that carry the "
                                        "environment, system properties and command lines (off by default: docs/session.md)."),
+    max_size: Optional[str] = typer.Option(None, "--max-size", help="Flight recorder (a JVM): JFR keeps its recording within "
+                                           "half of this (e.g. 500M), deleting its oldest chunks."),
+    max_age: Optional[str] = typer.Option(None, "--max-age", help="Flight recorder (a JVM): JFR keeps only this much history (e.g. 30m)."),
 ) -> None:
     """Load tandem's agent into the running JVM PID (JFR pauses into SESSION/jvm-PID/), or start the GIL
     probe in the running CPython PID by injecting it (SESSION/py-PID/, until --duration, Ctrl-C or its exit)."""
@@ -23,12 +26,16 @@ def attach(
 
     from engine import jvm
     from engine.errors import TandemError
-    from engine.record import attach as attaching, launch, session as sessions, summary
+    from engine.record import attach as attaching, keeper as keeping, launch, session as sessions, summary
     from engine.session import agent_error_line
 
     from engine.record import attach_python
 
+    bounds = keeping.bounds_from(max_size, max_age)
     if attach_python.is_cpython(pid) and not attaching.is_jvm(pid):
+        if bounds:
+            raise TandemError("--max-size/--max-age: not available when attaching to a running CPython; "
+                              "start it under `tandem record --max-size/--max-age` instead")
         _attach_python(pid, Path(output).expanduser().absolute(), duration)
         return
     attaching.check_pid(pid)
@@ -37,7 +44,7 @@ def attach(
     jar = jvm.agent_jar()
     directory = Path(output).expanduser().absolute()
     options = launch.agent_options(directory, settings.absolute() if settings else None, event, duration,
-                                 secret_events=secret_events)
+                                 secret_events=secret_events, max_bytes=bounds.jfr_max_bytes(), max_age_s=bounds.max_age_s)
     java = jvm.jdk_tool("java")
     sessions.create_session(directory, {"kind": "attach", "target_pid": pid, "duration_s": duration, "agent_options": options})
 
