@@ -295,3 +295,140 @@ def test_code_hits_added_up_by_code_equal_code_hits_of_every_part():
             continue
         expected = add_code_hits(parts)
         assert got.equals(expected), (trial, got.to_pydict(), expected.to_pydict())
+
+
+def _causes_witness(pauses, stop, gil, overlaps):
+    """CAUSE_COLUMNS per pause the plain way, pause by pause over the whole gil table (the
+    definitions of engine/analysis/causes.py, written out; the witness of Causes)."""
+    import numpy as np
+    import pandas as pd
+
+    from engine.analysis.causes import (CALL_WINDOW_NS, CAUSE_COLUMNS, _caller_outside_jpype, _system_gc_pauses,
+                                        inference_candidates, requester_tids)
+    from engine.ingest.gil_stream import thread_lifetimes
+
+    n = len(pauses)
+    starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
+    stop_start = pd.Series(starts).groupby(stop).transform("min").to_numpy(np.int64)
+    lifetimes = thread_lifetimes(gil)
+    exact = overlaps[~overlaps["near_miss"].astype(bool) & (overlaps["overlap_ns"] > 0)]
+    requester = requester_tids(pauses).to_numpy(object, na_value=None)
+    inferred = [None] * n
+    for i in np.flatnonzero(inference_candidates(pauses, stop)):
+        pid = int(pauses["jvm_pid"].iloc[i])
+        alive = lifetimes[(lifetimes.pid == pid) & (lifetimes.start_ns <= starts[i]) & (lifetimes.end_ns >= ends[i])]
+        holders = set(alive.tid) - set(exact.loc[exact.pause_id == pauses["pause_id"].iloc[i], "tid"])
+        called = gil[(gil.pid == pid) & (gil.state == "released") & (gil.start_ns <= stop_start[i])
+                     & (gil.start_ns >= stop_start[i] - CALL_WINDOW_NS) & (gil.end_ns >= ends[i])]
+        if len(holders) == 1 and not len(called):
+            inferred[i] = holders.pop()
+    frames = pauses["system_gc_frames"].astype("string")
+    rows_out = []
+    for i in range(n):
+        row = dict.fromkeys(CAUSE_COLUMNS)
+        row.update(caused_by_python=False, cause_inferred=False, jpype_gc_link=False)
+        tid = requester[i] if requester[i] is not None else inferred[i]
+        mine = gil[gil.tid == tid].sort_values("start_ns", kind="stable") if tid is not None else gil.iloc[:0]
+        if len(mine) and mine.start_ns.iloc[0] <= starts[i] <= mine.end_ns.iloc[-1]:
+            inside = mine[(mine.start_ns <= starts[i]) & (mine.end_ns > starts[i])]
+            after = mine[mine.start_ns >= starts[i]]
+            at = inside.iloc[0] if len(inside) else (after.iloc[0] if len(after) else None)
+            held = not ((mine.start_ns < ends[i]) & (mine.end_ns > starts[i])).any()
+            row.update(caused_by_python=True, cause_pid=mine.pid.iloc[0], cause_tid=tid, cause_thread=mine.thread_name.iloc[0],
+                       cause_state=inside.state.iloc[0] if len(inside) else "holding", cause_held_gil=held,
+                       cause_java_frames=frames.iloc[i], cause_inferred=requester[i] is None)
+            if at is not None:
+                row.update(cause_function=at["function"], cause_file=at["file"], cause_line=at["line"])
+            row["jpype_gc_link"] = bool(held and _system_gc_pauses(pauses)[i] and not _caller_outside_jpype(frames)[i]
+                                        and (requester[i] is not None or pd.notna(frames.iloc[i])))
+        rows_out.append(row)
+    out = pd.DataFrame(rows_out, columns=list(CAUSE_COLUMNS))
+    types = {"cause_pid": "Int64", "cause_tid": "Int64", "cause_line": "Int64", "cause_held_gil": "boolean",
+             **{c: "string" for c in ("cause_thread", "cause_state", "cause_function", "cause_file", "cause_java_frames")},
+             **{c: bool for c in ("caused_by_python", "cause_inferred", "jpype_gc_link")}}
+    return out.astype(types)
+
+
+def _random_causes_case(seed: int):
+    """Pauses of a JVM inside Python process 7 (threads 71-73) and other pauses, some asking
+    threads named by JFR (Python threads, a Java thread, none), System.gc() among them; the
+    GIL rows of processes 7 and 8, with empty intervals, ties, holding gaps and code."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    ms = 1_000_000
+    rows = []
+    for pid, tids in ((7, (71, 72, 73)), (8, (81, 82))):
+        for tid in tids:
+            t = 10**12 + int(rng.integers(0, 200 * ms))
+            for _ in range(int(rng.integers(0, 60))):
+                t += int(rng.choice([0, 1, 40 * ms, 300 * ms]) * rng.random())
+                length = int(rng.choice([0, 5 * ms, 60 * ms]) * rng.random())
+                rows.append((pid, tid, rng.choice(["released", "waiting"], p=[0.8, 0.2]), t, t + length,
+                             f"f{tid % 3}", None if rng.random() < 0.2 else "p.py", int(rng.integers(1, 9))))
+                t += length
+    gil = pd.DataFrame(rows, columns=["pid", "tid", "state", "start_ns", "end_ns", "function", "file", "line"]).astype(
+        {"state": "string", "function": "string", "file": "string", "line": "Int64"})
+    gil["thread_name"] = pd.array([None if t == 73 else f"t{t}" for t in gil.tid], dtype="string")
+    n = 80
+    start = 10**12 + rng.integers(0, 4000 * ms, n)
+    kinds = rng.choice(["safepoint", "gc_pause", "gc", "vm_operation"], n)
+    pauses = pd.DataFrame({
+        "pause_id": np.arange(n, dtype=np.int64), "kind": pd.array(kinds, dtype="string"),
+        "name": pd.array([f"{k}-name" for k in kinds], dtype="string"),
+        "start_ns": start, "end_ns": start + rng.choice([0, 1, 30 * ms], n) * rng.random(n) // 1,
+        "cause": pd.array(rng.choice(["System.gc()", "G1 Evacuation Pause", None], n, p=[0.6, 0.3, 0.1]), dtype="string"),
+        "requester_os_thread_id": pd.array(rng.choice([None, None, None, 71, 72, 81, 999], n), dtype="Int64"),
+        "system_gc_os_thread_id": pd.array(rng.choice([None, None, None, 72], n), dtype="Int64"),
+        "system_gc_frames": pd.array(rng.choice([None, "java.lang.Runtime.gc; java.lang.System.gc",
+                                                 "java.lang.Runtime.gc; java.lang.System.gc; org.jpype.ref.JPypeReferenceNative.wake",
+                                                 "java.lang.Runtime.gc; java.lang.System.gc; GcCaller.collect:4"], n), dtype="string"),
+        "jvm_pid": pd.array(rng.choice([7, 7, 7, 9, None], n), dtype="Int64"),
+        "at_safepoint": pd.array(rng.random(n) < 0.7, dtype="boolean"),
+    })
+    pauses["end_ns"] = pauses["end_ns"].astype(np.int64)
+    return pauses, gil
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_causes_fed_in_many_blocks_equal_one_block_and_the_plain_definitions(seed):
+    """Causes (the streamed stage) fed the GIL rows in many small blocks, each thread's rows out
+    of order within a block, with the watermark between them, and the overlaps in parts, gives
+    what it gives fed the whole table as one block (the in-memory analysis), and both what the
+    definitions give pause by pause over the whole table."""
+    import numpy as np
+    import pandas as pd
+
+    from engine.analysis import correlate
+    from engine.analysis.causes import Causes
+    from engine.correlate import END
+    from engine.correlate.inputs import gil_rows_from_frame
+    from engine.correlate.stops import stop_ids
+    from engine.ingest.gil_stream import thread_lifetimes
+    from engine.join import check_gil, check_pauses
+
+    pauses, gil = _random_causes_case(seed)
+    pauses, gil = check_pauses(pauses), check_gil(gil)[0]
+    analysis = correlate(pauses, gil)
+    stop = stop_ids(pauses)
+    expected = _causes_witness(pauses, stop, gil, analysis.overlaps)
+    whole = analysis.pause_impact.set_index("pause_id").loc[pauses["pause_id"], list(expected.columns)]
+    pd.testing.assert_frame_equal(whole.reset_index(drop=True), expected)
+
+    rng = np.random.default_rng(seed)
+    by_start = gil.sort_values("start_ns", kind="stable", ignore_index=True)
+    cuts = np.unique(np.r_[0, np.sort(rng.integers(0, len(by_start) + 1, 15)), len(by_start)])
+    causes = Causes(pauses, stop, thread_lifetimes(gil))
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        block = by_start.iloc[lo:hi]
+        # any order inside a block, but rows starting together keep theirs (the first is the one taken)
+        shuffled = pd.Series(rng.random(hi - lo)).groupby(block["start_ns"].to_numpy()).transform("first")
+        block = block.iloc[np.argsort(shuffled.to_numpy(), kind="stable")].reset_index(drop=True)
+        watermark = int(by_start["start_ns"].iloc[hi]) if hi < len(by_start) else END
+        causes.push(gil_rows_from_frame(block), watermark, lambda mask, block=block: block[mask])
+    overlaps = analysis.overlaps
+    for part in np.array_split(np.arange(len(overlaps)), 5):
+        causes.overlaps(*(overlaps[c].to_numpy()[part] for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
+    pd.testing.assert_frame_equal(causes.table(), expected)
+    assert expected["caused_by_python"].any() or seed % 4, "too few caused pauses to tell"

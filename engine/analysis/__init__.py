@@ -19,12 +19,13 @@ import pandas as pd
 
 import pyarrow as pa
 
-from engine.analysis.causes import CodeHits, inferred_requesters, pause_causes, why_facts
+from engine.analysis.causes import Causes, CodeHits, why_facts
 from engine.analysis.clock import check_same_clock, clock_facts
 from engine.correlate import END, RESULT_TABLES, Correlator
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import empty_frame, to_pandas
 from engine.correlate.stops import stop_ids
+from engine.ingest.gil_stream import thread_lifetimes
 from engine.join import check_gil, check_pauses
 
 
@@ -128,17 +129,18 @@ def correlate(
     core = Correlator(slack_ns, gil_source=gil_clock.source, pauses_source=pause_clock.source)
     stop = stop_ids(pauses)
     hits = CodeHits.fed_by(core, pauses, stop)  # the summary's code hit most, as a streamed analysis adds it up
-    pushed = core.push(pauses=pauses, gil=gil_rows_from_frame(gil), watermark_ns=END)
+    rows = gil_rows_from_frame(gil)
+    causes = Causes(pauses, stop, thread_lifetimes(gil))  # (the whole table: one block)
+    causes.push(rows, END, lambda mask: gil[mask])
+    pushed = core.push(pauses=pauses, gil=rows, watermark_ns=END)
     finished = core.finish()
     overlaps = pa.concat_tables([pushed.overlaps, finished.overlaps])
     gil_free = pa.concat_tables([pushed.gil_free, finished.gil_free])
     gil_free = gil_free.sort_by([("pid", "ascending"), ("start_ns", "ascending")])
     header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, duplicate_gil_rows)
+    causes.overlaps(*(overlaps[c].to_numpy() for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
     overlaps = to_pandas(overlaps, "overlaps")
-    from engine.ingest.gil_stream import thread_lifetimes
-
-    impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, gil,
-                         inferred_requesters(pauses, stop, thread_lifetimes(gil), overlaps, gil))
+    impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, causes.table())
     header["why"] = why_facts(impact, hits.table(core.carried_table))
     return Analysis(
         pauses=pauses,
@@ -166,12 +168,11 @@ def aligned_pauses(pauses: pd.DataFrame, pauses_source: str | None, gil_attrs: d
     return pauses, pause_clock, gil_clock, alignment
 
 
-def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, stop: np.ndarray, gil: pd.DataFrame,
-                inferred: pd.Series | None = None) -> pd.DataFrame:
+def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, stop: np.ndarray, causes: pd.DataFrame) -> pd.DataFrame:
     """pause_impact with the stop each pause belongs to (`stop`: engine/correlate/stops.py,
-    stop_ids) and who asked for it, when it was a Python thread (engine/analysis/causes.py;
-    `inferred`: the requesters inferred where JFR names none)."""
-    causes = pause_causes(pauses, gil, inferred).assign(pause_id=pauses["pause_id"].to_numpy())
+    stop_ids) and who asked for it, when it was a Python thread (`causes`: Causes.table, per
+    pause in pauses table order; engine/analysis/causes.py)."""
+    causes = causes.assign(pause_id=pauses["pause_id"].to_numpy())
     stops = pd.DataFrame({"pause_id": pauses["pause_id"].to_numpy(np.int64), "stop_id": stop})
     return (impact.merge(stops, on="pause_id", how="left", validate="one_to_one")
             .merge(causes, on="pause_id", how="left", validate="one_to_one"))

@@ -3,8 +3,9 @@
 A JVM pause whose requesting OS thread (`requester_os_thread_id`: the caller of the VM
 operation, from JFR's jdk.ExecuteVMOperation) is a Python thread of the session is *caused
 by Python*. Linux thread ids are unique on a host while the thread lives; the thread counts
-as alive at the pause when its recorded GIL intervals span the pause's start. Works on the
-(small) pauses table and the GIL intervals; no join core needed.
+as alive at the pause when its recorded GIL intervals span the pause's start. `Causes` works it
+out as the GIL intervals stream past, keeping none of them (and, for the inference below, the
+core's overlaps rows).
 
 For such a pause: the Python thread, the Python code it was in (the GIL interval that
 contains the request; a thread holding the GIL then has none, so the code of its next
@@ -52,13 +53,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from numba import njit
+
+from engine.correlate.kernels import END
 
 CAUSE_COLUMNS = ("caused_by_python", "cause_pid", "cause_tid", "cause_thread", "cause_state", "cause_function",
                  "cause_file", "cause_line", "cause_java_frames", "cause_held_gil", "cause_inferred", "jpype_gc_link")
 SYSTEM_GC = "System.gc()"
-# How far from an inference candidate a streamed analysis keeps its process's GIL rows: an
-# inferred requester's next release (its code) and the rows that show it alive then.
-INFERENCE_WINDOW_NS = 10_000_000_000
 # A Python thread calling System.gc() through a JPype method releases the GIL for the call and
 # the stop of the world begins tens of microseconds to a millisecond later (measured on the
 # demo: 31 us - 0.92 ms); JDK 17 names no requester for that call either. A release this
@@ -125,7 +126,9 @@ def _caller_outside_jpype(frames: pd.Series) -> np.ndarray:
         caller = system_gc_caller(str(text))
         return caller is not None and not caller.startswith(JPYPE_PACKAGE)
 
-    return np.array([False if pd.isna(f) else outside(f) for f in frames], bool)
+    codes, texts = pd.factorize(frames)  # (a few distinct calls among many pauses)
+    answers = np.array([outside(t) for t in texts] + [False], bool)
+    return answers[codes]  # (-1, a null: the last, False)
 
 
 def _system_gc_pauses(pauses: pd.DataFrame) -> np.ndarray:
@@ -139,8 +142,15 @@ def _system_gc_pauses(pauses: pd.DataFrame) -> np.ndarray:
     is_system = (pauses["cause"].astype("string") == SYSTEM_GC).fillna(False).to_numpy(bool)
     out = is_system | in_call
     jvm = pauses["jvm_pid"].astype("Int64").fillna(-1).to_numpy(np.int64) if "jvm_pid" in pauses.columns else np.zeros(len(pauses), np.int64)
-    for i in np.flatnonzero(is_system):
-        out |= (starts < ends[i]) & (ends > starts[i]) & (jvm == jvm[i])
+    for j in np.unique(jvm[is_system]):  # (a few JVMs): per pause, does a System.gc() one overlap it
+        mine = np.flatnonzero(is_system & (jvm == j))
+        mine = mine[np.argsort(starts[mine], kind="stable")]
+        latest_end = np.maximum.accumulate(ends[mine])  # of the System.gc() pauses starting up to each
+        rows = np.flatnonzero(jvm == j)
+        before = np.searchsorted(starts[mine], ends[rows], "left")  # those starting before each row ends
+        hit = before > 0
+        hit[hit] = latest_end[before[hit] - 1] > starts[rows[hit]]
+        out[rows[hit]] = True
     return out
 
 
@@ -155,90 +165,294 @@ def inference_candidates(pauses: pd.DataFrame, stop: np.ndarray) -> np.ndarray:
     return _system_gc_pauses(pauses) & ~named_stop & pauses["jvm_pid"].notna().to_numpy(bool)
 
 
-def inferred_requesters(pauses: pd.DataFrame, stop: np.ndarray, lifetimes: pd.DataFrame, overlaps: pd.DataFrame,
-                        gil: pd.DataFrame | None = None) -> pd.Series:
-    """Per pause (Int64, NA when none): the one Python thread of the JVM's own process alive
-    through the pause (`lifetimes`: pid, tid, start_ns, end_ns) with no exact overlap with it
-    (it held the GIL throughout), for the inference_candidates, unless a thread of that process
-    was in a Java call through the pause that began just before its stop of the world (`gil`:
-    at least the rows of those processes near the candidates; see CALL_WINDOW_NS). `overlaps`:
-    at least those of the candidates. `stop`: stops.stop_ids(pauses)."""
-    out = pd.Series(pd.array([pd.NA] * len(pauses), dtype="Int64"), index=pauses.index)
-    candidates = np.flatnonzero(inference_candidates(pauses, stop))
-    if not candidates.size or not len(lifetimes):
+@njit(cache=True, nogil=True)
+def _in_order(dense, start, threads: int) -> bool:
+    """Whether each thread's rows (DENSE: its index, -1 for rows of no thread asked about) come
+    in start order."""
+    latest = np.full(threads, -(1 << 62), np.int64)
+    for r in range(dense.size):
+        d = dense[r]
+        if d >= 0:
+            if start[r] < latest[d]:
+                return False
+            latest[d] = start[r]
+    return True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _among(values, value) -> bool:
+    for v in values:
+        if v == value:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _cause_rows(order, dense, pid, state, start, end, q_hi, q_s, done, in_start, in_row, after_start, after_row,
+                later_start, first_start, first_row, last_start, last_end, c_pids, c_start, c_pid, c_end, c_veto,
+                window, watermark):
+    """One block of GIL rows (ORDER: each thread's rows in start order, ties in input order)
+    against the queries of their thread (q_*: sorted by thread, then pause start s): per query
+    the first row holding s (in_*), the first row starting at or after s (after_*), the first
+    start after s (later_start); per thread its first and last row; per inference candidate
+    (c_*: sorted by its stop's start) a released row of its process from WINDOW before that
+    start to the pause's end (c_veto). Rows found in this block are given by block row (*_row);
+    queries whose answers no later row can change (they start at or after WATERMARK) are done."""
+    threads = q_hi.size
+    walk_later, walk_after = done.copy(), done.copy()
+    walk_call = np.full(threads, -1, np.int64)
+    n_calls = c_start.size
+    for k in range(order.size):
+        r = order[k]
+        d, a, b = dense[r], start[r], end[r]
+        if n_calls and state[r] == 0 and _among(c_pids, pid[r]):
+            if d >= 0 and walk_call[d] >= 0:
+                j = walk_call[d]
+                while j < n_calls and c_start[j] < a:
+                    j += 1
+            else:
+                j = np.searchsorted(c_start, a)
+            if d >= 0:
+                walk_call[d] = j
+            while j < n_calls and c_start[j] <= a + window:
+                if c_pid[j] == pid[r] and b >= c_end[j]:
+                    c_veto[j] = True
+                j += 1
+        if d < 0:
+            continue
+        if a < first_start[d]:
+            first_start[d], first_row[d] = a, r
+        if a >= last_start[d]:
+            last_start[d], last_end[d] = a, b
+        hi = q_hi[d]
+        q = walk_later[d]
+        while q < hi and q_s[q] < a:
+            if a < later_start[q]:
+                later_start[q] = a
+            q += 1
+        walk_later[d] = q
+        while q < hi and q_s[q] < b:  # (s in [a, b): the row holds s)
+            if a < in_start[q]:
+                in_start[q], in_row[q] = a, r
+            q += 1
+        q = walk_after[d]
+        while q < hi and q_s[q] <= a:
+            if a < after_start[q]:
+                after_start[q], after_row[q] = a, r
+            q += 1
+        walk_after[d] = q
+    for d in range(threads):
+        q = done[d]
+        while q < q_hi[d] and q_s[q] < watermark and after_start[q] <= watermark and later_start[q] <= watermark:
+            q += 1
+        done[d] = q
+
+
+class Causes:
+    """CAUSE_COLUMNS for every pause of PAUSES, as a stage of the stream: fed the GIL rows block
+    by block as they stream past (`push`: GilRows, the watermark after them, and a way to read
+    some of them as a gil-table DataFrame) and the core's overlaps rows (`overlaps`); `table()`
+    once everything is fed. The in-memory analysis feeds the whole gil table as one block.
+
+    No GIL row is kept. The state is per query, one per (pause, thread) that may have asked for
+    the pause: the thread JFR names, else, for an inference candidate, every thread of its JVM's
+    process alive through it (`lifetimes`: pid, tid, start_ns, end_ns, known up front). Per
+    query, sorted by thread and pause start: the first interval holding the pause's start, the
+    first starting at or after it (the code of a holding thread), the first start after it
+    (with the former: did the thread overlap the pause); per thread its first interval (its pid
+    and name) and its last (is the tid this thread's at the time); per candidate whether a
+    thread of its process went into a Java call just before its stop (CALL_WINDOW_NS) and the
+    threads that overlapped it. A numba pass per block walks each thread's rows in start order
+    against that thread's pending queries; queries the watermark has passed are not walked
+    again, so a block costs its rows plus the pauses still open."""
+
+    def __init__(self, pauses: pd.DataFrame, stop: np.ndarray, lifetimes: pd.DataFrame):
+        n = len(pauses)
+        self.pauses, self.n = pauses, n
+        self.named = requester_tids(pauses)
+        starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
+        named = np.flatnonzero(self.named.notna().to_numpy(bool))
+        candidates = np.flatnonzero(inference_candidates(pauses, stop)) if len(lifetimes) else np.zeros(0, np.int64)
+        pair_pause, pair_tid = _alive_threads(pauses, candidates, lifetimes)
+        q_pause = np.r_[named, pair_pause].astype(np.int64)
+        q_tid = np.r_[self.named.to_numpy(np.int64, na_value=0)[named], pair_tid].astype(np.int64)
+        order = np.lexsort((starts[q_pause], q_tid))
+        self.q_pause, self.q_tid = q_pause[order], q_tid[order]
+        self.q_s, self.q_e = starts[self.q_pause], ends[self.q_pause]
+        self.threads = np.unique(self.q_tid)
+        self.lookup = None  # thread index by tid, as an array when tids are small (Linux: up to 2^22)
+        if self.threads.size and 0 <= self.threads[0] and self.threads[-1] < 1 << 23:
+            self.lookup = np.full(int(self.threads[-1]) + 2, -1, np.int64)  # (the last entry: any larger tid)
+            self.lookup[self.threads] = np.arange(self.threads.size)
+        self.q_hi = np.searchsorted(self.q_tid, self.threads, "right").astype(np.int64)
+        self.done = np.searchsorted(self.q_tid, self.threads, "left").astype(np.int64)
+        query_of = np.empty(order.size, np.int64)
+        query_of[order] = np.arange(order.size)
+        self.named_query = np.full(n, -1, np.int64)
+        self.named_query[named] = query_of[:named.size]
+        # (pause, thread) -> query, for the candidates: their threads' overlaps and the one holder
+        pair_query = query_of[named.size:]
+        pair_key = (pair_pause.astype(np.int64) << 32) | pair_tid.astype(np.int64)
+        by_key = np.argsort(pair_key, kind="stable")
+        self.pair_key, self.pair_query = pair_key[by_key], pair_query[by_key]
+        self.pair_pause = pair_pause[by_key]
+        self.busy = np.zeros(order.size, bool)
+        self.is_candidate = np.zeros(n, bool)
+        self.is_candidate[candidates] = True
+        pause_id = pauses["pause_id"].to_numpy(np.int64)
+        self.id_order = np.argsort(pause_id, kind="stable")
+        self.sorted_ids = pause_id[self.id_order]
+        # the candidates by the start of their stop, for the Java-call window
+        stop_start = pd.Series(starts).groupby(stop).transform("min").to_numpy(np.int64) if n else starts
+        by_start = candidates[np.argsort(stop_start[candidates], kind="stable")]
+        self.c_pause, self.c_start = by_start, stop_start[by_start]
+        self.c_pid = pauses["jvm_pid"].to_numpy(np.int64, na_value=-1)[by_start] if by_start.size else np.zeros(0, np.int64)
+        self.c_end = ends[by_start]
+        self.c_pids = np.unique(self.c_pid)
+        self.c_veto = np.zeros(by_start.size, bool)
+        # per query: the first interval holding s, the first starting at or after s, the first start after s
+        q = order.size
+        self.in_start, self.after_start, self.later_start = (np.full(q, END, np.int64) for _ in range(3))
+        self.in_row, self.after_row = np.full(q, -1, np.int64), np.full(q, -1, np.int64)
+        self.in_state, self.in_code = np.full(q, None, object), [np.full(q, None, object) for _ in range(3)]
+        self.after_code = [np.full(q, None, object) for _ in range(3)]
+        t = self.threads.size
+        self.first_start, self.first_row = np.full(t, END, np.int64), np.full(t, -1, np.int64)
+        self.last_start, self.last_end = np.full(t, -END, np.int64), np.full(t, -END, np.int64)
+        self.first_pid, self.first_name = np.zeros(t, np.int64), np.full(t, None, object)
+        self.rows_seen = 0
+
+    def push(self, rows, watermark_ns: int, frame_of) -> None:
+        """One block of GIL rows (GilRows; later blocks start at or after WATERMARK_NS).
+        FRAME_OF(mask): the rows of a boolean mask as a gil-table DataFrame (thread_name,
+        state and the code columns, when the input has them)."""
+        self.rows_seen += len(rows)
+        if not len(rows) or not (self.threads.size or self.c_start.size):
+            return
+        dense = self._dense(rows.tid)
+        order = (np.arange(len(rows)) if _in_order(dense, rows.start_ns, self.threads.size)
+                 else np.lexsort((rows.start_ns, dense)))
+        _cause_rows(order, dense, rows.pid, rows.state, rows.start_ns, rows.end_ns, self.q_hi, self.q_s, self.done,
+                    self.in_start, self.in_row, self.after_start, self.after_row, self.later_start,
+                    self.first_start, self.first_row, self.last_start, self.last_end,
+                    self.c_pids, self.c_start, self.c_pid, self.c_end, self.c_veto, CALL_WINDOW_NS, int(watermark_ns))
+        found_in, found_after = np.flatnonzero(self.in_row >= 0), np.flatnonzero(self.after_row >= 0)
+        found_first = np.flatnonzero(self.first_row >= 0)
+        if not (found_in.size or found_after.size or found_first.size):
+            return
+        mask = np.zeros(len(rows), bool)
+        for found, row in ((found_in, self.in_row), (found_after, self.after_row), (found_first, self.first_row)):
+            mask[row[found]] = True
+        taken = np.flatnonzero(mask)
+        frame = frame_of(mask)
+        column = lambda name: (frame[name].to_numpy(object) if name in frame.columns  # noqa: E731
+                               else np.full(len(frame), None, object))
+        codes = [column(c) for c in ("function", "file", "line")]
+        at = np.searchsorted(taken, self.in_row[found_in])
+        self.in_state[found_in] = frame["state"].astype(str).to_numpy(object)[at]
+        for mine, values in zip(self.in_code, codes):
+            mine[found_in] = values[at]
+        at = np.searchsorted(taken, self.after_row[found_after])
+        for mine, values in zip(self.after_code, codes):
+            mine[found_after] = values[at]
+        at = np.searchsorted(taken, self.first_row[found_first])
+        self.first_pid[found_first] = frame["pid"].to_numpy(np.int64)[at]
+        self.first_name[found_first] = column("thread_name")[at]
+        self.in_row[found_in] = self.after_row[found_after] = self.first_row[found_first] = -1
+
+    def _dense(self, tid: np.ndarray) -> np.ndarray:
+        """Per row, its thread's index in self.threads; -1 for a thread no query asks about."""
+        if self.lookup is not None:
+            return self.lookup[np.minimum(tid, self.lookup.size - 1).clip(0)]
+        at = np.searchsorted(self.threads, tid).clip(0, max(self.threads.size - 1, 0))
+        return np.where(self.threads[at] == tid, at, -1) if self.threads.size else np.full(tid.size, -1, np.int64)
+
+    def overlaps(self, pause_id: np.ndarray, tid: np.ndarray, overlap_ns: np.ndarray, near_miss: np.ndarray) -> None:
+        """Overlaps rows as the core makes them: the threads that overlapped each candidate."""
+        if not self.pair_key.size or not pause_id.size:
+            return
+        exact = ~near_miss & (overlap_ns > 0)
+        pause_id, tid = pause_id[exact], tid[exact]
+        at = np.searchsorted(self.sorted_ids, pause_id).clip(0, max(self.n - 1, 0))
+        known = self.sorted_ids[at] == pause_id
+        index = self.id_order[at[known]]
+        mine = self.is_candidate[index]
+        key = (index[mine] << 32) | tid[known][mine]
+        at = np.searchsorted(self.pair_key, key).clip(0, self.pair_key.size - 1)
+        hit = self.pair_key[at] == key
+        self.busy[self.pair_query[at[hit]]] = True
+
+    def inferred(self) -> np.ndarray:
+        """Per pause, the query of its inferred requester (-1: none): the one thread of a
+        candidate's process alive through it that no interval of overlapped, unless a thread of
+        that process went into a Java call just before the stop and was in it to the end."""
+        holding = ~self.busy[self.pair_query]
+        count = np.bincount(self.pair_pause[holding], minlength=self.n)
+        out = np.full(self.n, -1, np.int64)
+        one = holding & (count[self.pair_pause] == 1)
+        out[self.pair_pause[one]] = self.pair_query[one]
+        out[self.c_pause[self.c_veto]] = -1
         return out
-    exact = overlaps[~overlaps["near_miss"].astype(bool) & (overlaps["overlap_ns"] > 0)] if len(overlaps) else overlaps
-    busy = exact.groupby("pause_id")["tid"].agg(set).to_dict() if len(exact) else {}
-    l_pid, l_tid = lifetimes["pid"].to_numpy(np.int64), lifetimes["tid"].to_numpy(np.int64)
-    l_start, l_end = lifetimes["start_ns"].to_numpy(np.int64), lifetimes["end_ns"].to_numpy(np.int64)
-    starts = pauses["start_ns"].to_numpy(np.int64)
-    stop_start = pd.Series(starts).groupby(stop).transform("min").to_numpy(np.int64)
-    released = gil[gil["state"].astype("string") == "released"] if gil is not None and len(gil) else None
-    if released is not None:
-        r_pid, r_start, r_end = (released[c].to_numpy(np.int64) for c in ("pid", "start_ns", "end_ns"))
-    for i in candidates.tolist():
-        pause = pauses.iloc[i]
-        pid, end = int(pause["jvm_pid"]), int(pause["end_ns"])
-        alive = (l_pid == pid) & (l_start <= int(pause["start_ns"])) & (l_end >= end)
-        holders = set(l_tid[alive].tolist()) - busy.get(int(pause["pause_id"]), set())
-        if len(holders) != 1:
-            continue
-        if released is not None and ((r_pid == pid) & (r_start <= stop_start[i]) & (r_start >= stop_start[i] - CALL_WINDOW_NS)
-                                     & (r_end >= end)).any():
-            continue  # (a caller through JPype may have asked: the holder may be a bystander)
-        out.iloc[i] = holders.pop()
-    return out
 
-
-def pause_causes(pauses: pd.DataFrame, gil: pd.DataFrame, inferred: pd.Series | None = None) -> pd.DataFrame:
-    """CAUSE_COLUMNS per pause (pauses table order). `inferred`: inferred_requesters, for the
-    pauses JFR names no requester for (`gil` then holds rows of those threads too)."""
-    n = len(pauses)
-    out = _empty(n)
-    requester = requester_tids(pauses)
-    if inferred is not None:
-        out["cause_inferred"] = requester.isna().to_numpy(bool) & inferred.notna().to_numpy(bool)
-        requester = requester.fillna(inferred)
-    if n == 0 or not requester.notna().any() or len(gil) == 0:
+    def table(self) -> pd.DataFrame:
+        """CAUSE_COLUMNS per pause (pauses table order), once every block was pushed."""
+        n = self.n
+        out = _empty(n)
+        inferred = self.inferred()
+        query = np.where(self.named_query >= 0, self.named_query, inferred)
+        out["cause_inferred"] = (self.named_query < 0) & (inferred >= 0)
+        if n == 0 or not (query >= 0).any() or self.rows_seen == 0:
+            out["cause_inferred"] &= False
+            return pd.DataFrame(out)
+        pause = np.flatnonzero(query >= 0)
+        q = query[pause]
+        d = np.searchsorted(self.threads, self.q_tid[q])
+        s, e = self.q_s[q], self.q_e[q]
+        # the tid is this thread's at the time: not before its first interval, not after its last
+        ok = (self.first_start[d] <= s) & (self.last_end[d] >= s)
+        pause, q, d, s, e = pause[ok], q[ok], d[ok], s[ok], e[ok]
+        caused = out["caused_by_python"]
+        caused[pause] = True
+        inside = self.in_start[q] != END
+        overlapping = (inside & ((s < e) | (self.in_start[q] < s))) | (self.later_start[q] < e)
+        out["cause_pid"][pause] = self.first_pid[d]
+        out["cause_tid"][pause] = self.q_tid[q]
+        out["cause_thread"][pause] = pd.array(self.first_name[d], dtype="string")
+        out["cause_state"][pause] = pd.array(np.where(inside, self.in_state[q], "holding"), dtype="string")
+        for name, held_at, next_at in zip(("function", "file", "line"), self.in_code, self.after_code):
+            values = np.where(inside, held_at[q], next_at[q])
+            out[f"cause_{name}"][pause] = pd.array(values, dtype="Int64" if name == "line" else "string")
+        frames = (self.pauses["system_gc_frames"].astype("string") if "system_gc_frames" in self.pauses.columns
+                  else None)
+        if frames is not None:
+            out["cause_java_frames"][pause] = frames.array[pause]
+        out["cause_held_gil"][pause] = ~overlapping
+        held = np.zeros(n, bool)
+        held[pause] = ~overlapping
+        outside_jpype = _caller_outside_jpype(frames) if frames is not None else np.zeros(n, bool)
+        out["cause_inferred"] &= caused
+        frames_known = frames.notna().to_numpy(bool) if frames is not None else np.zeros(n, bool)
+        out["jpype_gc_link"] = (caused & held & _system_gc_pauses(self.pauses) & ~outside_jpype
+                                & (~out["cause_inferred"] | frames_known))
         return pd.DataFrame(out)
-    starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
-    system_gc = _system_gc_pauses(pauses)
-    frames = pauses["system_gc_frames"].astype("string") if "system_gc_frames" in pauses.columns else None
-    by_tid = {tid: rows.sort_values("start_ns", kind="stable") for tid, rows in gil.groupby("tid", sort=False)}
-    caused, held = out["caused_by_python"], np.zeros(n, bool)
-    for i in np.flatnonzero(requester.notna().to_numpy(bool)):
-        rows = by_tid.get(int(requester.iloc[i]))
-        if rows is None:
-            continue
-        g_start, g_end = rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64)
-        if not (g_start[0] <= starts[i] <= g_end[-1]):
-            continue  # the tid is not this thread's at the time (before its first interval, after its last)
-        caused[i] = True
-        inside = np.flatnonzero((g_start <= starts[i]) & (g_end > starts[i]))
-        overlapping = (g_start < ends[i]) & (g_end > starts[i])
-        held[i] = not overlapping.any()
-        if len(inside):
-            row, state = rows.iloc[inside[0]], str(rows["state"].iloc[inside[0]])
-        else:
-            after = np.flatnonzero(g_start >= starts[i])
-            row, state = (rows.iloc[after[0]], "holding") if len(after) else (None, "holding")
-        out["cause_pid"][i] = int(rows["pid"].iloc[0])
-        out["cause_tid"][i] = int(requester.iloc[i])
-        if "thread_name" in rows.columns and pd.notna(rows["thread_name"].iloc[0]):
-            out["cause_thread"][i] = str(rows["thread_name"].iloc[0])
-        out["cause_state"][i] = state
-        if row is not None:
-            for column in ("function", "file", "line"):
-                if column in rows.columns and pd.notna(row[column]):
-                    out[f"cause_{column}"][i] = row[column]
-        if frames is not None and pd.notna(frames.iloc[i]):
-            out["cause_java_frames"][i] = frames.iloc[i]
-        out["cause_held_gil"][i] = bool(held[i])
-    outside_jpype = _caller_outside_jpype(frames) if frames is not None else np.zeros(n, bool)
-    out["cause_inferred"] &= caused
-    frames_known = frames.notna().to_numpy(bool) if frames is not None else np.zeros(n, bool)
-    out["jpype_gc_link"] = caused & held & system_gc & ~outside_jpype & (~out["cause_inferred"] | frames_known)
-    return pd.DataFrame(out)
+
+
+def _alive_threads(pauses: pd.DataFrame, candidates: np.ndarray, lifetimes: pd.DataFrame):
+    """(pause, tid) of every thread of each candidate's JVM process alive through it."""
+    pair_pause, pair_tid = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    if candidates.size:
+        jvm = pauses["jvm_pid"].to_numpy(np.int64, na_value=-1)[candidates]
+        starts = pauses["start_ns"].to_numpy(np.int64)[candidates]
+        ends = pauses["end_ns"].to_numpy(np.int64)[candidates]
+        l_pid, l_tid = lifetimes["pid"].to_numpy(np.int64), lifetimes["tid"].to_numpy(np.int64)
+        l_start, l_end = lifetimes["start_ns"].to_numpy(np.int64), lifetimes["end_ns"].to_numpy(np.int64)
+        for pid in np.unique(jvm):  # (a few JVMs, each a few threads)
+            mine, threads = np.flatnonzero(jvm == pid), np.flatnonzero(l_pid == pid)
+            alive = (l_start[threads][None, :] <= starts[mine][:, None]) & (l_end[threads][None, :] >= ends[mine][:, None])
+            c, t = np.nonzero(alive)
+            pair_pause.append(candidates[mine[c]])
+            pair_tid.append(l_tid[threads[t]])
+    return np.concatenate(pair_pause), np.concatenate(pair_tid)
 
 
 class CodeHits:

@@ -16,12 +16,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from engine.analysis.causes import (INFERENCE_WINDOW_NS, CodeHits, inference_candidates,
-                                    inferred_requesters, requester_tids, why_facts)
+from engine.analysis.causes import Causes, CodeHits, why_facts
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
 from engine.correlate.stops import stop_ids
 from engine.correlate.schema import RESULT_TABLES, SCHEMAS, to_pandas
@@ -115,28 +113,16 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
     if gil.copy_schema is not None:
         writers["gil"] = TableWriter(out / "gil.parquet", gil.copy_schema, text_as_dictionary=True)
     background = WriterThread()
-    # The causality step (engine/analysis/causes.py) needs the GIL rows of the threads that asked
-    # for a pause (few), and the summary's "why" the overlap per code: both gathered on the way.
-    requesters = np.unique(requester_tids(pauses).dropna().to_numpy(np.int64))
-    # ... and, for a System.gc() pause JFR names no requester for, the overlaps of that pause and
-    # the rows of its JVM's own process near it (the requester may be inferred from them).
     stop = stop_ids(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
-    candidates = pauses[inference_candidates(pauses, stop)]  # (none without a jvm_pid column)
-    near = ((candidates["jvm_pid"].to_numpy(np.int64), candidates["start_ns"].to_numpy(np.int64) - INFERENCE_WINDOW_NS,
-             candidates["end_ns"].to_numpy(np.int64) + INFERENCE_WINDOW_NS) if len(candidates) else ((), (), ()))
-    candidate_ids, candidate_overlaps = candidates["pause_id"].to_numpy(np.int64), []
-    requester_rows = []
+    causes = Causes(pauses, stop, lifetimes)  # who asked for each pause: fed the rows and overlaps as they pass
     hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
 
     def emit(rows: Rows) -> None:
         for name, table in rows.tables().items():
             if name in writers:
                 background.write(writers[name], table)
-        if candidate_ids.size and rows.overlaps.num_rows:
-            mine = np.isin(rows.overlaps["pause_id"].to_numpy(), candidate_ids)
-            if mine.any():
-                candidate_overlaps.append(rows.overlaps.select(["pause_id", "tid", "overlap_ns", "near_miss"])
-                                          .filter(pa.array(mine)).to_pandas())
+        if rows.overlaps.num_rows:
+            causes.overlaps(*(rows.overlaps[c].to_numpy() for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
 
     try:
         pending_pauses = pauses
@@ -146,12 +132,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             pending_pauses = None
             if block.copy is not None:
                 background.write(writers["gil"], block.copy)
-            if requesters.size or candidate_ids.size:
-                mine = np.isin(rows.tid, requesters)
-                for pid, lo, hi in zip(*near):
-                    mine |= (rows.pid == pid) & (rows.end_ns >= lo) & (rows.start_ns <= hi)
-                if mine.any():
-                    requester_rows.append(rows_frame(block, mine))
+            causes.push(rows, block.watermark_ns, lambda mask, block=block: rows_frame(block, mask))
             if progress is not None:
                 progress(block.rows_so_far)
         if pending_pauses is not None:
@@ -162,11 +143,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         if not gil.copy:  # (docs/results.md, "gil.parquet"): the results name the GIL files
             header["gil_table"] = gil.references
         summary, stops = core.summary(), core.stops()
-        overlaps_seen = (pd.concat(candidate_overlaps, ignore_index=True) if candidate_overlaps
-                         else pd.DataFrame({"pause_id": [], "tid": [], "overlap_ns": [], "near_miss": []}))
-        near_rows = pd.concat(requester_rows, ignore_index=True) if requester_rows else pd.DataFrame()
-        impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, near_rows,
-                             inferred_requesters(pauses, stop, lifetimes, overlaps_seen, near_rows))
+        impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, causes.table())
         header["why"] = why_facts(impact, hits.table(core.carried_table))
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
