@@ -20,6 +20,8 @@ def record(
     max_size: Optional[str] = typer.Option(None, "--max-size", help="Flight recorder: keep the session within this much disk "
                                            "(e.g. 500M, 2G), deleting the oldest history first."),
     max_age: Optional[str] = typer.Option(None, "--max-age", help="Flight recorder: keep only this much history (e.g. 30m, 2h)."),
+    native_memory: bool = typer.Option(False, "--native-memory", help="JVMs track their native memory by category "
+                                       "(NMT summary; in memory.parquet on JDK 20+)."),
 ) -> None:
     """Run COMMAND; every JVM it starts records JFR pauses into SESSION (and every CPython its GIL states)."""
     import shlex
@@ -38,7 +40,7 @@ def record(
     directory = Path(output).expanduser().absolute()
     options = launch.agent_options(directory, settings.absolute() if settings else None, event, live=live,
                                  secret_events=secret_events, max_bytes=bounds.jfr_max_bytes(), max_age_s=bounds.max_age_s)
-    env = launch.recording_environment(directory, jar, options, bounds.probe_environment())
+    env = launch.recording_environment(directory, jar, options, bounds.probe_environment(), native_memory=native_memory)
     sessions.create_session(directory, {
         "kind": "record",
         "command": shlex.join(command),

@@ -65,13 +65,18 @@ def java_tool_options(existing: str | None, jar: Path, options: str) -> str:
     return f"{existing.strip()} {agent}" if existing and existing.strip() else agent
 
 
-def recording_environment(session: Path, jar: Path, options: str, probe: dict[str, str] | None = None) -> dict[str, str]:
+def recording_environment(session: Path, jar: Path, options: str, probe: dict[str, str] | None = None,
+                          native_memory: bool = False) -> dict[str, str]:
     """The command's environment; PROBE: more variables for the GIL probe (the flight
-    recorder's segment rotation, engine/record/keeper.py)."""
+    recorder's segment rotation, engine/record/keeper.py); NATIVE_MEMORY: the JVMs track their
+    native memory by category (NMT summary: JFR's jdk.NativeMemoryUsage on JDK 20+)."""
     from engine.probe.build import hook_environment
 
     env = hook_environment(os.environ)
-    env["JAVA_TOOL_OPTIONS"] = java_tool_options(env.get("JAVA_TOOL_OPTIONS"), jar, options)
+    existing = env.get("JAVA_TOOL_OPTIONS")
+    if native_memory:
+        existing = f"{existing or ''} -XX:NativeMemoryTracking=summary".strip()
+    env["JAVA_TOOL_OPTIONS"] = java_tool_options(existing, jar, options)
     env[SESSION_VARIABLE] = str(session)
     env.update(probe or {})
     return env
