@@ -106,7 +106,7 @@ def _growth(pid: int, rows: pd.DataFrame) -> Growth:
         growth.leak_rate = trend(LEAK_RATE_SERIES[growth.leak])[0] if growth.leak in LEAK_RATE_SERIES else rates[growth.leak]
         candidates = [p for p in PARTS.get(growth.leak, ()) if parts.get(p, 0) > 0]
         if growth.leak == "jvm_native":
-            candidates += [c for c in parts if c.startswith("jvm_nmt_") and c != "jvm_nmt_total" and parts[c] > 0]
+            candidates += [c for c in parts if c.startswith("jvm_nmt_") and c != "jvm_nmt_committed" and parts[c] > 0]
         if candidates:
             best = max(candidates, key=parts.get)
             growth.leak_part = PART_NAMES.get(best, best.removeprefix("jvm_nmt_").replace("_", " ") + " (NMT)")

@@ -131,20 +131,25 @@ def with_buckets(table: pd.DataFrame) -> pd.DataFrame:
 
     table = table.copy()
     direct = column("jvm_direct_buffers")
-    # The heap's resident part: the pages it touched, at least the most it held so far (its
-    # used memory only counts what a GC found live or, before one, eden full), within what is committed.
-    if "jvm_heap_resident" in table:  # measured (the recorder's pagemap reads), else the bound below
-        table["jvm_heap"] = table["jvm_heap_resident"].astype("float64").fillna(column("jvm_heap_peak"))
-    elif "jvm_heap_peak" in table:
-        table["jvm_heap"] = np.fmin(column("jvm_heap_peak"), table["jvm_heap_committed"].astype("float64")).fillna(0.0)
-    else:
-        table["jvm_heap"] = column("jvm_heap_used")
+    # The heap's part of the RSS: its resident pages where the recorder measured them, else the
+    # most it held so far within its committed size (a lower bound: the pages a heap touched run
+    # ahead of what it calls used; G1 takes eden from fresh regions of its committed memory).
+    peak = column("jvm_heap_peak" if "jvm_heap_peak" in table else "jvm_heap_used")
+    bound = np.fmin(peak, table["jvm_heap_committed"].astype("float64")) if "jvm_heap_committed" in table else peak
+    table["jvm_heap"] = table["jvm_heap_resident"].astype("float64").fillna(bound) if "jvm_heap_resident" in table else bound
     table["jvm_native"] = column("jvm_metaspace_committed") + column("jvm_code_cache") + direct
     python_malloc = (column("py_tracemalloc") - column("py_pymalloc_bytes")).clip(lower=0)  # 0 unless tracing
-    table["python"] = column("py_arena_bytes") + python_malloc
+    table["python"] = (column("py_arena_bytes") + python_malloc).where(_sampled(table, "py_arena_bytes"))
     # malloc in use, less what the runtimes say is theirs in it: the JVM's direct buffers
     # (malloc'd by Unsafe) and Python's large objects (known when tracemalloc traces).
-    table["native_other"] = (column("malloc_in_use") - direct - python_malloc).clip(lower=0)
-    known = table["jvm_heap"] + table["jvm_native"] + table["python"] + table["native_other"]
+    table["native_other"] = (column("malloc_in_use") - direct - python_malloc).clip(lower=0).where(
+        _sampled(table, "malloc_in_use"))
+    known = sum(table[bucket].fillna(0.0) for bucket in BUCKETS if bucket != "unexplained")
     table["unexplained"] = column("rss") - known if "rss" in table else np.nan
     return table
+
+
+def _sampled(table: pd.DataFrame, name: str) -> pd.Series:
+    """Rows where NAME has a value: a bucket made from it is null elsewhere (its sampler had not
+    run for 3 s: a service holding the GIL), not 0, so no trend dips to it (unexplained counts it 0)."""
+    return table[name].notna() if name in table else pd.Series(False, index=table.index)
