@@ -1,0 +1,77 @@
+"""A JPype service that leaks one kind of memory at a known rate (or none): no tandem-specific code.
+
+    python memory_leak_program.py KIND RATE_MB_S SECONDS
+
+KIND: python (small Python objects kept in a list), numpy (numpy arrays kept alive by Java
+references: direct buffers over them in a Java list), direct (Java DirectByteBuffers kept),
+heap (Java byte arrays kept), none (Python and Java garbage made and dropped: a sawtooth
+heap, no growth). The service warms up first (JVM started, the garbage loop running), then
+leaks for SECONDS; it prints the bytes it kept per second, as the leak's own accounting
+counts them, as its last line: `leaked BYTES in SECONDS s`.
+"""
+import sys
+import time
+
+import jpype
+import jpype.nio
+import numpy as np
+
+KIND, RATE, SECONDS = sys.argv[1], float(sys.argv[2]) * 1e6, float(sys.argv[3])
+WARM_UP_S = 3.0
+TICK_S = 0.05
+
+jpype.startJVM()
+ArrayList = jpype.JClass("java.util.ArrayList")
+ByteBuffer = jpype.JClass("java.nio.ByteBuffer")
+JBytes = jpype.JArray(jpype.JByte)
+
+java_kept = ArrayList()
+python_kept = []
+
+
+def garbage():
+    """What a service makes and drops every tick, leak or not: Java and Python garbage."""
+    for _ in range(20):
+        JBytes(16384)
+    [str(i) * 3 for i in range(2000)]
+
+
+def leak_once(budget: float) -> int:
+    """Keep about BUDGET bytes of this kind; returns the bytes kept."""
+    kept = 0
+    if KIND == "python":
+        while kept < budget:
+            item = "%0415d" % len(python_kept)  # one str object of 464 bytes: one of pymalloc's size classes
+            python_kept.append(item)
+            kept += sys.getsizeof(item)
+    elif KIND == "numpy":
+        while kept < budget:
+            array = np.ones(1 << 17)  # 1 MiB of float64, touched
+            java_kept.add(jpype.nio.convertToDirectBuffer(array))
+            kept += array.nbytes
+    elif KIND == "direct":
+        while kept < budget:
+            java_kept.add(ByteBuffer.allocateDirect(1 << 20))  # zeroed by the JVM: touched
+            kept += 1 << 20
+    elif KIND == "heap":
+        while kept < budget:
+            java_kept.add(JBytes(16384))
+            kept += 16384 + 16  # the array and its header
+    return kept
+
+
+start = time.monotonic()
+while time.monotonic() - start < WARM_UP_S:
+    garbage()
+    time.sleep(TICK_S)
+
+leaked, due = 0, 0.0
+begin = time.monotonic()
+while (now := time.monotonic()) - begin < SECONDS:
+    garbage()
+    due = RATE * (now - begin) if KIND != "none" else 0.0
+    if due > leaked:
+        leaked += leak_once(due - leaked)
+    time.sleep(TICK_S)
+elapsed = time.monotonic() - begin
+print(f"leaked {leaked} in {elapsed:.3f} s", flush=True)

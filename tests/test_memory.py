@@ -1,0 +1,201 @@
+"""Where the memory goes: capture from outside, inside CPython and in the JVM, memory.parquet, who grew.
+
+The leak tests record a real JPype service (tests/memory_leak_program.py) leaking one kind of
+memory at a known rate under `tandem record`, and hold tandem's answer to the leak's own
+count: the right bucket, with >= 90% of the RSS growth, at the known rate within 10%.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.jvm import jdk_tool
+from engine.memory.growth import kendall_tau, repeated_median_slope, who_grew
+from engine.memory.jvm import read_jvm_memory
+from engine.memory.table import memory_table
+from engine.record.memory import large_mappings_resident, read_process_memory
+from engine.store.parquet import read_metadata
+
+ROOT = Path(__file__).resolve().parent.parent
+TANDEM = Path(sys.executable).parent / "tandem"
+LEAK_PROGRAM = Path(__file__).parent / "memory_leak_program.py"
+LEAK_RATE_MB_S, LEAK_SECONDS = 20, 15
+
+
+def _record(tmp_path: Path, kind: str) -> tuple[Path, float]:
+    """Records the leak program; returns the session and the rate it leaked at (bytes/s, its own count)."""
+    session = tmp_path / f"session-{kind}"
+    run = subprocess.run([str(TANDEM), "record", "-o", str(session), "--", sys.executable, str(LEAK_PROGRAM), kind,
+                          str(LEAK_RATE_MB_S), str(LEAK_SECONDS)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    leaked = re.search(r"leaked (\d+) in ([\d.]+) s", run.stdout)
+    assert leaked, run.stdout[-2000:]
+    return session, int(leaked.group(1)) / float(leaked.group(2))
+
+
+def _service_growth(session: Path):
+    table, _ = memory_table(session)
+    growths = who_grew(table)
+    service = max(growths, key=lambda g: g.rss_last)  # the JPype process (the recorder's first sample of it may be `tandem`)
+    return table, service
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, bucket", [
+    ("python", "python"),           # small str objects kept in a list: pymalloc's arenas
+    ("numpy", "native_other"),      # numpy buffers kept by Java direct buffers over them: malloc, no runtime counts them
+    ("direct", "jvm_native"),       # ByteBuffer.allocateDirect kept
+    ("heap", "jvm_heap"),           # Java byte arrays kept
+])
+def test_a_known_leak_is_named_in_its_bucket_at_its_rate(tmp_path, kind, bucket):
+    session, known_rate = _record(tmp_path, kind)
+    _, growth = _service_growth(session)
+    detail = f"{kind}: {growth}"
+    assert growth.leak == bucket, detail
+    assert growth.leak_share >= 0.9, detail
+    assert abs(growth.leak_rate / known_rate - 1) <= 0.10, f"{detail}; known {known_rate:.0f} B/s"
+
+
+@pytest.mark.slow
+def test_a_service_without_a_leak_names_none_and_analyze_prints_it(tmp_path):
+    """Python and Java garbage made and dropped (a sawtooth heap): no leak; the CLI writes
+    memory.parquet and prints the memory lines under the pause summary."""
+    session, _ = _record(tmp_path, "none")
+    table, growth = _service_growth(session)
+    assert growth.leak is None, str(growth)
+    # The heap did saw (GCs came and went) while the rows stayed one per process and sample.
+    assert table["jvm_heap_after_gc"].notna().any()
+    assert not table.duplicated(["pid", "t_ns"]).any()
+
+    out = tmp_path / "out"
+    run = subprocess.run([str(TANDEM), "analyze", str(session), "-o", str(out)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"memory of pid {growth.pid}" in run.stdout and "no leak-like growth" in run.stdout, run.stdout
+    written = pd.read_parquet(out / "memory.parquet")
+    assert len(written) == len(table)
+    meta = read_metadata(out / "memory.parquet")
+    assert meta["schema"] == "tandem.memory" and any(g["pid"] == growth.pid for g in meta["growth"])
+
+
+@pytest.mark.slow
+def test_the_jvm_series_equal_jfr_print(tmp_path):
+    """The JFR reader's direct buffers and heap summaries against `jfr print --json` (its witness)."""
+    session, _ = _record(tmp_path, "direct")
+    recording = next(session.glob("jvm-*/recording.jfr"))
+    ours, facts = read_jvm_memory([recording])
+    assert facts["clock"]["method"] == "clock_sync"
+    printed = json.loads(subprocess.run(
+        [str(jdk_tool("jfr")), "print", "--json", "--events", "jdk.DirectBufferStatistics,jdk.GCHeapSummary",
+         str(recording)], capture_output=True, text=True, check=True).stdout)["recording"]["events"]
+    direct = [e["values"]["memoryUsed"] for e in printed if e["type"] == "jdk.DirectBufferStatistics"]
+    heap = [e["values"]["heapUsed"] for e in printed if e["type"] == "jdk.GCHeapSummary"]
+    assert ours[ours["column"] == "jvm_direct_buffers"]["value"].astype(int).tolist() == direct
+    assert sorted(ours[ours["column"] == "jvm_heap_used"]["value"].astype(int)) == sorted(heap)
+    assert max(direct) >= LEAK_RATE_MB_S * 1e6 * LEAK_SECONDS * 0.8  # the leak is in them
+    # On the recorder's clock: every JVM sample falls inside the session's recorded span.
+    table, _ = memory_table(session)
+    assert table["t_ns"].min() <= ours["t_ns"].min() and ours["t_ns"].max() <= table["t_ns"].max() + 2e9
+
+
+def test_outside_sampling_reads_a_process_that_touched_known_memory():
+    """/proc status and the pagemap residency of a child that mapped 256 MiB and touched 96 MiB of it."""
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import mmap, sys
+        m = mmap.mmap(-1, 256 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        for offset in range(0, 96 << 20, 4096):
+            m[offset] = 1
+        print("ready", flush=True)
+        sys.stdin.read()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        sample = read_process_memory(child.pid)
+        assert sample["rss_anon"] >= 96 << 20 and sample["rss"] == pytest.approx(
+            sample["rss_anon"] + sample["rss_file"] + sample["rss_shmem"], rel=0.01)
+        mappings = [m for m in large_mappings_resident(child.pid) if m[1] - m[0] == 256 << 20]
+        assert len(mappings) == 1 and mappings[0][2] == 96 << 20
+        sampled = [m for m in large_mappings_resident(child.pid, budget_pages=8192) if m[1] - m[0] == 256 << 20]
+        assert sampled[0][2] == pytest.approx(96 << 20, rel=0.15)  # every 8th block read, scaled
+    finally:
+        child.communicate("")
+
+
+def test_the_python_sampler_counts_small_objects_in_pymalloc_arenas(tmp_path):
+    """engine.probe.memory inside a real CPython: 100 MB of small objects show in the arenas."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from engine.probe import memory
+        memory.start({str(tmp_path)!r}, period_s=0.2)
+        time.sleep(0.5)
+        kept = ["%0400d" % i for i in range(220_000)]  # 449-byte str objects: 98.8 MB
+        time.sleep(0.7)
+        print(sum(map(sys.getsizeof, kept)))
+        """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert run.returncode == 0, run.stderr
+    kept = int(run.stdout)
+    samples = [json.loads(line) for line in (tmp_path / "memory.jsonl").read_text().splitlines()]
+    assert len(samples) >= 4 and all(s["t"] < t["t"] for s, t in zip(samples, samples[1:]))
+    grown = samples[-1]["arena_bytes"] - samples[0]["arena_bytes"]
+    assert kept <= grown <= kept * 1.1  # pymalloc's 464-byte class and its pools' headers
+    assert samples[-1]["blocks"] - samples[0]["blocks"] >= 220_000
+    assert samples[-1]["malloc_in_use"] > 0 and "tracemalloc" not in samples[-1]
+
+
+def test_the_trend_is_robust_to_a_start_up_step_and_blind_to_a_sawtooth():
+    x = np.arange(12.0)
+    line = 5.0 * x + 100
+    stepped = line.copy()
+    stepped[:2] = 0  # the process before its runtime started
+    assert repeated_median_slope(x, stepped) == pytest.approx(5.0)
+    assert kendall_tau(x, line) == 1.0
+    table = pd.DataFrame({"t_ns": (np.arange(60) * 0.5e9).astype(np.int64), "pid": 1, "comm": "svc",
+                          "rss": 500e6 + 40e6 * (np.arange(60) % 6)})  # a 3 s sawtooth, flat underneath
+    for bucket in ("jvm_heap", "jvm_native", "python", "native_other", "unexplained"):
+        table[bucket] = 0.0
+    (growth,) = who_grew(table)
+    assert growth.leak is None and abs(growth.rss_rate) < 1e6
+
+
+JDK_25 = Path("/usr/lib/jvm/temurin-25-jdk-amd64")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (JDK_25 / "bin" / "java").exists(), reason="needs JDK 25 (NMT and RSS as JFR events)")
+def test_a_jvm_alone_on_jdk_25_with_native_memory_tracking(tmp_path):
+    """A JVM with no Python in it keeping DirectByteBuffers, recorded with --native-memory: JVM
+    native memory named at the known rate; NMT's categories are columns (its "Other" holds direct
+    buffers, counted apart by JFR's buffer statistics: two witnesses of one leak); the JVM's own
+    RSS reading (jdk.ResidentSetSize) agrees with the recorder's /proc reading."""
+    classes = tmp_path / "classes"
+    subprocess.run([str(JDK_25 / "bin" / "javac"), "-d", str(classes), str(Path(__file__).parent / "memory_java" /
+                                                                            "DirectLeak.java")], check=True)
+    session = tmp_path / "session"
+    env = {**os.environ, "JAVA_HOME": str(JDK_25), "PATH": f"{JDK_25 / 'bin'}:{os.environ['PATH']}"}
+    run = subprocess.run([str(TANDEM), "record", "--native-memory", "-o", str(session), "--", str(JDK_25 / "bin" / "java"),
+                          "-cp", str(classes), "DirectLeak", str(LEAK_RATE_MB_S), "20"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    leaked = re.search(r"leaked (\d+) in ([\d.]+) s", run.stdout)
+    known_rate = int(leaked.group(1)) / float(leaked.group(2))
+    table, growth = _service_growth(session)
+    detail = str(growth)
+    assert growth.leak == "jvm_native" and growth.leak_share >= 0.9, detail
+    assert abs(growth.leak_rate / known_rate - 1) <= 0.10, f"{detail}; known {known_rate:.0f} B/s"
+    assert abs(growth.part_rates["jvm_nmt_other"] / known_rate - 1) <= 0.10, detail
+    both = table[table["jvm_rss"].notna() & (table["pid"] == growth.pid)]
+    assert len(both) >= 10
+    # (the JVM samples its RSS up to a second before or after the recorder: at 20 MB/s, 20 MB apart at most)
+    assert (both["jvm_rss"] - both["rss"]).abs().median() <= 25e6
