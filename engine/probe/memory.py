@@ -12,9 +12,8 @@ line to SESSION/py-<pid>/memory.jsonl per sample, stamped with CLOCK_MONOTONIC:
     tracemalloc       tracemalloc's traced total, when the user has it tracing (numpy's
                       buffers included: numpy reports them under its own domain)
 
-Cost, measured on 3.11-3.13 with 150 MB of small objects: about 0.35 ms a sample, holding
-the GIL (getallocatedblocks and the malloc stats each walk pymalloc's pools once; mallinfo2
-under 1 us). Standard library only; ctypes is imported by the thread itself, never on the
+Each sample holds the GIL while getallocatedblocks and the malloc statistics walk pymalloc's
+pools (mallinfo2 is constant-time). Standard library only; ctypes is imported by the thread itself, never on the
 interpreter's start path. A failure stops the sampling, never the service.
 """
 from __future__ import annotations

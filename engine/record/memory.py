@@ -4,8 +4,8 @@ A daemon thread of `tandem record` reads, once a second, /proc/PID/status (RSS s
 anonymous, file-backed and shared memory; swap; threads) and the resident part of each large
 anonymous mapping (/proc/PID/maps and pagemap: where a JVM's heap is) of each process below tandem (the command and everything it starts), and appends one JSON
 line per process to SESSION/memory/<pid>.jsonl, stamped with CLOCK_MONOTONIC
-(docs/results.md, "memory.parquet", names the fields). Nothing runs inside the service. Not smaps_rollup: its page-table walk took
-5-20 ms a read on a JPype process (6 GB of heap reserved), holding the service's mmap lock.
+(docs/results.md, "memory.parquet", names the fields). Nothing runs inside the service. Not smaps_rollup: it walks the page tables of the whole
+process (a JVM's) at every read, holding the service's mmap lock.
 """
 from __future__ import annotations
 
