@@ -321,3 +321,17 @@ def test_requests_table_equals_duckdb():
     lines = requests_hurt_lines(got)
     assert lines[0].startswith("requests hurt") and len(lines) == 1 + 5 + sum(
         isinstance(t, str) for t in got.head(5)["top_stops"])
+
+
+def test_cli_refuses_spans_without_a_session_before_analyzing(tmp_path):
+    import subprocess
+    import sys
+
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text("")
+    done = subprocess.run([sys.executable, "-m", "engine", "analyze", "--jfr", str(tmp_path / "missing.jfr"), "--gil",
+                           str(tmp_path / "missing.gil"), "-o", str(tmp_path / "out"), "--spans", str(spans)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "tandem: error: --spans needs a SESSION (its clock pairs put the spans on CLOCK_MONOTONIC) and -o OUT"]
