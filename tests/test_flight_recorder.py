@@ -316,3 +316,26 @@ def test_attach_to_a_jvm_with_bounds_gives_jfr_its_maxsize_and_maxage(tmp_path):
     finally:
         target.kill()
         target.wait()
+
+
+@pytest.mark.slow
+def test_the_jvm_side_keeps_within_max_age_too(tmp_path):
+    """The demo service (an embedded JVM) for 40 s under --max-age 15s: the JVM's recording, as
+    the JDK's own `jfr summary` reads it, spans no more than 15 s (the agent starts a new chunk
+    every 5 s and gives JFR a maxage two chunks shorter), and the agent kept no link to a chunk
+    JFR let go."""
+    import re
+
+    from conftest import default_java_home
+
+    session = tmp_path / "s"
+    run = subprocess.run([sys.executable, "-m", "engine", "record", "--max-age", "15s", "-o", str(session), "--",
+                          sys.executable, "-m", "engine.demo.workload", "--seconds", "40"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    (recording,) = session.glob("jvm-*/recording.jfr")
+    summary = subprocess.run([str(default_java_home() / "bin" / "jfr"), "summary", str(recording)],
+                             capture_output=True, text=True, check=True).stdout
+    duration_s = int(re.search(r"Duration: (\d+) s", summary).group(1))
+    assert 5 <= duration_s <= 15, summary
+    assert read_json(recording.parent / "jvm.json")["max_age_s"] == 15

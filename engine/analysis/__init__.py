@@ -197,6 +197,7 @@ def _header(core: Correlator, pauses: pd.DataFrame, gil_attrs: dict, pause_clock
         "kept_windows": [{"pid": p.get("pid"), **p["kept_window"]} for p in gil_attrs.get("processes") or []
                          if p.get("kept_window")],
         "jfr_lost": _jfr_lost(pauses.attrs),
+        "jvm_unflushed": [s["unflushed"] for s in pauses.attrs.get("sources") or [] if s.get("unflushed")],
         "duplicate_gil_rows_dropped": int(duplicate_gil_rows),
         "slack_ns": int(core.slack_ns),
         "alignment": alignment,

@@ -55,7 +55,7 @@ def dump(
 
 def _dump_python(source: Path, target: Path, since_ns: int | None, notes: list[str]) -> None:
     """One py-<pid>: its side files, its kept segments (from SINCE_NS on), or its events file."""
-    from engine.ingest.segments import segment_span
+    from engine.ingest.segments import packed_span
     from engine.probe.private import private_directory
     from engine.session import GIL_CODES, GIL_EVENTS, PROBE_JSON, THREADS_JSONL, gil_segments
 
@@ -73,8 +73,9 @@ def _dump_python(source: Path, target: Path, since_ns: int | None, notes: list[s
     kept = segments
     if since_ns is not None:
         # The newest segments whose events reach SINCE_NS, whole (segments continue one another).
-        spans = [segment_span(s) for s in segments]
-        first = next((i for i, (_lo, hi) in enumerate(spans) if hi == 0 or hi >= since_ns), len(segments) - 1)
+        # Raw ones are the newest (the keeper packs a closed one within a round): kept, unread.
+        first = next((i for i, s in enumerate(segments) if not s.packed or (packed_span(s.path)[1] or since_ns) >= since_ns),
+                     len(segments) - 1)
         kept = segments[first:]
     for segment in kept:
         destination = target / segment.path.name
@@ -174,16 +175,19 @@ def _copy_records(source: Path, target: Path) -> None:
                 left -= len(chunk)
 
 
+# The code table's header (docs/ring.md, "Code table"): 64 bytes, `used` (u64) at byte 24.
+# (engine.ingest.codes reads it too, but imports pandas: a dump stays light on the service's CPUs.)
+_CODES_HEADER, _CODES_USED = 64, 24
+
+
 def _copy_code_table(source: Path, target: Path) -> None:
     """The code table up to its committed entries (the file is a sparse 16 MiB mapping)."""
-    from engine.ingest.codes import HEADER
-
     try:
         with open(source, "rb") as f:
-            header = f.read(HEADER.size)
-            if len(header) < HEADER.size:
+            header = f.read(_CODES_HEADER)
+            if len(header) < _CODES_HEADER:
                 return
-            used = HEADER.unpack_from(header)[4]
+            used = int.from_bytes(header[_CODES_USED:_CODES_USED + 8], "little")
             data = header + f.read(min(used, 1 << 30))
     except FileNotFoundError:
         return

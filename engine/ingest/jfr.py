@@ -23,7 +23,7 @@ from engine.clock import align
 from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET, Chunk, ChunkScan, scan_chunks, split_runs
 from engine.errors import TandemError, TandemWarning
 from engine.ingest import jfr_chunks, jfr_input
-from engine.session import JVM_JSON, SESSION_JSON, current_boot_id, jvm_directory_of, read_json
+from engine.session import JVM_JSON, SESSION_JSON, current_boot_id, jvm_directory_of, process_alive, read_json
 
 KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
 # The JFR event types each kind comes from (for witnesses such as `jfr print --events`).
@@ -103,37 +103,63 @@ def _lost_message(scan: ChunkScan) -> str:
 
 def _unfinished_message(scan: ChunkScan) -> str:
     chunk = scan.unfinished
-    flushed_to = chunk.start_nanos + chunk.duration_nanos
-    clock = time.strftime("%H:%M:%S", time.gmtime(flushed_to // 1_000_000_000))
     tail = (
         f"the {scan.lost_bytes} bytes written after that flush ({100 * scan.lost_bytes / scan.file_size:.1f}% of the file)"
         if scan.lost_bytes else "nothing on disk after that flush"
     )
-    died_by = _session_end_wall_ns(scan.path)
-    if died_by is not None and died_by >= flushed_to:
-        unflushed = f"at most {(died_by - flushed_to) / 1e9:.2f} s of events never flushed (its session ended then)"
-    else:
-        unflushed = "whatever the JVM had not flushed yet (JFR flushes about once a second)"
     earlier = f"; {len(scan.chunks) - 1} earlier finished chunk(s) read too" if len(scan.chunks) > 1 else ""
+    recovered = f"recovered {chunk.size} bytes, {chunk.duration_nanos / 1e9:.1f} s of events up to that flush"
+    lost = unflushed(scan)
+    if lost is not None and lost["window_ns"] is not None:
+        return f"{scan.path}: unfinished chunk: {lost['line']}; {recovered}; lost {tail}{earlier}"
+    clock = _utc(chunk.start_nanos + chunk.duration_nanos)
     return (
-        f"{scan.path}: unfinished chunk (the JVM was killed or is still recording): recovered "
-        f"{chunk.size} bytes, {chunk.duration_nanos / 1e9:.1f} s of events up to its last flush "
-        f"({clock} UTC); lost {tail} and {unflushed}{earlier}"
+        f"{scan.path}: unfinished chunk (the JVM was killed or is still recording): {recovered} ({clock}); "
+        f"lost {tail} and whatever the JVM had not flushed yet (JFR flushes about once a second){earlier}"
     )
 
 
-def _session_end_wall_ns(path: Path) -> int | None:
-    """When `tandem record` saw its command end, if this chunk's JVM was that command.
+def _utc(wall_ns: int) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(wall_ns // 1_000_000_000)) + f".{wall_ns // 1_000_000 % 1000:03d} UTC"
 
-    SESSION/session.json's `end_wall_ns` (docs/session.md) bounds when a killed JVM died
-    only if the JVM is the command's own process (a child JVM could outlive the command).
-    """
-    jvm_json, jvm_dir = _agent_description(path), jvm_directory_of(path)
-    if jvm_dir is None or not jvm_json.get("pid"):
+
+def unflushed(scan: ChunkScan) -> dict | None:
+    """The window a JVM that ended without closing its recording lost (docs/pauses.md,
+    "Unflushed"): from its last JFR flush (the unfinished chunk's end) to its process's end,
+    when that end is known; None when every chunk is finished or the JVM still runs.
+
+    Without DestroyJavaVM (a JNI host such as jpy exiting, os._exit under JPype, SIGKILL) no
+    shutdown hook runs and JFR's buffers are never written: the JVM's pauses after its last
+    flush are not in the session. SESSION/session.json's end (docs/session.md) bounds when
+    the process ended only if the JVM is the command's own process (a child JVM could
+    outlive the command)."""
+    chunk = scan.unfinished
+    if chunk is None:
         return None
-    session = read_json(jvm_dir.parent / SESSION_JSON)
-    end = session.get("end_wall_ns")
-    return int(end) if isinstance(end, int) and session.get("pid") == jvm_json["pid"] else None
+    jvm_json, jvm_dir = _agent_description(scan.path), jvm_directory_of(scan.path)
+    pid = jvm_json.get("pid")
+    session = read_json(jvm_dir.parent / SESSION_JSON) if jvm_dir is not None else {}
+    end_wall, end_mono = session.get("end_wall_ns"), session.get("end_monotonic_ns")
+    flushed_to = chunk.start_nanos + chunk.duration_nanos
+    ended = pid is not None and session.get("pid") == pid and isinstance(end_wall, int) and end_wall >= flushed_to
+    if not ended and (pid is None or process_alive(pid)) and jvm_json.get("boot_id") in (None, current_boot_id()):
+        return None  # (still recording: its pauses are yet to be flushed, not lost)
+    window = end_wall - flushed_to if ended else None
+    if window is not None:
+        line = (f"JVM pid {pid}: its host exited without shutting the JVM down; pauses after {_utc(flushed_to)} "
+                f"(the last JFR flush) are not in the session (window {window / 1e6:.0f} ms)")
+    else:
+        line = (f"JVM pid {pid}: it ended without shutting down; pauses after {_utc(flushed_to)} (the last JFR "
+                f"flush) are not in the session (window unknown: its end was not recorded)")
+    return {
+        "jvm_pid": pid,
+        "last_flush_wall_ns": int(flushed_to),
+        # the same instant on the session's CLOCK_MONOTONIC (through its end's wall/monotonic pair)
+        "last_flush_ns": int(end_mono - window) if window is not None and isinstance(end_mono, int) else None,
+        "end_wall_ns": int(end_wall) if ended else None,
+        "window_ns": None if window is None else int(window),
+        "line": line,
+    }
 
 
 # ---------------------------------------------------------------- one file
@@ -179,6 +205,7 @@ def _read_file(scan: ChunkScan, bar: "_Progress", jvm_options: tuple[str, ...]) 
         "damage": [d.as_metadata() for d in damages],
         "damaged_bytes": sum(d.lost_bytes for d in damages),
         "lost_pause_events": _lost_pause_events(damages),
+        "unflushed": unflushed(scan),
         "runs": run_meta,
     }
     return frames, source

@@ -27,7 +27,7 @@ from engine.ring.layout import (
     parse_header,
     records_offset_of,
 )
-from engine.ring.reader import EventsBlocks, _check_complete, _EventsCheck, _opaque, first_seq, read_events
+from engine.ring.reader import EventsBlocks, _check_complete, _EventsCheck, _opaque, first_seq
 from engine.session import PACKED_SUFFIX, Segment, gil_segments
 
 PACKED_MAGIC = b"TNDMPACK"
@@ -125,17 +125,6 @@ def packed_span(path: Path) -> tuple[int, int]:
     if len(prefix) < PACKED_PREFIX or prefix[:8] != PACKED_MAGIC:
         raise TandemError(f"{path}: not a packed tandem segment")
     return int.from_bytes(prefix[32:40], "little"), int.from_bytes(prefix[40:48], "little")
-
-
-def segment_span(segment: Segment) -> tuple[int, int]:
-    """(earliest, latest) event time of a segment, packed or raw (the one being written: what it
-    holds so far); (0, 0) for none or an unreadable one."""
-    try:
-        if segment.packed:
-            return packed_span(segment.path)
-        return time_span(read_events(segment.path).records)
-    except (OSError, TandemError):
-        return 0, 0
 
 
 def unpack(path: Path) -> tuple[bytes, np.ndarray]:

@@ -26,6 +26,7 @@ class ProcessCapture:
     files: list[Path]
     event_counts: dict[str, int] = field(default_factory=dict)
     problem: str | None = None
+    unflushed: str | None = None  # what a JVM whose host exited without shutting it down lost
 
     @property
     def pid(self) -> str:
@@ -79,6 +80,8 @@ def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCa
                 status.update(f"counting JFR events of {directory.name}")
             capture.event_counts, unreadable = jfr_event_counts(jfr_tool, files)
             capture.problem = capture.problem or unreadable
+        if files and description.get("state") == "recording":
+            capture.unflushed = _unflushed_line(files[-1])
         captures.append(capture)
     for directory in sorted(d for d in session.glob(PYTHON_DIRS) if d.is_dir()):
         try:
@@ -87,6 +90,20 @@ def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCa
             files = []
         captures.append(ProcessCapture("python", directory, read_json(directory / PROBE_JSON), files))
     return captures
+
+
+def _unflushed_line(chunk: Path) -> str | None:
+    """A JVM still "recording" once its command ended: what it lost after its last JFR flush
+    (docs/pauses.md, "Unflushed"), or None while it runs on."""
+    from engine.clock.chunks import scan_chunks
+    from engine.errors import TandemError
+    from engine.ingest.jfr import unflushed
+
+    try:
+        window = unflushed(scan_chunks(chunk))
+    except (OSError, TandemError):  # (never flushed, or gone: the analysis says so)
+        return None
+    return window["line"] if window else None
 
 
 def unprobed_interpreters(session: Path) -> list[dict]:
@@ -125,8 +142,9 @@ def print_summary(console, session: Path, captures: list[ProcessCapture]) -> Non
     for capture in captures:
         for file in capture.files:
             console.print(f"  {file.relative_to(session)} [dim]({_size(sizes[file])})[/dim]", highlight=False)
-        if capture.problem:
-            console.print(f"[yellow]{capture.directory.name}: {capture.problem}[/yellow]")
+        for problem in (capture.problem, capture.unflushed):
+            if problem:
+                console.print(f"[yellow]{capture.directory.name}: {problem}[/yellow]")
     if vanished:
         console.print(f"[yellow]{len(vanished)} file(s) went away before they could be read (a process cleaned up at its exit): "
                       f"{', '.join(str(f.relative_to(session)) for f in vanished)}[/yellow]", highlight=False)

@@ -133,7 +133,7 @@ final class LivePauses {
      * JFR clamps every flush interval to at least 1 s (RequestEngine/FlushTask.setInterval),
      * so a shorter one can only be had by calling the flush itself.
      */
-    private static Runnable jfrFlush(Instrumentation inst) throws Exception {
+    static Runnable jfrFlush(Instrumentation inst) throws Exception {
         Module jfr = RecordingStream.class.getModule();
         Module agent = LivePauses.class.getModule();
         ClassLoader loader = jfr.getClassLoader();

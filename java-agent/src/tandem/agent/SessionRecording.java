@@ -41,6 +41,7 @@ final class SessionRecording {
     private Recording recording;
     private LivePauses live;
     private Thread clockSync;
+    private PauseFlush pauseFlush;
     private Thread shutdownHook;
     private boolean closed;
     /** True when JFR writes the recording (its destination set), false when the agent does from kept chunks. */
@@ -104,6 +105,7 @@ final class SessionRecording {
         if (options.live) {
             startLive(settings);
         }
+        startPauseFlush();
         writeDescription("recording");
 
         shutdownHook = new Thread(() -> close("jvm exit", true), "tandem-agent-shutdown");
@@ -132,6 +134,31 @@ final class SessionRecording {
             String reason = "live output off: " + Agent.describe(t);
             Agent.warn(reason);
             description.put("live_error", reason);
+        }
+    }
+
+    /** The flush after collections (PauseFlush); where it cannot run, JFR's own flush stays, quietly. */
+    private void startPauseFlush() {
+        Map<String, Object> about = new LinkedHashMap<>();
+        try {
+            pauseFlush = PauseFlush.start(inst);
+            about.put("poll_ms", PauseFlush.POLL_MILLIS);
+            about.put("min_gap_ms", PauseFlush.MIN_GAP_MILLIS);
+        } catch (Throwable t) {
+            about.put("problem", Agent.describe(t));
+        }
+        description.put("flush_after_gc", about);
+    }
+
+    private void stopPauseFlush() {
+        if (pauseFlush == null) {
+            return;
+        }
+        pauseFlush.stop();
+        if (pauseFlush.problem() != null) {
+            @SuppressWarnings("unchecked")
+            Map<String, Object> about = (Map<String, Object>) description.get("flush_after_gc");
+            about.put("problem", pauseFlush.problem());
         }
     }
 
@@ -206,6 +233,7 @@ final class SessionRecording {
                 + (DISK_RESERVE_BYTES >> 20) + " MiB, before JFR would stop the JVM)";
         Agent.warn("recording stopped: " + reason);
         try {
+            stopPauseFlush();
             closeLive();
             if (jfrDumps) {
                 recording.setDestination(null); // no dump: it needs the space that is missing
@@ -264,6 +292,7 @@ final class SessionRecording {
         }
         try {
             clockSync.interrupt();
+            stopPauseFlush();
             if (atJvmExit) {
                 chunkKeeper.keepNewChunks(); // before JFR's own hook can clear the repository
             }
