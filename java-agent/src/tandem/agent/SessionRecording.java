@@ -30,6 +30,7 @@ final class SessionRecording {
     private static SessionRecording current;
 
     private final AgentOptions options;
+    private long lastRotationNanos = System.nanoTime(); // rotateChunkWhenDue
     private final String mode;
     private final Instrumentation inst;
     private final Path directory;
@@ -90,7 +91,11 @@ final class SessionRecording {
             recording.setMaxSize(options.maxBytes); // the flight recorder: JFR deletes its oldest chunks
         }
         if (options.maxAgeSeconds > 0) {
-            recording.setMaxAge(Duration.ofMillis((long) (options.maxAgeSeconds * 1000)));
+            // JFR drops the chunks whose end is older than this when it finishes a chunk, and a chunk
+            // spans at most one rotation period (rotateChunkWhenDue): what it holds reaches back
+            // maxage plus two periods at most, so two periods less keeps it within --max-age.
+            long ageMillis = (long) (options.maxAgeSeconds * 1000);
+            recording.setMaxAge(Duration.ofMillis(Math.max(ageMillis - 2 * rotationPeriodMillis(), rotationPeriodMillis())));
         }
 
         long monotonicBefore = System.nanoTime();
@@ -174,6 +179,37 @@ final class SessionRecording {
         }
     }
 
+    /**
+     * The flight recorder: JFR applies maxage/maxsize to whole chunks, and left alone starts a new
+     * chunk only every 12 MB (hours of history at a quiet JVM's rate). Starting a recording to disk
+     * makes JFR begin a new chunk (and stopping it another), so a short empty one every
+     * rotationPeriodMillis keeps chunks that short; JFR's maxage is set two periods below --max-age.
+     */
+    private void rotateChunkWhenDue() {
+        long now = System.nanoTime();
+        if (now - lastRotationNanos < rotationPeriodMillis() * 1_000_000L) {
+            return;
+        }
+        lastRotationNanos = now;
+        try (Recording rotation = new Recording()) {
+            rotation.setName("tandem-chunk-rotation");
+            rotation.setToDisk(true);
+            rotation.start();
+        } catch (Throwable t) {
+            Agent.warn("could not start a new JFR chunk for --max-age: " + Agent.describe(t));
+            lastRotationNanos = Long.MAX_VALUE / 2; // said once; JFR's own 12 MB chunks remain
+        }
+    }
+
+    /** A tenth of --max-age, within [5 s, 60 s] (at most a third of it); 60 s with --max-size alone. */
+    private long rotationPeriodMillis() {
+        if (options.maxAgeSeconds <= 0) {
+            return 60_000;
+        }
+        long ageMillis = (long) (options.maxAgeSeconds * 1000);
+        return Math.min(ageMillis / 3, Math.min(60_000, Math.max(5_000, ageMillis / 10)));
+    }
+
     private void commitClockSyncEverySecond() {
         try {
             while (!Thread.currentThread().isInterrupted()) {
@@ -181,6 +217,7 @@ final class SessionRecording {
                 ClockSyncEvent.commitNow();
                 chunkKeeper.keepNewChunks();
                 if (options.bounded()) {
+                    rotateChunkWhenDue();
                     chunkKeeper.forgetRotatedChunks(); // else our links would keep what maxsize/maxage let go
                 }
                 letJfrDumpIfChunksAreNotKept();
