@@ -10,6 +10,15 @@ pairs of the same 60 minutes from a Parquet copy of the intervals, in the same r
 is the kernel's count for each process; each figure is the best of three runs, the three
 commands alternating, after the files written are synced. TANDEM_BENCH_SESSION_MINUTES=6 shrinks the long
 session (the short one is a sixth of it) for quick checks.
+
+The real shape beside it: the demo service (engine/demo/workload.py: JPype with its GC link,
+code attribution on) recorded with `tandem record` for DEMO_SECONDS, then its pauses table and
+GIL intervals repeated in time (`repeat_recording`: each copy shifted by the recording's length;
+pids, tids, code, thread names, jvm_pid, requester columns and System.gc() causes as they are;
+pause, safepoint and GC ids renumbered per copy) to 10 minutes, 1 hour and (with
+TANDEM_BENCH_SESSION_8H=1) 8 hours, written as `--pauses P --gil G` Parquet inputs; DuckDB
+computes only the overlaps of the hour. TANDEM_BENCH_SESSION_MINUTES shrinks the hour here too;
+TANDEM_BENCH_DEMO_SESSION=DIR takes an existing recording of the demo instead of making one.
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ from bench import Row
 from bench.bench_join import DUCKDB_OVERLAPS, run_measured
 
 PROCESSES = 3
+DEMO_SECONDS = 30
 THREADS = 16
 INTERVALS_PER_S = 14_000  # all processes together: 50.4 M intervals an hour
 PAUSES_PER_HOUR = 20_000
@@ -138,7 +148,131 @@ def write_session(directory: Path, minutes: float, seed: int = 7, parquet_copy: 
     return session, directory / f"P-{minutes:g}min.parquet", total
 
 
+def record_demo(session: Path, seconds: float = DEMO_SECONDS) -> Path:
+    """SESSION: `tandem record` of the demo service for SECONDS."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "engine", "record", "-o", str(session), "--",
+                    sys.executable, "-m", "engine.demo.workload", "--seconds", str(seconds)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return session
+
+
+def repeat_recording(session: Path, directory: Path, minutes: float) -> tuple[Path, Path, dict]:
+    """P and G (Parquet) of SESSION's pauses and GIL intervals repeated in time to MINUTES; the
+    GIL rows in start order. Returns (P, G, counts)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from engine.correlate.stops import stop_ids
+    from engine.analysis.causes import inference_candidates
+    from engine.ingest.gil_stream import BLOCK_ROWS
+    from engine.ingest.inputs import gil_from, pauses_from
+    from engine.store import TableWriter, write_table
+
+    pauses, _ = pauses_from(session=session)
+    gil, _ = gil_from(session=session)
+    gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)
+    first = min(int(pauses["start_ns"].min()), int(gil["start_ns"].min()))
+    span = max(int(pauses["end_ns"].max()), int(gil["end_ns"].max())) - first + 1
+    copies = max(1, round(minutes * 60e9 / span))
+    pauses_out, gil_out = directory / f"P-real-{minutes:g}min.parquet", directory / f"G-real-{minutes:g}min.parquet"
+    ids = {c: int(pauses[c].max()) + 1 for c in ("pause_id", "safepoint_id", "gc_id")
+           if c in pauses.columns and pauses[c].notna().any()}
+    parts = []
+    for k in range(copies):
+        part = pauses.copy()
+        part["start_ns"] += k * span
+        part["end_ns"] += k * span
+        for column, step in ids.items():
+            part[column] = part[column] + k * step
+        parts.append(part)
+    repeated = pd.concat(parts, ignore_index=True)
+    write_table(repeated, pauses_out, pauses.attrs)
+    base = pa.Table.from_pandas(gil, preserve_index=False)
+    start, end = base.column("start_ns").to_numpy(), base.column("end_ns").to_numpy()
+    # Row groups of exactly BLOCK_ROWS rows (the streamed reader's block), as one write would make.
+    writer, pending = TableWriter(gil_out, base.schema), []
+    for k in range(copies + 1):
+        if k < copies:
+            pending.append(base.set_column(base.schema.get_field_index("start_ns"), "start_ns", pa.array(start + k * span))
+                           .set_column(base.schema.get_field_index("end_ns"), "end_ns", pa.array(end + k * span)))
+        buffered = sum(t.num_rows for t in pending)
+        if buffered >= BLOCK_ROWS or (k == copies and buffered):
+            rows = pa.concat_tables(pending).combine_chunks()
+            whole = rows.num_rows - rows.num_rows % BLOCK_ROWS if k < copies else rows.num_rows
+            for at in range(0, whole, BLOCK_ROWS):
+                writer.write(rows.slice(at, min(BLOCK_ROWS, whole - at)))
+            pending = [rows.slice(whole)]
+    writer.close(gil.attrs)
+    unnamed = int(inference_candidates(pauses, stop_ids(pauses)).sum())
+    return pauses_out, gil_out, {"intervals": copies * len(gil), "pauses": len(repeated),
+                                 "system_gc_unnamed": copies * unnamed, "copies": copies}
+
+
+def real_shape(console, tmp: Path) -> list[Row]:
+    """The demo's recording repeated to 10 minutes, 1 hour (and 8 hours), analyzed; DuckDB on the hour."""
+    given = os.environ.get("TANDEM_BENCH_DEMO_SESSION")
+    if given:
+        session = Path(given)
+    else:
+        console.print(f"recording the demo service for {DEMO_SECONDS} s ...")
+        session = record_demo(tmp / "demo-session")
+    hour = float(os.environ.get("TANDEM_BENCH_SESSION_MINUTES", "60"))  # (shrinks this one too)
+    lengths = [hour / 6, hour, *([480] if os.environ.get("TANDEM_BENCH_SESSION_8H") == "1" else [])]
+    inputs = {}
+    for minutes in lengths:
+        pauses, gil, counts = repeat_recording(session, tmp, minutes)
+        inputs[minutes] = (pauses, gil, counts)
+        console.print(f"real shape, {minutes:g} min: {counts['intervals'] / 1e6:.1f} M GIL intervals, "
+                      f"{counts['pauses']:,} pauses, {counts['system_gc_unnamed']:,} System.gc() pauses with no requester")
+    os.sync()
+
+    def tandem(minutes):
+        pauses, gil, _ = inputs[minutes]
+        return [sys.executable, "-m", "engine", "analyze", "--pauses", str(pauses), "--gil", str(gil),
+                "-o", str(tmp / f"out-real-{minutes:g}min")]
+
+    short_minutes = hour / 6
+    hour_pauses, hour_gil, counts = inputs[hour]
+    duck = [sys.executable, "-c", "import duckdb; duckdb.connect().execute({!r})".format(
+        DUCKDB_OVERLAPS.format(pauses=hour_pauses, gil=hour_gil, out=tmp / "duck-real.parquet"))]
+    run_measured(tandem(short_minutes))  # warm-up
+    runs = {"short": [], "long": [], "duckdb": []}
+    for _ in range(3):
+        runs["long"].append(run_measured(tandem(hour)))
+        runs["duckdb"].append(run_measured(duck))
+        runs["short"].append(run_measured(tandem(short_minutes)))
+    (long_s, long_gib), (short_s, short_gib), (duck_s, duck_gib) = (min(runs[k]) for k in ("long", "short", "duckdb"))
+    rate = counts["intervals"] / long_s
+    console.print(f"real shape, {hour:g} min, {counts['intervals'] / 1e6:.1f} M intervals: tandem {long_s:.1f} s "
+                  f"({rate / 1e6:.2f} M intervals/s), peak RSS {long_gib:.2f} GiB; {short_minutes:g} min: {short_s:.1f} s, "
+                  f"{short_gib:.2f} GiB; DuckDB overlaps only: {duck_s:.1f} s, {duck_gib:.2f} GiB")
+    label = f"real shape, {hour:g} min, {counts['intervals'] / 1e6:.1f} M intervals"
+    rows = [
+        Row("session", f"tandem analyze --pauses --gil ({label}) vs DuckDB overlaps only", long_s, duck_s, "s",
+            "<= 1/2.5x", long_s * 2.5 <= duck_s),
+        Row("session", f"intervals/s ({label}; anchor: the bar)", rate, 5e6, "intervals/s", ">= 5 M/s", rate >= 5e6),
+        Row("session", f"peak RSS ({label}; anchor: DuckDB's)", long_gib, duck_gib, "GiB", "<= 1.5 GiB", long_gib <= 1.5),
+        Row("session", f"peak RSS real shape {hour:g} min vs {short_minutes:g} min", long_gib, short_gib, "GiB", "-", None),
+    ]
+    if 480 in inputs:
+        day_s, day_gib = run_measured(tandem(480))
+        console.print(f"real shape, 8 h, {inputs[480][2]['intervals'] / 1e6:.1f} M intervals: {day_s:.1f} s "
+                      f"({inputs[480][2]['intervals'] / day_s / 1e6:.2f} M intervals/s), peak RSS {day_gib:.2f} GiB")
+        rows.append(Row("session", f"peak RSS real shape 8 h vs {short_minutes:g} min", day_gib, short_gib, "GiB",
+                        "<= 1.2x", day_gib <= 1.2 * short_gib))
+    return rows
+
+
 def main(console) -> list[Row]:
+    rows = synthetic(console)
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-real-") as tmp:
+        rows += real_shape(console, Path(tmp))
+    return rows
+
+
+def synthetic(console) -> list[Row]:
     minutes = float(os.environ.get("TANDEM_BENCH_SESSION_MINUTES", "60"))
     with tempfile.TemporaryDirectory(prefix="tandem-bench-session-") as tmp:
         tmp = Path(tmp)
