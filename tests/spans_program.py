@@ -9,7 +9,8 @@ few tries) and gives the SDK those wall-clock times as the span's, so the span a
 ground-truth bracket are the same instants: what the test checks is tandem's clock and
 arithmetic, not the SDK's delay in stamping a span. A third thread
 spins in Python (so the request threads wait for the GIL) and a fourth calls System.gc() at
-known moments. argv: spans file, markers file (JSON: per request its span id, thread and
+known moments. Under `tandem live --otlp-receiver` the spans also go to tandem's receiver
+through the SDK's OTLP/HTTP exporter, configured by the environment. argv: spans file, markers file (JSON: per request its span id, thread and
 bracket; per System.gc() call its bracket).
 """
 import json
@@ -34,6 +35,10 @@ System = jpype.JClass("java.lang.System")
 provider = TracerProvider(resource=Resource.create({"service.name": "known-requests", "process.pid": os.getpid()}))
 add_thread_of_span(provider)
 provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileExporter(spans_path), schedule_delay_millis=200))
+if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):  # (under tandem live --otlp-receiver: to it as well)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), schedule_delay_millis=200))
 tracer = provider.get_tracer("tests.spans_program")
 requests, gc_calls = [], []
 done = threading.Event()

@@ -115,3 +115,22 @@ def test_requests_table_and_summary(recorded):
         assert row.p99_latency_ms == pytest.approx(np.percentile(mine["duration_ns"], 99) / 1e6)
         assert row.p99_lost_share == pytest.approx(np.percentile(mine["lost_share"], 99))
     assert "requests hurt" in stdout and "/gc:" in stdout
+
+
+def test_live_receiver_and_offline_file_agree(tmp_path):
+    """tandem live --otlp-receiver: the program's SDK, pointed at the receiver by the
+    environment tandem sets, exports the same spans it writes to its own file; analyzed with
+    either, spans.parquet is the same."""
+    session, spans = tmp_path / "session", tmp_path / "spans.jsonl"
+    live = subprocess.run([*TANDEM, "live", "--session", str(session), "--roll", "2s", "--otlp-receiver", "0", "--",
+                           sys.executable, str(PROGRAM), str(spans), str(tmp_path / "markers.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert live.returncode == 0, live.stderr
+    assert "60 span(s) received into" in live.stderr
+    results = {}
+    for name, given in (("offline", spans), ("live", session / "spans.binpb")):
+        subprocess.run([*TANDEM, "analyze", str(session), "-o", str(tmp_path / name), "--spans", str(given)],
+                       check=True, capture_output=True, text=True, timeout=300)
+        results[name] = pd.read_parquet(tmp_path / name / "spans.parquet")
+    assert len(results["live"]) == 60
+    pd.testing.assert_frame_equal(results["live"], results["offline"])

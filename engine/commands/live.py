@@ -32,6 +32,9 @@ def live(
     service: str = typer.Option("", "--service", help="Service name for the metrics (label `service`, OTel service.name)."),
     python: List[str] = typer.Option([], "--python", help="With a command: an interpreter it runs, to build the GIL probe for "
                                      "before it starts (repeatable; others are built on first use)."),
+    otlp_receiver: Optional[int] = typer.Option(None, "--otlp-receiver", help="With a command: receive its OpenTelemetry "
+                                                "spans over OTLP/HTTP on this port (the command's SDK is pointed at it) "
+                                                "into SESSION/spans.binpb, for `tandem analyze --spans` (docs/spans.md)."),
     pause_ring: bool = typer.Option(True, "--pause-ring/--no-pause-ring", hidden=True,
                                     help="With a command: JVM pauses from the agent's pause ring (default) or the JFR repository only "
                                     "(for bench/bench_live.py's before/after)."),
@@ -86,6 +89,8 @@ def live(
         keep_private()  # the parts written into SESSION/live are as private as the session
         if len(args) != 1:
             raise TandemError("give one SESSION directory, or `-- COMMAND...` to run one")
+        if otlp_receiver is not None:
+            raise TandemError("--otlp-receiver goes with a command (`-- COMMAND...`): its SDK is pointed at the receiver")
         session = Path(args[0]).expanduser().absolute()
         if not session.is_dir():
             raise TandemError(f"{session}: not a session directory")
@@ -119,6 +124,13 @@ def live(
     })
     with console.status("building the GIL probe for the interpreters found"):
         launch.prebuild_probes(directory, env, python)
+    receiver = None
+    if otlp_receiver is not None:
+        from engine.spans.receiver import SESSION_SPANS, OtlpHttpReceiver, exporter_environment
+
+        # (The live view does not show spans yet: they are kept for tandem analyze --spans.)
+        receiver = OtlpHttpReceiver(otlp_receiver, lambda spans: None, copy_to=directory / SESSION_SPANS)
+        env.update(exporter_environment(receiver, env))
     run = LiveRun(directory, output or directory / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view)
     _observe(run, metrics)
     console.print(f"[dim]tandem: running `{shlex.join(command)}` live into {directory}[/dim]")
@@ -138,6 +150,9 @@ def live(
         run.command_done.set()
         while loop.is_alive():
             loop.join(0.2)
+    if receiver is not None:
+        receiver.close()
+        console.print(f"[dim]tandem: {receiver.spans} span(s) received into {directory / SESSION_SPANS}[/dim]")
     _close(metrics, metrics_linger, console)
     if run.error is not None:
         raise run.error

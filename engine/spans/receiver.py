@@ -27,8 +27,17 @@ from engine.errors import TandemError
 from engine.spans.source import BINPB_SUFFIX, SPAN_COLUMNS, _Malformed, _frame, _read_request, spans_of_message
 
 TRACES_PATH = "/v1/traces"
+SESSION_SPANS = "spans.binpb"  # what `tandem live --otlp-receiver` keeps in the session
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
 MAX_BODY = 64 << 20
+
+
+def exporter_environment(receiver: "OtlpHttpReceiver", env: dict) -> dict:
+    """The environment variables that point an OpenTelemetry SDK's OTLP trace exporter at RECEIVER
+    (those the user set in ENV stay)."""
+    wanted = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+              "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    return {key: value for key, value in wanted.items() if key not in env}
 
 
 class OtlpHttpReceiver:
