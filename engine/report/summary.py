@@ -206,8 +206,9 @@ def memory_lines(growths: list) -> list[str]:
                      + ", ".join(f"{BUCKET_NAMES[b]} {_bytes(rate)}/s" for b, rate in g.rates.items()))
         if g.leak:
             part = f" ({g.leak_part})" if g.leak_part else ""
+            live = f", its live set after GC +{_bytes(g.leak_rate)}/s" if g.leak == "jvm_heap" else ""
             lines.append(f"  leak-like growth: RSS +{_bytes(g.rss_rate)}/s, {g.leak_share:.0%} of it "
-                         f"{BUCKET_NAMES[g.leak]}{part} at +{_bytes(g.leak_rate)}/s")
+                         f"{BUCKET_NAMES[g.leak]}{part} at +{_bytes(g.rates[g.leak])}/s{live}")
         else:
             lines.append("  no leak-like growth")
     return lines
