@@ -72,6 +72,7 @@ def test_attach_records_a_running_cpython_and_leaves_it_unharmed(python, tmp_pat
     assert "Traceback" not in err and "tandem" not in err, err
     meta = json.loads((session / f"py-{target.pid}" / "probe.json").read_text())
     assert meta["state"] == "closed" and meta["pid"] == target.pid
+    assert not list(session.glob(".attach-*"))  # the two injected copies (start, stop) are gone
     df = read_gil(session / f"py-{target.pid}")
     first, last = df.start_ns.min(), df.end_ns.max()
     found = json.loads(witness.read_text())

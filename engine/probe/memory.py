@@ -27,18 +27,27 @@ FILE_NAME = "memory.jsonl"
 PERIOD_S = 1.0
 
 _started_in_pid: int | None = None
+_thread: threading.Thread | None = None
 
 
 def start(directory: str, period_s: float = PERIOD_S) -> None:
     """Sample this process into DIRECTORY/memory.jsonl from a daemon thread (once per process:
     a forked child calls this again from its own start)."""
-    global _started_in_pid
+    global _started_in_pid, _thread
     if _started_in_pid == os.getpid():
         return
     _started_in_pid = os.getpid()
-    thread = threading.Thread(target=_sample_forever, args=(os.path.join(directory, FILE_NAME), period_s),
-                              name="tandem-memory", daemon=True)
-    thread.start()
+    _thread = threading.Thread(target=_sample_forever, args=(os.path.join(directory, FILE_NAME), period_s),
+                               name="tandem-memory", daemon=True)
+    _thread.start()
+
+
+def stop() -> None:
+    """End the sampling and its thread (tandem attach's stop leaves no thread of ours in the service)."""
+    global _started_in_pid
+    _started_in_pid = None
+    if _thread is not None and _thread is not threading.current_thread():
+        _thread.join()
 
 
 def _sample_forever(path: str, period_s: float) -> None:

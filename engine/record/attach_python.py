@@ -300,6 +300,8 @@ finally:
 
 _STOP = '''
 import engine.probe
+from engine.probe import memory
+memory.stop()  # joined before the probe says closed: no thread of ours stays
 engine.probe.stop()
 '''
 
