@@ -1,6 +1,7 @@
 """GIL events kept as segments (the flight recorder): where they are, how they are packed, how
-they are read. Every reader of a process's events (read_gil, the streamed analysis, tandem
-live, tandem dump) asks this module; nothing else knows the names or the packed encoding.
+they are read. Every reader of a process's drained events (read_gil, the streamed analysis and
+so Perfetto export and fleet, tandem dump) goes through `events_blocks`; nothing else knows the
+packed encoding (engine/session.py names the files). tandem live follows the rings, not these.
 
 A process that records with rotation (`engine.probe.start(..., segment_bytes=, segment_ms=)`)
 writes `gil.events.000000`, `gil.events.000001`, ... (docs/ring.md, "Segments"): each a whole
@@ -39,14 +40,6 @@ PACKED_PREFIX = 48  # magic, version, record size, rows, events file size, first
 PACKED_COLUMNS = (("lane", 2), ("kind", 2), ("tid", 4), ("seq", 8), ("mono_ns", 8), ("aux", 8))
 LANE_DELTA = ("tid", "seq", "mono_ns")
 ZSTD_LEVEL = 3
-
-
-# ---- where -----------------------------------------------------------------------------------
-
-
-def segments_of(events_path: Path) -> list[Segment]:
-    """The kept segments of a recording (engine.session.gil_segments)."""
-    return gil_segments(events_path)
 
 
 # ---- packed encoding (docs/ring.md, "Packed segments") ----------------------------------------
@@ -222,7 +215,7 @@ class SegmentedBlocks:
     def __init__(self, events_path: Path, block_records: int = 1 << 20):
         self.path = Path(events_path)
         self.block_records = block_records
-        self.segments = segments_of(self.path)
+        self.segments = gil_segments(self.path)
         if not self.segments:
             raise TandemError(f"{self.path}: no events file and no segments of it")
         self.header = self._first_header()
@@ -259,7 +252,9 @@ class SegmentedBlocks:
                 if expected is None:  # the oldest went meanwhile: the window starts later
                     continue
                 raise TandemError(f"{segment.path}: a kept segment vanished while being read") from None
-            if expected is not None and not np.array_equal(first_seq(reader.header), expected):
+            if expected is None:  # (the first one read: what went before it was rotated out)
+                self.window = SegmentWindow.of(reader.header)
+            elif not np.array_equal(first_seq(reader.header), expected):
                 raise TandemError(f"{segment.path}: its lanes do not continue the segment before it (a segment is missing)")
             if reader.header.lane_count != lane_count or reader.header.producer_pid != self.header.producer_pid:
                 raise TandemError(f"{segment.path}: a segment of another recording")
@@ -281,8 +276,9 @@ class SegmentedBlocks:
 
 @dataclass
 class SegmentWindow:
-    """What a segmented recording keeps: its segments, the first kept one's number, and what
-    rotation took before it (per lane positions before the first kept segment)."""
+    """What a segmented recording keeps: the first kept segment's number, how many are kept, the
+    events before the first (positions and drops of every lane: rotated out), and the earliest
+    and latest event time read."""
 
     first_segment: int
     rotated_out_events: int  # records and drops before the first kept segment
@@ -314,6 +310,6 @@ def events_blocks(events_path: Path, block_records: int = 1 << 20):
     events_path = Path(events_path)
     if events_path.name.endswith(PACKED_SUFFIX):
         return PackedBlocks(events_path, block_records)
-    if not events_path.exists() and segments_of(events_path):
+    if not events_path.exists() and gil_segments(events_path):
         return SegmentedBlocks(events_path, block_records)
     return EventsBlocks(events_path, block_records)

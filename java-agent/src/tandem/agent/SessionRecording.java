@@ -31,6 +31,9 @@ final class SessionRecording {
 
     private final AgentOptions options;
     private long lastRotationNanos = System.nanoTime(); // rotateChunkWhenDue
+    private Recording rotation; // rotateChunkWhenDue's empty recording while it runs
+    private boolean rotationStopped; // (guarded by rotationLock)
+    private final Object rotationLock = new Object();
     private final String mode;
     private final Instrumentation inst;
     private final Path directory;
@@ -160,9 +163,10 @@ final class SessionRecording {
             return;
         }
         pauseFlush.stop();
+        @SuppressWarnings("unchecked")
+        Map<String, Object> about = (Map<String, Object>) description.get("flush_after_gc");
+        about.put("after", pauseFlush.watching());
         if (pauseFlush.problem() != null) {
-            @SuppressWarnings("unchecked")
-            Map<String, Object> about = (Map<String, Object>) description.get("flush_after_gc");
             about.put("problem", pauseFlush.problem());
         }
     }
@@ -182,19 +186,52 @@ final class SessionRecording {
     /**
      * The flight recorder: JFR applies maxage/maxsize to whole chunks, and left alone starts a new
      * chunk only every 12 MB (hours of history at a quiet JVM's rate). Starting a recording to disk
-     * makes JFR begin a new chunk (and stopping it another), so a short empty one every
-     * rotationPeriodMillis keeps chunks that short; JFR's maxage is set two periods below --max-age.
+     * makes JFR begin a new chunk, and stopping it another: an empty recording started at one
+     * period's end and stopped at the next keeps chunks one rotationPeriodMillis long; JFR's
+     * maxage is set two periods below --max-age.
      */
     private void rotateChunkWhenDue() {
+        synchronized (rotationLock) {
+            if (rotationStopped) {
+                return;
+            }
+            rotateChunkWhenDueLocked();
+        }
+    }
+
+    /** At close: the empty recording must not outlive ours (it would keep JFR writing chunks). */
+    private void stopChunkRotation() {
+        synchronized (rotationLock) {
+            rotationStopped = true;
+            if (rotation != null) {
+                try {
+                    rotation.close();
+                } catch (Throwable ignored) {
+                    // the JVM is going down; nothing to keep
+                }
+                rotation = null;
+            }
+        }
+    }
+
+    private void rotateChunkWhenDueLocked() {
         long now = System.nanoTime();
         if (now - lastRotationNanos < rotationPeriodMillis() * 1_000_000L) {
             return;
         }
         lastRotationNanos = now;
-        try (Recording rotation = new Recording()) {
-            rotation.setName("tandem-chunk-rotation");
-            rotation.setToDisk(true);
-            rotation.start();
+        try {
+            // Starting a recording and stopping it each begin a chunk: one of the two per period.
+            if (rotation == null) {
+                rotation = new Recording();
+                rotation.setName("tandem-chunk-rotation");
+                rotation.setToDisk(true);
+                rotation.start();
+            } else {
+                Recording running = rotation;
+                rotation = null;
+                running.close();
+            }
         } catch (Throwable t) {
             Agent.warn("could not start a new JFR chunk for --max-age: " + Agent.describe(t));
             lastRotationNanos = Long.MAX_VALUE / 2; // said once; JFR's own 12 MB chunks remain
@@ -329,6 +366,7 @@ final class SessionRecording {
         }
         try {
             clockSync.interrupt();
+            stopChunkRotation();
             stopPauseFlush();
             if (atJvmExit) {
                 chunkKeeper.keepNewChunks(); // before JFR's own hook can clear the repository

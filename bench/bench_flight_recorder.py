@@ -1,0 +1,164 @@
+"""The flight recorder over a long run of the demo service (`tandem record --max-size --max-age`):
+the session's disk use and the history it keeps, sampled every second, against the bounds;
+bytes per hour of GIL events raw and packed, and of JFR; `tandem dump` of the running session
+(analyzable, and the service's work rate during the dumps against the rest).
+
+    python -m bench.bench_flight_recorder [--minutes 30] [--max-size 200M] [--max-age 10m]
+
+`make bench` runs it for MINUTES (env TANDEM_BENCH_FLIGHT_MINUTES, default 2; the issue's bar
+is sampled over 30 minutes: run it alone for that). The service's work rate is its GIL releases
+per second (each request of the demo releases the GIL): what the session itself recorded,
+1-second bins overlapping a dump against the others."""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench import Row
+
+DUMPS = 3
+
+
+def _history_s(session: Path) -> float:
+    """Seconds between the oldest and the newest event of the packed GIL segments kept now."""
+    from engine.ingest.segments import packed_span
+    from engine.session import GIL_EVENTS, PYTHON_DIRS, gil_segments
+
+    spans = []
+    for directory in session.glob(PYTHON_DIRS):
+        for segment in gil_segments(directory / GIL_EVENTS):
+            if segment.packed:
+                try:
+                    spans.append(packed_span(segment.path))
+                except OSError:
+                    pass
+    spans = [s for s in spans if s[1]]
+    return (max(s[1] for s in spans) - min(s[0] for s in spans)) / 1e9 if spans else 0.0
+
+
+def _jfr_mb_per_hour(session: Path) -> float:
+    """MB per hour of the history each JVM's recording holds (its size over its duration, as the
+    JDK's `jfr summary` reads it), summed over the JVMs."""
+    import re
+
+    from engine import jvm
+
+    total = 0.0
+    for recording in session.glob("jvm-*/recording.jfr"):
+        summary = subprocess.run([str(jvm.jdk_tool("jfr")), "summary", str(recording)], capture_output=True, text=True).stdout
+        found = re.search(r"Duration: (\d+) s", summary)
+        if found and int(found.group(1)):
+            total += recording.stat().st_size / int(found.group(1)) * 3600 / 1e6
+    return total
+
+
+def run(console, minutes: float, max_size: str, max_age: str) -> list[Row]:
+    from engine.ingest.gil import read_gil
+    from engine.record.keeper import disk_use, parse_duration, parse_size
+    from engine.session import read_json
+
+    seconds = minutes * 60
+    limit_bytes, limit_age = parse_size(max_size), parse_duration(max_age)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-flight-") as tmp:
+        session = Path(tmp) / "s"
+        service = subprocess.Popen([sys.executable, "-m", "engine", "record", "--max-size", max_size, "--max-age", max_age,
+                                    "-o", str(session), "--", sys.executable, "-m", "engine.demo.workload",
+                                    "--seconds", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        began = time.monotonic()
+        sizes, histories, dumps = [], [], []
+
+        def sample() -> None:  # every second, whatever the dumps are doing
+            while service.poll() is None:
+                time.sleep(1)
+                if session.is_dir():
+                    sizes.append(disk_use(session))
+                    histories.append(_history_s(session))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        # dumps in the last part of the run, inside the history kept at the end
+        dump_at = [seconds - min(limit_age, seconds) * (0.8 - 0.2 * k) for k in range(DUMPS)]
+        while service.poll() is None:
+            time.sleep(0.2)
+            elapsed = time.monotonic() - began
+            if dump_at and elapsed >= dump_at[0] and service.poll() is None:
+                dump_at.pop(0)
+                snapshot = Path(tmp) / f"dump{len(dumps)}"
+                start_ns = time.monotonic_ns()
+                dumped = subprocess.run([sys.executable, "-m", "engine", "dump", str(session), "-o", str(snapshot),
+                                         "--last", "30s"], capture_output=True, text=True)
+                dumps.append((start_ns, time.monotonic_ns(), dumped.returncode, snapshot))
+        _, err = service.communicate()
+        sampler.join()
+        if service.returncode != 0:
+            raise RuntimeError(f"tandem record failed: {err[-2000:]}")
+        kept = read_json(session / "session.json").get("flight_recorder", {})
+        console.print(f"{minutes:g} min, bounds {max_size} / {max_age}: disk use max {max(sizes) / 2**20:.1f} MiB over "
+                      f"{len(sizes)} samples, history kept max {max(histories):.1f} s; keeper: {kept}")
+        rows.append(Row("flight", f"session disk use, max of {len(sizes)} samples (1/s) over {minutes:g} min vs --max-size {max_size}",
+                        max(sizes) / 2**20, limit_bytes / 2**20, "MiB", "never above", max(sizes) <= limit_bytes))
+        rows.append(Row("flight", f"GIL history kept, max of {len(histories)} samples vs --max-age {max_age}",
+                        max(histories), limit_age, "s", "never above", max(histories) <= limit_age))
+        # bytes per hour: GIL raw vs packed (what the keeper packed), JFR (its recording at the end)
+        hours = seconds / 3600
+        raw_h, packed_h = kept.get("raw_bytes_packed", 0) / hours / 1e6, kept.get("packed_bytes", 0) / hours / 1e6
+        jfr_h = _jfr_mb_per_hour(session)
+        console.print(f"GIL events: raw {raw_h:.1f} MB/h, packed {packed_h:.1f} MB/h ({raw_h / max(packed_h, 1e-9):.1f}x); "
+                      f"JFR {jfr_h:.1f} MB per hour of the history its recording holds")
+        rows.append(Row("flight", "GIL events per hour of history: packed segments vs raw events (anchor)", packed_h, raw_h,
+                        "MB/h", "(GIL side)", None))
+        rows.append(Row("flight", "disk per hour of history kept: packed GIL events + JFR vs 100 MB/h", packed_h + jfr_h, 100.0,
+                        "MB/h", "<= 100 MB/h", packed_h + jfr_h <= 100))
+        # dumps: analyzable, and the work rate during them
+        gil = read_gil(session)
+        drops = gil[gil["state"] == "released"]["start_ns"].to_numpy(np.int64)
+        if len(drops) and dumps:
+            first, last = int(drops.min()), int(drops.max())
+            bins = np.bincount((drops - first) // 1_000_000_000)
+            during = np.zeros(len(bins), bool)
+            for start_ns, end_ns, _code, _snap in dumps:
+                lo, hi = max((start_ns - first) // 1_000_000_000, 0), min((end_ns - first) // 1_000_000_000, len(bins) - 1)
+                if hi >= 0 and lo < len(bins):
+                    during[lo:hi + 1] = True
+            whole = np.ones(len(bins), bool)
+            whole[[0, -1]] = False  # the kept window's edges are part-seconds
+            if (during & whole).any() and (~during & whole).any():
+                rate_dump = statistics.median(bins[during & whole].tolist())
+                rate_rest = statistics.median(bins[~during & whole].tolist())
+                console.print(f"GIL releases/s: {rate_dump:.0f} during dumps (median of {int((during & whole).sum())} s), "
+                              f"{rate_rest:.0f} otherwise")
+                rows.append(Row("flight", "service work rate (GIL releases/s) during tandem dump vs otherwise (anchor)",
+                                rate_dump, rate_rest, "releases/s", ">= 0.95x", rate_dump >= 0.95 * rate_rest))
+        for k, (start_ns, end_ns, code, snapshot) in enumerate(dumps):
+            analyzed = subprocess.run([sys.executable, "-m", "engine", "analyze", str(snapshot), "-o", str(snapshot / "out")],
+                                      capture_output=True, text=True)
+            rows.append(Row("flight", f"tandem dump {k + 1} of the running session: wall time, then analyzed",
+                            (end_ns - start_ns) / 1e9, 1.0, "s", "exit 0 and analyzable", code == 0 and analyzed.returncode == 0))
+    return rows
+
+
+def main(console) -> list[Row]:
+    return run(console, float(os.environ.get("TANDEM_BENCH_FLIGHT_MINUTES", "2")), "200M", "10m")
+
+
+if __name__ == "__main__":
+    from rich.console import Console
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--max-size", default="200M")
+    parser.add_argument("--max-age", default="10m")
+    args = parser.parse_args()
+    console = Console()
+    for row in run(console, args.minutes, args.max_size, args.max_age):
+        console.print(f"{row.what}: {row.ours:.3g} {row.unit} vs {row.anchor:.3g} ({row.goal}) {'ok' if row.ratio_ok else 'NOT MET'}")
