@@ -205,7 +205,7 @@ class SpanFigures:
         for (key, j), index in groups.groupby(["key", "scope"], sort=False).indices.items():
             rows = groups.index.to_numpy()[index]
             stops = self._scope_sets[int(j)]
-            whole_process = key & _TID_MASK == _TID_MASK
+            whole_process = (key & _TID_MASK) == _TID_MASK
             first, last = (np.searchsorted(gil_key, (key >> _TID_BITS) << _TID_BITS), np.searchsorted(gil_key, key, "right")) \
                 if whole_process else (np.searchsorted(gil_key, key), np.searchsorted(gil_key, key, "right"))
             mine = slice(first, last)
