@@ -34,7 +34,8 @@ def analyze(
                                        "results instead of copying their intervals into OUT/gil.parquet (faster; OUT "
                                        "then needs the session and tandem to read the GIL table)."),
     copy_gil: bool = typer.Option(False, "--copy-gil", hidden=True, help="The default now (kept for old scripts)."),
-    spans: List[Path] = typer.Option([], "--spans", help="OTLP JSON file(s) of the service's OpenTelemetry spans: "
+    spans: List[Path] = typer.Option([], "--spans", help="OTLP JSON file(s) of the service's OpenTelemetry spans (or the "
+                                     "SESSION/spans.binpb of tandem live --otlp-receiver): "
                                      "OUT/spans.parquet and requests.parquet, which requests the pauses hurt."),
 ) -> None:
     """Find which JVM pauses hit which Python threads; write OUT/*.parquet and print the summary.
