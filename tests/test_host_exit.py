@@ -108,7 +108,7 @@ def test_a_jni_host_that_exits_without_destroying_its_jvm_keeps_its_last_pause(j
     called, returned = map(int, run.stdout.split())
     jvm_dir = session / f"jvm-{read_json(session / 'session.json')['pid']}"
     assert read_json(jvm_dir / "jvm.json")["state"] == "recording"  # no hook ran: the case of this test
-    assert read_json(jvm_dir / "jvm.json")["flush_after_gc"] == {"poll_ms": 20, "min_gap_ms": 100}
+    assert read_json(jvm_dir / "jvm.json")["flush_after_pauses"] == {"poll_ms": 20, "min_gap_ms": 100}
     # `tandem record` says what was lost, in one line (rich may wrap it)
     assert "its host exited without shutting the JVM down; pauses after" in " ".join(run.stdout.split() + run.stderr.split())
 

@@ -145,7 +145,7 @@ final class SessionRecording {
         }
     }
 
-    /** The flush after collections (PauseFlush); where it cannot run, JFR's own flush stays, quietly. */
+    /** The flush after stops (PauseFlush); where it cannot run, JFR's own flush stays, quietly. */
     private void startPauseFlush() {
         Map<String, Object> about = new LinkedHashMap<>();
         try {
@@ -155,7 +155,7 @@ final class SessionRecording {
         } catch (Throwable t) {
             about.put("problem", Agent.describe(t));
         }
-        description.put("flush_after_gc", about);
+        description.put("flush_after_pauses", about);
     }
 
     private void stopPauseFlush() {
@@ -163,10 +163,9 @@ final class SessionRecording {
             return;
         }
         pauseFlush.stop();
-        @SuppressWarnings("unchecked")
-        Map<String, Object> about = (Map<String, Object>) description.get("flush_after_gc");
-        about.put("after", pauseFlush.watching());
         if (pauseFlush.problem() != null) {
+            @SuppressWarnings("unchecked")
+            Map<String, Object> about = (Map<String, Object>) description.get("flush_after_pauses");
             about.put("problem", pauseFlush.problem());
         }
     }
