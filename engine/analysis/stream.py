@@ -13,11 +13,12 @@ they are pushed, unless the results name the GIL files instead (docs/results.md,
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine.analysis.causes import Causes, CodeHits, why_facts
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
@@ -95,6 +96,23 @@ def read_ahead(items, depth: int = 1):
         thread.join()
 
 
+def text_as_dictionary(blocks):
+    """The blocks with their carried text columns dictionary-encoded (a Parquet gil table's code
+    columns come as plain text): done in the reading thread, it takes that hashing off the core
+    (which numbers the codes by their dictionary indexes) and shrinks the blocks read ahead."""
+    try:
+        for block in blocks:
+            carried = block.rows.carried
+            plain = carried is not None and block.rows.carried_key is None
+            text = [i for i, field in enumerate(carried.schema)
+                    if pa.types.is_string(field.type) or pa.types.is_large_string(field.type)] if plain else []
+            for i in text:
+                carried = carried.set_column(i, carried.field(i).name, pc.dictionary_encode(carried.column(i)))
+            yield replace(block, rows=replace(block.rows, carried=carried)) if text else block
+    finally:
+        blocks.close()
+
+
 def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack_ns: int = 0,
                      offset_ns: int | None = None, pauses_source: str | None = None, progress=None) -> StreamedAnalysis:
     """Correlate a pauses table with a streamed GIL side (ParquetGil or EventsGil), writing
@@ -126,7 +144,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
 
     try:
         pending_pauses = pauses
-        for block in read_ahead(gil.pushes(), depth=READ_AHEAD_BLOCKS):
+        for block in read_ahead(text_as_dictionary(gil.pushes()), depth=READ_AHEAD_BLOCKS):
             rows = block.rows
             emit(core.push(pauses=pending_pauses, gil=rows, watermark_ns=block.watermark_ns))
             pending_pauses = None
