@@ -1,9 +1,10 @@
-"""A JPype service that leaks one kind of memory at a known rate (or none): no tandem-specific code.
+"""A service that leaks one kind of memory at a known rate (or none): no tandem-specific code.
 
-    python memory_leak_program.py KIND RATE_MB_S SECONDS
+    python memory_leak_program.py KIND RATE_MB_S SECONDS       # Python driving a JVM (JPype)
+    java JepLeak KIND RATE_MB_S SECONDS memory_leak_program.py  # a JVM running it (Jep)
 
 KIND: python (small Python objects kept in a list), numpy (numpy arrays kept alive by Java
-references: direct buffers over them in a Java list), direct (Java DirectByteBuffers kept),
+references in a Java list: JPype's direct buffers over them, Jep's PyObjects), direct (Java DirectByteBuffers kept),
 heap (Java byte arrays kept), none (Python and Java garbage made and dropped: a sawtooth
 heap, no growth). The service warms up first (JVM started, the garbage loop running), then
 leaks for SECONDS; it prints the bytes it kept per second, as the leak's own accounting
@@ -12,18 +13,41 @@ counts them, as its last line: `leaked BYTES in SECONDS s`.
 import sys
 import time
 
-import jpype
-import jpype.nio
 import numpy as np
 
 KIND, RATE, SECONDS = sys.argv[1], float(sys.argv[2]) * 1e6, float(sys.argv[3])
 WARM_UP_S = 3.0
 TICK_S = 0.05
 
-jpype.startJVM()
-ArrayList = jpype.JClass("java.util.ArrayList")
-ByteBuffer = jpype.JClass("java.nio.ByteBuffer")
-JBytes = jpype.JArray(jpype.JByte)
+try:
+    import _jep  # noqa: F401  (present only inside a JVM: Java runs this with Jep, tests/memory_java/JepLeak.java)
+except ImportError:
+    import jpype
+    import jpype.nio
+
+    jpype.startJVM()
+    ArrayList = jpype.JClass("java.util.ArrayList")
+    ByteBuffer = jpype.JClass("java.nio.ByteBuffer")
+    JBytes = jpype.JArray(jpype.JByte)
+
+    def held_by_java(array):
+        """A Java direct buffer over the array's memory: JPype keeps the array alive while it lives."""
+        return jpype.nio.convertToDirectBuffer(array)
+else:
+    import jep
+    from java.nio import ByteBuffer
+    from java.util import ArrayList
+
+    def JBytes(length):
+        return jep.jarray(length, jep.JBYTE_ID)
+
+    class Holder:
+        def __init__(self, array):
+            self.array = array
+
+    def held_by_java(array):
+        """Jep hands a Python object Java has no type for to Java as a PyObject, which keeps it alive."""
+        return Holder(array)
 
 java_kept = ArrayList()
 python_kept = []
@@ -47,7 +71,7 @@ def leak_once(budget: float) -> int:
     elif KIND == "numpy":
         while kept < budget:
             array = np.ones(1 << 17)  # 1 MiB of float64, touched
-            java_kept.add(jpype.nio.convertToDirectBuffer(array))
+            java_kept.add(held_by_java(array))
             kept += array.nbytes
     elif KIND == "direct":
         while kept < budget:

@@ -1,43 +1,68 @@
 """Where the memory goes: capture from outside, inside CPython and in the JVM, memory.parquet, who grew.
 
-The leak tests record a real JPype service (tests/memory_leak_program.py) leaking one kind of
-memory at a known rate under `tandem record`, and hold tandem's answer to the leak's own
-count: the right bucket, with >= 90% of the RSS growth, at the known rate within 10%.
+The leak tests record a real service (tests/memory_leak_program.py: Python driving a JVM with
+JPype, or run by a JVM with Jep) leaking one kind of memory at a known rate under `tandem
+record`, and hold tandem's answer to the leak's own count: the right bucket, with >= 90% of
+the RSS growth, at the known rate within 10%.
 """
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import re
 import subprocess
 import sys
+import sysconfig
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import default_java_home
 from engine.jvm import jdk_tool
 from engine.memory.growth import kendall_tau, repeated_median_slope, who_grew
 from engine.memory.jvm import read_jvm_memory
 from engine.memory.table import memory_table
 from engine.record.memory import large_mappings_resident, read_process_memory
 from engine.store.parquet import read_metadata
+from test_record_helpers import jdk_env
+from test_record_interpreters import JEP_JAR, VENV_SITE
 
 ROOT = Path(__file__).resolve().parent.parent
 TANDEM = Path(sys.executable).parent / "tandem"
 LEAK_PROGRAM = Path(__file__).parent / "memory_leak_program.py"
-LEAK_RATE_MB_S, LEAK_SECONDS = 20, 15
+LEAK_SECONDS = 15
+# Large enough to dominate what else grows: a Jep service grew 1.5-4 MB/s beside its leak
+# (its garbage, eden taking fresh regions), under 1 MB/s in the JPype one.
+LEAK_RATE_MB_S = {"jpype": 20, "jep": 60}
 
 
-def _record(tmp_path: Path, kind: str) -> tuple[Path, float]:
-    """Records the leak program; returns the session and the rate it leaked at (bytes/s, its own count)."""
+def _jep_command(tmp_path: Path) -> list[str]:
+    """A JVM running the leak program through Jep, set up as Jep's users do (test_record_interpreters)."""
+    classes = tmp_path / "classes"
+    subprocess.run(["javac", "--release", "17", "-cp", str(JEP_JAR), "-d", str(classes),
+                    str(Path(__file__).parent / "memory_java" / "JepLeak.java")], check=True)
+    script = tmp_path / "run-jep.sh"
+    script.write_text("#!/bin/sh\n"
+                      f"export PYTHONPATH={VENV_SITE}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+                      f"export LD_LIBRARY_PATH={sysconfig.get_config_var('LIBDIR')}\n"
+                      f"exec java -Djava.library.path={VENV_SITE / 'jep'} -cp {JEP_JAR}:{classes} JepLeak \"$@\"\n")
+    script.chmod(0o755)
+    return [str(script)]
+
+
+def _record(tmp_path: Path, kind: str, runtime: str = "jpype") -> tuple[Path, float]:
+    """Records the leak program (Python driving a JVM with JPype, or a JVM running it with Jep);
+    returns the session and the rate it leaked at (bytes/s, its own count)."""
     session = tmp_path / f"session-{kind}"
-    run = subprocess.run([str(TANDEM), "record", "-o", str(session), "--", sys.executable, str(LEAK_PROGRAM), kind,
-                          str(LEAK_RATE_MB_S), str(LEAK_SECONDS)], capture_output=True, text=True, timeout=300)
+    if runtime == "jep":
+        command = [*_jep_command(tmp_path), kind, str(LEAK_RATE_MB_S[runtime]), str(LEAK_SECONDS), str(LEAK_PROGRAM)]
+    else:
+        command = [sys.executable, str(LEAK_PROGRAM), kind, str(LEAK_RATE_MB_S[runtime]), str(LEAK_SECONDS)]
+    run = subprocess.run([str(TANDEM), "record", "-o", str(session), "--", *command], capture_output=True, text=True,
+                         timeout=300, env=jdk_env(default_java_home()))
     assert run.returncode == 0, run.stderr[-2000:]
     leaked = re.search(r"leaked (\d+) in ([\d.]+) s", run.stdout)
     assert leaked, run.stdout[-2000:]
@@ -52,14 +77,16 @@ def _service_growth(session: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["jpype", pytest.param("jep", marks=pytest.mark.skipif(
+    JEP_JAR is None or not sysconfig.get_config_var("Py_ENABLE_SHARED"), reason="no Jep, or no libpython to embed"))])
 @pytest.mark.parametrize("kind, bucket", [
     ("python", "python"),           # small str objects kept in a list: pymalloc's arenas
-    ("numpy", "native_other"),      # numpy buffers kept by Java direct buffers over them: malloc, no runtime counts them
+    ("numpy", "native_other"),      # numpy buffers kept by Java references (JPype's direct buffers, Jep's PyObjects): malloc
     ("direct", "jvm_native"),       # ByteBuffer.allocateDirect kept
     ("heap", "jvm_heap"),           # Java byte arrays kept
 ])
-def test_a_known_leak_is_named_in_its_bucket_at_its_rate(tmp_path, kind, bucket):
-    session, known_rate = _record(tmp_path, kind)
+def test_a_known_leak_is_named_in_its_bucket_at_its_rate(tmp_path, kind, bucket, runtime):
+    session, known_rate = _record(tmp_path, kind, runtime)
     _, growth = _service_growth(session)
     detail = f"{kind}: {growth}"
     assert growth.leak == bucket, detail
@@ -103,7 +130,7 @@ def test_the_jvm_series_equal_jfr_print(tmp_path):
     heap = [e["values"]["heapUsed"] for e in printed if e["type"] == "jdk.GCHeapSummary"]
     assert ours[ours["column"] == "jvm_direct_buffers"]["value"].astype(int).tolist() == direct
     assert sorted(ours[ours["column"] == "jvm_heap_used"]["value"].astype(int)) == sorted(heap)
-    assert max(direct) >= LEAK_RATE_MB_S * 1e6 * LEAK_SECONDS * 0.8  # the leak is in them
+    assert max(direct) >= LEAK_RATE_MB_S["jpype"] * 1e6 * LEAK_SECONDS * 0.8  # the leak is in them
     # On the recorder's clock: every JVM sample falls inside the session's recorded span.
     table, _ = memory_table(session)
     assert table["t_ns"].min() <= ours["t_ns"].min() and ours["t_ns"].max() <= table["t_ns"].max() + 2e9
@@ -185,7 +212,7 @@ def test_a_jvm_alone_on_jdk_25_with_native_memory_tracking(tmp_path):
     session = tmp_path / "session"
     env = {**os.environ, "JAVA_HOME": str(JDK_25), "PATH": f"{JDK_25 / 'bin'}:{os.environ['PATH']}"}
     run = subprocess.run([str(TANDEM), "record", "--native-memory", "-o", str(session), "--", str(JDK_25 / "bin" / "java"),
-                          "-cp", str(classes), "DirectLeak", str(LEAK_RATE_MB_S), "20"],
+                          "-cp", str(classes), "DirectLeak", str(LEAK_RATE_MB_S["jpype"]), "20"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     leaked = re.search(r"leaked (\d+) in ([\d.]+) s", run.stdout)
