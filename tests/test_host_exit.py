@@ -2,10 +2,11 @@
 session reports the window it lost (docs/pauses.md, "Unflushed").
 
 The hosts are real: a C program that creates the JVM through JNI and ends with exit()
-without DestroyJavaVM (jpy's shape), and CPython with JPype left by os._exit. Neither runs
-the JVM's shutdown hooks, so JFR never writes what it has not flushed. Each host calls
-System.gc() shortly before exiting and prints CLOCK_MONOTONIC before and after the call:
-that bracket, taken by the host itself, is the witness of when the pause happened.
+without DestroyJavaVM (jpy's shape), CPython with JPype left by os._exit, and a JVM that
+ends by Runtime.halt. None runs the JVM's shutdown hooks, so JFR never writes what it has
+not flushed. Each host stops the JVM (System.gc(), or a thread dump) shortly before exiting
+and prints CLOCK_MONOTONIC before and after the call: that bracket, taken by the host
+itself, is the witness of when the pause happened.
 """
 from __future__ import annotations
 
@@ -55,6 +56,23 @@ int main(int argc, char **argv) {
     fflush(stdout);
     usleep(atoi(argv[1]) * 1000);
     exit(0); /* no DestroyJavaVM: no shutdown hook runs */
+}
+"""
+
+# A JVM that ends by Runtime.halt (no shutdown hook runs either) after a stop that is not a
+# collection: Thread.getAllStackTraces is a ThreadDump operation at a safepoint.
+HALTING_JVM = """
+public class Halt {
+    public static void main(String[] args) throws Exception {
+        Thread.sleep(1200);
+        long called = System.nanoTime();
+        Thread.getAllStackTraces();
+        long returned = System.nanoTime();
+        System.out.println(called + " " + returned);
+        System.out.flush();
+        Thread.sleep(Long.parseLong(args[0]));
+        Runtime.getRuntime().halt(0);
+    }
 }
 """
 
@@ -120,6 +138,28 @@ def test_a_jni_host_that_exits_without_destroying_its_jvm_keeps_its_last_pause(j
     assert len(lost) == 1
     check_the_window(session, lost[0])
     assert [str(w.message).split(": unfinished chunk: ")[1].split("; recovered")[0] for w in caught] == [lost[0]["line"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("java_home", jdk_params())
+def test_a_jvm_halted_keeps_its_last_safepoint_that_was_not_a_collection(java_home, tmp_path):
+    from engine.ingest.inputs import pauses_from
+
+    (tmp_path / "Halt.java").write_text(HALTING_JVM)
+    subprocess.run([str(java_home / "bin" / "javac"), "-d", str(tmp_path), str(tmp_path / "Halt.java")], check=True)
+    session = tmp_path / "s"
+    run = run_tandem("record", "-o", str(session), "--", "java", "-cp", str(tmp_path), "Halt", str(EXIT_AFTER_MS),
+                     env=jdk_env(java_home))
+    assert run.returncode == 0, run.stderr
+    called, returned = map(int, run.stdout.split())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the warning's line: the JNI host's test)
+        pauses, _ = pauses_from(session)
+    inside = pauses[(pauses["start_ns"] >= called) & (pauses["end_ns"] <= returned)]
+    assert list(zip(inside["kind"], inside["name"])) == [("safepoint", "ThreadDump")], pauses.tail(5)
+    lost = [s["unflushed"] for s in pauses.attrs["sources"] if s.get("unflushed")]
+    assert len(lost) == 1
+    check_the_window(session, lost[0])
 
 
 @pytest.mark.slow
