@@ -102,7 +102,7 @@ class Installed:
 @pytest.mark.slow
 def test_every_command_from_the_wheel_in_a_fresh_venv(wheel, tmp_path):
     """As a user installs it: `pip install tandem-*.whl` into a new venv, then each command once."""
-    from conftest import default_java_home
+    from conftest import default_java_home, python_params
     from test_record_helpers import compile_workload, jdk_env
 
     venv = tmp_path / "venv"
@@ -133,18 +133,25 @@ def test_every_command_from_the_wheel_in_a_fresh_venv(wheel, tmp_path):
     # attach: a running JVM, then a running CPython (the injected library comes from the wheel)
     classes = compile_workload(tmp_path / "classes")
     jvm = subprocess.Popen(["java", "-cp", str(classes), "Workload", "wait"], stdout=subprocess.PIPE, text=True, env=env)
-    sleeper = subprocess.Popen([str(user.python), "-c", SLEEPER], stdout=subprocess.PIPE, text=True, env=env)
+    # the venv's own CPython, and the newest other one (its probe built from the wheel's sources)
+    pythons = [user.python] + [param.values[0] for param in python_params()[-1:] if param.values[0] is not None]
+    sleepers = [subprocess.Popen([str(python), "-c", SLEEPER], stdout=subprocess.PIPE, text=True, env=env)
+                for python in pythons]
     try:
-        assert jvm.stdout.readline() == "ready\n" and sleeper.stdout.readline() == "up\n"
+        assert jvm.stdout.readline() == "ready\n"
         user.run("attach", str(jvm.pid), "-o", str(tmp_path / "AJ"), "--duration", "2")
         assert (tmp_path / "AJ" / f"jvm-{jvm.pid}").is_dir()
-        attached = user.run("attach", str(sleeper.pid), "-o", str(tmp_path / "AP"), "--duration", "2")
-        assert "probe injected through pyinjector" in " ".join(attached.stderr.split()), attached.stderr
-        assert json.loads((tmp_path / "AP" / f"py-{sleeper.pid}" / "probe.json").read_text())["state"] == "closed"
-        assert jvm.poll() is None and sleeper.poll() is None
+        for sleeper in sleepers:
+            assert sleeper.stdout.readline() == "up\n"
+            attached = user.run("attach", str(sleeper.pid), "-o", str(tmp_path / f"AP{sleeper.pid}"), "--duration", "2")
+            assert "probe injected through pyinjector" in " ".join(attached.stderr.split()), attached.stderr
+            probe = tmp_path / f"AP{sleeper.pid}" / f"py-{sleeper.pid}" / "probe.json"
+            assert json.loads(probe.read_text())["state"] == "closed"
+            assert sleeper.poll() is None
+        assert jvm.poll() is None
     finally:
-        jvm.kill()
-        sleeper.kill()
+        for process in [jvm, *sleepers]:
+            process.kill()
 
     user.run("live", "--session", str(tmp_path / "L"), "--roll", "1s", "--", str(user.python), str(service), "3")
     user.run("doctor")
