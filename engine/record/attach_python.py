@@ -162,14 +162,15 @@ def build_library(cache: Path) -> Path:
 def run_in(pid: int, code: str, directory: Path, cache: Path) -> tuple[str, Path]:
     """Run the Python CODE in a new thread of PID. Returns how it was injected (a phrase) and the
     injected library's copy, whose `.py` sibling the target reads (remove both with `forget`
-    once the target has acted on it). The copy lives in DIRECTORY, which the target can read."""
+    once the target has acted on it). The copy lives in DIRECTORY, the session, which the target
+    writes its probe's files into too."""
     fd, name = tempfile.mkstemp(dir=directory, prefix=f".attach-{pid}-", suffix=".so")
     library = Path(name)
     try:
         library.with_suffix(".py").write_text(code)
         with os.fdopen(fd, "wb") as copy:
             copy.write(build_library(cache).read_bytes())
-        for path in (library, library.with_suffix(".py")):  # the target may run as another user
+        for path in (library, library.with_suffix(".py")):  # as any file tandem writes (mkstemp's is 0600)
             path.chmod(0o644)
         return inject(pid, library), library
     except BaseException:
