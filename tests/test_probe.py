@@ -877,7 +877,7 @@ def test_killed_process_keeps_what_its_ring_still_held(python, tmp_path):
     witness = json.loads(proc.stdout)
     drained = read_events(out)
     assert not drained.closed and witness["status"]["ring"]["drain_wakeups"] > 0
-    _, records, lost, closed = _load(out)
+    _, records, lost, closed, _facts = _load(out)
     assert not closed and lost == 0
     assert len(records) > len(drained.records)  # the ring added what the drain never wrote
     positions = set(zip(records["lane"].tolist(), records["seq"].tolist()))
