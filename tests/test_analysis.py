@@ -373,7 +373,7 @@ def test_results_of_a_recorded_session_are_every_table_readable_by_duckdb_alone(
                           cwd=tmp_path, env={"PATH": os.environ["PATH"]})
     assert read.returncode == 0, read.stderr
     seen = json.loads(read.stdout)
-    assert set(seen["tables"]) == set(RESULT_TABLES)
+    assert set(RESULT_TABLES) <= set(seen["tables"])  # (and any other table tandem analyze wrote: memory)
     back = load_results(moved)
     for name, table in back.tables().items():
         assert seen["tables"][name]["rows"] == len(table), name
