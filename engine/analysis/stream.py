@@ -121,6 +121,8 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
 
     lifetimes = gil.first_pass()  # (also reads what the GIL files say about their clock)
     pauses, pause_clock, gil_clock, alignment = aligned_pauses(pauses, pauses_source, gil.attrs, gil.source, offset_ns)
+    # (pandas deep-copies a frame's attrs in every operation on it: the recordings' facts wait for the header)
+    pause_facts, pauses.attrs = pauses.attrs, {}
     core = Correlator(slack_ns, lifetimes=KnownLifetimes(lifetimes), gil_source=gil_clock.source,
                       pauses_source=pause_clock.source, text_as_dictionary=True)
     out = Path(out)
@@ -157,6 +159,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             emit(core.push(pauses=pending_pauses, watermark_ns=END))
         emit(core.finish())
         background.drain()
+        pauses.attrs = pause_facts
         header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, core.duplicate_gil_rows)
         if not gil.copy:  # (docs/results.md, "gil.parquet"): the results name the GIL files
             header["gil_table"] = gil.references
