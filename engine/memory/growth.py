@@ -8,7 +8,7 @@ trend. The growth rate is the
 repeated-median slope of those minima (Siegel: for each point the median of its slopes to
 all others, then the median of those), which a start-up step at the first points does not
 move. The last window is left out: a process frees memory as it exits. A heap leak's rate is
-that of the heap after each GC (jvm_heap_after_gc). The unexplained rate is the RSS rate
+that of the heap after each GC, at each GC's time (jvm_heap_after_gc). The unexplained rate is the RSS rate
 less the buckets' rates, so the split adds up.
 
 A leak is named when the RSS grows steadily (its minima rise window after window: Kendall's
@@ -29,11 +29,6 @@ MIN_WINDOW_NS = 2_000_000_000
 STEADY_TAU = 0.6
 LEAK_MIN_BYTES = 16 << 20
 LEAK_MIN_FRACTION = 0.10
-# The series each bucket's trend is fit on (the heap: after GC, where garbage is gone).
-TREND_SERIES: dict = {}
-# The rate a leak in a bucket is named with: the heap's is that of its live set after each GC
-# (what the service keeps), its RSS share that of the pages it holds (jvm_heap).
-LEAK_RATE_SERIES = {"jvm_heap": "jvm_heap_after_gc"}
 # What a bucket is made of, to say which part grew.
 PARTS = {
     "jvm_native": ("jvm_direct_buffers", "jvm_metaspace_committed", "jvm_code_cache"),
@@ -91,7 +86,7 @@ def _growth(pid: int, rows: pd.DataFrame) -> Growth:
         return trend_of(t, rows[column].to_numpy(np.float64), bins)
 
     rss_rate, tau = trend("rss")
-    rates = {bucket: trend(TREND_SERIES.get(bucket, bucket))[0] for bucket in BUCKETS if bucket != "unexplained"}
+    rates = {bucket: trend(bucket)[0] for bucket in BUCKETS if bucket != "unexplained"}
     rates["unexplained"] = rss_rate - sum(rates.values())
     parts = {part: trend(part)[0] for columns in PARTS.values() for part in columns}
     parts.update({column: trend(column)[0] for column in rows.columns if column.startswith("jvm_nmt_")})
@@ -103,7 +98,10 @@ def _growth(pid: int, rows: pd.DataFrame) -> Growth:
     if growth.steady and grown >= max(LEAK_MIN_BYTES, LEAK_MIN_FRACTION * float(np.median(rss))):
         growth.leak = max(rates, key=rates.get)
         growth.leak_share = rates[growth.leak] / rss_rate
-        growth.leak_rate = trend(LEAK_RATE_SERIES[growth.leak])[0] if growth.leak in LEAK_RATE_SERIES else rates[growth.leak]
+        growth.leak_rate = rates[growth.leak]
+        live = _live_heap_rate(rows) if growth.leak == "jvm_heap" else None
+        if live is not None:  # a heap leak is what its live set keeps, its RSS share what its pages hold
+            growth.leak_rate = live
         candidates = [p for p in PARTS.get(growth.leak, ()) if parts.get(p, 0) > 0]
         if growth.leak == "jvm_native":
             candidates += [c for c in parts if c.startswith("jvm_nmt_") and c != "jvm_nmt_committed" and parts[c] > 0]
@@ -111,6 +109,18 @@ def _growth(pid: int, rows: pd.DataFrame) -> Growth:
             best = max(candidates, key=parts.get)
             growth.leak_part = PART_NAMES.get(best, best.removeprefix("jvm_nmt_").replace("_", " ") + " (NMT)")
     return growth
+
+
+def _live_heap_rate(rows: pd.DataFrame) -> float | None:
+    """The heap's live set's rate (what a heap leak keeps): the repeated-median slope of the heap
+    after each GC at that GC's own time (a lower envelope already), None with under 3 GCs."""
+    if "jvm_heap_after_gc_ns" not in rows:
+        return None
+    gcs = rows[["jvm_heap_after_gc_ns", "jvm_heap_after_gc"]].dropna().drop_duplicates("jvm_heap_after_gc_ns")
+    if len(gcs) < 3:
+        return None
+    return repeated_median_slope(gcs["jvm_heap_after_gc_ns"].to_numpy(np.float64) / 1e9,
+                                 gcs["jvm_heap_after_gc"].to_numpy(np.float64))
 
 
 def trend_of(t_ns: np.ndarray, values: np.ndarray, bins: np.ndarray) -> tuple[float, float]:

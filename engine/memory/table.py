@@ -2,9 +2,9 @@
 
 The grid is the process sampler's (SESSION/memory/<pid>.jsonl, engine/record/memory.py);
 a process it never saw (a session of `tandem attach`) gets the times of its runtime's own
-samples. Each runtime series joins as of its latest value at or before the row (a series
-sampled once a second counts for STALE_NS; the heap and metaspace summaries, written at each
-GC, until the next). The buckets (docs/results.md, "memory.parquet") split the RSS into
+samples. A series sampled once a second is interpolated to the row's time (null farther than
+STALE_NS from a sample of it); the heap and metaspace summaries, written at each GC, count
+from that GC until the next. The buckets (docs/results.md, "memory.parquet") split the RSS into
 what each runtime accounts for, and `unexplained`.
 """
 from __future__ import annotations
@@ -44,6 +44,8 @@ def memory_table(session: Session | Path) -> tuple[pd.DataFrame, dict]:
     python = {p.pid: read_jsonl(p.directory / PYTHON_MEMORY) for p in session.pythons
               if p.pid and (p.directory / PYTHON_MEMORY).is_file()}
     jvms, facts = {}, {"jvms": {}}
+    if not outside and not python:  # recorded without memory capture: the JVMs' recordings are not read again
+        return pd.DataFrame({"t_ns": pd.Series(dtype="int64"), "pid": pd.Series(dtype="int64")}), facts
     for source in session.jvms:
         if source.pid:
             jvms[source.pid], facts["jvms"][str(source.pid)] = read_jvm_memory(source.recordings)
@@ -74,7 +76,11 @@ def _process_rows(pid: int, outside: pd.DataFrame | None, python: pd.DataFrame |
         series = python.rename(columns={"t": "t_ns", "blocks": "py_blocks", "arenas": "py_arenas",
                                         "arena_bytes": "py_arena_bytes", "pymalloc_bytes": "py_pymalloc_bytes",
                                         "tracemalloc": "py_tracemalloc"})
-        rows = _as_of(rows, series, STALE_NS)
+        series = series.sort_values("t_ns").astype({"t_ns": "int64"})
+        for column in series.columns.drop("t_ns"):
+            present = series[["t_ns", column]].dropna()
+            if len(present):
+                rows = _interpolated(rows, present, column)
     if jvm is not None and len(jvm):
         rows = _with_jvm(rows, jvm)
         if "large_mappings" in rows and "jvm_heap_start" in rows:
@@ -103,19 +109,36 @@ def _as_of(rows: pd.DataFrame, series: pd.DataFrame, tolerance_ns: int | None) -
     return pd.merge_asof(rows, series, on="t_ns", direction="backward", tolerance=tolerance_ns)
 
 
+def _interpolated(rows: pd.DataFrame, series: pd.DataFrame, column: str) -> pd.DataFrame:
+    """A periodic series at the rows' times, linear between its samples (JFR's periodic thread
+    runs late on a busy JVM: taking the latest value would lag by a varying amount, and a
+    lag that varies bends a trend); null farther than STALE_NS from any sample."""
+    t = series["t_ns"].to_numpy(np.int64)
+    at = rows["t_ns"].to_numpy(np.int64)
+    values = np.interp(at.astype(np.float64), t.astype(np.float64), series[column].to_numpy(np.float64))
+    after = np.clip(np.searchsorted(t, at), 0, len(t) - 1)
+    before = np.clip(after - 1, 0, len(t) - 1)
+    nearest = np.minimum(np.abs(t[after] - at), np.abs(at - t[before]))
+    rows = rows.copy()
+    rows[column] = np.where(nearest <= STALE_NS, values, np.nan)
+    return rows
+
+
 def _with_jvm(rows: pd.DataFrame, jvm: pd.DataFrame) -> pd.DataFrame:
     """The JVM's series as columns; the code heaps (one event each) summed into jvm_code_cache,
-    the heap after the latest GC kept apart (jvm_heap_after_gc: the live set and what leaks),
+    the heap after the latest GC kept apart (jvm_heap_after_gc: the live set and what leaks;
+    jvm_heap_after_gc_ns: when that GC ended),
     and the most the heap held so far (jvm_heap_peak: before a GC, eden full), which its pages
     were touched for."""
     heap = jvm[jvm["column"] == "jvm_heap_used"]
     after = heap[heap["after_gc"]].assign(column="jvm_heap_after_gc")
+    after_at = after.assign(column="jvm_heap_after_gc_ns", value=after["t_ns"].astype("float64"))
     peak = heap.assign(column="jvm_heap_peak", value=heap["value"].cummax())
     parts = []
-    for column, one in pd.concat([jvm, after, peak], ignore_index=True).groupby("column", sort=True):
-        at_gc = column in _AT_GC_COLUMNS or column in ("jvm_heap_after_gc", "jvm_heap_peak")
+    for column, one in pd.concat([jvm, after, after_at, peak], ignore_index=True).groupby("column", sort=True):
+        at_gc = column in _AT_GC_COLUMNS or column in ("jvm_heap_after_gc", "jvm_heap_after_gc_ns", "jvm_heap_peak")
         values = one.groupby("t_ns", as_index=False)["value"].last().rename(columns={"value": column})
-        rows = _as_of(rows, values, None if at_gc else STALE_NS)
+        rows = _as_of(rows, values, None) if at_gc else _interpolated(rows, values, column)
         if column.startswith("jvm_code_cache:"):
             parts.append(column)
     if parts:
