@@ -183,3 +183,7 @@ def test_jpype_left_by_os_exit_keeps_its_last_pause_and_the_results_report_the_w
     assert int(kept["end_ns"].max()) < lost[0]["last_flush_ns"]  # flushed after the collection, before the exit
     warning_lines = [line for line in analyzed.stderr.splitlines() if line.startswith("tandem: warning:")]
     assert len(warning_lines) == 1 and lost[0]["line"] in warning_lines[0], analyzed.stderr
+    # the host's main thread asked for one of them: jdk.SystemGC, committed when the call returns
+    # (after the collection), made the flush after the stop too
+    impact = results.pause_impact.set_index("pause_id").loc[kept["pause_id"]]
+    assert (impact["caused_by_python"].astype(bool) & (impact["cause_thread"] == "MainThread")).any(), impact

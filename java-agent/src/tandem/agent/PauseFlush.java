@@ -16,7 +16,8 @@ import java.util.Set;
  * os._exit: no DestroyJavaVM, so no hook), and a System.gc() it called just before would have
  * no pause in the session. A daemon thread reads the JVM's safepoint count and the collectors'
  * counts (a few hundred ns) every POLL_MILLIS and, when one moved, runs JFR's own flush
- * ({@link LivePauses#jfrFlush}), at most once every MIN_GAP_MILLIS. Where the safepoint count
+ * ({@link LivePauses#jfrFlush}), at most once every MIN_GAP_MILLIS, and once more after that
+ * (for the events committed just after a stop). Where the safepoint count
  * cannot be read (HotSpot's internal counter, opened to the agent through its
  * Instrumentation), collections alone trigger a flush. Analysis reports the window after the
  * last flush (docs/pauses.md, "Unflushed").
@@ -61,12 +62,16 @@ final class PauseFlush {
             MethodHandle safepoints = safepointCount(inst);
             long flushed = stops(safepoints, collectors);
             long lastFlush = System.nanoTime();
+            boolean trailing = false;
             while (!Thread.currentThread().isInterrupted()) {
                 Thread.sleep(POLL_MILLIS);
                 long count = stops(safepoints, collectors);
                 long now = System.nanoTime();
-                if (count != flushed && now - lastFlush >= MIN_GAP_MILLIS * 1_000_000) {
+                if ((count != flushed || trailing) && now - lastFlush >= MIN_GAP_MILLIS * 1_000_000) {
                     flush.run();
+                    // Once more MIN_GAP_MILLIS later: events committed just after the stop (jdk.SystemGC,
+                    // which names the thread that called System.gc(), ends when the call returns).
+                    trailing = count != flushed;
                     flushed = count;
                     lastFlush = now;
                 }
