@@ -191,7 +191,7 @@ def repeat_recording(session: Path, directory: Path, minutes: float) -> tuple[Pa
     write_table(repeated, pauses_out, pauses.attrs)
     base = pa.Table.from_pandas(gil, preserve_index=False)
     start, end = base.column("start_ns").to_numpy(), base.column("end_ns").to_numpy()
-    # Row groups of exactly BLOCK_ROWS rows (the streamed reader's block), as one write would make.
+    # Row groups of BLOCK_ROWS rows (the streamed reader's block), as one pyarrow write makes them.
     writer, pending = TableWriter(gil_out, base.schema), []
     for k in range(copies + 1):
         if k < copies:
