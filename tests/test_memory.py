@@ -76,13 +76,13 @@ def _service_growth(session: Path):
     return table, service
 
 
-@pytest.mark.slow
 # The goal is 0.9 of the RSS growth in the leak's bucket. The JVM heap and direct-buffer leaks
 # read 0.84-0.9 at times: G1 takes fresh regions faster than the live set grows and part of
 # that lands in "unexplained". This floor catches a wrong attribution, not that gap.
 LEAK_SHARE_FLOOR = 0.8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["jpype", pytest.param("jep", marks=pytest.mark.skipif(
     JEP_JAR is None or not sysconfig.get_config_var("Py_ENABLE_SHARED"), reason="no Jep, or no libpython to embed"))])
 @pytest.mark.parametrize("kind, bucket", [
