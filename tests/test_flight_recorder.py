@@ -241,9 +241,15 @@ def test_dump_of_a_running_session_is_analyzable_and_keeps_the_last_window(tmp_p
     proc = subprocess.Popen([sys.executable, "-m", "engine", "record", "--max-size", "500M", "--max-age", "10m",
                              "-o", str(session), "--", sys.executable, "-m", "engine.demo.workload", "--seconds", "25"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list(session.glob("py-*/gil.events.000002*")):
-        time.sleep(0.5)
+    deadline, first_closed = time.monotonic() + 120, None
+    # segments close at 5 s or 4 MiB, whichever comes first: once the first one has been closed
+    # for more than --last (6 s), the dump must leave it out
+    while time.monotonic() < deadline:
+        if first_closed is None and list(session.glob("py-*/gil.events.000001*")):
+            first_closed = time.monotonic()
+        if first_closed is not None and time.monotonic() - first_closed > 8 and list(session.glob("py-*/gil.events.000002*")):
+            break
+        time.sleep(0.25)
     dumped = run_tandem("dump", str(session), "-o", str(snapshot), "--last", "6s", env=dict(os.environ))
     out, err = proc.communicate(timeout=300)
     assert dumped.returncode == 0, dumped.stderr
