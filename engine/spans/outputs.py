@@ -89,20 +89,10 @@ def write_span_results(out: str | Path, spans: pd.DataFrame, requests: pd.DataFr
 
 
 def _write(frame: pd.DataFrame, path: Path, metadata: dict) -> Path:
-    """engine.store's writer, without pandas' own schema metadata: pandas cannot read back the
-    Arrow list dtype it names there (stop_ids), every reader reads the Parquet list as it is."""
-    import pyarrow as pa
+    """engine.store's writer, without pandas' schema metadata (stop_ids is an Arrow list)."""
+    from engine.store import write_table
 
-    from engine.store import TableWriter
-
-    table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
-    writer = TableWriter(path, table.schema)
-    try:
-        writer.write(table)
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.close(metadata)
+    return write_table(frame, path, metadata, pandas_metadata=False)
 
 
 def hurt_endpoints(requests: pd.DataFrame, limit: int = 5) -> pd.DataFrame:

@@ -58,11 +58,16 @@ def _encoded(metadata: dict) -> bytes:
     return json.dumps(metadata, default=_json_default).encode()
 
 
-def write_table(df: pd.DataFrame, path: str | Path, metadata: dict | None = None) -> Path:
-    """Writes `df` to `path` atomically with `metadata` (default: df.attrs) as JSON under `tandem`."""
+def write_table(df: pd.DataFrame, path: str | Path, metadata: dict | None = None, *,
+                pandas_metadata: bool = True) -> Path:
+    """Writes `df` to `path` atomically with `metadata` (default: df.attrs) as JSON under `tandem`.
+    pandas_metadata=False leaves out pandas' own schema metadata (pandas cannot read back an Arrow
+    list dtype it names there; every reader reads the Parquet list as it is)."""
     import pyarrow as pa
 
     table = pa.Table.from_pandas(df, preserve_index=False)
+    if not pandas_metadata:
+        table = table.replace_schema_metadata(None)
     writer = TableWriter(path, table.schema)
     try:
         writer.write(table)
