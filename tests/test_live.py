@@ -423,6 +423,52 @@ def test_pause_ring_source_reads_pauses_names_and_close(tmp_path):
     assert source.done and source.problem is None
 
 
+@pytest.mark.slow
+def test_a_safepoint_split_across_two_chunks_comes_while_the_jvm_runs(tmp_path):
+    """JFR's chunk rotation (every 5 s under --max-age 30s) splits its own safepoint across two
+    chunks: Begin in one, End in the next. The repository source pairs it as soon as the next
+    chunk has its End, not at the final read (a long session's final read is later than the GIL
+    rows the core keeps for a late pause): every safepoint offline reads that ended 8 s before
+    the JVM closed was delivered before it closed, each exactly once."""
+    from engine.analysis import analyze_session
+    from engine.live.sources import RepositorySource
+
+    session = tmp_path / "session"
+    proc = subprocess.Popen([*TANDEM, "record", "--max-age", "30s", "-o", str(session), "--", sys.executable, "-m",
+                             "engine.demo.workload", "--seconds", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    source, delivered, closed_ns = None, [], None
+    try:
+        while proc.poll() is None:
+            time.sleep(1.0)
+            jvm_dirs = sorted(session.glob("jvm-*"))
+            if source is None and jvm_dirs and (jvm_dirs[0] / "jvm.json").exists():
+                source = RepositorySource(jvm_dirs[0])
+            if source is not None and not source.done:
+                frame = source.poll()
+                if closed_ns is None and json.loads((source.directory / "jvm.json").read_text()).get("state") == "closed":
+                    closed_ns = time.monotonic_ns()
+                delivered.append((time.monotonic_ns() if closed_ns is None else closed_ns, frame))
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        while source is not None and not source.done:
+            delivered.append((closed_ns or time.monotonic_ns(), source.poll()))
+    finally:
+        proc.kill()
+    assert source is not None and closed_ns is not None
+    taken = pd.concat([f.assign(polled=t) for t, f in delivered if len(f)], ignore_index=True)
+    safepoints = taken[taken["kind"].astype(str) == "safepoint"]
+    assert not safepoints.duplicated(["start_ns", "end_ns"]).any()
+    offline = analyze_session(session).pauses
+    offline = offline[(offline["kind"].astype(str) == "safepoint") & ~offline["unmatched"].astype(bool)]
+    early = offline[offline["end_ns"] < closed_ns - 8_000_000_000]
+    by_id = safepoints.set_index("safepoint_id")
+    checkpoints = early[early["name"].astype(str) == "JFRCheckpoint"]
+    assert len(checkpoints) >= 1, offline["name"].value_counts()
+    for sid in early["safepoint_id"].astype(int):
+        assert sid in by_id.index, f"safepoint {sid} was not delivered"
+        assert int(by_id.loc[sid, "polled"]) < closed_ns, f"safepoint {sid} came only at the final read"
+
+
 def test_ring_and_repository_are_reconciled_once_on_ring_times(tmp_path):
     """A pause both sources have is delivered once, with the ring's times; a pause only the
     repository has (start-up) is delivered, moved onto the ring's alignment; a repository VM

@@ -163,6 +163,54 @@ class PauseRingSource(_PauseSource):
             os.close(fd)
         self.names = dict(header.names)
 
+    def _note_split(self, chunk: Path, frame: pd.DataFrame) -> None:
+        unmatched = frame["unmatched"].astype(bool) & (frame["kind"].astype(str) == "safepoint") if len(frame) else []
+        ids = set(frame.loc[unmatched, "safepoint_id"].dropna().astype(int).tolist()) if len(frame) else set()
+        if ids:
+            self._split[chunk] = ids
+        else:
+            self._split.pop(chunk, None)
+
+    def _join_split_chunks(self) -> list[pd.DataFrame]:
+        """The safepoints a chunk left unmatched, read whole from that chunk and the next one
+        (a JFR file may hold several chunks, and jdk.jfr pairs a Begin and End across them), as
+        soon as the next chunk has their End: not at the final read, which for a long session
+        is later than the GIL rows the core keeps for a late pause."""
+        import shutil
+        import tempfile
+
+        frames = []
+        chunks = sorted(self._stamps, key=lambda p: p.name)
+        for chunk, following in zip(chunks, chunks[1:]):
+            ids = self._split.get(chunk)
+            if not ids:
+                continue
+            with tempfile.TemporaryDirectory(prefix="tandem-live-") as tmp:
+                joined = Path(tmp) / chunk.name
+                try:
+                    with open(joined, "wb") as out:
+                        for part in (chunk, following):
+                            with open(part, "rb") as src:
+                                shutil.copyfileobj(src, out)
+                    if (self.directory / JVM_JSON).exists():  # the JVM's pid etc., as for its chunks
+                        shutil.copy(self.directory / JVM_JSON, Path(tmp) / JVM_JSON)
+                except OSError:
+                    continue  # JFR removed a chunk (clean exit): recording.jfr follows
+                frame = self._read(joined)
+            if frame is None:
+                continue
+            whole = frame[(frame["kind"].astype(str) == "safepoint") & ~frame["unmatched"].astype(bool)]
+            found = set(whole["safepoint_id"].dropna().astype(int).tolist()) & ids
+            if found:
+                frame = frame.assign(source=str(chunk))
+                taken = (frame["kind"].astype(str) == "safepoint") & frame["safepoint_id"].isin(list(found)).fillna(False)
+                frames.append(self._new(frame[taken.to_numpy(bool)]))
+            if found == ids:
+                del self._split[chunk]
+            else:
+                self._split[chunk] = ids - found
+        return frames
+
     def poll(self) -> pd.DataFrame:
         gone = not process_alive(self.pid)
         records = self.tailer.poll(producer_gone=gone)
@@ -211,6 +259,9 @@ class RepositorySource(_PauseSource):
         self._offset_ns: int | None = None  # ticks -> CLOCK_MONOTONIC, locked at the first read
         self._final_read = False
         self._last_error: str | None = None
+        # chunk -> safepoint ids it left unmatched (Begin there, End in the next chunk: JFR
+        # splits the safepoint of a chunk rotation, e.g. JFRCheckpoint, across two chunks)
+        self._split: dict[Path, set[int]] = {}
 
     def _read(self, path: Path) -> pd.DataFrame | None:
         from engine.ingest.jfr import read_pauses
@@ -255,6 +306,54 @@ class RepositorySource(_PauseSource):
         self._seen(new)
         return new
 
+    def _note_split(self, chunk: Path, frame: pd.DataFrame) -> None:
+        unmatched = frame["unmatched"].astype(bool) & (frame["kind"].astype(str) == "safepoint") if len(frame) else []
+        ids = set(frame.loc[unmatched, "safepoint_id"].dropna().astype(int).tolist()) if len(frame) else set()
+        if ids:
+            self._split[chunk] = ids
+        else:
+            self._split.pop(chunk, None)
+
+    def _join_split_chunks(self) -> list[pd.DataFrame]:
+        """The safepoints a chunk left unmatched, read whole from that chunk and the next one
+        (a JFR file may hold several chunks, and jdk.jfr pairs a Begin and End across them), as
+        soon as the next chunk has their End: not at the final read, which for a long session
+        is later than the GIL rows the core keeps for a late pause."""
+        import shutil
+        import tempfile
+
+        frames = []
+        chunks = sorted(self._stamps, key=lambda p: p.name)
+        for chunk, following in zip(chunks, chunks[1:]):
+            ids = self._split.get(chunk)
+            if not ids:
+                continue
+            with tempfile.TemporaryDirectory(prefix="tandem-live-") as tmp:
+                joined = Path(tmp) / chunk.name
+                try:
+                    with open(joined, "wb") as out:
+                        for part in (chunk, following):
+                            with open(part, "rb") as src:
+                                shutil.copyfileobj(src, out)
+                    if (self.directory / JVM_JSON).exists():  # the JVM's pid etc., as for its chunks
+                        shutil.copy(self.directory / JVM_JSON, Path(tmp) / JVM_JSON)
+                except OSError:
+                    continue  # JFR removed a chunk (clean exit): recording.jfr follows
+                frame = self._read(joined)
+            if frame is None:
+                continue
+            whole = frame[(frame["kind"].astype(str) == "safepoint") & ~frame["unmatched"].astype(bool)]
+            found = set(whole["safepoint_id"].dropna().astype(int).tolist()) & ids
+            if found:
+                frame = frame.assign(source=str(chunk))
+                taken = (frame["kind"].astype(str) == "safepoint") & frame["safepoint_id"].isin(list(found)).fillna(False)
+                frames.append(self._new(frame[taken.to_numpy(bool)]))
+            if found == ids:
+                del self._split[chunk]
+            else:
+                self._split[chunk] = ids - found
+        return frames
+
     def poll(self) -> pd.DataFrame:
         gone = not process_alive(self.pid)
         state = read_json(self.directory / JVM_JSON).get("state")
@@ -279,7 +378,11 @@ class RepositorySource(_PauseSource):
                 frame = self._read(chunk)
                 if frame is not None:
                     self._stamps[chunk] = stamp
+                    if not gone:
+                        self._note_split(chunk, frame)
                     frames.append(self._new(frame, final=gone))
+            if not gone:
+                frames.extend(self._join_split_chunks())
             if gone:
                 self._final_read = True
                 if not recording.exists():
