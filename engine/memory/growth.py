@@ -8,7 +8,8 @@ trend. The growth rate is the
 repeated-median slope of those minima (Siegel: for each point the median of its slopes to
 all others, then the median of those), which a start-up step at the first points does not
 move. The last window is left out: a process frees memory as it exits. A heap leak's rate is
-that of the heap after each GC, at each GC's time (jvm_heap_after_gc). The unexplained rate is the RSS rate
+that of the heap after each GC, at each GC's time (jvm_heap_after_gc), less G1's unused
+copy buffers (jvm_heap_gc_waste: 5-10% of what a young GC promotes, no live object in them). The unexplained rate is the RSS rate
 less the buckets' rates, so the split adds up.
 
 A leak is named when the RSS grows steadily (its minima rise window after window: Kendall's
@@ -113,14 +114,17 @@ def _growth(pid: int, rows: pd.DataFrame) -> Growth:
 
 def _live_heap_rate(rows: pd.DataFrame) -> float | None:
     """The heap's live set's rate (what a heap leak keeps): the repeated-median slope of the heap
-    after each GC at that GC's own time (a lower envelope already), None with under 3 GCs."""
+    after each GC, less G1's unused copy buffers so far, at that GC's own time (a lower
+    envelope already), None with under 3 GCs."""
     if "jvm_heap_after_gc_ns" not in rows:
         return None
-    gcs = rows[["jvm_heap_after_gc_ns", "jvm_heap_after_gc"]].dropna().drop_duplicates("jvm_heap_after_gc_ns")
+    gcs = rows[["jvm_heap_after_gc_ns", "jvm_heap_after_gc"]].assign(
+        waste=rows["jvm_heap_gc_waste"].fillna(0.0) if "jvm_heap_gc_waste" in rows else 0.0)
+    gcs = gcs.dropna().drop_duplicates("jvm_heap_after_gc_ns", keep="last")
     if len(gcs) < 3:
         return None
     return repeated_median_slope(gcs["jvm_heap_after_gc_ns"].to_numpy(np.float64) / 1e9,
-                                 gcs["jvm_heap_after_gc"].to_numpy(np.float64))
+                                 (gcs["jvm_heap_after_gc"] - gcs["waste"]).to_numpy(np.float64))
 
 
 def trend_of(t_ns: np.ndarray, values: np.ndarray, bins: np.ndarray) -> tuple[float, float]:

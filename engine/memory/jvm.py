@@ -27,6 +27,10 @@ AT_GC_FIELDS = {
                           "jvm_heap_start": "heapSpace.start", "jvm_heap_end": "heapSpace.reservedEnd"},
     "jdk.MetaspaceSummary": {"jvm_metaspace_used": "metaspace.used", "jvm_metaspace_committed": "metaspace.committed"},
 }
+# G1's copying into the old generation: PLABs given out (allocated) less what the copied objects
+# used. The unused tails stay in the heap's used bytes but hold no live object; summed over the
+# GCs into jvm_heap_gc_waste (engine/memory/table.py).
+G1_OLD_EVACUATION = "jdk.G1EvacuationOldStatistics"
 CODE_CACHE = "jdk.CodeCacheStatistics"  # one event per code heap: summed into jvm_code_cache
 NMT_CATEGORY = "jdk.NativeMemoryUsage"  # one event per NMT category: jvm_nmt_<category>
 CLOCK_SYNC = "tandem.ClockSync"
@@ -91,11 +95,16 @@ def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list) -> Non
         rows.append((int(event.getLong("startTime")), nmt_column(str(event.getString("type"))),
                      float(event.getLong("committed")), False))
 
+    def old_evacuation(event) -> None:
+        stats = event.getValue("statistics")
+        rows.append((int(event.getLong("startTime")), "jvm_heap_gc_waste",
+                     float(int(stats.getLong("allocated")) - int(stats.getLong("used"))), True))
+
     def clock_sync(event) -> None:
         sync_ticks.append(int(event.getLong("startTime")))
         sync_mono.append(int(event.getLong("monotonicNanos")))
 
-    handlers = {CODE_CACHE: code_cache, NMT_CATEGORY: nmt, CLOCK_SYNC: clock_sync}
+    handlers = {CODE_CACHE: code_cache, NMT_CATEGORY: nmt, CLOCK_SYNC: clock_sync, G1_OLD_EVACUATION: old_evacuation}
     handlers.update({name: fields_of(mapping, False) for name, mapping in PERIODIC_FIELDS.items()})
     handlers.update({name: fields_of(mapping, True) for name, mapping in AT_GC_FIELDS.items()})
     stream = EventStream.openFile(Paths.of(str(path)))

@@ -127,16 +127,20 @@ def _interpolated(rows: pd.DataFrame, series: pd.DataFrame, column: str) -> pd.D
 def _with_jvm(rows: pd.DataFrame, jvm: pd.DataFrame) -> pd.DataFrame:
     """The JVM's series as columns; the code heaps (one event each) summed into jvm_code_cache,
     the heap after the latest GC kept apart (jvm_heap_after_gc: the live set and what leaks;
-    jvm_heap_after_gc_ns: when that GC ended),
+    jvm_heap_after_gc_ns: when that GC ended), G1's unused copy buffers summed since the start
+    (jvm_heap_gc_waste: in the heap's used bytes, not in its live set),
     and the most the heap held so far (jvm_heap_peak: before a GC, eden full), which its pages
     were touched for."""
     heap = jvm[jvm["column"] == "jvm_heap_used"]
     after = heap[heap["after_gc"]].assign(column="jvm_heap_after_gc")
     after_at = after.assign(column="jvm_heap_after_gc_ns", value=after["t_ns"].astype("float64"))
     peak = heap.assign(column="jvm_heap_peak", value=heap["value"].cummax())
+    is_waste = jvm["column"] == "jvm_heap_gc_waste"
+    waste = jvm[is_waste].assign(value=jvm.loc[is_waste, "value"].cumsum())
     parts = []
-    for column, one in pd.concat([jvm, after, after_at, peak], ignore_index=True).groupby("column", sort=True):
-        at_gc = column in _AT_GC_COLUMNS or column in ("jvm_heap_after_gc", "jvm_heap_after_gc_ns", "jvm_heap_peak")
+    for column, one in pd.concat([jvm[~is_waste], waste, after, after_at, peak], ignore_index=True).groupby("column", sort=True):
+        at_gc = column in _AT_GC_COLUMNS or column in ("jvm_heap_after_gc", "jvm_heap_after_gc_ns", "jvm_heap_peak",
+                                                       "jvm_heap_gc_waste")
         values = one.groupby("t_ns", as_index=False)["value"].last().rename(columns={"value": column})
         rows = _as_of(rows, values, None) if at_gc else _interpolated(rows, values, column)
         if column.startswith("jvm_code_cache:"):

@@ -66,7 +66,8 @@ final class PauseEvents {
      * direct and mapped buffers, code cache, threads, and where the JDK has them the heap's
      * usage, the RSS and, with -XX:NativeMemoryTracking (tandem record --native-memory), NMT's
      * categories. JFR ignores the names a JDK does not know (17 has the first three only).
-     * jdk.GCHeapSummary and jdk.MetaspaceSummary come at every GC (default.jfc enables them).
+     * jdk.GCHeapSummary, jdk.MetaspaceSummary and (G1) jdk.G1EvacuationOldStatistics come at
+     * every GC (default.jfc enables them; so does this, whatever the base settings).
      */
     static final List<String> MEMORY_EVERY_SECOND = List.of(
             "jdk.DirectBufferStatistics",
@@ -76,7 +77,7 @@ final class PauseEvents {
             "jdk.ResidentSetSize",
             "jdk.NativeMemoryUsage",
             "jdk.NativeMemoryUsageTotal");
-    static final List<String> MEMORY_AT_GC = List.of("jdk.GCHeapSummary", "jdk.MetaspaceSummary");
+    static final List<String> MEMORY_AT_GC = List.of("jdk.GCHeapSummary", "jdk.MetaspaceSummary", "jdk.G1EvacuationOldStatistics");
 
     private static final Pattern TIMESPAN_WITHOUT_SPACE = Pattern.compile("(\\d+)(ns|us|ms|s|m|h|d)");
 
