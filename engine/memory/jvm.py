@@ -21,6 +21,7 @@ PERIODIC_FIELDS = {
     "jdk.GCHeapMemoryUsage": {"jvm_heap_used": "used", "jvm_heap_committed": "committed"},  # JDK 21+
     "jdk.ResidentSetSize": {"jvm_rss": "size"},  # JDK 21+
     "jdk.NativeMemoryUsageTotal": {"jvm_nmt_committed": "committed"},  # JDK 20+, NMT on
+    "tandem.NativeMemoryUsageTotal": {"jvm_nmt_committed": "committed"},  # the agent's, JDK 17-19, NMT on
 }
 AT_GC_FIELDS = {
     "jdk.GCHeapSummary": {"jvm_heap_used": "heapUsed", "jvm_heap_committed": "heapSpace.committedSize",
@@ -32,7 +33,7 @@ AT_GC_FIELDS = {
 # GCs into jvm_heap_gc_waste (engine/memory/table.py).
 G1_OLD_EVACUATION = "jdk.G1EvacuationOldStatistics"
 CODE_CACHE = "jdk.CodeCacheStatistics"  # one event per code heap: summed into jvm_code_cache
-NMT_CATEGORY = "jdk.NativeMemoryUsage"  # one event per NMT category: jvm_nmt_<category>
+NMT_CATEGORIES = ("jdk.NativeMemoryUsage", "tandem.NativeMemoryUsage")  # one event per NMT category: jvm_nmt_<category>
 CLOCK_SYNC = "tandem.ClockSync"
 
 
@@ -104,7 +105,8 @@ def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list) -> Non
         sync_ticks.append(int(event.getLong("startTime")))
         sync_mono.append(int(event.getLong("monotonicNanos")))
 
-    handlers = {CODE_CACHE: code_cache, NMT_CATEGORY: nmt, CLOCK_SYNC: clock_sync, G1_OLD_EVACUATION: old_evacuation}
+    handlers = {CODE_CACHE: code_cache, CLOCK_SYNC: clock_sync, G1_OLD_EVACUATION: old_evacuation}
+    handlers.update({name: nmt for name in NMT_CATEGORIES})
     handlers.update({name: fields_of(mapping, False) for name, mapping in PERIODIC_FIELDS.items()})
     handlers.update({name: fields_of(mapping, True) for name, mapping in AT_GC_FIELDS.items()})
     stream = EventStream.openFile(Paths.of(str(path)))

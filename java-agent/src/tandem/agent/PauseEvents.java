@@ -76,7 +76,9 @@ final class PauseEvents {
             "jdk.GCHeapMemoryUsage",
             "jdk.ResidentSetSize",
             "jdk.NativeMemoryUsage",
-            "jdk.NativeMemoryUsageTotal");
+            "jdk.NativeMemoryUsageTotal",
+            NativeMemoryEvents.USAGE,       // the same from VM.native_memory where JFR lacks them (NativeMemoryEvents)
+            NativeMemoryEvents.TOTAL);
     static final List<String> MEMORY_AT_GC = List.of("jdk.GCHeapSummary", "jdk.MetaspaceSummary", "jdk.G1EvacuationOldStatistics");
 
     private static final Pattern TIMESPAN_WITHOUT_SPACE = Pattern.compile("(\\d+)(ns|us|ms|s|m|h|d)");

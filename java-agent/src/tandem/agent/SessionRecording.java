@@ -86,6 +86,8 @@ final class SessionRecording {
         }
         JfrRepository.use(repository, inst);
         ClockSyncEvent.registerChunkHook();
+        String nmtEvents = NativeMemoryEvents.registerIfNeeded();
+        description.put("native_memory_events", nmtEvents == null ? NativeMemoryEvents.USAGE : nmtEvents);
 
         recording = new Recording(settings);
         recording.setName("tandem");
