@@ -53,9 +53,9 @@ def _jep_command(tmp_path: Path) -> list[str]:
     return [str(script)]
 
 
-def _record(tmp_path: Path, kind: str, runtime: str = "jpype") -> tuple[Path, float]:
+def _record(tmp_path: Path, kind: str, runtime: str = "jpype") -> tuple[Path, "Kept"]:
     """Records the leak program (Python driving a JVM with JPype, or a JVM running it with Jep);
-    returns the session and the rate it leaked at (bytes/s, its own count)."""
+    returns the session and what it says it kept (Kept)."""
     session = tmp_path / f"session-{kind}"
     if runtime == "jep":
         command = [*_jep_command(tmp_path), kind, str(LEAK_RATE_MB_S[runtime]), str(LEAK_SECONDS), str(LEAK_PROGRAM)]
@@ -66,7 +66,23 @@ def _record(tmp_path: Path, kind: str, runtime: str = "jpype") -> tuple[Path, fl
     assert run.returncode == 0, run.stderr[-2000:]
     leaked = re.search(r"leaked (\d+) in ([\d.]+) s", run.stdout)
     assert leaked, run.stdout[-2000:]
-    return session, int(leaked.group(1)) / float(leaked.group(2))
+    kept = np.array(re.findall(r"^kept (\d+) (\d+)$", run.stdout, re.M), dtype=np.float64).reshape(-1, 2)
+    return session, Kept(kept[:, 0], kept[:, 1], int(leaked.group(1)) / float(leaked.group(2)))
+
+
+class Kept:
+    """What the leak program says it kept: (CLOCK_MONOTONIC ns, bytes so far) at each tick."""
+
+    def __init__(self, t_ns: np.ndarray, kept: np.ndarray, average: float):
+        self.t_ns, self.kept, self.average = t_ns, kept, average
+
+    def rate(self, growth) -> float:
+        """Bytes/s kept over the span tandem fitted its trends on (a service behind its schedule
+        on a busy machine catches up: its rate is not the same over every span)."""
+        if growth.fitted_from_ns is None or len(self.t_ns) < 2:
+            return self.average
+        ends = np.interp([growth.fitted_from_ns, growth.fitted_to_ns], self.t_ns, self.kept)
+        return float(ends[1] - ends[0]) / ((growth.fitted_to_ns - growth.fitted_from_ns) / 1e9)
 
 
 def _service_growth(session: Path):
@@ -76,10 +92,7 @@ def _service_growth(session: Path):
     return table, service
 
 
-# The goal is 0.9 of the RSS growth in the leak's bucket. The JVM heap and direct-buffer leaks
-# read 0.84-0.9 at times: G1 takes fresh regions faster than the live set grows and part of
-# that lands in "unexplained". This floor catches a wrong attribution, not that gap.
-LEAK_SHARE_FLOOR = 0.8
+LEAK_SHARE_FLOOR = 0.9  # of the RSS growth in the leak's bucket
 
 
 @pytest.mark.slow
@@ -92,8 +105,9 @@ LEAK_SHARE_FLOOR = 0.8
     ("heap", "jvm_heap"),           # Java byte arrays kept
 ])
 def test_a_known_leak_is_named_in_its_bucket_at_its_rate(tmp_path, kind, bucket, runtime):
-    session, known_rate = _record(tmp_path, kind, runtime)
+    session, kept = _record(tmp_path, kind, runtime)
     _, growth = _service_growth(session)
+    known_rate = kept.rate(growth)
     detail = f"{kind}: {growth}"
     assert growth.leak == bucket, detail
     assert growth.leak_share >= LEAK_SHARE_FLOOR, detail

@@ -61,6 +61,8 @@ class Growth:
     leak_rate: float | None = None
     leak_share: float | None = None      # its rate / the RSS rate
     leak_part: str | None = None         # its part that grew most, in words
+    fitted_from_ns: int | None = None    # the span the trends are fitted over (CLOCK_MONOTONIC):
+    fitted_to_ns: int | None = None      # the second half of the samples, less the last window
 
     def as_metadata(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -94,7 +96,7 @@ def _growth(pid: int, rows: pd.DataFrame) -> Growth:
     rss = rows["rss"].to_numpy(np.float64)
     growth = Growth(pid, rows["comm"].dropna().iloc[-1] if "comm" in rows and rows["comm"].notna().any() else None,
                     (last_t - first_t) / 1e9, first_rss, rss[-1], float(np.nanmax(rss)), rss_rate, tau >= STEADY_TAU,
-                    rates, parts)
+                    rates, parts, fitted_from_ns=int(t[0]), fitted_to_ns=int(t[0] + window * bins.max()))
     grown = rss_rate * (t[-1] - t[0]) / 1e9  # over the fitted half
     if growth.steady and grown >= max(LEAK_MIN_BYTES, LEAK_MIN_FRACTION * float(np.median(rss))):
         growth.leak = max(rates, key=rates.get)
