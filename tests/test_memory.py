@@ -202,6 +202,32 @@ def test_the_python_sampler_counts_small_objects_in_pymalloc_arenas(tmp_path):
     assert samples[-1]["malloc_in_use"] > 0 and "tracemalloc" not in samples[-1]
 
 
+def test_numpy_buffers_are_counted_apart_when_the_service_traces_with_tracemalloc(tmp_path):
+    """With tracemalloc on (the user's choice), numpy's buffers (its own tracemalloc domain) are
+    a series of their own: 40 MB of arrays kept show there, inside the traced total."""
+    script = textwrap.dedent(f"""
+        import time, tracemalloc
+        import numpy as np
+        from engine.probe import memory
+        tracemalloc.start()
+        memory.NUMPY_PERIOD_S = 0.2
+        memory.start({str(tmp_path)!r}, period_s=0.2)
+        time.sleep(0.5)
+        kept = [np.ones(1 << 17) for _ in range(40)]  # 40 x 1 MiB of float64
+        small = ["%0400d" % i for i in range(20_000)]  # traced, not numpy's
+        time.sleep(0.9)
+        print(sum(a.nbytes for a in kept))
+        """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert run.returncode == 0, run.stderr
+    kept = int(run.stdout)
+    samples = [json.loads(line) for line in (tmp_path / "memory.jsonl").read_text().splitlines()]
+    assert all("tracemalloc_numpy" in s for s in samples)
+    grown = samples[-1]["tracemalloc_numpy"] - samples[0]["tracemalloc_numpy"]
+    assert kept <= grown <= kept * 1.01
+    assert samples[-1]["tracemalloc"] - samples[0]["tracemalloc"] >= grown + 20_000 * 400
+
+
 def test_the_trend_is_robust_to_a_start_up_step_and_blind_to_a_sawtooth():
     x = np.arange(12.0)
     line = 5.0 * x + 100

@@ -33,11 +33,12 @@ LEAK_MIN_FRACTION = 0.10
 # What a bucket is made of, to say which part grew.
 PARTS = {
     "jvm_native": ("jvm_direct_buffers", "jvm_metaspace_committed", "jvm_code_cache"),
-    "python": ("py_arena_bytes", "py_tracemalloc"),
+    "python": ("py_arena_bytes", "py_tracemalloc", "py_tracemalloc_numpy"),
     "native_other": ("malloc_in_use",),
 }
 PART_NAMES = {"jvm_direct_buffers": "direct buffers", "jvm_metaspace_committed": "metaspace",
               "jvm_code_cache": "code cache", "py_arena_bytes": "pymalloc arenas", "py_tracemalloc": "tracemalloc",
+              "py_tracemalloc_numpy": "numpy buffers (tracemalloc)",
               "malloc_in_use": "malloc in use"}
 BUCKET_NAMES = {"jvm_heap": "JVM heap", "jvm_native": "JVM native", "python": "Python objects",
                 "native_other": "native (malloc) outside JVM and Python", "unexplained": "unexplained"}
@@ -110,6 +111,8 @@ def _growth(pid: int, rows: pd.DataFrame) -> Growth:
             candidates += [c for c in parts if c.startswith("jvm_nmt_") and c != "jvm_nmt_committed" and parts[c] > 0]
         if candidates:
             best = max(candidates, key=parts.get)
+            if best == "py_tracemalloc" and parts.get("py_tracemalloc_numpy", 0) >= parts[best] / 2:
+                best = "py_tracemalloc_numpy"  # (a part of the total: named when it is most of it)
             growth.leak_part = PART_NAMES.get(best, best.removeprefix("jvm_nmt_").replace("_", " ") + " (NMT)")
     return growth
 

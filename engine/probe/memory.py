@@ -11,6 +11,10 @@ line to SESSION/py-<pid>/memory.jsonl per sample, stamped with CLOCK_MONOTONIC:
     malloc_free       embedding it...), hblkhd, and fordblks (freed but held by malloc)
     tracemalloc       tracemalloc's traced total, when the user has it tracing (numpy's
                       buffers included: numpy reports them under its own domain)
+    tracemalloc_numpy the part of it in numpy's domain (its array buffers), from a snapshot
+                      every NUMPY_PERIOD_S at most and less often when one is slow (a snapshot
+                      copies every trace holding the GIL: at most 1% of the time), the
+                      latest on every line
 
 Each sample holds the GIL while getallocatedblocks and the malloc statistics walk pymalloc's
 pools (mallinfo2 is constant-time). Standard library only; ctypes is imported by the thread itself, never on the
@@ -25,6 +29,9 @@ import time
 
 FILE_NAME = "memory.jsonl"
 PERIOD_S = 1.0
+NUMPY_DOMAIN = 389047  # numpy's NPY_TRACE_DOMAIN: its data buffers in tracemalloc
+NUMPY_PERIOD_S = 10.0
+NUMPY_DUTY = 0.01  # the snapshots' share of the time at most
 
 _started_in_pid: int | None = None
 _thread: threading.Thread | None = None
@@ -90,6 +97,8 @@ class _Readers:
             self._mallinfo2 = self._libc.mallinfo2
             self._mallinfo2.restype = MallInfo2
             self._mallinfo2.argtypes = []
+        self._numpy_bytes: int | None = None
+        self._numpy_due = 0.0
         self._malloc_stats = None
         try:
             stats = ctypes.pythonapi._PyObject_DebugMallocStats
@@ -113,7 +122,20 @@ class _Readers:
         tracemalloc = sys.modules.get("tracemalloc")  # imported by whoever turned it on
         if tracemalloc is not None and tracemalloc.is_tracing():
             sample["tracemalloc"] = tracemalloc.get_traced_memory()[0]
+            if "numpy" in sys.modules:
+                sample["tracemalloc_numpy"] = self._numpy_traced(tracemalloc)
         return sample
+
+    def _numpy_traced(self, tracemalloc) -> int | None:
+        """The bytes tracemalloc traces in numpy's domain: a snapshot when due, else the latest."""
+        now = time.monotonic()
+        if now >= self._numpy_due:
+            snapshot = tracemalloc.take_snapshot()
+            numpy = snapshot.filter_traces([tracemalloc.DomainFilter(True, NUMPY_DOMAIN)])
+            self._numpy_bytes = sum(trace.size for trace in numpy.traces)
+            took = time.monotonic() - now
+            self._numpy_due = now + max(NUMPY_PERIOD_S, took / NUMPY_DUTY)
+        return self._numpy_bytes
 
     def _pymalloc(self) -> dict:
         """pymalloc's arenas and allocated bytes, from its statistics printed into memory
