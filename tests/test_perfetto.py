@@ -128,6 +128,8 @@ def decode_proto(path: Path) -> tuple[dict, list[dict]]:
                     seq["clock"] = clock.timestamp
         if packet.HasField("track_event"):
             event = packet.track_event
+            if event.type == event.TYPE_COUNTER:  # (memory counters: decode_counters)
+                continue
             defaults = seq["defaults"]
             assert not packet.HasField("timestamp_clock_id") and defaults.timestamp_clock_id >= 64
             seq["clock"] += packet.timestamp  # the sequence's incremental clock
@@ -158,12 +160,61 @@ def decode_proto(path: Path) -> tuple[dict, list[dict]]:
     return tracks, slices
 
 
+def decode_counters(path: Path, fmt: str) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """{(pid, counter name): [(t_ns, value)]}: proto, each counter track's TYPE_COUNTER events on
+    its sequence's incremental clock, the track's process from its parent descriptor; JSON, the
+    `ph: C` events (a counter belongs to its process)."""
+    counters = defaultdict(list)
+    if fmt == "json":
+        for e in json.loads(path.read_text())["traceEvents"]:
+            if e["ph"] == "C":
+                counters[(e["pid"], e["name"])].append((int(round(e["ts"] * 1000)), e["args"]["bytes"]))
+        return dict(counters)
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    trace = pb.Trace()
+    trace.ParseFromString(path.read_bytes())
+    descriptors, clock, defaults = {}, {}, {}
+    for packet in trace.packet:
+        seq = packet.trusted_packet_sequence_id
+        if packet.HasField("track_descriptor"):
+            descriptors[packet.track_descriptor.uuid] = packet.track_descriptor
+        if packet.HasField("trace_packet_defaults"):
+            defaults[seq] = packet.trace_packet_defaults.track_event_defaults.track_uuid
+        for c in packet.clock_snapshot.clocks:
+            if c.is_incremental:
+                clock[seq] = c.timestamp
+        if packet.HasField("track_event") and packet.track_event.type == packet.track_event.TYPE_COUNTER:
+            clock[seq] += packet.timestamp
+            track = descriptors[defaults[seq]]
+            assert track.counter.unit == pb.CounterDescriptor.Unit.UNIT_SIZE_BYTES
+            counters[(descriptors[track.parent_uuid].process.pid, track.name)].append((clock[seq], packet.track_event.counter_value))
+    return dict(counters)
+
+
 @pytest.fixture(scope="module")
-def analysis(tmp_path_factory):
+def memory_session(tmp_path_factory):
+    """A real session's memory samples: `tandem record` of a CPython keeping 60 MB of small
+    objects, a step every 0.6 s (the recorder's /proc samples and the probe's pymalloc ones)."""
+    session = tmp_path_factory.mktemp("memory") / "session"
+    program = ("import time\nkept = []\nfor _ in range(4):\n    kept += ['%0300d' % i for i in range(50_000)]\n"
+               "    time.sleep(0.6)\n")
+    tandem = Path(sys.executable).parent / "tandem"
+    run = subprocess.run([str(tandem), "record", "-o", str(session), "--", sys.executable, "-c", program],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return session
+
+
+@pytest.fixture(scope="module")
+def analysis(tmp_path_factory, memory_session):
+    from engine.memory import write_memory
+
     out = tmp_path_factory.mktemp("results")
     pauses, gil = _tables()
     analysis = correlate(pauses, gil)
     analysis.write(out)
+    write_memory(memory_session, out)
     return analysis, out
 
 
@@ -319,3 +370,35 @@ def test_a_thread_drawn_in_chunks_is_the_thread_drawn_at_once(tmp_path, analysis
     key = lambda s: (s["name"], s["start"], s["end"], len(s["flows_in"]), len(s["flows_out"]))  # noqa: E731
     assert sorted(map(key, whole[1])) == sorted(map(key, chunked[1]))
     assert len(whole[1]) > 7 * 20
+
+
+def test_memory_series_are_counter_tracks_under_their_process(trace, analysis):
+    """Every memory series of memory.parquet is a counter track (bytes) under its process,
+    sample for sample; the RSS split's counters add up to the RSS counter at every sample."""
+    from engine.memory.series import columns_of, label
+
+    _, out = analysis
+    _, fmt, _ = trace
+    counters = decode_counters(out / f"trace.{fmt}", fmt)
+    memory = pd.read_parquet(out / "memory.parquet")
+    expected = {}
+    for pid, rows in memory.groupby("pid"):
+        for column in columns_of(rows):
+            present = rows[rows[column].notna()].sort_values("t_ns")
+            expected[(int(pid), f"memory: {label(column)}")] = list(zip(
+                present["t_ns"].tolist(), np.rint(present[column].to_numpy(np.float64)).astype(np.int64).tolist()))
+    assert counters == expected
+    service = max(memory.groupby("pid")["rss"].max().items(), key=lambda item: item[1])[0]
+    names = {name for pid, name in counters if pid == service}
+    assert {"memory: RSS", "memory: RSS: Python objects", "memory: Python allocated (pymalloc blocks)",
+            "memory: malloc in use", "memory: RSS: unexplained"} <= names
+    rss = dict(counters[(service, "memory: RSS")])
+    buckets = ("JVM heap", "JVM native", "Python objects", "native (malloc) outside JVM and Python", "unexplained")
+    split = defaultdict(int)
+    for bucket in buckets:
+        for t, value in counters.get((service, f"memory: RSS: {bucket}"), []):
+            split[t] += value
+    assert all(abs(split[t] - value) <= len(buckets) for t, value in rss.items() if t in split)  # (rounding)
+    # The kept objects show: pymalloc's allocated bytes grow by at least the 60 MB kept.
+    allocated = [v for _, v in counters[(service, "memory: Python allocated (pymalloc blocks)")]]
+    assert max(allocated) - allocated[0] >= 50e6

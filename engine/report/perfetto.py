@@ -12,7 +12,9 @@ Layout, all on CLOCK_MONOTONIC:
   (`released: fetch (db.py:88)`), `held` in between; where a JVM pause overlaps a released or
   waiting interval, a slice `JVM pause: <name>` sits inside it, linked by a flow arrow from
   the pause; a stop of the world a Python thread asked for (pause_impact's causes) has a flow
-  arrow from that thread's slice at the request to the stop's pause.
+  arrow from that thread's slice at the request to the stop's pause;
+- under each process memory.parquet has (docs/results.md), its memory series as counter
+  tracks in bytes (engine.memory.series: RSS, its split into buckets, each runtime's figures).
 
 Streaming: the pauses are read whole (tens of bytes a pause); GIL intervals and overlaps are
 read batch by batch and spilled to one file per Python thread next to the output, then drawn
@@ -46,6 +48,7 @@ JVM_TRACKS = {
 FORMATS = ("proto", "json")
 _LANE_STRIDE = 100  # JSON tids of a JVM's tracks: family index * stride + lane + 1
 _UNKNOWN_JVM_PID = 0  # pauses brought from elsewhere without jvm_pid
+_MEMORY_RANK = -1000  # counter tracks' sibling_order_rank: above a process's pause and thread tracks
 _BATCH_ROWS = 1 << 16
 STATES = ("released", "waiting", "held")  # codes 0, 1, 2 in the spill files
 CODE_COLUMNS = GIL_CARRIED_COLUMNS  # the Python code of a GIL interval (docs/results.md)
@@ -160,6 +163,18 @@ def _read_pauses(results: Path) -> pd.DataFrame:
         return pd.DataFrame({"pause_id": pd.Series([], dtype="int64"), "kind": [], "name": [], "start_ns": pd.Series([], dtype="int64"),
                              "end_ns": pd.Series([], dtype="int64")})
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def _read_memory(results: Path) -> pd.DataFrame:
+    """memory.parquet (`tandem analyze`) or its live parts; empty when the session had no memory capture."""
+    from engine.memory import MEMORY_TABLE
+    from engine.store import read_table
+
+    files = [results / MEMORY_TABLE] if (results / MEMORY_TABLE).exists() else sorted(results.glob(f"part-*/{MEMORY_TABLE}"))
+    frames = [f for f in (read_table(path) for path in files) if len(f)]
+    if not frames:
+        return pd.DataFrame({"t_ns": pd.Series([], dtype="int64"), "pid": pd.Series([], dtype="int64")})
+    return pd.concat(frames, ignore_index=True)
 
 
 class _ThreadSpill:
@@ -550,6 +565,12 @@ class _JsonWriter:
                 self._event(f'{{{flow},"ph":"s","pid":{source.pid},"tid":{source.tid}}}')
                 self._event(f'{{{flow},"ph":"f","bp":"e","pid":{track.pid},"tid":{track.tid}}}')
 
+    def counter(self, track: _Track, parent: int, t_ns: np.ndarray, values: np.ndarray) -> None:
+        """A counter of the process (Chrome JSON counters belong to a process: `ph: C`)."""
+        name = json.dumps(track.name)
+        for at, value in zip(t_ns.tolist(), np.rint(values).astype(np.int64).tolist()):
+            self._event(f'{{"name":{name},"ph":"C","pid":{track.pid},"ts":{_us(at)},"args":{{"bytes":{value}}}}}')
+
     def close(self) -> None:
         self.out.write('],"otherData":' + json.dumps({"clock": "CLOCK_MONOTONIC", "producer": "tandem", **self.metadata}, default=str) + "}\n")
 
@@ -673,6 +694,32 @@ class _ProtoWriter:
                 add = trace.packet.add
         self.out.write(trace.SerializeToString())
 
+    def counter(self, track: _Track, parent: int, t_ns: np.ndarray, values: np.ndarray) -> None:
+        """A counter track of its own sequence: descriptor (bytes), then one TYPE_COUNTER event a
+        sample, its timestamp the delta on the sequence's incremental clock."""
+        pb = self.pb
+        self.sequences += 1
+        seq = self.sequences
+        trace = pb.Trace()
+        head = trace.packet.add(trusted_packet_sequence_id=seq, sequence_flags=pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED)
+        head.incremental_state_cleared = True
+        d = head.track_descriptor
+        d.uuid, d.parent_uuid, d.name, d.sibling_order_rank = track.uuid, parent, track.name, track.rank
+        d.counter.unit = pb.CounterDescriptor.Unit.UNIT_SIZE_BYTES
+        head.trace_packet_defaults.timestamp_clock_id = self._INCREMENTAL_CLOCK
+        head.trace_packet_defaults.track_event_defaults.track_uuid = track.uuid
+        if len(t_ns):
+            first = int(t_ns[0])
+            clock = trace.packet.add(trusted_packet_sequence_id=seq, timestamp=first, timestamp_clock_id=self._MONOTONIC)
+            clock.clock_snapshot.clocks.add(clock_id=self._INCREMENTAL_CLOCK, timestamp=first, is_incremental=True)
+            clock.clock_snapshot.clocks.add(clock_id=self._MONOTONIC, timestamp=first)
+            COUNTER = pb.TrackEvent.TYPE_COUNTER
+            deltas = np.diff(np.r_[first, t_ns.astype(np.int64)]).tolist()
+            for delta, value in zip(deltas, np.rint(values).astype(np.int64).tolist()):
+                event = trace.packet.add(timestamp=delta, trusted_packet_sequence_id=seq).track_event
+                event.type, event.counter_value = COUNTER, value
+        self.out.write(trace.SerializeToString())
+
     def close(self) -> None:
         pass
 
@@ -729,7 +776,7 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
         spill.add_overlaps(files["overlaps"])
         metadata = {"results": str(results), "clock_errors": header.get("clock")}
         writer = _ProtoWriter(out, metadata) if fmt == "proto" else _JsonWriter(out, metadata)
-        _draw(writer, pauses, spill, _read_causes(results), advance=advance)
+        _draw(writer, pauses, spill, _read_causes(results), _read_memory(results), advance=advance)
         writer.close()
     os.replace(tmp, output)
     return output
@@ -783,7 +830,10 @@ def _cause_flows(spill: _ThreadSpill, causes: pd.DataFrame, first_flow: int) -> 
     return out
 
 
-def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, causes: pd.DataFrame, advance: Callable[[int], None]) -> None:
+def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, causes: pd.DataFrame, memory: pd.DataFrame,
+          advance: Callable[[int], None]) -> None:
+    from engine.memory.series import process_series
+
     uuids = iter(range(1, 1 << 62))
     jvm = _jvm_tracks(pauses, lambda: next(uuids))
     placed = {int(pid): track for track, rows in jvm for pid in rows["pause_id"].tolist()}
@@ -820,12 +870,22 @@ def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, causes: pd.DataFram
     # both sides' tracks sit under one process named for both.
     jvm_pids = sorted({t.pid for t, _ in jvm})
     python_pids = sorted({pid for pid, _ in threads})
+    memory_of = {pid: (comm, series) for pid, comm, series in process_series(memory)}
     process_uuid = {}
-    for pid in sorted(set(jvm_pids) | set(python_pids)):
+    for pid in sorted(set(jvm_pids) | set(python_pids) | set(memory_of)):
         process_uuid[pid] = next(uuids)
         both = pid in jvm_pids and pid in python_pids
-        name = f"JVM + Python {pid}" if both else (f"JVM {pid}" if pid != _UNKNOWN_JVM_PID else "JVM") if pid in jvm_pids else f"Python {pid}"
-        writer.process(process_uuid[pid], pid, name, 0 if pid in jvm_pids else 1)
+        if pid in jvm_pids:
+            name = f"JVM + Python {pid}" if both else f"JVM {pid}" if pid != _UNKNOWN_JVM_PID else "JVM"
+        elif pid in python_pids:
+            name = f"Python {pid}"
+        else:  # a process only the memory sampler saw (a shell, a helper the command ran)
+            name = f"{memory_of[pid][0] or 'process'} {pid}"
+        writer.process(process_uuid[pid], pid, name, 0 if pid in jvm_pids else 1 if pid in python_pids else 2)
+    for pid, (_, series) in memory_of.items():  # counter tracks first under their process
+        for rank, (_, label, t_ns, values) in enumerate(series, _MEMORY_RANK):
+            writer.counter(_Track(next(uuids), pid, 0, f"memory: {label}", thread=False, rank=rank),
+                           process_uuid[pid], t_ns, values)
     for track, rows in jvm:
         writer.track(track, process_uuid[track.pid])
         writer.slices(track, _pause_slices(rows, flows, into_pause))

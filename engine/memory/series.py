@@ -1,0 +1,64 @@
+"""The memory series of a process as views draw and export them (Perfetto's counter tracks,
+the notebook's plot, `tandem live`'s metrics): which columns of memory.parquet, under what
+names, in what order. One place, so every view says the same thing about the same bytes.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from engine.memory.growth import BUCKET_NAMES
+from engine.memory.table import BUCKETS
+
+# column -> label, in drawing order: the RSS, its split (the buckets), then each runtime's own figures.
+SERIES = {
+    "rss": "RSS",
+    "rss_anon": "RSS anon",
+    "rss_file": "RSS file",
+    "rss_shmem": "RSS shmem",
+    **{bucket: f"RSS: {BUCKET_NAMES[bucket]}" for bucket in BUCKETS},
+    "jvm_heap_used": "JVM heap used",
+    "jvm_heap_committed": "JVM heap committed",
+    "jvm_metaspace_committed": "JVM metaspace committed",
+    "jvm_code_cache": "JVM code cache",
+    "jvm_direct_buffers": "JVM direct buffers",
+    "jvm_nmt_committed": "JVM NMT committed",
+    "py_pymalloc_bytes": "Python allocated (pymalloc blocks)",
+    "py_arena_bytes": "Python pymalloc arenas",
+    "py_tracemalloc": "Python traced (tracemalloc)",
+    "malloc_in_use": "malloc in use",
+    "malloc_free": "malloc free, held",
+}
+NMT_PREFIX = "jvm_nmt_"
+
+
+def label(column: str) -> str:
+    """The name a view gives COLUMN (an NMT category: `JVM NMT: <category>`)."""
+    if column in SERIES:
+        return SERIES[column]
+    return "JVM NMT: " + column.removeprefix(NMT_PREFIX).replace("_", " ")
+
+
+def columns_of(rows: pd.DataFrame) -> list[str]:
+    """The series columns ROWS has a value in, in drawing order (NMT categories after the rest); a
+    bucket that is zero throughout is left out (a runtime the process does not have)."""
+    present = [c for c in SERIES if c in rows and rows[c].notna().any()
+               and not (c in BUCKETS and c != "unexplained" and (rows[c].fillna(0) == 0).all())]  # (no JVM: no JVM buckets)
+    nmt = sorted(c for c in rows.columns if c.startswith(NMT_PREFIX) and c not in SERIES and rows[c].notna().any())
+    return present + nmt
+
+
+def process_series(table: pd.DataFrame) -> Iterator[tuple[int, str | None, list[tuple[str, str, np.ndarray, np.ndarray]]]]:
+    """Per process of a memory table, in pid order: (pid, comm, [(column, label, t_ns, bytes)]),
+    each series its samples with a value (a null is no sample: the series was not read then)."""
+    for pid, rows in table.groupby("pid", sort=True):
+        rows = rows.sort_values("t_ns", kind="stable")
+        comm = rows["comm"].dropna().iloc[-1] if "comm" in rows and rows["comm"].notna().any() else None
+        series = []
+        for column in columns_of(rows):
+            present = rows[rows[column].notna()]
+            series.append((column, label(column), present["t_ns"].to_numpy(np.int64),
+                           present[column].to_numpy(np.float64)))
+        yield int(pid), comm, series
