@@ -64,10 +64,14 @@ def _record(tmp_path: Path, kind: str, runtime: str = "jpype") -> tuple[Path, "K
     run = subprocess.run([str(TANDEM), "record", "-o", str(session), "--", *command], capture_output=True, text=True,
                          timeout=300, env=jdk_env(default_java_home()))
     assert run.returncode == 0, run.stderr[-2000:]
-    leaked = re.search(r"leaked (\d+) in ([\d.]+) s", run.stdout)
-    assert leaked, run.stdout[-2000:]
-    kept = np.array(re.findall(r"^kept (\d+) (\d+)$", run.stdout, re.M), dtype=np.float64).reshape(-1, 2)
-    return session, Kept(kept[:, 0], kept[:, 1], int(leaked.group(1)) / float(leaked.group(2)))
+    return session, _kept(run.stdout)
+
+
+def _kept(stdout: str) -> "Kept":
+    leaked = re.search(r"leaked (\d+) in ([\d.]+) s", stdout)
+    assert leaked, stdout[-2000:]
+    kept = np.array(re.findall(r"^kept (\d+) (\d+)$", stdout, re.M), dtype=np.float64).reshape(-1, 2)
+    return Kept(kept[:, 0], kept[:, 1], int(leaked.group(1)) / float(leaked.group(2)))
 
 
 class Kept:
@@ -289,3 +293,23 @@ def test_a_jvm_alone_with_native_memory_tracking(tmp_path, jdk):
                                  capture_output=True, text=True, check=True).stdout
         operations = re.findall(r'operation = "([^"]+)"', printed)
         assert operations.count("NMTDCmd") + operations.count("NativeMemoryTracking") < 5, sorted(set(operations))
+
+
+@pytest.mark.slow
+def test_tandem_live_names_a_leak_with_its_rate(tmp_path):
+    """`tandem live -- CMD` on the Python-objects leak: the live view says the leak-like growth,
+    in its bucket, at the leak's known rate within 10% (the same who grew as offline, over the
+    samples tandem live has followed)."""
+    run = subprocess.run([str(TANDEM), "live", "--session", str(tmp_path / "session"), "--roll", "5s", "--",
+                          sys.executable, str(LEAK_PROGRAM), "python", str(LEAK_RATE_MB_S["jpype"]), str(LEAK_SECONDS)],
+                         capture_output=True, text=True, timeout=300, env=jdk_env(default_java_home()))
+    assert run.returncode == 0, run.stderr[-2000:]
+    _, growth = _service_growth(tmp_path / "session")  # (offline, over the same samples: the span the fit covers)
+    known_rate = _kept(run.stdout).rate(growth)
+    said = re.findall(r"leak-like growth: RSS \+[\d.]+ \w+/s, (\d+)% of it Python objects \(pymalloc arenas\) at \+([\d.]+) (\w+)/s",
+                      run.stderr)
+    assert said, run.stderr[-3000:]
+    share, rate, unit = said[-1]  # (the final view's)
+    assert int(share) >= 100 * LEAK_SHARE_FLOOR
+    rate = float(rate) * {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[unit]
+    assert abs(rate / known_rate - 1) <= 0.10, f"{said}; known {known_rate:.0f} B/s"

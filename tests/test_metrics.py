@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -268,3 +269,94 @@ def test_grafana_dashboard_queries_run_on_prometheus(run):
         results = _query(run["prom_port"], promql)
         if "tandem_watermark_lag_seconds" not in expr:  # a gauge: stale once tandem live has gone
             assert results, promql
+
+
+def _scrape(port: int) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+@pytest.mark.slow
+def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
+    """`tandem live --metrics-port` of the demo (Python driving a JVM with JPype): its
+    process_memory_usage_bytes is the RSS /proc/PID/status gave this test within the seconds
+    before the scrape, its jvm_memory_committed_bytes{Java heap} the heap totals
+    `jcmd GC.heap_info` gave (within their range, and some equal), and its RSS split adds up to its RSS."""
+    from engine.jvm import jdk_tool
+
+    port = _free_port()
+    session = tmp_path / "session"
+    live = subprocess.Popen([*TANDEM, "live", "--session", str(session), "--roll", "5s", "--metrics-port", str(port),
+                             "--metrics-addr", "127.0.0.1", "--service", SERVICE, "--",
+                             sys.executable, "-m", "engine.demo.workload", "--seconds", "20"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    rss_seen: list[tuple[float, int]] = []  # (monotonic s, VmRSS bytes), read here every 0.1 s
+    heap_totals: set[int] = set()
+    scrapes: list[tuple[float, int, dict]] = []
+    stop = threading.Event()
+
+    def watch(pid: int) -> None:
+        while not stop.is_set():
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+            except (OSError, StopIteration):
+                return
+            rss_seen.append((time.monotonic(), rss))
+            time.sleep(0.1)
+
+    def heap(pid: int) -> None:
+        while not stop.is_set():
+            out = subprocess.run([str(jdk_tool("jcmd")), str(pid), "GC.heap_info"], capture_output=True, text=True).stdout
+            heap_totals.update(int(k) * 1024 for k in re.findall(r"heap\s+total (\d+)K", out))
+            time.sleep(0.5)
+
+    try:
+        deadline = time.monotonic() + 180
+        while not list(session.glob("py-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid = int(next(session.glob("py-*")).name.split("-")[1])
+        threads = [threading.Thread(target=f, args=(pid,), daemon=True) for f in (watch, heap)]
+        for t in threads:
+            t.start()
+        while live.poll() is None and time.monotonic() < deadline:
+            try:
+                scrapes.append((time.monotonic(), pid, _scrape(port)))
+            except OSError:
+                pass
+            time.sleep(0.5)
+        _, err = live.communicate(timeout=120)
+        assert live.returncode == 0, err[-2000:]
+    finally:
+        stop.set()
+        if live.poll() is None:
+            live.kill()
+    label = lambda **kw: tuple(sorted({"service": SERVICE, "pid": str(pid), **kw}.items()))  # noqa: E731
+    rss_key = ("process_memory_usage_bytes", label())
+    checked = 0
+    for at, pid, values in scrapes:
+        if rss_key not in values:
+            continue
+        # The exported RSS is a sample of the 3 s before the scrape (sampled each second, read
+        # by tandem live every 2 s): within what /proc said here over the 5 s before it.
+        if not rss_seen or rss_seen[0][0] > at - 5.0:
+            continue  # (this test's readings do not cover those 5 s yet)
+        window = [rss for t, rss in rss_seen if at - 5.0 <= t <= at]
+        assert min(window) * 0.98 <= values[rss_key] <= max(window) * 1.02, (values[rss_key], min(window), max(window))
+        split = sum(values.get(("tandem_memory_bytes", label(bucket=b)), 0.0)
+                    for b in ("jvm_heap", "jvm_native", "python", "native_other", "unexplained"))
+        assert split == pytest.approx(values[rss_key], rel=1e-6)
+        checked += 1
+    assert checked >= 5, f"{checked} scrapes with the process's memory"
+    committed = [v for _, _, values in scrapes for k, v in values.items()
+                 if k == ("jvm_memory_committed_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))]
+    assert committed and heap_totals, (committed, heap_totals)
+    # (jcmd attaches in about a second: it misses some of the heap's sizes while it grows at the start)
+    assert set(committed) & heap_totals and min(heap_totals) <= min(committed) and max(committed) <= max(heap_totals), \
+        (sorted(set(committed)), sorted(heap_totals))
+    used = [v for _, _, values in scrapes for k, v in values.items()
+            if k == ("jvm_memory_used_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))]
+    assert used and all(0 < u <= max(heap_totals) for u in used)

@@ -134,6 +134,9 @@ def live(
     run = LiveRun(directory, output or directory / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view)
     _observe(run, metrics)
     console.print(f"[dim]tandem: running `{shlex.join(command)}` live into {directory}[/dim]")
+    from engine.record.memory import ProcessMemorySampler
+
+    sampler = ProcessMemorySampler(directory).start()  # every process below tandem, once a second (as tandem record)
     with view:
         loop = threading.Thread(target=run.run, name="tandem-live", daemon=True)
         loop.start()
@@ -142,10 +145,12 @@ def live(
             # exits, the loop reads what is left, flushes and closes every file.
             pid, exit_code = launch.run_forwarding_signals(command, env, on_signal=lambda _signum: run.command_done.set())
         except TandemError:
+            sampler.stop()
             run.stop.set()
             loop.join()
             sessions.finish_session(directory, exit_code=None, error="command did not start")
             raise
+        sampler.stop()
         sessions.finish_session(directory, pid=pid, exit_code=exit_code)
         run.command_done.set()
         while loop.is_alive():

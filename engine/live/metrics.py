@@ -53,14 +53,64 @@ DROPPED = Metric("tandem_probe_events_dropped", "tandem.probe.events.dropped", "
                  "GIL probe events lost in the producer (ring lane full) or overwritten before tandem live read them.")
 LAG = Metric("tandem_watermark_lag_seconds", "tandem.watermark.lag", "gauge", "s", (),
              "How far the correlation's watermark trails CLOCK_MONOTONIC now: rows younger than that are not final yet.")
-METRICS = (GC_DURATION, PAUSES, PAUSES_HIT, OVERLAP, AMPLIFIED, CAUSED, GIL_RELEASE, GIL_WAIT, DROPPED, LAG)
+# Memory (engine/memory/follow.py: the session's memory samples, once a second), with
+# OpenTelemetry's names where it has them (process.memory.usage, jvm.memory.used/committed).
+PROCESS_MEMORY = Metric("process_memory_usage_bytes", "process.memory.usage", "gauge", "By", ("pid",),
+                        "The amount of physical memory in use: the process's RSS (/proc/PID/status VmRSS).")
+JVM_MEMORY_USED = Metric("jvm_memory_used_bytes", "jvm.memory.used", "gauge", "By", ("pid", "jvm_memory_type", "jvm_memory_pool_name"),
+                         "Measure of memory used (JFR: the heap at the latest GC, metaspace, code cache).")
+JVM_MEMORY_COMMITTED = Metric("jvm_memory_committed_bytes", "jvm.memory.committed", "gauge", "By",
+                              ("pid", "jvm_memory_type", "jvm_memory_pool_name"), "Measure of memory committed (JFR).")
+MEMORY_SPLIT = Metric("tandem_memory_bytes", "tandem.memory.usage", "gauge", "By", ("pid", "bucket"),
+                      "The process's RSS split by who accounts for it: jvm_heap, jvm_native, python, native_other, "
+                      "unexplained (memory.parquet's buckets, docs/results.md).")
+MEMORY_TREND = Metric("tandem_memory_trend_bytes_per_second", "tandem.memory.trend", "gauge", "By/s", ("pid", "bucket"),
+                      "Steady growth over the latest minutes (who grew: the lower envelope's slope), of the RSS "
+                      "(bucket rss) and of each bucket.")
+MEMORY_LEAK = Metric("tandem_memory_leak_bytes_per_second", "tandem.memory.leak.rate", "gauge", "By/s", ("pid", "bucket"),
+                     "A leak-like growth named by who grew: its bucket and rate (absent while there is none).")
+MEMORY_METRICS = (PROCESS_MEMORY, JVM_MEMORY_USED, JVM_MEMORY_COMMITTED, MEMORY_SPLIT, MEMORY_TREND, MEMORY_LEAK)
+METRICS = (GC_DURATION, PAUSES, PAUSES_HIT, OVERLAP, AMPLIFIED, CAUSED, GIL_RELEASE, GIL_WAIT, DROPPED, LAG, *MEMORY_METRICS)
 # OpenTelemetry's semantic conventions recommend these boundaries for jvm.gc.duration.
 GC_BUCKETS = (0.01, 0.1, 1.0, 10.0)
-OTEL_ATTRIBUTE = {"pid": "process.pid", "kind": "tandem.pause.kind", "jvm_gc_name": "jvm.gc.name", "jvm_gc_action": "jvm.gc.action"}
+OTEL_ATTRIBUTE = {"pid": "process.pid", "kind": "tandem.pause.kind", "jvm_gc_name": "jvm.gc.name", "jvm_gc_action": "jvm.gc.action",
+                  "jvm_memory_type": "jvm.memory.type", "jvm_memory_pool_name": "jvm.memory.pool.name",
+                  "bucket": "tandem.memory.bucket"}
 
 # jvm.gc.action from JFR's collector names (jdk.GarbageCollection `name`); others: "end of GC".
 _MINOR = {"G1New", "ParallelScavenge", "DefNew", "ShenandoahYoung", "ZGC Minor", "ZGC Minor Collection", "ZGC Young"}
 _MAJOR = {"G1Old", "G1Full", "ParallelOld", "SerialOld", "PSMarkSweep", "ZGC Major", "ZGC Major Collection", "Z", "Shenandoah"}
+
+
+def memory_values(snapshot) -> list[tuple[Metric, dict, float]]:
+    """The memory gauges of a MemorySnapshot (engine/memory/follow.py): (metric, labels, value)."""
+    from engine.memory.series import JVM_POOLS
+    from engine.memory.table import BUCKETS
+
+    if snapshot is None:
+        return []
+    out = []
+    for pid, row in sorted(snapshot.latest.items()):
+        labels = {"pid": str(pid)}
+        if "rss" in row:
+            out.append((PROCESS_MEMORY, labels, float(row["rss"])))
+        for kind, pool, used, committed in JVM_POOLS:
+            pool_labels = {**labels, "jvm_memory_type": kind, "jvm_memory_pool_name": pool}
+            if used in row:
+                out.append((JVM_MEMORY_USED, pool_labels, float(row[used])))
+            if committed in row:
+                out.append((JVM_MEMORY_COMMITTED, pool_labels, float(row[committed])))
+        has_jvm = any(c.startswith("jvm_") and c not in BUCKETS for c in row)
+        for bucket in BUCKETS:
+            if bucket in row and (has_jvm or not bucket.startswith("jvm_")):  # (no JVM buckets without a JVM)
+                out.append((MEMORY_SPLIT, {**labels, "bucket": bucket}, float(row[bucket])))
+    for g in snapshot.growth:
+        labels = {"pid": str(g.pid)}
+        out.append((MEMORY_TREND, {**labels, "bucket": "rss"}, float(g.rss_rate)))
+        out.extend((MEMORY_TREND, {**labels, "bucket": b}, float(rate)) for b, rate in g.rates.items())
+        if g.leak:
+            out.append((MEMORY_LEAK, {**labels, "bucket": g.leak}, float(g.leak_rate)))
+    return out
 
 
 def gc_action(name: str) -> str:
@@ -102,6 +152,10 @@ class _Prometheus:
                 if state["lag_s"] is not None:
                     lag.add_metric([outer.service], state["lag_s"])
                 yield lag
+                families = {m: GaugeMetricFamily(m.prometheus, m.help, labels=["service", *m.labels]) for m in MEMORY_METRICS}
+                for metric, labels, value in memory_values(state.get("memory")):
+                    families[metric].add_metric([outer.service, *(labels[k] for k in metric.labels)], value)
+                yield from families.values()
 
         self.registry.register(FromState())
 
@@ -165,6 +219,14 @@ class _Otlp:
             elif m.kind == "histogram":
                 self.instruments[m] = meter.create_histogram(m.otel, unit=m.unit, description=m.help,
                                                              explicit_bucket_boundaries_advisory=list(GC_BUCKETS))
+        def memory_of(metric: Metric):
+            def observe(_options):
+                return [Observation(value, self._attributes(labels))
+                        for m, labels, value in memory_values(state().get("memory")) if m is metric]
+            return observe
+
+        for m in MEMORY_METRICS:
+            meter.create_observable_gauge(m.otel, [memory_of(m)], unit=m.unit, description=m.help)
         meter.create_observable_counter(DROPPED.otel, [dropped], unit=DROPPED.unit, description=DROPPED.help)
         meter.create_observable_gauge(LAG.otel, [lag], unit=LAG.unit, description=LAG.help)
 
@@ -221,7 +283,7 @@ class LiveMetrics:
 
     def __init__(self, *, port: int | None = None, addr: str = "0.0.0.0", otlp_url: str | None = None, service: str = "",
                  otlp_interval_s: float = 10.0):
-        self._state: Callable[[], dict] = lambda: {"lag_s": None, "dropped": {}}
+        self._state: Callable[[], dict] = lambda: {"lag_s": None, "dropped": {}, "memory": None}
         state = lambda: self._state()  # noqa: E731  (bound later, read at each scrape/export)
         self.sinks: list = []
         self.prometheus = _Prometheus(port, addr, service, state) if port is not None else None
@@ -325,7 +387,7 @@ class LiveMetrics:
 
 
 def run_state(run) -> Callable[[], dict]:
-    """The state the metrics read from a LiveRun: watermark lag, probe losses per process."""
+    """The state the metrics read from a LiveRun: watermark lag, probe losses per process, memory."""
 
     def state() -> dict:
         w = run.watermark_ns
@@ -334,6 +396,7 @@ def run_state(run) -> Callable[[], dict]:
             status = source.status()
             dropped[source.pid] = int(status.get("dropped", 0)) + int(status.get("missed", 0))
         lag = None if w is None or w >= (1 << 61) else max(0.0, (time.monotonic_ns() - w) / 1e9)
-        return {"lag_s": lag, "dropped": dropped}
+        memory = run.memory.snapshot if run.memory is not None else None
+        return {"lag_s": lag, "dropped": dropped, "memory": memory}
 
     return state

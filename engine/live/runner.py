@@ -25,6 +25,7 @@ from engine.live import watermark as wm
 from engine.live.alerts import Alerts
 from engine.live.lifetimes import ProcLifetimes
 from engine.live.memory import release_free_memory
+from engine.memory.follow import MemoryFollower
 from engine.live.sources import RepositorySource, SessionWatcher
 from engine.live.writer import RollingWriter
 from engine.session import SESSION_JSON, read_json
@@ -68,6 +69,7 @@ class LiveRun:
         self.step_seconds: collections.deque[float] = collections.deque(maxlen=10_000)  # the latest steps
         self.overlap_rows = 0
         self.latest_hits: collections.deque[dict] = collections.deque(maxlen=LATEST)  # final pauses that hit Python
+        self.memory = MemoryFollower(self.session)  # the processes' memory and who grew (view, metrics)
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -181,6 +183,7 @@ class LiveRun:
         warm_up()  # (while the command starts: the first pauses do not wait for numba)
         gc.collect()
         gc.freeze()
+        self.memory.start()
         try:
             while not self.stop.is_set():
                 self.step()
@@ -211,6 +214,7 @@ class LiveRun:
         """Everything still readable, pushed; the core finished; the last part written."""
         self.step(final=True)
         self.roll(wait=True)
+        self.memory.stop()
         if self.view is not None:
             self.view.update(self)
             self.view.final(self)

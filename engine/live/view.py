@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from engine.live.watermark import END
-from engine.report.summary import _duration, summary_rich_table
+from engine.report.summary import _duration, memory_lines, summary_rich_table
 
 PLAIN_EVERY_S = 10.0
 LATEST = 8
@@ -78,8 +78,27 @@ def render(run):
     for row in latest_hits(run).itertuples(index=False):
         latest.add_row(f"{row.kind}: {row.name}", f"{(now - row.end_ns) / 1e9:.1f}", _duration(row.duration_ns), _duration(row.overlap_ns))
     parts = [Text(headline(run)), summary_rich_table(summary, {"slack_ns": run.core.slack_ns}), latest]
+    parts += [Text(line, style="yellow" if line.startswith("  leak-like") else "") for line in memory_view_lines(run)]
     parts += [Text(line, style="yellow" if "killed" in line or "exited without" in line else "dim") for line in _status_lines(run)]
     return Group(*parts)
+
+
+def memory_view_lines(run) -> list[str]:
+    """Per process its RSS and who grew over the latest minutes (as `tandem analyze` prints it),
+    once the window holds enough samples for a trend; else its RSS alone."""
+    from engine.report.summary import _bytes
+
+    memory = run.memory
+    if memory is None:
+        return []
+    snapshot = memory.snapshot
+    grew = {g.pid for g in snapshot.growth}
+    lines = memory_lines(snapshot.growth)
+    lines += [f"memory of pid {pid} ({row.get('comm', '?')}): RSS {_bytes(row['rss'])}"
+              for pid, row in sorted(snapshot.latest.items()) if pid not in grew and "rss" in row]
+    if memory.problem:
+        lines.append(memory.problem)
+    return lines
 
 
 class View:
@@ -117,6 +136,10 @@ class View:
             if ("killed" in line or "exited without" in line) and line.split(":")[0] not in self._said:
                 self._said.add(line.split(":")[0])
                 self.say(f"tandem: {line}")
+        for g in run.memory.snapshot.growth if run.memory is not None else ():
+            if g.leak and (g.pid, g.leak) not in self._said:  # a leak named: said once, as a line that stays
+                self._said.add((g.pid, g.leak))
+                self.say(f"tandem: pid {g.pid} ({g.comm or '?'}): {memory_lines([g])[1].strip()}")
         if self._rich_live is not None:
             self._rich_live.update(render(run), refresh=True)
         elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
@@ -130,6 +153,8 @@ class View:
             self._rich_live.update(render(run), refresh=True)
             return
         self.say(headline(run))
+        for line in memory_view_lines(run):
+            self.say(line)
         if run.step_seconds:
             import numpy as np
 

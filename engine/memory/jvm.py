@@ -6,6 +6,7 @@ tandem.ClockSync events (engine.clock.align, as the pauses do).
 """
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -42,9 +43,10 @@ def nmt_column(category: str) -> str:
     return "jvm_nmt_" + "".join(c if c.isalnum() else "_" for c in category.lower()).strip("_")
 
 
-def read_jvm_memory(recordings: list[Path]) -> tuple[pd.DataFrame, dict]:
+def read_jvm_memory(recordings: list[Path], flushed: bool = False) -> tuple[pd.DataFrame, dict]:
     """Long table (t_ns, column, value, after_gc) of one JVM's memory events, and what was
-    left out and why (an unfinished chunk: a killed JVM's last seconds)."""
+    left out and why (an unfinished chunk: a killed JVM's last seconds). flushed: read an
+    unfinished chunk up to its last flush instead (a running JVM's repository: `tandem live`)."""
     rows: list[tuple] = []
     sync_ticks: list[int] = []
     sync_mono: list[int] = []
@@ -52,11 +54,17 @@ def read_jvm_memory(recordings: list[Path]) -> tuple[pd.DataFrame, dict]:
     tps = None
     for path in recordings:
         scan = scan_chunks(path)
-        if scan.unfinished is not None or not scan.chunks:
+        if (scan.unfinished is not None and not flushed) or not scan.chunks:
             skipped.append(str(path))  # jdk.jfr would wait for the rest of an unfinished chunk
             continue
         tps = scan.chunks[0].ticks_per_second
-        _read_file(path, rows, sync_ticks, sync_mono)
+        if scan.unfinished is None:
+            _read_file(path, rows, sync_ticks, sync_mono)
+            continue
+        from engine.ingest.jfr import _copy_chunks  # (a copy cut at the last flush, marked finished)
+
+        with tempfile.TemporaryDirectory(prefix="tandem-memory-") as tmp:
+            _read_file(_copy_chunks(path, scan.chunks, Path(tmp) / "flushed.jfr"), rows, sync_ticks, sync_mono)
     facts = {"skipped_recordings": skipped}
     if not rows or not sync_ticks or tps is None:
         facts["note"] = "no memory events" if not rows else "no tandem.ClockSync events: the JVM's memory is left out"

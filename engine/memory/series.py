@@ -62,3 +62,12 @@ def process_series(table: pd.DataFrame) -> Iterator[tuple[int, str | None, list[
             series.append((column, label(column), present["t_ns"].to_numpy(np.int64),
                            present[column].to_numpy(np.float64)))
         yield int(pid), comm, series
+
+
+# The JVM's memory as OpenTelemetry's jvm.memory.* names it: (jvm.memory.type, jvm.memory.pool.name,
+# used column, committed column). JFR gives the heap as one figure (all its pools together).
+JVM_POOLS = (
+    ("heap", "Java heap", "jvm_heap_used", "jvm_heap_committed"),
+    ("non_heap", "Metaspace", "jvm_metaspace_used", "jvm_metaspace_committed"),
+    ("non_heap", "CodeCache", "jvm_code_cache", None),
+)

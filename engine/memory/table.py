@@ -51,7 +51,7 @@ def memory_table(session: Session | Path) -> tuple[pd.DataFrame, dict]:
             jvms[source.pid], facts["jvms"][str(source.pid)] = read_jvm_memory(source.recordings)
     parts = []
     for pid in sorted(set(outside) | set(python) | set(jvms)):
-        part = _process_rows(pid, outside.get(pid), python.get(pid), jvms.get(pid))
+        part = process_rows(pid, outside.get(pid), python.get(pid), jvms.get(pid))
         if part is not None and len(part):
             parts.append(part)
     table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"t_ns": [], "pid": []})
@@ -60,8 +60,10 @@ def memory_table(session: Session | Path) -> tuple[pd.DataFrame, dict]:
     return table, facts
 
 
-def _process_rows(pid: int, outside: pd.DataFrame | None, python: pd.DataFrame | None,
-                  jvm: pd.DataFrame | None) -> pd.DataFrame | None:
+def process_rows(pid: int, outside: pd.DataFrame | None, python: pd.DataFrame | None,
+                 jvm: pd.DataFrame | None) -> pd.DataFrame | None:
+    """One process's rows from its three sources (each may be missing): the recorder's samples
+    (their times are the rows'), CPython's (interpolated) and its JVM's long table (read_jvm_memory)."""
     if outside is not None and len(outside):
         rows = outside.rename(columns={"t": "t_ns"}).drop(columns=["pid"], errors="ignore")
     elif python is not None and len(python):
