@@ -166,15 +166,13 @@ def _read_pauses(results: Path) -> pd.DataFrame:
 
 
 def _read_memory(results: Path) -> pd.DataFrame:
-    """memory.parquet (`tandem analyze`) or its live parts; empty when the session had no memory capture."""
+    """memory.parquet (`tandem analyze`); empty when there is none (no memory capture; tandem live's parts)."""
     from engine.memory import MEMORY_TABLE
     from engine.store import read_table
 
-    files = [results / MEMORY_TABLE] if (results / MEMORY_TABLE).exists() else sorted(results.glob(f"part-*/{MEMORY_TABLE}"))
-    frames = [f for f in (read_table(path) for path in files) if len(f)]
-    if not frames:
+    if not (results / MEMORY_TABLE).exists():
         return pd.DataFrame({"t_ns": pd.Series([], dtype="int64"), "pid": pd.Series([], dtype="int64")})
-    return pd.concat(frames, ignore_index=True)
+    return read_table(results / MEMORY_TABLE)
 
 
 class _ThreadSpill:
