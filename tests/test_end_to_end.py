@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from engine.analysis import analyze_session, load_results
+from engine.memory import write_memory
 
 pytestmark = pytest.mark.slow
 TANDEM = [sys.executable, "-m", "engine"]
@@ -34,6 +35,7 @@ def recorded(tmp_path_factory):
     )
     analysis = analyze_session(session)
     analysis.write(root / "out")
+    write_memory(session, root / "out")  # (as `tandem analyze` does)
     return root, session, json.loads(markers.read_text()), analysis
 
 
@@ -231,6 +233,10 @@ def test_notebook_runs_top_to_bottom(recorded):
     # "who was hit, who caused it": the code hit most, the stops the gc-trigger thread asked for
     text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
     assert "stop(s) of the world caused by Python" in text and "_gc_trigger_loop" in text
+    # "where the memory goes": the demo's process plotted (its own figure) and who grew said
+    memory_cell = next(c for c in nb.cells if c.cell_type == "code" and "plot_memory(" in c.source)
+    assert any("image/png" in o.get("data", {}) for o in memory_cell.outputs)
+    assert "memory of pid" in "".join(o.get("text", "") for o in memory_cell.outputs)
 
 
 def test_system_gc_pauses_are_caused_by_the_calling_python_thread_at_its_line(recorded):

@@ -71,3 +71,29 @@ JVM_POOLS = (
     ("non_heap", "Metaspace", "jvm_metaspace_used", "jvm_metaspace_committed"),
     ("non_heap", "CodeCache", "jvm_code_cache", None),
 )
+
+
+def plot_memory(table: pd.DataFrame, pids: list[int] | None = None):
+    """One panel per process (the largest first, at most four unless PIDS): the RSS split
+    stacked by bucket (MiB; a negative `unexplained`, runtimes claiming more than the RSS,
+    is drawn as 0) and the RSS as a line over it. Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    if pids is None:
+        pids = table.groupby("pid")["rss"].max().sort_values(ascending=False).index[:4].tolist() if "rss" in table else []
+    fig, axes = plt.subplots(len(pids) or 1, 1, figsize=(9, 2.6 * max(len(pids), 1)), squeeze=False)
+    for ax, pid in zip(axes[:, 0], pids):
+        rows = table[table["pid"] == pid].sort_values("t_ns")
+        seconds = (rows["t_ns"] - table["t_ns"].min()).to_numpy(np.float64) / 1e9
+        buckets = [b for b in columns_of(rows) if b in BUCKETS]
+        stacked = [rows[b].fillna(0).clip(lower=0).to_numpy(np.float64) / (1 << 20) for b in buckets]
+        if stacked:
+            ax.stackplot(seconds, stacked, labels=[SERIES[b].removeprefix("RSS: ") for b in buckets], alpha=0.8)
+        ax.plot(seconds, rows["rss"].to_numpy(np.float64) / (1 << 20), color="black", linewidth=1.2, label="RSS")
+        comm = rows["comm"].dropna().iloc[-1] if "comm" in rows and rows["comm"].notna().any() else "?"
+        ax.set_title(f"pid {pid} ({comm})", loc="left", fontsize=10)
+        ax.set_ylabel("MiB")
+        ax.legend(loc="upper left", fontsize=7, ncol=3)
+    axes[-1, 0].set_xlabel("seconds since the first sample")
+    fig.tight_layout()
+    return fig
