@@ -313,3 +313,26 @@ def test_tandem_live_names_a_leak_with_its_rate(tmp_path):
     assert int(share) >= 100 * LEAK_SHARE_FLOOR
     rate = float(rate) * {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[unit]
     assert abs(rate / known_rate - 1) <= 0.10, f"{said}; known {known_rate:.0f} B/s"
+
+
+def test_no_memory_records_no_samples(tmp_path):
+    """`tandem record --no-memory`: no recorder samples, no sampler in CPython (its process
+    has no tandem-memory thread), and the agent is told memory=false; on by default."""
+    program = "import threading; print(sorted(t.name for t in threading.enumerate()))"
+    env = jdk_env(default_java_home())
+    runs = {}
+    for flag in ([], ["--no-memory"]):
+        session = tmp_path / f"session{len(runs)}"
+        run = subprocess.run([str(TANDEM), "record", *flag, "-o", str(session), "--", sys.executable, "-c",
+                              f"import time; time.sleep(1.5); {program}"],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert run.returncode == 0, run.stderr[-2000:]
+        runs[bool(flag)] = (session, run.stdout)
+    on, off = runs[False], runs[True]
+    assert list((on[0] / "memory").glob("*.jsonl")) and list(on[0].glob("py-*/memory.jsonl"))
+    assert "tandem-memory" in on[1]
+    assert not (off[0] / "memory").exists() and not list(off[0].glob("py-*/memory.jsonl"))
+    assert "tandem-memory" not in off[1]
+    from engine.record.launch import agent_options
+
+    assert agent_options(tmp_path, memory=False).split(",")[1:] == ["memory=false"] and agent_options(tmp_path).split(",")[1:] == []

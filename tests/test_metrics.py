@@ -26,7 +26,8 @@ from engine.live.writer import read_parts
 
 TANDEM = [sys.executable, "-m", "engine"]
 SERVICE = "demo-svc"
-ALLOWED_LABELS = {"service", "pid", "kind", "jvm_gc_name", "jvm_gc_action", "le", "job", "instance", "__name__"}
+ALLOWED_LABELS = {"service", "pid", "kind", "jvm_gc_name", "jvm_gc_action", "le", "job", "instance", "__name__",
+                  "jvm_memory_type", "jvm_memory_pool_name", "bucket"}
 
 
 def _free_port() -> int:
@@ -221,6 +222,13 @@ def test_otlp_receiver_decodes_the_same_measurements(run):
         assert point.as_double == pytest.approx(totals["overlap_s"][_attrs(point)["tandem.pause.kind"]], rel=1e-9, abs=1e-9)
     _, release = _points(requests, "tandem.gil.release.time")
     assert sum(p.as_double for p in release.sum.data_points) == pytest.approx(totals["release_s"], rel=1e-9)
+    # Memory gauges under OpenTelemetry's own names and attributes (their values: the test below).
+    _, rss = _points(requests, "process.memory.usage")
+    assert rss.unit == "By" and rss.gauge.data_points and all(p.as_double > 0 for p in rss.gauge.data_points)
+    assert {tuple(sorted(_attrs(p))) for p in rss.gauge.data_points} == {("process.pid",)}
+    _, used = _points(requests, "jvm.memory.used")
+    assert {(_attrs(p)["jvm.memory.type"], _attrs(p)["jvm.memory.pool.name"]) for p in used.gauge.data_points} >= {
+        ("heap", "Java heap"), ("non_heap", "Metaspace")}
 
 
 def test_one_push_equals_many_pushes(tmp_path):

@@ -22,6 +22,8 @@ def record(
     max_age: Optional[str] = typer.Option(None, "--max-age", help="Flight recorder: keep only this much history (e.g. 30m, 2h)."),
     native_memory: bool = typer.Option(False, "--native-memory", help="JVMs track their native memory by category "
                                        "(NMT summary; in memory.parquet on JDK 20+)."),
+    memory: bool = typer.Option(True, "--memory/--no-memory", help="Sample every process's memory once a second "
+                                "(from outside, inside CPython, JFR's memory events): memory.parquet (docs/results.md)."),
 ) -> None:
     """Run COMMAND; every JVM it starts records JFR pauses into SESSION (and every CPython its GIL states)."""
     import shlex
@@ -39,8 +41,10 @@ def record(
     jar = jvm.agent_jar()
     directory = Path(output).expanduser().absolute()
     options = launch.agent_options(directory, settings.absolute() if settings else None, event, live=live,
-                                 secret_events=secret_events, max_bytes=bounds.jfr_max_bytes(), max_age_s=bounds.max_age_s)
-    env = launch.recording_environment(directory, jar, options, bounds.probe_environment(), native_memory=native_memory)
+                                 secret_events=secret_events, max_bytes=bounds.jfr_max_bytes(), max_age_s=bounds.max_age_s,
+                                 memory=memory)
+    env = launch.recording_environment(directory, jar, options, bounds.probe_environment(), native_memory=native_memory,
+                                       memory=memory)
     sessions.create_session(directory, {
         "kind": "record",
         "command": shlex.join(command),
@@ -55,7 +59,7 @@ def record(
     with console.status("building the GIL probe for the interpreters found"):
         launch.prebuild_probes(directory, env, python)
     console.print(f"[dim]tandem: recording `{shlex.join(command)}` into {directory}[/dim]")
-    sampler = ProcessMemorySampler(directory).start()  # every process below tandem, once a second
+    sampler = ProcessMemorySampler(directory).start() if memory else None  # every process below tandem, once a second
     # the flight recorder's keeper: packs GIL segments, keeps the bounds (engine/record/keeper.py)
     keeper = keeping.Keeper(directory, bounds, say=lambda line: console.print(line, highlight=False)).start() if bounds else None
     try:
@@ -64,7 +68,8 @@ def record(
         sessions.finish_session(directory, exit_code=None, error="command did not start")
         raise
     finally:
-        sampler.stop()
+        if sampler is not None:
+            sampler.stop()
         if keeper is not None:
             keeper.stop()
     kept = {"flight_recorder": keeper.summary()} if keeper is not None else {}

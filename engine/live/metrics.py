@@ -219,6 +219,7 @@ class _Otlp:
             elif m.kind == "histogram":
                 self.instruments[m] = meter.create_histogram(m.otel, unit=m.unit, description=m.help,
                                                              explicit_bucket_boundaries_advisory=list(GC_BUCKETS))
+
         def memory_of(metric: Metric):
             def observe(_options):
                 return [Observation(value, self._attributes(labels))

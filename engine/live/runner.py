@@ -25,9 +25,9 @@ from engine.live import watermark as wm
 from engine.live.alerts import Alerts
 from engine.live.lifetimes import ProcLifetimes
 from engine.live.memory import release_free_memory
-from engine.memory.follow import MemoryFollower
 from engine.live.sources import RepositorySource, SessionWatcher
 from engine.live.writer import RollingWriter
+from engine.memory.follow import MemoryFollower
 from engine.session import SESSION_JSON, read_json
 
 GIL_POLL_S = 0.2

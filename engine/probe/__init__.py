@@ -298,8 +298,9 @@ def start_session(session: str | os.PathLike, **options: object) -> dict:
     status = _start_files(*(os.path.join(directory, name) for name in ("gil.ring", "gil.events", "probe.json",
                                                                        "threads.jsonl", "gil.codes")), **options)
     try:  # CPython's own memory accounting, once a second (engine/probe/memory.py); never at the recording's cost
-        from engine.probe import memory
-        memory.start(directory)
+        if os.environ.get("TANDEM_MEMORY") != "0":  # (`tandem record --no-memory`)
+            from engine.probe import memory
+            memory.start(directory)
     except Exception:
         pass
     if _session_dir is None:

@@ -20,6 +20,7 @@ from engine.errors import TandemError
 from engine.record import session
 
 SESSION_VARIABLE = "TANDEM_SESSION"
+MEMORY_VARIABLE = "TANDEM_MEMORY"  # "0": the GIL probe starts no memory sampler (engine/probe/__init__.py)
 # NAME, or NAME#setting=value, as `jfr configure` takes them (e.g. jdk.ObjectAllocationSample#throttle=100/s).
 _EVENT_SETTING = re.compile(r"^[A-Za-z_][\w.$]*(#\w+=[^,;\"']+)?$")
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -27,10 +28,10 @@ _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def agent_options(session: Path, settings: Path | str | None = None, events: Sequence[str] = (),
                   duration_s: float | None = None, live: bool = False, secret_events: bool = False,
-                  max_bytes: int | None = None, max_age_s: float | None = None) -> str:
+                  max_bytes: int | None = None, max_age_s: float | None = None, memory: bool = True) -> str:
     """The option string after `tandem-agent.jar=` (parsed by java-agent's AgentOptions).
     MAX_BYTES, MAX_AGE_S: the flight recorder's bounds of each JVM's JFR recording (JFR's own
-    maxsize/maxage: it deletes its oldest chunks)."""
+    maxsize/maxage: it deletes its oldest chunks). MEMORY False: no memory events."""
     _check_option_path("session directory", session)
     parts = [f"session={session}"]
     if settings:
@@ -47,6 +48,8 @@ def agent_options(session: Path, settings: Path | str | None = None, events: Seq
         parts.append("live=true")  # also write pauses into jvm-PID/pauses.ring (docs/live.md)
     if secret_events:
         parts.append("secret_events=true")  # keep JFR's environment, properties, command lines
+    if not memory:
+        parts.append("memory=false")  # leave the JFR memory events to the base settings
     if max_bytes is not None:
         parts.append(f"maxsize={int(max_bytes)}")
     if max_age_s is not None:
@@ -66,10 +69,11 @@ def java_tool_options(existing: str | None, jar: Path, options: str) -> str:
 
 
 def recording_environment(session: Path, jar: Path, options: str, probe: dict[str, str] | None = None,
-                          native_memory: bool = False) -> dict[str, str]:
+                          native_memory: bool = False, memory: bool = True) -> dict[str, str]:
     """The command's environment; PROBE: more variables for the GIL probe (the flight
     recorder's segment rotation, engine/record/keeper.py); NATIVE_MEMORY: the JVMs track their
-    native memory by category (NMT summary: JFR's jdk.NativeMemoryUsage on JDK 20+)."""
+    native memory by category (NMT summary: JFR's jdk.NativeMemoryUsage on JDK 20+); MEMORY
+    False: the probes sample no memory."""
     from engine.probe.build import hook_environment
 
     env = hook_environment(os.environ)
@@ -78,6 +82,10 @@ def recording_environment(session: Path, jar: Path, options: str, probe: dict[st
         existing = f"{existing or ''} -XX:NativeMemoryTracking=summary".strip()
     env["JAVA_TOOL_OPTIONS"] = java_tool_options(existing, jar, options)
     env[SESSION_VARIABLE] = str(session)
+    if memory:
+        env.pop(MEMORY_VARIABLE, None)
+    else:
+        env[MEMORY_VARIABLE] = "0"
     env.update(probe or {})
     return env
 

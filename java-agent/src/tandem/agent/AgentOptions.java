@@ -19,6 +19,7 @@ import java.util.List;
  *                                   (default 200; 0 = JFR's own, about 1 s); see LivePauses
  *   secret_events=true              optional: leave the events that carry the environment, system
  *                                   properties and command lines to the base settings (see PauseEvents)
+ *   memory=false                    optional: leave out the memory events (PauseEvents.MEMORY_*; tandem record --no-memory)
  *   maxsize=BYTES                   optional (flight recorder): JFR keeps its chunks within this many bytes
  *   maxage=SECONDS                  optional (flight recorder): JFR drops chunks older than this
  * </pre>
@@ -35,12 +36,15 @@ final class AgentOptions {
     /** JFR flush interval asked for the live stream, ms; 0 = leave JFR's default (1 s). */
     final long flushMillis;
     final boolean secretEvents;
+    /** Memory events on (the default): PauseEvents.MEMORY_EVERY_SECOND, MEMORY_AT_GC. */
+    final boolean memory;
     /** Flight recorder bounds of the JFR recording (Recording.setMaxSize / setMaxAge); 0 = none. */
     final long maxBytes;
     final double maxAgeSeconds;
 
     private AgentOptions(String raw, Path session, String settings, List<String> events, double durationSeconds,
-                         boolean live, long flushMillis, boolean secretEvents, long maxBytes, double maxAgeSeconds) {
+                         boolean live, long flushMillis, boolean secretEvents, boolean memory, long maxBytes,
+                         double maxAgeSeconds) {
         this.raw = raw;
         this.session = session;
         this.settings = settings;
@@ -49,6 +53,7 @@ final class AgentOptions {
         this.live = live;
         this.flushMillis = flushMillis;
         this.secretEvents = secretEvents;
+        this.memory = memory;
         this.maxBytes = maxBytes;
         this.maxAgeSeconds = maxAgeSeconds;
     }
@@ -66,6 +71,7 @@ final class AgentOptions {
         double duration = 0;
         boolean live = false;
         boolean secretEvents = false;
+        boolean memory = true;
         long flushMillis = LivePauses.DEFAULT_FLUSH_MILLIS;
         long maxBytes = 0;
         double maxAge = 0;
@@ -125,6 +131,9 @@ final class AgentOptions {
                 case "secret_events":
                     secretEvents = bool(key, value);
                     break;
+                case "memory":
+                    memory = bool(key, value);
+                    break;
                 case "maxsize":
                     try {
                         maxBytes = Long.parseLong(value);
@@ -147,14 +156,14 @@ final class AgentOptions {
                     break;
                 default:
                     throw new IllegalArgumentException("unknown option '" + key
-                            + "' (known: session, settings, events, duration, live, flush_ms, secret_events, maxsize, maxage)");
+                            + "' (known: session, settings, events, duration, live, flush_ms, secret_events, memory, maxsize, maxage)");
             }
         }
         if (session == null) {
             throw new IllegalArgumentException("no session=<directory> in options '" + text + "'");
         }
         return new AgentOptions(text, session, settings, Collections.unmodifiableList(events), duration, live, flushMillis,
-                secretEvents, maxBytes, maxAge);
+                secretEvents, memory, maxBytes, maxAge);
     }
 
     private static boolean bool(String key, String value) {

@@ -83,7 +83,7 @@ final class PauseEvents {
 
     private static final Pattern TIMESPAN_WITHOUT_SPACE = Pattern.compile("(\\d+)(ns|us|ms|s|m|h|d)");
 
-    static Map<String, String> settings(String base, List<String> userEvents, boolean secretEvents)
+    static Map<String, String> settings(String base, List<String> userEvents, boolean secretEvents, boolean memory)
             throws IOException, ParseException {
         Map<String, String> settings = new LinkedHashMap<>(baseConfiguration(base).getSettings());
         for (String event : ZERO_THRESHOLD) {
@@ -101,12 +101,14 @@ final class PauseEvents {
         settings.put("jdk.SystemGC#enabled", "true");
         settings.put("jdk.SystemGC#threshold", "0 ms");
         settings.put("jdk.SystemGC#stackTrace", "true");
-        for (String event : MEMORY_EVERY_SECOND) {
-            settings.put(event + "#enabled", "true");
-            settings.put(event + "#period", "1 s");
-        }
-        for (String event : MEMORY_AT_GC) {
-            settings.put(event + "#enabled", "true");
+        if (memory) { // (off: the base settings' own, for tandem record --no-memory)
+            for (String event : MEMORY_EVERY_SECOND) {
+                settings.put(event + "#enabled", "true");
+                settings.put(event + "#period", "1 s");
+            }
+            for (String event : MEMORY_AT_GC) {
+                settings.put(event + "#enabled", "true");
+            }
         }
         settings.put("tandem.ClockSync#stackTrace", "false");
         settings.put("tandem.ClockSync#period", "everyChunk"); // plus the agent's own once a second

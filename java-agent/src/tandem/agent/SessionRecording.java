@@ -75,7 +75,7 @@ final class SessionRecording {
     }
 
     private void begin() throws Exception {
-        Map<String, String> settings = PauseEvents.settings(options.settings, options.events, options.secretEvents); // bad input: no files
+        Map<String, String> settings = PauseEvents.settings(options.settings, options.events, options.secretEvents, options.memory); // bad input: no files
         PrivateFiles.directories(options.session);
         PrivateFiles.directory(directory);
         PrivateFiles.directory(repository);
