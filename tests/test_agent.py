@@ -156,6 +156,7 @@ def test_sigkill_leaves_the_repository_chunks(workload, tmp_path):
     ("settings=/nonexistent/x.jfc", "no session=<directory>"),
     ("session=/proc/forbidden", "/proc/forbidden"),
     ("session={tmp}/s,settings=/nonexistent/x.jfc", "settings file /nonexistent/x.jfc not found"),
+    ("memory=maybe", "memory=maybe is not true or false"),
 ])
 def test_bad_options_cost_one_line_and_never_the_program(workload, tmp_path, options, message):
     jvm = _jvm_with_agent(default_java_home(), workload, options.format(tmp=tmp_path), "sleep", "1")
