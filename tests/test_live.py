@@ -244,6 +244,19 @@ def test_live_command_equals_offline_analysis(tmp_path):
     over = offline.pause_impact[offline.pause_impact["overlap_ns"] > 5_000_000]
     assert len(alerted) == len(over) > 0
     assert err.count("tandem: ALERT") == len(alerted)
+    # Memory: the parts hold each row of the session's memory table once, its recorder's
+    # readings as offline reads them (the runtimes' series are interpolated over the samples
+    # live had then: compared in the test of the metrics against /proc).
+    from engine.memory.table import memory_table
+
+    live_memory = read_parts(session / "live", "memory")
+    offline_memory, _ = memory_table(session)
+    assert len(live_memory) and not live_memory.duplicated(["pid", "t_ns"]).any()
+    columns = ["pid", "t_ns", "rss", "rss_anon", "rss_file"]
+    both = offline_memory[columns].merge(live_memory[columns], on=["pid", "t_ns"], suffixes=("", "_live"), how="left")
+    assert len(both) == len(offline_memory) and both["rss_live"].notna().all()
+    for column in columns[2:]:
+        assert (both[column] == both[f"{column}_live"]).all(), column
 
 
 @pytest.mark.slow

@@ -337,7 +337,8 @@ def test_embedded_jvm_shares_one_process_with_python(tmp_path, fmt):
 def test_live_parts_export_like_one_results_directory(tmp_path, analysis):
     """`tandem live` writes the same tables in parts: the trace of the parts is the trace of their union."""
     result, out = analysis
-    for name, table in (("pauses", result.pauses), ("gil", result.gil), ("overlaps", result.overlaps)):
+    memory = pd.read_parquet(out / "memory.parquet")
+    for name, table in (("pauses", result.pauses), ("gil", result.gil), ("overlaps", result.overlaps), ("memory", memory)):
         for part, rows in enumerate(np.array_split(np.arange(len(table)), 3), 1):
             directory = tmp_path / "live" / f"part-{part:06d}"
             directory.mkdir(parents=True, exist_ok=True)
@@ -346,6 +347,8 @@ def test_live_parts_export_like_one_results_directory(tmp_path, analysis):
     parts = decode_proto(export_perfetto(tmp_path / "live", tmp_path / "parts.pftrace"))
     key = lambda s: (s["name"], s["start"], s["end"])  # noqa: E731
     assert sorted(map(key, whole[1])) == sorted(map(key, parts[1]))
+    counters = decode_counters(tmp_path / "parts.pftrace", "proto")
+    assert counters and counters == decode_counters(tmp_path / "whole.pftrace", "proto")
 
 
 @pytest.mark.parametrize("fmt", ["proto", "json"])

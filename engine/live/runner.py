@@ -163,8 +163,8 @@ class LiveRun:
             hits = impact[impact["hit_python"].to_numpy(bool)]
             self.latest_hits.extend(hits[["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"]].to_dict("records"))
 
-    def roll(self, wait: bool = False) -> None:
-        self.writer.roll(self.core.summary(), wait=wait)
+    def roll(self, wait: bool = False, final: bool = False) -> None:
+        self.writer.roll(self.core.summary(), wait=wait, more={"memory": self.memory.rows_to_write(final)})
         release_free_memory()
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -213,8 +213,8 @@ class LiveRun:
     def finish(self) -> None:
         """Everything still readable, pushed; the core finished; the last part written."""
         self.step(final=True)
-        self.roll(wait=True)
         self.memory.stop()
+        self.roll(wait=True, final=True)
         if self.view is not None:
             self.view.update(self)
             self.view.final(self)

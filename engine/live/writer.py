@@ -6,6 +6,8 @@
     OUT/part-000001/pause_impact.parquet  rows of the pauses that became final in it
     OUT/part-000001/gil_free.parquet   gil_free rows that became final in it
     OUT/part-000001/summary.parquet    the rolling summary over everything up to the part's end
+    OUT/part-000001/memory.parquet     memory.parquet's rows (docs/results.md) sampled up to the part's
+                                       end, not in an earlier part (absent without memory samples)
     OUT/part-000001/_done.json         written last: the part is complete
 
 Same schemas as `tandem analyze` (docs/results.md). Every file is written atomically
@@ -66,9 +68,11 @@ class RollingWriter:
         now = time.monotonic_ns() if now_ns is None else now_ns
         return now - self.opened_ns >= self.interval_ns
 
-    def roll(self, summary: pd.DataFrame, now_ns: int | None = None, wait: bool = False) -> Path:
+    def roll(self, summary: pd.DataFrame, now_ns: int | None = None, wait: bool = False,
+             more: dict[str, pd.DataFrame] | None = None) -> Path:
         """Close the current part and open the next; the part is written (atomically, file by
-        file; _done.json last) by the writer thread. wait: return once it is on disk."""
+        file; _done.json last) by the writer thread. wait: return once it is on disk. more:
+        other tables of the part, each written where it has rows (memory)."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         part = self.out / f"part-{self.index:06d}"
         meta = {"part": self.index, "opened_monotonic_ns": self.opened_ns, "closed_monotonic_ns": now, **self.header}
@@ -76,6 +80,7 @@ class RollingWriter:
         for name in ROW_TABLES:
             tables[name] = self._buffers[name] or [empty_frame(name)]
         tables["summary"] = [summary]
+        tables.update({name: [frame] for name, frame in (more or {}).items() if len(frame)})
         if self._thread is None:
             self._thread = threading.Thread(target=self._write_loop, name="tandem-live-writer", daemon=True)
             self._thread.start()

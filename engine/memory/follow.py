@@ -6,7 +6,8 @@ read (SESSION/memory/<pid>.jsonl from the recorder, py-<pid>/memory.jsonl from C
 every JVM_EVERY_S, each JVM's memory events from its JFR repository (a chunk read once it is
 finished, the open one up to its last flush; recording.jfr once the JVM has closed it). The first
 then rebuilds the table of the samples kept and who grew over them (engine.memory.growth),
-which the live view and the metrics read (`snapshot`).
+which the live view and the metrics read (`snapshot`); each live part gets the rows that
+have settled since the last (`rows_to_write`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ KEEP_S = 600  # the window who grew is fitted on (its second half: the latest fi
 PERIOD_S = 2.0  # (a rebuild of the table costs tens of ms of pandas)
 SAMPLE_PERIOD_S = 1.0  # the samplers' (engine/record/memory.py, engine/probe/memory.py)
 JVM_EVERY_S = 5.0
+FINAL_AFTER_NS = STALE_NS + int(JVM_EVERY_S * 2e9)  # when a row of the table no longer changes (rows_to_write)
 
 
 @dataclass
@@ -55,6 +57,7 @@ class MemoryFollower:
         self._lock = threading.Lock()  # the JVM events, swapped in by one thread and read by the other
         self.snapshot = MemorySnapshot()
         self.problem: str | None = None
+        self._written_to: dict[int, int] = {}  # pid -> the last t_ns rows_to_write handed out
 
     def start(self) -> "MemoryFollower":
         # Two threads: a JFR read takes seconds on a busy machine, and the samples must not wait for it.
@@ -87,6 +90,21 @@ class MemoryFollower:
             self._read_new_lines(path)
         self.snapshot = self._build()
         return self.snapshot
+
+    def rows_to_write(self, final: bool = False) -> pd.DataFrame:
+        """The table's rows not handed out before and settled: sampled FINAL_AFTER_NS ago or more
+        (a row's interpolated series wait for their next sample, its JVM series for the next
+        read of the repository); every row left when FINAL (the run has ended)."""
+        table = self.snapshot.table
+        if table.empty:
+            return table
+        t = table["t_ns"].to_numpy(np.int64)
+        settled = t <= (np.iinfo(np.int64).max if final else time.monotonic_ns() - FINAL_AFTER_NS)
+        written = table["pid"].map(self._written_to).fillna(-1).to_numpy(np.int64)
+        rows = table[settled & (t > written)]
+        for pid, last in rows.groupby("pid")["t_ns"].max().items():
+            self._written_to[int(pid)] = int(last)
+        return rows.reset_index(drop=True)
 
     # ---- reading ---------------------------------------------------------------------------
 

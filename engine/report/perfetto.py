@@ -166,13 +166,15 @@ def _read_pauses(results: Path) -> pd.DataFrame:
 
 
 def _read_memory(results: Path) -> pd.DataFrame:
-    """memory.parquet (`tandem analyze`); empty when there is none (no memory capture; tandem live's parts)."""
+    """memory.parquet (`tandem analyze`) or its live parts; empty when there is none (no memory capture)."""
     from engine.memory import MEMORY_TABLE
     from engine.store import read_table
 
-    if not (results / MEMORY_TABLE).exists():
+    files = [results / MEMORY_TABLE] if (results / MEMORY_TABLE).exists() else sorted(results.glob(f"part-*/{MEMORY_TABLE}"))
+    frames = [f for f in (read_table(path) for path in files) if len(f)]
+    if not frames:
         return pd.DataFrame({"t_ns": pd.Series([], dtype="int64"), "pid": pd.Series([], dtype="int64")})
-    return read_table(results / MEMORY_TABLE)
+    return pd.concat(frames, ignore_index=True)
 
 
 class _ThreadSpill:
