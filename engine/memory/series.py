@@ -21,6 +21,7 @@ SERIES = {
     **{bucket: f"RSS: {BUCKET_NAMES[bucket]}" for bucket in BUCKETS},
     "jvm_heap_used": "JVM heap used",
     "jvm_heap_committed": "JVM heap committed",
+    "jvm_heap_after_gc": "JVM heap after GC",
     "jvm_metaspace_committed": "JVM metaspace committed",
     "jvm_code_cache": "JVM code cache",
     "jvm_direct_buffers": "JVM direct buffers",
@@ -28,6 +29,7 @@ SERIES = {
     "py_pymalloc_bytes": "Python allocated (pymalloc blocks)",
     "py_arena_bytes": "Python pymalloc arenas",
     "py_tracemalloc": "Python traced (tracemalloc)",
+    "py_tracemalloc_numpy": "Python traced, numpy's buffers (tracemalloc)",
     "malloc_in_use": "malloc in use",
     "malloc_free": "malloc free, held",
 }
