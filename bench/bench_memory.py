@@ -8,6 +8,10 @@ off; peak RSS of tandem's own capture under 10 MiB"), side by side in one run.
    demo's own request count over its run; the figure is the median of the pairs' on/off
    ratios (this shared machine's speed drifts between runs: a pair's two runs are adjacent),
    with their spread: where it is far wider than 1%, the median does not resolve the bar.
+   So also, per run with capture on: the capture's CPU (the recorder's sampler thread, written
+   to session.json's memory_capture, and each CPython sampler thread's, the last cpu_ns of its
+   memory.jsonl; JFR's periodic memory events are not counted) over the service's CPU
+   (/proc/PID/stat): a CPU-bound service loses at most that share of its throughput.
 2. The capture's peak RSS: in tandem's recorder, the most `tandem record`'s own process held
    while the command ran (VmRSS, polled every 0.1 s), on less off (median over the runs);
    inside each CPython, the process's RSS before and after the probe's sampler took its
@@ -19,6 +23,7 @@ off; peak RSS of tandem's own capture under 10 MiB"), side by side in one run.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import statistics
@@ -87,34 +92,48 @@ def _in_process(console) -> tuple[float, int]:
     return excess / AMPLIFY, capture_kib
 
 
-def _demo(memory: bool) -> tuple[float, int]:
+def _demo(memory: bool) -> tuple[float, int, tuple[float, float], float]:
     """One run of the demo under `tandem record`: (requests a second, peak VmRSS of tandem's own
-    process in KiB while the command ran)."""
+    process in KiB while the command ran, CPU seconds of the memory capture (the recorder's
+    sampler, CPython's: as they report it), CPU seconds of the service)."""
     with tempfile.TemporaryDirectory(prefix="tandem-bench-memory-") as tmp:
-        argv = [sys.executable, "-m", "engine", "record", "-o", str(Path(tmp) / "session"),
-                *([] if memory else ["--no-memory"]), "--",
+        session = Path(tmp) / "session"
+        argv = [sys.executable, "-m", "engine", "record", "-o", str(session), *([] if memory else ["--no-memory"]), "--",
                 sys.executable, "-m", "engine.demo.workload", "--seconds", f"{DEMO_S:g}"]
         recorder = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        peak = 0
+        peak, service_cpu = 0, 0.0
         output: list[str] = []
         reader = threading.Thread(target=lambda: output.append(recorder.stdout.read()), daemon=True)
         reader.start()
         while recorder.poll() is None:
-            command_running = bool(list(Path(tmp, "session").glob("py-*")))
+            service = list(session.glob("py-*"))
             rss = _status_kib(recorder.pid, "VmRSS")
-            if command_running and rss is not None and "end_monotonic_ns" not in _session_json(Path(tmp) / "session"):
+            if service and rss is not None and "end_monotonic_ns" not in _session_json(session):
                 peak = max(peak, rss)
+                service_cpu = max(service_cpu, _cpu_s(int(service[0].name[3:])) or 0.0)  # (its last reading before it exits)
             time.sleep(0.1)
         reader.join()
         found = re.search(r"demo workload: (\d+) requests", "".join(output))
         if recorder.returncode or not found:
             raise RuntimeError(f"{argv}: exit {recorder.returncode}: {''.join(output)[-2000:]}")
-        return int(found.group(1)) / DEMO_S, peak
+        recorder_cpu = _session_json(session).get("memory_capture", {}).get("cpu_s", 0.0)
+        python_cpu = 0.0
+        for samples in session.glob("py-*/memory.jsonl"):
+            lines = samples.read_text().splitlines()
+            python_cpu += json.loads(lines[-1]).get("cpu_ns", 0) / 1e9 if lines else 0.0
+        return int(found.group(1)) / DEMO_S, peak, (recorder_cpu, python_cpu), service_cpu
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _session_json(session: Path) -> dict:
-    import json
-
     try:
         return json.loads((session / "session.json").read_text())
     except (OSError, ValueError):
@@ -130,23 +149,27 @@ def _status_kib(pid: int, field: str) -> int | None:
 
 
 def main(console) -> list[Row]:
-    ratios, peaks = [], {True: [], False: []}
+    ratios, peaks, cpu_shares = [], {True: [], False: []}, []
     for pair in range(PAIRS):
         runs = {}
         for memory in ((True, False) if pair % 2 == 0 else (False, True)):
             runs[memory] = _demo(memory)
             peaks[memory].append(runs[memory][1])
         ratios.append(runs[True][0] / runs[False][0])
+        cpu_shares.append(sum(runs[True][2]) / runs[True][3])
         console.print(f"pair {pair + 1}/{PAIRS}: {runs[True][0]:.0f} requests/s with memory capture, "
                       f"{runs[False][0]:.0f} without ({ratios[-1]:.3f}x); recorder peak RSS {runs[True][1] / 1024:.1f} vs "
-                      f"{runs[False][1] / 1024:.1f} MiB")
+                      f"{runs[False][1] / 1024:.1f} MiB; capture CPU {runs[True][2][0]:.3f} s in the recorder + "
+                      f"{runs[True][2][1]:.3f} s in CPython, of the service's {runs[True][3]:.1f} s")
     throughput = statistics.median(ratios)
     # How far apart the pairs are: on a loaded machine far wider than the 1% bar, which the
     # median then does not resolve (the in-process row below does, for the sampler's part).
     spread = max(ratios) / min(ratios)
     recorder_kib = statistics.median(peaks[True]) - statistics.median(peaks[False])
+    cpu_share = statistics.median(cpu_shares)
     cpu_excess, in_process_kib = _in_process(console)
     capture_mib = (recorder_kib + in_process_kib) / 1024
+    console.print(f"capture CPU / service CPU: median {cpu_share:.3%} ({', '.join(f'{c:.3%}' for c in cpu_shares)})")
     console.print(f"demo throughput, capture on / off: median {throughput:.4f}x over {PAIRS} pairs "
                   f"(pairs: {', '.join(f'{r:.3f}' for r in ratios)}); capture's peak RSS {capture_mib:.2f} MiB "
                   f"(recorder {recorder_kib / 1024:+.2f} MiB, in each CPython {in_process_kib / 1024:.2f} MiB)")
@@ -154,6 +177,11 @@ def main(console) -> list[Row]:
         Row("memory", f"demo throughput, memory capture on vs off (median of {PAIRS} pairs)", throughput, 1.0, "x",
             ">= 0.99x", throughput >= 0.99),
         Row("memory", "spread of the pairs' throughput ratios (largest / smallest)", spread, 1.0, "x", "-", None),
+        # What the throughput cannot resolve here: the capture's CPU (the recorder's sampler and
+        # CPython's, as they count their own threads' time) against the service's CPU over the
+        # same run; a CPU-bound service loses at most that share of its throughput.
+        Row("memory", "memory capture's CPU / the service's CPU (median of the on runs)", 1 + cpu_share, 1.0, "x",
+            "<= 1.01x", cpu_share <= 0.01),
         Row("memory", "peak RSS of the capture (recorder's on less off + in-process sampler)", capture_mib, 10.0, "MiB",
             "< 10 MiB", capture_mib < 10),
         Row("memory", "in-process sampler CPU per unit of Python work at 1/s (from 100/s)", 1 + cpu_excess, 1.0, "x",

@@ -73,6 +73,8 @@ def record(
         if keeper is not None:
             keeper.stop()
     kept = {"flight_recorder": keeper.summary()} if keeper is not None else {}
+    if sampler is not None:  # what the recorder's memory sampling cost (bench/bench_memory.py reads it)
+        kept["memory_capture"] = {"samples": sampler.samples, "cpu_s": sampler.cost_ns / 1e9}
     problem = sessions.finish_session(directory, pid=pid, exit_code=exit_code, **kept)
     if problem and not directory.is_dir():
         console.print(f"tandem: {problem}")

@@ -78,7 +78,7 @@ def process_rows(pid: int, outside: pd.DataFrame | None, python: pd.DataFrame | 
         series = python.rename(columns={"t": "t_ns", "blocks": "py_blocks", "arenas": "py_arenas",
                                         "arena_bytes": "py_arena_bytes", "pymalloc_bytes": "py_pymalloc_bytes",
                                         "tracemalloc": "py_tracemalloc", "tracemalloc_numpy": "py_tracemalloc_numpy"})
-        series = series.sort_values("t_ns").astype({"t_ns": "int64"})
+        series = series.sort_values("t_ns").astype({"t_ns": "int64"}).drop(columns=["cpu_ns"], errors="ignore")
         for column in series.columns.drop("t_ns"):
             present = series[["t_ns", column]].dropna()
             if len(present):

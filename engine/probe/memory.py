@@ -15,6 +15,8 @@ line to SESSION/py-<pid>/memory.jsonl per sample, stamped with CLOCK_MONOTONIC:
                       every NUMPY_PERIOD_S at most and less often when one is slow (a snapshot
                       copies every trace holding the GIL: at most 1% of the time), the
                       latest on every line
+    cpu_ns            the CPU time of this thread so far (what the sampling cost the service;
+                      not in memory.parquet)
 
 Each sample holds the GIL while getallocatedblocks and the malloc statistics walk pymalloc's
 pools (mallinfo2 is constant-time). Standard library only; ctypes is imported by the thread itself, never on the
@@ -68,7 +70,9 @@ def _sample_forever(path: str, period_s: float) -> None:
     pid = os.getpid()
     try:
         while _started_in_pid == pid:  # a forked child's copy of this thread does not exist; the parent's stops here
-            os.write(fd, (_json(read.sample()) + "\n").encode())
+            sample = read.sample()
+            sample["cpu_ns"] = time.thread_time_ns()  # this thread's CPU so far: the sampling's cost
+            os.write(fd, (_json(sample) + "\n").encode())
             time.sleep(period_s)
     except Exception:  # never into the service: the samples so far stay
         pass
