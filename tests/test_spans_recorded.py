@@ -120,7 +120,7 @@ def test_requests_table_and_summary(recorded):
 def test_live_receiver_and_offline_file_agree(tmp_path):
     """tandem live --otlp-receiver: the program's SDK, pointed at the receiver by the
     environment tandem sets, exports the same spans it writes to its own file; analyzed with
-    either, spans.parquet is the same."""
+    either, spans.parquet is the same, and tandem live's own figures of them agree."""
     session, spans = tmp_path / "session", tmp_path / "spans.jsonl"
     live = subprocess.run([*TANDEM, "live", "--session", str(session), "--roll", "2s", "--otlp-receiver", "0", "--",
                            sys.executable, str(PROGRAM), str(spans), str(tmp_path / "markers.json")],
@@ -134,3 +134,17 @@ def test_live_receiver_and_offline_file_agree(tmp_path):
         results[name] = pd.read_parquet(tmp_path / name / "spans.parquet")
     assert len(results["live"]) == 60
     pd.testing.assert_frame_equal(results["live"], results["offline"])
+    # The same spans figured by tandem live as it ran (its parts' spans.parquet, its own clock
+    # pairs): each time within both clock errors of offline's, each figure within how far the
+    # span's two ends moved (same pauses, same GIL intervals).
+    from engine.live.writer import read_parts
+
+    during = read_parts(session / "live", "spans").sort_values("span_id", ignore_index=True)
+    offline = results["offline"].sort_values("span_id", ignore_index=True)
+    assert during["span_id"].tolist() == offline["span_id"].tolist()
+    moved = (during["start_ns"] - offline["start_ns"]).abs() + (during["end_ns"] - offline["end_ns"]).abs()
+    assert (moved <= 2 * (during["clock_error_ns"] + offline["clock_error_ns"])).all()
+    for column in ("pause_ns", "gil_wait_ns", "stop_released_ns", "stop_waiting_ns", "stop_holding_ns", "lost_ns"):
+        assert ((during[column].astype(np.int64) - offline[column].astype(np.int64)).abs() <= moved).all(), column
+    assert (offline["pause_ns"] > 0).sum() >= 20 and (offline["gil_wait_ns"] > 0).sum() >= 20
+    assert "requests hurt" in live.stderr and "/gc:" in live.stderr

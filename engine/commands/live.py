@@ -124,14 +124,17 @@ def live(
     })
     with console.status("building the GIL probe for the interpreters found"):
         launch.prebuild_probes(directory, env, python)
-    receiver = None
+    receiver = live_spans = None
     if otlp_receiver is not None:
+        from engine.spans.live import DUE_AFTER_REPOSITORY_NS, DUE_AFTER_RING_NS, LiveSpans
         from engine.spans.receiver import SESSION_SPANS, OtlpHttpReceiver, exporter_environment
 
-        # (The live view does not show spans yet: they are kept for tandem analyze --spans.)
-        receiver = OtlpHttpReceiver(otlp_receiver, lambda spans: None, copy_to=directory / SESSION_SPANS)
+        # Figured as the run goes (the view, the metrics, the parts' spans.parquet) and kept for tandem analyze --spans.
+        live_spans = LiveSpans(directory, due_after_ns=DUE_AFTER_RING_NS if pause_ring else DUE_AFTER_REPOSITORY_NS)
+        receiver = OtlpHttpReceiver(otlp_receiver, live_spans.add, copy_to=directory / SESSION_SPANS)
         env.update(exporter_environment(receiver, env))
-    run = LiveRun(directory, output or directory / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view)
+    run = LiveRun(directory, output or directory / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view,
+                  spans=live_spans)
     _observe(run, metrics)
     console.print(f"[dim]tandem: running `{shlex.join(command)}` live into {directory}[/dim]")
     with view:

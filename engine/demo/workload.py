@@ -6,7 +6,8 @@ threads allocate so that the collector runs; a "gc-trigger" thread calls System.
 known moments and writes the monotonic bracket of each call to a markers file, which is
 the ground truth the end-to-end tests check the analysis against. With --spans FILE each
 request is an OpenTelemetry span (the SDK, tandem's thread.id processor and OTLP JSON file
-exporter: engine/probe/spans.py), for `tandem analyze --spans FILE`.
+exporter: engine/probe/spans.py), for `tandem analyze --spans FILE`; with the OTLP exporter's
+environment set (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) the spans go there too.
 
 The JVM is started with plain `jpype.startJVM`, like any user program: under
 `tandem record` the agent arrives through JAVA_TOOL_OPTIONS, with no change to this file.
@@ -44,8 +45,12 @@ def _span(tracer, name: str, attributes: dict | None = None):
     return tracer.start_as_current_span(name, attributes=attributes) if tracer is not None else contextlib.nullcontext()
 
 
-def _tracer_provider(spans_path: Path):
-    """The OTel SDK writing this process's spans to SPANS_PATH as OTLP JSON, thread.id on each."""
+def _tracer_provider(spans_path: Path | None):
+    """The OTel SDK writing this process's spans to SPANS_PATH as OTLP JSON, and with the OTLP
+    exporter's environment set (`tandem live --otlp-receiver`, `tandem record`) over OTLP/HTTP
+    too; thread.id on each. None when neither."""
+    if spans_path is None and not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return None
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -54,7 +59,12 @@ def _tracer_provider(spans_path: Path):
 
     provider = TracerProvider(resource=Resource.create({"service.name": "tandem-demo", "process.pid": os.getpid()}))
     add_thread_of_span(provider)
-    provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileExporter(spans_path), max_queue_size=1 << 16))
+    if spans_path is not None:
+        provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileExporter(spans_path), max_queue_size=1 << 16))
+    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), max_queue_size=1 << 16))
     return provider
 
 
@@ -96,7 +106,7 @@ def run(seconds: float, request_threads: int, gc_period_s: float, markers_path: 
     score = allocator.score
     allocator.start(2, 200)
 
-    provider = _tracer_provider(spans_path) if spans_path is not None else None
+    provider = _tracer_provider(spans_path)
     tracer = provider.get_tracer("engine.demo.workload") if provider is not None else None
     stop = threading.Event()
     counts = [0] * request_threads

@@ -27,12 +27,15 @@ class Metric:
     unit: str  # UCUM, for OpenTelemetry
     labels: tuple[str, ...]
     help: str
+    buckets: tuple[float, ...] = ()  # histograms
 
 
 # One table for both exporters. Names without a standard follow Prometheus' rules (base units,
 # _seconds, _total, one tandem_ prefix); GC pauses follow OpenTelemetry's jvm.gc.duration.
+# OpenTelemetry's semantic conventions recommend these boundaries for jvm.gc.duration.
+GC_BUCKETS = (0.01, 0.1, 1.0, 10.0)
 GC_DURATION = Metric("jvm_gc_duration_seconds", "jvm.gc.duration", "histogram", "s", ("pid", "jvm_gc_name", "jvm_gc_action"),
-                     "Duration of JVM garbage collection actions (JFR jdk.GarbageCollection).")
+                     "Duration of JVM garbage collection actions (JFR jdk.GarbageCollection).", GC_BUCKETS)
 PAUSES = Metric("tandem_pauses", "tandem.pauses", "counter", "{pause}", ("pid", "kind"), "JVM pauses finalized by tandem live.")
 PAUSES_HIT = Metric("tandem_pauses_hit_python", "tandem.pauses.hit_python", "counter", "{pause}", ("pid", "kind"),
                     "JVM pauses during which a Python thread was released or waiting for the GIL.")
@@ -53,10 +56,17 @@ DROPPED = Metric("tandem_probe_events_dropped", "tandem.probe.events.dropped", "
                  "GIL probe events lost in the producer (ring lane full) or overwritten before tandem live read them.")
 LAG = Metric("tandem_watermark_lag_seconds", "tandem.watermark.lag", "gauge", "s", (),
              "How far the correlation's watermark trails CLOCK_MONOTONIC now: rows younger than that are not final yet.")
-METRICS = (GC_DURATION, PAUSES, PAUSES_HIT, OVERLAP, AMPLIFIED, CAUSED, GIL_RELEASE, GIL_WAIT, DROPPED, LAG)
-# OpenTelemetry's semantic conventions recommend these boundaries for jvm.gc.duration.
-GC_BUCKETS = (0.01, 0.1, 1.0, 10.0)
-OTEL_ATTRIBUTE = {"pid": "process.pid", "kind": "tandem.pause.kind", "jvm_gc_name": "jvm.gc.name", "jvm_gc_action": "jvm.gc.action"}
+# Lost time of a request: from a millisecond (a young collection) to seconds (a full one, a long GIL wait).
+LOST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+REQUEST_LOST = Metric("tandem_request_lost_seconds", "tandem.request.lost.time", "histogram", "s", ("endpoint",),
+                      "Per request (a span received by --otlp-receiver): its time in JVM stops of the world or waiting "
+                      "for the GIL (spans.parquet lost_ns).", LOST_BUCKETS)
+METRICS = (GC_DURATION, PAUSES, PAUSES_HIT, OVERLAP, AMPLIFIED, CAUSED, GIL_RELEASE, GIL_WAIT, DROPPED, LAG, REQUEST_LOST)
+# Endpoints are http.route templates or span names; past this many, the rest share one label value.
+MAX_ENDPOINTS = 200
+OTHER_ENDPOINTS = "(other)"
+OTEL_ATTRIBUTE = {"pid": "process.pid", "kind": "tandem.pause.kind", "jvm_gc_name": "jvm.gc.name", "jvm_gc_action": "jvm.gc.action",
+                  "endpoint": "tandem.endpoint"}
 
 # jvm.gc.action from JFR's collector names (jdk.GarbageCollection `name`); others: "end of GC".
 _MINOR = {"G1New", "ParallelScavenge", "DefNew", "ShenandoahYoung", "ZGC Minor", "ZGC Minor Collection", "ZGC Young"}
@@ -84,7 +94,7 @@ class _Prometheus:
             if m.kind == "counter":
                 self.instruments[m] = prometheus_client.Counter(m.prometheus, m.help, labels, registry=self.registry)
             elif m.kind == "histogram":
-                self.instruments[m] = prometheus_client.Histogram(m.prometheus, m.help, labels, buckets=GC_BUCKETS, registry=self.registry)
+                self.instruments[m] = prometheus_client.Histogram(m.prometheus, m.help, labels, buckets=m.buckets, registry=self.registry)
         outer = self
 
         class FromState:
@@ -164,7 +174,7 @@ class _Otlp:
                 self.instruments[m] = meter.create_counter(m.otel, unit=m.unit, description=m.help)
             elif m.kind == "histogram":
                 self.instruments[m] = meter.create_histogram(m.otel, unit=m.unit, description=m.help,
-                                                             explicit_bucket_boundaries_advisory=list(GC_BUCKETS))
+                                                             explicit_bucket_boundaries_advisory=list(m.buckets))
         meter.create_observable_counter(DROPPED.otel, [dropped], unit=DROPPED.unit, description=DROPPED.help)
         meter.create_observable_gauge(LAG.otel, [lag], unit=LAG.unit, description=LAG.help)
 
@@ -230,6 +240,7 @@ class LiveMetrics:
         if otlp_url:
             self.sinks.append(_Otlp(otlp_url, service, otlp_interval_s, state))
         self._jvm_of_pause: dict[int, int] = {}
+        self._endpoints: set[str] = set()
         self._lock = threading.Lock()
         self.rows_seen_at: float | None = None  # monotonic time of the last rows() call
         self.rows_cpu_s = 0.0  # CPU spent on the loop's thread counting rows
@@ -266,6 +277,9 @@ class LiveMetrics:
             gil = tables.get("gil")
             if gil is not None and len(gil):
                 self._gil(gil)
+            spans = tables.get("spans")
+            if spans is not None and len(spans):
+                self._spans(spans)
             self.rows_seen_at = time.monotonic()
 
     def _pauses(self, pauses: pd.DataFrame) -> None:
@@ -311,6 +325,17 @@ class LiveMetrics:
             labels = {"pid": str(pid)}
             self._emit(GIL_WAIT, int(lengths[of_pid & waiting].sum()) / 1e9, labels)
             self._emit(GIL_RELEASE, int(lengths[of_pid & ~waiting].sum()) / 1e9, labels)
+
+    def _spans(self, spans: pd.DataFrame) -> None:
+        endpoints = _text(spans["endpoint"])
+        seconds = spans["lost_ns"].to_numpy(np.int64) / 1e9
+        for endpoint in sorted(set(endpoints.tolist())):
+            chosen = endpoints == endpoint
+            if endpoint not in self._endpoints and len(self._endpoints) >= MAX_ENDPOINTS:
+                endpoint = OTHER_ENDPOINTS
+            self._endpoints.add(endpoint)
+            for sink in self.sinks:
+                sink.record(REQUEST_LOST, seconds[chosen].tolist(), {"endpoint": endpoint})
 
     def close(self, linger_s: float = 0.0) -> None:
         """Stop serving and pushing. linger_s: first keep /metrics up until a scrape has read

@@ -26,12 +26,18 @@ def span_results(spans: pd.DataFrame, pauses: pd.DataFrame, impact: pd.DataFrame
                  gil: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(spans.parquet's table, requests.parquet's table) for SPANS on CLOCK_MONOTONIC."""
     figures = SpanFigures(pauses, impact)
+    table = figured_spans(spans, figures, gil)
+    return table, requests_table(table, figures.stop_overlaps(table))
+
+
+def figured_spans(spans: pd.DataFrame, figures: SpanFigures, gil: pd.DataFrame) -> pd.DataFrame:
+    """spans.parquet's rows for SPANS on CLOCK_MONOTONIC: their columns, FIGURES' and lost_share."""
     table = spans.reset_index(drop=True)
     table["duration_ns"] = table["end_ns"] - table["start_ns"]
     table = pd.concat([table[list(SPAN_RESULT_COLUMNS)], figures(table, gil)], axis=1)
     duration = table["duration_ns"].to_numpy(np.int64)
     table["lost_share"] = np.where(duration > 0, table["lost_ns"].to_numpy(np.float64) / np.maximum(duration, 1), 0.0)
-    return table, requests_table(table, figures.stop_overlaps(table))
+    return table
 
 
 def _p99(values) -> float:
