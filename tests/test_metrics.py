@@ -90,7 +90,8 @@ def run(tmp_path_factory):
     live = subprocess.Popen([*TANDEM, "live", "--session", str(session), "--roll", "5s", "--metrics-port", str(metrics_port),
                              "--metrics-addr", "127.0.0.1", "--metrics-linger", "20s", "--service", SERVICE,
                              "--otlp", f"http://127.0.0.1:{receiver.server_port}/v1/metrics", "--otlp-interval", "1s",
-                             "--otlp-receiver", "0", "--", sys.executable, "-m", "engine.demo.workload", "--seconds", "15", "--gc-period", "0.5"],
+                             "--otlp-receiver", "0", "--", sys.executable, "-m", "engine.demo.workload", "--seconds", "15", "--gc-period", "0.5",
+                             "--otlp-spans"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     exposition = None
     try:

@@ -148,3 +148,48 @@ def test_live_receiver_and_offline_file_agree(tmp_path):
         assert ((during[column].astype(np.int64) - offline[column].astype(np.int64)).abs() <= moved).all(), column
     assert (offline["pause_ns"] > 0).sum() >= 20 and (offline["gil_wait_ns"] > 0).sum() >= 20
     assert "requests hurt" in live.stderr and "/gc:" in live.stderr
+
+
+UNCHANGED = Path(__file__).with_name("spans_unchanged_program.py")
+
+
+def test_record_receives_the_spans_of_an_unchanged_service(tmp_path):
+    """tandem record points the SDK's own OTLP exporter at its receiver and its start hook puts
+    thread.id on the spans (the program knows nothing of tandem; tandem imports nothing of
+    OpenTelemetry into it); tandem analyze uses the spans with no --spans: each on the thread
+    that made it."""
+    session, out, markers = tmp_path / "session", tmp_path / "out", tmp_path / "markers.json"
+    recorded = subprocess.run([*TANDEM, "record", "-o", str(session), "--", sys.executable, str(UNCHANGED), str(markers)],
+                              capture_output=True, text=True, timeout=300)
+    assert recorded.returncode == 0, recorded.stderr
+    assert "20 OpenTelemetry span(s) received into" in recorded.stderr
+    made = json.loads(markers.read_text())
+    assert made["loaded_before"] == [] and made["patched"]
+    analyzed = subprocess.run([*TANDEM, "analyze", str(session), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert "requests hurt" in analyzed.stdout
+    spans = pd.read_parquet(out / "spans.parquet").merge(pd.DataFrame(made["spans"]), on="span_id")
+    assert len(spans) == 20
+    assert (spans["thread_id"] == spans["tid"]).all() and spans["thread_name"].str.startswith("worker-").all()
+    pid = json.loads((session / "session.json").read_text())["pid"]
+    assert (spans["pid"] == pid).all()  # (the SDK's default resource has no process.pid: the thread's process)
+    assert (spans["figures_of"] == "thread").all() and (spans["pause_scope"] == "process").all()
+    assert (spans["pause_ns"] > 0).sum() >= 2  # the requests that called System.gc()
+
+
+def test_record_leaves_a_users_own_trace_endpoint(tmp_path):
+    """With OTEL_EXPORTER_OTLP_TRACES_ENDPOINT set, the spans go where the user said (with
+    thread.id all the same), and the session has none."""
+    import os
+
+    from engine.spans.receiver import OtlpHttpReceiver
+
+    received = []
+    with OtlpHttpReceiver(0, received.append) as theirs:
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": theirs.endpoint}
+        recorded = subprocess.run([*TANDEM, "record", "-o", str(tmp_path / "s"), "--", sys.executable, str(UNCHANGED),
+                                   str(tmp_path / "m.json")], capture_output=True, text=True, timeout=300, env=env)
+    assert recorded.returncode == 0, recorded.stderr
+    spans = pd.concat(received)
+    assert len(spans) == 20 and spans["thread_id"].notna().all()
+    assert "span(s) received" not in recorded.stderr and (tmp_path / "s" / "spans.binpb").stat().st_size == 0

@@ -33,11 +33,17 @@ MAX_BODY = 64 << 20
 
 
 def exporter_environment(receiver: "OtlpHttpReceiver", env: dict) -> dict:
-    """The environment variables that point an OpenTelemetry SDK's OTLP trace exporter at RECEIVER
-    (those the user set in ENV stay)."""
-    wanted = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
-              "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
-    return {key: value for key, value in wanted.items() if key not in env}
+    """The environment variables that point an OpenTelemetry SDK's OTLP trace exporter at RECEIVER,
+    and TANDEM_SPANS (the start hook puts thread.id on the spans, engine/probe/span_hook.py).
+    A user who set where traces go (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or OTEL_EXPORTER_OTLP_ENDPOINT
+    for every signal) keeps it: then tandem receives nothing. Only the traces' variables: the
+    SDK's metrics and logs exporters are not pointed at a receiver that takes traces only."""
+    from engine.probe.span_hook import ENVIRONMENT
+
+    if "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in env or "OTEL_EXPORTER_OTLP_ENDPOINT" in env:
+        return {ENVIRONMENT: "1"}
+    return {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            ENVIRONMENT: "1"}
 
 
 class OtlpHttpReceiver:
