@@ -155,7 +155,9 @@ def live(
             loop.join(0.2)
     if receiver is not None:
         receiver.close()
-        console.print(f"[dim]tandem: {receiver.spans} span(s) received into {directory / SESSION_SPANS}[/dim]")
+        console.print(f"[dim]tandem: {receiver.spans} span(s) received into {directory / SESSION_SPANS}; {live_spans.figured} "
+                      f"figured; span intake took {receiver.cpu_s + live_spans.cpu_s:.3f} s CPU (receiver "
+                      f"{receiver.cpu_s:.3f} s, figures {live_spans.cpu_s:.3f} s)[/dim]")
     _close(metrics, metrics_linger, console)
     if run.error is not None:
         raise run.error

@@ -169,9 +169,12 @@ class LiveRun:
         self.spans.add_rows(pauses, gil)
         if self.watermark_ns is None:
             return None
-        open_now = self._open_intervals() if self.watermark_ns < END else GilRows.empty()
-        open_gil = pd.DataFrame({"pid": open_now.pid, "tid": open_now.tid,
-                                 "state": np.asarray(GIL_STATES)[np.asarray(open_now.state, np.int64)], "start_ns": open_now.start_ns})
+
+        def open_gil() -> pd.DataFrame:
+            rows = self._open_intervals() if self.watermark_ns < END else GilRows.empty()
+            return pd.DataFrame({"pid": rows.pid, "tid": rows.tid, "state": np.asarray(GIL_STATES)[np.asarray(rows.state, np.int64)],
+                                 "start_ns": rows.start_ns})
+
         return self.spans.due(self.watermark_ns, open_gil)
 
     def roll(self, wait: bool = False) -> None:

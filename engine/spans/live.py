@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engine.correlate.schema import END
 from engine.errors import TandemError
 from engine.spans.clock import ClockPair, SpanClock, session_pairs, spans_on_monotonic_with
 from engine.spans.figures import SpanFigures
@@ -36,7 +37,10 @@ PAUSES_KEPT_NS = 600_000_000_000
 WINDOW_NS = 300_000_000_000  # the requests table: spans of the last five minutes
 REQUESTS_EVERY_S = 5.0  # the requests table is recomputed at most this often
 OWN_PAIR_EVERY_NS = 500_000_000
-SESSION_PAIRS_EVERY_S = 5.0  # the session's own pairs (new processes' GIL files) are re-read at most this often
+SESSION_PAIRS_EVERY_S = 5.0
+# Due spans are figured together at most this often: a figuring costs tens of ms whatever its
+# spans (pandas' per-call costs) and ~5 us a span, so the spans of a few seconds at once.
+FIGURE_EVERY_S = 5.0  # the session's own pairs (new processes' GIL files) are re-read at most this often
 # How long after a span's end the watermark must be before it is figured: a stop of the world
 # reaches the live loop when it ends, from the agent's pause ring within a poll, from the JFR
 # repository alone a re-read (5 s) and a flush later.
@@ -45,6 +49,8 @@ DUE_AFTER_REPOSITORY_NS = 7_000_000_000
 OWN_PAIRS_KEPT = 2_000
 # The pause columns a stop of the world's figures read (engine/spans/figures.py's stops table).
 PAUSE_COLUMNS = ("pause_id", "kind", "name", "start_ns", "end_ns", "jvm_pid", "at_safepoint", "cause")
+# What the requests table reads of a figured span (the window keeps only these).
+REQUEST_INPUT_COLUMNS = ("service_name", "endpoint", "duration_ns", "pause_ns", "gil_wait_ns", "lost_ns", "lost_share", "end_ns")
 
 
 def own_pair() -> ClockPair:
@@ -75,7 +81,9 @@ class LiveSpans:
         self._window: list[tuple[pd.DataFrame, pd.DataFrame, int]] = []  # (figured spans, their stop overlaps, latest end)
         self._requests: pd.DataFrame | None = None
         self._requests_at = -REQUESTS_EVERY_S
+        self._figured_at = -FIGURE_EVERY_S
         self.received = self.figured = self.refused = 0
+        self.cpu_s = 0.0  # CPU of the live loop's thread in due() and requests(): clock, figures, requests table
         self.problem: str | None = None  # why spans were refused (said once by the view)
 
     # ---- input -------------------------------------------------------------------------------
@@ -100,10 +108,21 @@ class LiveSpans:
 
     # ---- spans due -----------------------------------------------------------------------------
 
-    def due(self, watermark_ns: int, open_gil: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    def due(self, watermark_ns: int, open_gil=None) -> pd.DataFrame | None:
         """The spans whose end the watermark has passed by due_after_ns, figured (spans.parquet's
-        rows), or None. OPEN_GIL: GIL intervals open now (pid, tid, state, start_ns), taken to
-        last until the watermark."""
+        rows), or None; at most every FIGURE_EVERY_S but at the end (the watermark at END).
+        OPEN_GIL: a function returning the GIL intervals open now (pid, tid, state, start_ns),
+        taken to last until the watermark; called only when spans are figured."""
+        if watermark_ns < END and time.monotonic() - self._figured_at < FIGURE_EVERY_S:
+            return None
+        self._figured_at = time.monotonic()
+        began = time.thread_time()
+        try:
+            return self._due(watermark_ns, open_gil)
+        finally:
+            self.cpu_s += time.thread_time() - began
+
+    def _due(self, watermark_ns: int, open_gil) -> pd.DataFrame | None:
         self._take_arrived()
         if self._pending is None or not len(self._pending):
             self._prune(watermark_ns)
@@ -112,10 +131,11 @@ class LiveSpans:
         if not ready.any():
             return None
         spans, self._pending = self._pending[ready], self._pending[~ready]
-        gil = self._gil_rows(open_gil, watermark_ns)
-        figures = SpanFigures(self._sorted_pauses())
+        gil = self._gil_rows(open_gil() if open_gil is not None else None, watermark_ns, int(spans["start_ns"].min()))
+        figures = SpanFigures(self._pauses_around(int(spans["start_ns"].min()), int(spans["end_ns"].max())))
         table = figured_spans(spans, figures, gil)
-        self._window.append((table, figures.stop_overlaps(table), int(table["end_ns"].max())))
+        slim = table[list(REQUEST_INPUT_COLUMNS)]
+        self._window.append((slim, figures.stop_overlaps(table), int(table["end_ns"].max())))
         self.figured += len(table)
         self._prune(watermark_ns)
         return table
@@ -138,8 +158,9 @@ class LiveSpans:
             return
         self._pending = spans if self._pending is None else pd.concat([self._pending, spans], ignore_index=True)
 
-    def _gil_rows(self, open_gil: pd.DataFrame | None, watermark_ns: int) -> pd.DataFrame:
-        frames = [rows for _, rows in self._gil]
+    def _gil_rows(self, open_gil: pd.DataFrame | None, watermark_ns: int, since_ns: int) -> pd.DataFrame:
+        """The kept GIL rows of the batches reaching past SINCE_NS, and the open ones (until the watermark)."""
+        frames = [rows for end, rows in self._gil if end >= since_ns]
         if open_gil is not None and len(open_gil):
             frames.append(open_gil.assign(end_ns=np.maximum(open_gil["start_ns"].to_numpy(np.int64), watermark_ns)))
         if not frames:
@@ -149,10 +170,15 @@ class LiveSpans:
         gil["state"] = gil["state"].astype(str)
         return gil
 
-    def _sorted_pauses(self) -> pd.DataFrame:
+    def _pauses_around(self, start_ns: int, end_ns: int) -> pd.DataFrame:
+        """The kept pauses that may belong to a stop overlapping [START_NS, END_NS] (a stop's
+        pauses lie inside its safepoint: within the longest pause of it), sorted by start."""
         if not len(self._pauses):
             return pd.DataFrame({c: [] for c in ("pause_id", "kind", "name", "start_ns", "end_ns")})
-        return self._pauses.sort_values(["start_ns", "end_ns"], kind="stable", ignore_index=True)
+        start, end = self._pauses["start_ns"].to_numpy(np.int64), self._pauses["end_ns"].to_numpy(np.int64)
+        longest = int((end - start).max())
+        near = (end >= start_ns - longest) & (start <= end_ns + longest)
+        return self._pauses[near].sort_values(["start_ns", "end_ns"], kind="stable", ignore_index=True)
 
     def _prune(self, watermark_ns: int) -> None:
         horizon = watermark_ns - self.retain_ns
@@ -176,10 +202,12 @@ class LiveSpans:
             return self._requests
         if force or now - self._requests_at >= REQUESTS_EVERY_S:
             self._requests_at = now
+            began = time.thread_time()
             tables, overlaps, offset = [], [], 0
             for table, stop_rows, _ in self._window:
                 tables.append(table)
                 overlaps.append(stop_rows.assign(span=stop_rows["span"].to_numpy(np.int64) + offset))
                 offset += len(table)
             self._requests = requests_table(pd.concat(tables, ignore_index=True), pd.concat(overlaps, ignore_index=True))
+            self.cpu_s += time.thread_time() - began
         return self._requests

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class OtlpHttpReceiver:
     def __init__(self, port: int, on_spans, *, host: str = "127.0.0.1", copy_to: str | Path | None = None):
         self.on_spans = on_spans
         self.requests = self.spans = self.refused = 0
+        self.cpu_s = 0.0  # CPU of the request handlers from the body read to the reply (decoding, the copy, on_spans)
         self._lock = threading.Lock()
         if copy_to is not None and not str(copy_to).endswith(BINPB_SUFFIX):
             raise TandemError(f"{copy_to}: the receiver keeps protobuf requests: name the file *{BINPB_SUFFIX}")
@@ -95,6 +97,15 @@ class OtlpHttpReceiver:
         self.close()
 
     def _handle(self, http: BaseHTTPRequestHandler) -> None:
+        began = time.thread_time()
+        try:
+            self._answer(http)
+        finally:
+            spent = time.thread_time() - began
+            with self._lock:
+                self.cpu_s += spent
+
+    def _answer(self, http: BaseHTTPRequestHandler) -> None:
         from google.protobuf.json_format import ParseError
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
