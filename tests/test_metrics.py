@@ -294,3 +294,25 @@ def test_grafana_dashboard_queries_run_on_prometheus(run):
         results = _query(run["prom_port"], promql)
         if "tandem_watermark_lag_seconds" not in expr:  # a gauge: stale once tandem live has gone
             assert results, promql
+
+
+def test_endpoints_past_the_bound_share_one_label():
+    """tandem_request_lost_seconds' endpoint label is bounded: past MAX_ENDPOINTS, `(other)`, and every span is counted."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engine.live.metrics import MAX_ENDPOINTS, OTHER_ENDPOINTS, LiveMetrics
+
+    n = MAX_ENDPOINTS + 30
+    spans = pd.DataFrame({"endpoint": [f"/route/{i}" for i in range(n)] * 2, "lost_ns": np.arange(2 * n) * 1000})
+    metrics = LiveMetrics(port=0, addr="127.0.0.1", service="s")
+    try:
+        metrics.rows({"spans": spans.iloc[:n]})
+        metrics.rows({"spans": spans.iloc[n:]})
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.prometheus.port}/metrics") as response:
+            text = response.read().decode()
+    finally:
+        metrics.close()
+    counts = {s.labels["endpoint"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == "tandem_request_lost_seconds_count"}
+    assert len(counts) == MAX_ENDPOINTS + 1 and counts[OTHER_ENDPOINTS] == 2 * 30
+    assert sum(counts.values()) == 2 * n and counts["/route/0"] == 2
