@@ -94,8 +94,15 @@ def live(
         session = Path(args[0]).expanduser().absolute()
         if not session.is_dir():
             raise TandemError(f"{session}: not a session directory")
+        from engine.spans.live import LiveSpans
+        from engine.spans.receiver import SESSION_SPANS
+        from engine.spans.source import BinpbTail
+
+        # The spans `tandem record` receives (docs/spans.md), figured as they come (the file may
+        # appear after tandem live starts, or never: then only the GIL rows of the last 30 s are kept for them).
+        spans = LiveSpans(session, tail=BinpbTail(session / SESSION_SPANS))
         run = LiveRun(session, output or session / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view,
-                      follow_recorder=True)
+                      follow_recorder=True, spans=spans)
         _observe(run, metrics)
 
         def stop(signum, _frame):
@@ -126,11 +133,11 @@ def live(
         launch.prebuild_probes(directory, env, python)
     receiver = live_spans = None
     if otlp_receiver is not None:
-        from engine.spans.live import DUE_AFTER_REPOSITORY_NS, DUE_AFTER_RING_NS, LiveSpans
+        from engine.spans.live import LiveSpans
         from engine.spans.receiver import SESSION_SPANS, OtlpHttpReceiver, exporter_environment
 
         # Figured as the run goes (the view, the metrics, the parts' spans.parquet) and kept for tandem analyze --spans.
-        live_spans = LiveSpans(directory, due_after_ns=DUE_AFTER_RING_NS if pause_ring else DUE_AFTER_REPOSITORY_NS)
+        live_spans = LiveSpans(directory)
         receiver = OtlpHttpReceiver(otlp_receiver, live_spans.add, copy_to=directory / SESSION_SPANS)
         env.update(exporter_environment(receiver, env))
     run = LiveRun(directory, output or directory / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view,

@@ -28,6 +28,7 @@ from engine.live.memory import release_free_memory
 from engine.live.sources import RepositorySource, SessionWatcher
 from engine.live.writer import RollingWriter
 from engine.session import SESSION_JSON, read_json
+from engine.spans.live import DUE_AFTER_REPOSITORY_NS, DUE_AFTER_RING_NS
 
 GIL_POLL_S = 0.2
 JVM_POLL_S = 0.5
@@ -169,6 +170,8 @@ class LiveRun:
         self.spans.add_rows(pauses, gil)
         if self.watermark_ns is None:
             return None
+        # (a stop of the world reaches this loop from the pause ring within a poll, from the JFR repository a re-read later)
+        self.spans.due_after_ns = DUE_AFTER_RING_NS if self._rings_only() else DUE_AFTER_REPOSITORY_NS
 
         def open_gil() -> pd.DataFrame:
             rows = self._open_intervals() if self.watermark_ns < END else GilRows.empty()

@@ -52,7 +52,7 @@ def headline(run) -> str:
     beyond = (f" ({core.late_pauses_beyond_retention} older than the GIL rows kept)"
               if core.late_pauses_beyond_retention else "")
     spans = ""
-    if run.spans is not None:
+    if run.spans is not None and (run.spans.received or run.spans.refused):
         refused = f", {run.spans.refused} refused" if run.spans.refused else ""
         spans = f", spans {run.spans.received} received / {run.spans.figured} figured{refused}"
     return (f"tandem live: {core.pauses} pauses ({len(core.pending_ends())} not final yet), {core.gil_intervals} GIL intervals, "

@@ -9,6 +9,9 @@ same figures `tandem analyze --spans` computes (engine/spans/figures.py, on the 
 GIL intervals kept), from the same code; a stop's cause text is what the live pauses name (the
 pause ring carries no GC cause, and the Python code that asked for a stop is offline's).
 
+`tandem live SESSION` follows the spans `tandem record` receives into SESSION/spans.binpb
+(`tail`): they reach it a poll after the receiver wrote them.
+
 Clock: besides the session's own wall/monotonic pairs (engine/spans/clock.py), tandem live
 reads a pair of its own, back to back on the same host, each time spans arrive, so every
 span lies between two pairs a few seconds apart.
@@ -66,8 +69,9 @@ def own_pair() -> ClockPair:
 
 class LiveSpans:
     def __init__(self, session: Path, *, due_after_ns: int = DUE_AFTER_RING_NS, retain_ns: int = RETAIN_NS,
-                 window_ns: int = WINDOW_NS):
+                 window_ns: int = WINDOW_NS, tail=None):
         self.session = Path(session)
+        self.tail = tail  # engine.spans.source.BinpbTail: spans another process receives (`tandem live SESSION`)
         self.due_after_ns = int(due_after_ns)
         self.retain_ns, self.window_ns = int(retain_ns), int(window_ns)
         self._lock = threading.Lock()
@@ -141,6 +145,14 @@ class LiveSpans:
         return table
 
     def _take_arrived(self) -> None:
+        if self.tail is not None:
+            try:
+                spans = self.tail.poll()
+            except Exception as err:  # (a damaged file: said once, the run goes on without spans)
+                self.problem, self.tail = f"{self.tail.path}: {err}", None
+                spans = None
+            if spans is not None:
+                self.add(spans)
         with self._lock:
             arrived, self._arrived = self._arrived, []
             own = list(self._own_pairs)
