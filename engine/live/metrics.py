@@ -59,7 +59,7 @@ LAG = Metric("tandem_watermark_lag_seconds", "tandem.watermark.lag", "gauge", "s
 # Lost time of a request: from a millisecond (a young collection) to seconds (a full one, a long GIL wait).
 LOST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 REQUEST_LOST = Metric("tandem_request_lost_seconds", "tandem.request.lost.time", "histogram", "s", ("endpoint",),
-                      "Per request (a span received by --otlp-receiver): its time in JVM stops of the world or waiting "
+                      "Per request (a span tandem live figured): its time in JVM stops of the world or waiting "
                       "for the GIL (spans.parquet lost_ns).", LOST_BUCKETS)
 METRICS = (GC_DURATION, PAUSES, PAUSES_HIT, OVERLAP, AMPLIFIED, CAUSED, GIL_RELEASE, GIL_WAIT, DROPPED, LAG, REQUEST_LOST)
 # Endpoints are http.route templates or span names; past this many, the rest share one label value.

@@ -2,7 +2,7 @@
 
 On a terminal: the rolling stops table (the correlation core's, over the final pauses: one
 row per stop of the world, its GC pause and collection under it), the latest final pauses
-that hit Python (one per stop), the requests hurt (with `--otlp-receiver`: the endpoints whose
+that hit Python (one per stop), the requests hurt (with spans: the endpoints whose
 slowest 1% lost most to stops of the world and GIL waits, over the spans of the last five
 minutes, engine/spans/live.py), per-source
 lines (where pauses come from: pause ring or JFR repository; dropped/missed GIL events;
