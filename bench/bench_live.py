@@ -33,10 +33,21 @@ TANDEM_BENCH_LIVE_BEFORE=0 skips the repository-only run.
   with metrics at most 2% above without (the median of the pairs' ratios); the p99 of the
   runs with metrics stays within BAR_P99_S. The accounted figure beside it: the CPU tandem
   live itself measured in its metrics code (its last line), over its CPU.
+- Spans (`--otlp-receiver`, engine/spans/live.py): TANDEM_BENCH_LIVE_SPANS_PER_MIN (default
+  100000, 0 skips) spans a minute posted to tandem live's receiver by a feeder here, as an
+  SDK's BatchSpanProcessor would (batches of up to 512 spans, OTLP/HTTP protobuf), each span
+  just ended, on a thread of the workload (its py-<pid>/threads.jsonl), over a run of
+  TANDEM_BENCH_LIVE_SPANS_SECONDS (default 60), paired with a run without a receiver, back to
+  back. Bars: pause end -> live row p99 with spans <= BAR_P99_S; the CPU of span intake as
+  tandem live accounts it (its receiver's request handlers and its figuring: decoding, the
+  copy, clock, figures; its last line), over the run's wall time, <= SPANS_CPU_BAR of a core.
+  Reported beside it: tandem live's CPU with spans minus without (noisy on a shared machine). Reported: span end -> its row in a part (arrived at its part's
+  close, so this includes up to a roll), p50/p99 from the parts' spans.parquet and _done.json.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,6 +74,10 @@ METRICS_PAIRS = int(os.environ.get("TANDEM_BENCH_LIVE_METRICS_PAIRS", "3"))
 METRICS_SECONDS = float(os.environ.get("TANDEM_BENCH_LIVE_METRICS_SECONDS", "60"))
 METRICS_CPU_BAR = 1.02
 BAR_P99_S = 1.3
+SPANS_PER_MIN = int(os.environ.get("TANDEM_BENCH_LIVE_SPANS_PER_MIN", "100000"))
+SPANS_SECONDS = float(os.environ.get("TANDEM_BENCH_LIVE_SPANS_SECONDS", "60"))
+SPANS_CPU_BAR = 0.05  # of a core
+SPANS_BATCH = 512  # the SDK's BatchSpanProcessor max_export_batch_size
 RING_KINDS = ("safepoint", "gc_pause", "gc")
 
 
@@ -122,20 +137,88 @@ def _scrape(port: int, stop: threading.Event, every_s: float = 1.0) -> None:
             pass
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _feed_spans(session: Path, port: int, per_min: int, stop: threading.Event, sent: list[int], until: float) -> None:
+    """Post PER_MIN spans a minute to the receiver on PORT until STOP or the monotonic time
+    UNTIL (the workload's end): a batch when SPANS_BATCH spans are due or 5 s passed (the SDK's
+    defaults), each span just ended, on a thread of the session's first Python process."""
+    import json
+    import random
+    import socket
+    import urllib.request
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    threads = None
+    while threads is None and not stop.wait(0.2):
+        for path in sorted(session.glob("py-*/threads.jsonl")):
+            tids = [json.loads(line)["tid"] for line in path.read_text().splitlines() if line.strip()]
+            if tids:
+                threads = (int(path.parent.name.split("-")[1]), tids)
+    if threads is None:
+        return
+    pid, tids = threads
+    rng = random.Random(7)
+    host = socket.gethostname()
+    interval = 60.0 / per_min
+    due, last_post = time.monotonic(), time.monotonic()
+    pending = 0
+    while not stop.is_set() and time.monotonic() < until:
+        now = time.monotonic()
+        pending += int((now - due) / interval)
+        due += int((now - due) / interval) * interval
+        if pending >= SPANS_BATCH or (pending and now - last_post >= 5.0):
+            count, pending = min(pending, SPANS_BATCH), pending - min(pending, SPANS_BATCH)
+            request = ExportTraceServiceRequest()
+            resource = request.resource_spans.add()
+            for key, value in (("service.name", "bench"), ("host.name", host)):
+                resource.resource.attributes.add(key=key).value.string_value = value
+            resource.resource.attributes.add(key="process.pid").value.int_value = pid
+            spans = resource.scope_spans.add().spans
+            end = time.time_ns()
+            for _ in range(count):
+                span = spans.add(trace_id=rng.randbytes(16), span_id=rng.randbytes(8), name=f"GET /e{rng.randrange(5)}", kind=2,
+                                 start_time_unix_nano=end - rng.randrange(1_000_000, 50_000_000), end_time_unix_nano=end)
+                span.attributes.add(key="thread.id").value.int_value = rng.choice(tids)
+            post = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=request.SerializeToString(), method="POST",
+                                          headers={"Content-Type": "application/x-protobuf"})
+            try:
+                with urllib.request.urlopen(post, timeout=10) as response:
+                    response.read()
+                sent[0] += count
+            except OSError:
+                pass
+            last_post = now
+        stop.wait(0.05)
+
+
 def run_once(ring: bool, seconds: float, workdir: Path, workload: tuple[str, ...] = (), name: str | None = None,
-             metrics_port: int | None = None) -> dict:
+             metrics_port: int | None = None, spans_per_min: int = 0) -> dict:
     import pandas as pd
 
     session = workdir / (name or ("ring" if ring else "repository"))
     metrics = ("--metrics-port", str(metrics_port), "--metrics-addr", "127.0.0.1") if metrics_port is not None else ()
+    otlp_port = _free_port() if spans_per_min else None
+    receiver = ("--otlp-receiver", str(otlp_port)) if otlp_port is not None else ()
     argv = [sys.executable, "-c", "from engine.commands import main; main()", "live", "--session", str(session),
-            "--pause-ring" if ring else "--no-pause-ring", "--roll", "10s", *metrics, "--",
+            "--pause-ring" if ring else "--no-pause-ring", "--roll", "10s", *metrics, *receiver, "--",
             sys.executable, "-m", "engine.demo.workload", "--seconds", f"{seconds:g}", *workload]
     stop, anchor = threading.Event(), []
     tail = threading.Thread(target=_tail_ring, args=(session, stop, anchor), daemon=True)
     tail.start()
     if metrics_port is not None:
         threading.Thread(target=_scrape, args=(metrics_port, stop), daemon=True).start()
+    sent = [0]
+    if otlp_port is not None:
+        threading.Thread(target=_feed_spans, args=(session, otlp_port, spans_per_min, stop, sent, time.monotonic() + seconds),
+                         daemon=True).start()
     began = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # tandem live's own figures (not its children's: the workload and the JVM), sampled
@@ -189,7 +272,56 @@ def run_once(ring: bool, seconds: float, workdir: Path, workload: tuple[str, ...
         "headline": next((line for line in reversed(err.splitlines()) if line.startswith("tandem live: ")), ""),
         # tandem live's last words on its metrics' cost (the console may have wrapped the line)
         "metrics_cost": " ".join(err.split()).rpartition("tandem: metrics: ")[2].split("tandem:")[0],
+        "spans_sent": sent[0], "span_lat": _span_latency(session) if otlp_port is not None else np.zeros(0),
+        # tandem live's own account of its span intake's CPU (receiver handlers + figuring)
+        "spans_cpu_s": float(re.search(r"span intake took ([0-9.]+) s CPU", " ".join(err.split())).group(1))
+        if otlp_port is not None else None,
     }
+
+
+def _span_latency(session: Path) -> np.ndarray:
+    """Per span figured: its part's close (CLOCK_MONOTONIC) minus the span's end, s."""
+    import json
+
+    import pandas as pd
+
+    out = []
+    for part in sorted((session / "live").glob("part-*")):
+        if (part / "spans.parquet").exists() and (part / "_done.json").exists():
+            closed = json.loads((part / "_done.json").read_text())["closed_monotonic_ns"]
+            ends = pd.read_parquet(part / "spans.parquet", columns=["end_ns"])["end_ns"].to_numpy(np.int64)
+            out.append((closed - ends) / 1e9)
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def _spans_case(console, workdir: Path, p) -> list[Row]:
+    """A run with SPANS_PER_MIN spans a minute into the receiver and one without, back to back."""
+    without = run_once(True, SPANS_SECONDS, workdir, name="spans-0")
+    with_spans = run_once(True, SPANS_SECONDS, workdir, name="spans-1", spans_per_min=SPANS_PER_MIN)
+    intake = (with_spans["cpu_s"] - without["cpu_s"]) / with_spans["wall_s"]
+    # CPU a span, at SPANS_PER_MIN: the share of a core intake takes at that rate
+    accounted = with_spans["spans_cpu_s"] / max(with_spans["spans_sent"], 1) * SPANS_PER_MIN / 60
+    figured = len(with_spans["span_lat"])
+    console.print(f"spans: {with_spans['spans_sent']} sent, {figured} figured in parts; tandem live CPU {without['cpu_s']:.2f} s "
+                  f"without, {with_spans['cpu_s']:.2f} s with ({100 * intake:.2f}% of a core over {with_spans['wall_s']:.1f} s); "
+                  f"span intake by its own account {with_spans['spans_cpu_s']:.2f} s ({100 * accounted:.2f}% of a core at "
+                  f"{SPANS_PER_MIN} spans/min); "
+                  f"pause end -> row p99 without {p(without['lat'], 99):.3f} s, with {p(with_spans['lat'], 99):.3f} s; "
+                  f"span end -> its part closed p50 {p(with_spans['span_lat'], 50):.2f} s p99 {p(with_spans['span_lat'], 99):.2f} s; "
+                  f"RSS end MiB without {without['rss_mib'][-1]:.0f}, with {with_spans['rss_mib'][-1]:.0f}; "
+                  f"load {open('/proc/loadavg').read().split()[0]}")
+    return [
+        Row("live", f"pause end -> live row p99 with {SPANS_PER_MIN} spans/min into --otlp-receiver ({SPANS_SECONDS:g} s) "
+            "vs without", p(with_spans["lat"], 99), p(without["lat"], 99), "s", f"<= {BAR_P99_S} s",
+            p(with_spans["lat"], 99) <= BAR_P99_S),
+        Row("live", f"span intake CPU at {SPANS_PER_MIN} spans/min (accounted in tandem live: receiver handlers + "
+            "figuring, per span times the rate) vs bar", accounted, SPANS_CPU_BAR, "cores", f"<= {SPANS_CPU_BAR} core",
+            accounted <= SPANS_CPU_BAR),
+        Row("live", "tandem live CPU with spans minus without, over wall time (noisy on a shared machine)", intake,
+            SPANS_CPU_BAR, "cores", "report", None),
+        Row("live", "spans figured in parts vs sent", figured, with_spans["spans_sent"], "spans", "equal",
+            figured == with_spans["spans_sent"]),
+    ]
 
 
 def _metrics_cpu(console, workdir: Path, p) -> list[Row]:
@@ -281,6 +413,8 @@ def main(console) -> list[Row]:
     tmp = tempfile.mkdtemp(prefix="tandem-bench-live-")
     keep = False  # a soak whose results differ from offline is kept for inspection
     try:
+        if SPANS_PER_MIN > 0:
+            rows.extend(_spans_case(console, Path(tmp), p))
         if METRICS_PAIRS > 0:
             rows.extend(_metrics_cpu(console, Path(tmp), p))
         before = run_once(False, seconds, Path(tmp)) if BEFORE else None

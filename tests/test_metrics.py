@@ -26,7 +26,7 @@ from engine.live.writer import read_parts
 
 TANDEM = [sys.executable, "-m", "engine"]
 SERVICE = "demo-svc"
-ALLOWED_LABELS = {"service", "pid", "kind", "jvm_gc_name", "jvm_gc_action", "le", "job", "instance", "__name__",
+ALLOWED_LABELS = {"service", "pid", "kind", "jvm_gc_name", "jvm_gc_action", "endpoint", "le", "job", "instance", "__name__",
                   "jvm_memory_type", "jvm_memory_pool_name", "bucket"}
 
 
@@ -75,7 +75,8 @@ def _query(port: int, promql: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One `tandem live` run of the demo (15 s) serving /metrics to a real Prometheus that
-    scrapes every second, and pushing OTLP every second to a receiver in this process."""
+    scrapes every second, and pushing OTLP every second to a receiver in this process; the
+    demo's spans go to tandem's OTLP receiver."""
     prometheus, promtool = _prometheus_binaries()
     tmp = tmp_path_factory.mktemp("metrics")
     metrics_port, prom_port = _free_port(), _free_port()
@@ -91,7 +92,8 @@ def run(tmp_path_factory):
     live = subprocess.Popen([*TANDEM, "live", "--session", str(session), "--roll", "5s", "--metrics-port", str(metrics_port),
                              "--metrics-addr", "127.0.0.1", "--metrics-linger", "20s", "--service", SERVICE,
                              "--otlp", f"http://127.0.0.1:{receiver.server_port}/v1/metrics", "--otlp-interval", "1s",
-                             "--", sys.executable, "-m", "engine.demo.workload", "--seconds", "15", "--gc-period", "0.5"],
+                             "--otlp-receiver", "0", "--", sys.executable, "-m", "engine.demo.workload", "--seconds", "15", "--gc-period", "0.5",
+                             "--otlp-spans"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     exposition = None
     try:
@@ -172,6 +174,24 @@ def test_prometheus_stores_what_the_live_parquet_says(run):
 
 
 @pytest.mark.slow
+def test_lost_time_per_request_is_what_the_live_spans_say(run):
+    """tandem_request_lost_seconds per endpoint: count, sum and buckets equal the parts' spans.parquet."""
+    spans = read_parts(run["session"] / "live", "spans")
+    assert len(spans) > 100 and set(spans["endpoint"]) == {"/score", "Allocator.score"}
+    assert (spans["lost_ns"] > 0).any() and (spans["figures_of"] == "thread").all()
+    by_endpoint = spans.groupby("endpoint")["lost_ns"]
+    query = lambda expr: _by_kind(_query(run["prom_port"], f'sum by (endpoint) (last_over_time({expr}{{service="{SERVICE}"}}[10m]))'),  # noqa: E731
+                                  "endpoint")
+    assert query("tandem_request_lost_seconds_count") == {k: float(v) for k, v in by_endpoint.size().items()}
+    for endpoint, seconds in query("tandem_request_lost_seconds_sum").items():
+        assert seconds == pytest.approx(by_endpoint.sum()[endpoint] / 1e9, rel=1e-9, abs=1e-12)
+    for le in (0.001, 0.01, 0.1):
+        got = _by_kind(_query(run["prom_port"], f'sum by (endpoint) (last_over_time(tandem_request_lost_seconds_bucket'
+                                                f'{{service="{SERVICE}",le="{le}"}}[10m]))'), "endpoint")
+        assert got == {k: float((v <= le * 1e9).sum()) for k, v in by_endpoint}, le
+
+
+@pytest.mark.slow
 def test_promtool_accepts_the_exposition(run):
     assert run["exposition"], "no /metrics read during the run"
     check = subprocess.run([run["promtool"], "check", "metrics"], input=run["exposition"], capture_output=True, text=True)
@@ -246,13 +266,15 @@ def test_one_push_equals_many_pushes(tmp_path):
     gil = pd.DataFrame({"pid": rng.choice([7, 8], 5 * n), "state": rng.choice(["released", "waiting"], 5 * n),
                         "start_ns": np.arange(5 * n) * 1000, "end_ns": np.arange(5 * n) * 1000 + rng.integers(0, 999, 5 * n)})
 
+    spans = pd.DataFrame({"endpoint": rng.choice(["/a", "/b/{id}"], 3 * n), "lost_ns": rng.integers(0, 10**9, 3 * n)})
+
     def exposition(pieces: int) -> dict:
         metrics = LiveMetrics(port=0, addr="127.0.0.1", service="s")
         try:
             split = lambda frame: [frame.iloc[rows] for rows in np.array_split(np.arange(len(frame)), pieces)]  # noqa: E731
-            for p, i, g in zip(split(pauses), split(impact), split(gil)):
+            for p, i, g, r in zip(split(pauses), split(impact), split(gil), split(spans)):
                 metrics.rows({"pauses": p, "gil": g})
-                metrics.rows({"pause_impact": i})
+                metrics.rows({"pause_impact": i, "spans": r})
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics.prometheus.port}/metrics") as response:
                 text = response.read().decode()
         finally:
@@ -264,6 +286,10 @@ def test_one_push_equals_many_pushes(tmp_path):
     for key, value in one.items():
         assert many[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
     assert one[("tandem_pauses_total", (("kind", "gc"), ("pid", "42"), ("service", "s")))] == (pauses["kind"] == "gc").sum()
+    lost = spans[spans["endpoint"] == "/b/{id}"]["lost_ns"] / 1e9
+    assert one[("tandem_request_lost_seconds_count", (("endpoint", "/b/{id}"), ("service", "s")))] == len(lost)
+    assert one[("tandem_request_lost_seconds_sum", (("endpoint", "/b/{id}"), ("service", "s")))] == pytest.approx(lost.sum())
+    assert one[("tandem_request_lost_seconds_bucket", (("endpoint", "/b/{id}"), ("le", "0.25"), ("service", "s")))] == (lost <= 0.25).sum()
 
 
 @pytest.mark.slow
@@ -373,3 +399,25 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
     used = [v for _, _, values in scrapes for k, v in values.items()
             if k == ("jvm_memory_used_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))]
     assert used and all(0 < u <= max(heap_totals) for u in used)
+
+
+def test_endpoints_past_the_bound_share_one_label():
+    """tandem_request_lost_seconds' endpoint label is bounded: past MAX_ENDPOINTS, `(other)`, and every span is counted."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engine.live.metrics import MAX_ENDPOINTS, OTHER_ENDPOINTS, LiveMetrics
+
+    n = MAX_ENDPOINTS + 30
+    spans = pd.DataFrame({"endpoint": [f"/route/{i}" for i in range(n)] * 2, "lost_ns": np.arange(2 * n) * 1000})
+    metrics = LiveMetrics(port=0, addr="127.0.0.1", service="s")
+    try:
+        metrics.rows({"spans": spans.iloc[:n]})
+        metrics.rows({"spans": spans.iloc[n:]})
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.prometheus.port}/metrics") as response:
+            text = response.read().decode()
+    finally:
+        metrics.close()
+    counts = {s.labels["endpoint"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == "tandem_request_lost_seconds_count"}
+    assert len(counts) == MAX_ENDPOINTS + 1 and counts[OTHER_ENDPOINTS] == 2 * 30
+    assert sum(counts.values()) == 2 * n and counts["/route/0"] == 2

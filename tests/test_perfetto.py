@@ -405,3 +405,84 @@ def test_memory_series_are_counter_tracks_under_their_process(trace, analysis):
     # The kept objects show: pymalloc's allocated bytes grow by at least the 60 MB kept.
     allocated = [v for _, v in counters[(service, "memory: Python allocated (pymalloc blocks)")]]
     assert max(allocated) - allocated[0] >= 50e6
+
+
+def _spans(rng) -> pd.DataFrame:
+    """Spans of process 77: nested ones on thread 101, one crossing its parent; some without a
+    thread, some of a thread the GIL table does not know."""
+    rows = []
+
+    def span(tid, start, end, name, parent=None):
+        span_id = f"{len(rows) + 1:016x}"
+        rows.append({"trace_id": f"{len(rows) // 3 + 1:032x}", "span_id": span_id, "parent_span_id": parent, "name": name,
+                     "kind": "server" if parent is None else "internal", "endpoint": name, "service_name": "svc", "pid": 77,
+                     "thread_id": tid, "thread_name": None, "start_ns": start, "end_ns": end, "start_wall_ns": start + 10**18,
+                     "end_wall_ns": end + 10**18, "clock_error_ns": 1_000})
+        return span_id
+
+    for k in range(20):
+        a = k * 90 * MS + int(rng.integers(0, 10 * MS))
+        root = span(101, a, a + 60 * MS, "GET /score")
+        child = span(101, a + 5 * MS, a + 30 * MS, "db", root)
+        span(101, a + 10 * MS, a + 20 * MS, "fetch", child)
+        if k % 5 == 0:
+            span(101, a + 50 * MS, a + 70 * MS, "crossing", root)  # starts inside its parent, ends after it
+        span(None, a, a + 40 * MS, "no thread")
+        span(4711, a + MS, a + 2 * MS, "thread not in the GIL table")
+    frame = pd.DataFrame(rows)
+    for column in ("pid", "thread_id"):
+        frame[column] = frame[column].astype("Int64")
+    return frame
+
+
+def _nests(slices) -> None:
+    by_track = defaultdict(list)
+    for s in slices:
+        by_track[s["track"]].append(s)
+    for track, of_track in by_track.items():
+        stack: list[int] = []  # end times of open slices: slices must nest properly
+        for s in sorted(of_track, key=lambda s: (s["start"], -s["end"])):
+            while stack and stack[-1] <= s["start"] and not (s["end"] == s["start"] == stack[-1]):
+                stack.pop()
+            assert not stack or s["end"] <= stack[-1], f"slice {s['name']} at {s['start']} crosses its parent on {track}"
+            stack.append(s["end"])
+
+
+@pytest.mark.parametrize("fmt", ["proto", "json"])
+def test_spans_are_slices_above_their_threads(tmp_path, analysis, fmt):
+    """spans.parquet (engine/spans/outputs.py's, figured on the analysis' own tables): every span
+    is one slice with its times and ids, on a track of its thread's process named for the
+    thread (protobuf: ordered just above the thread's GIL states), or on the process's spans
+    track; every track still nests."""
+    import shutil
+
+    from engine.spans.outputs import span_results, write_span_results
+
+    result, out = analysis
+    for name in ("pauses", "gil", "overlaps", "pause_impact", "summary"):
+        shutil.copy(out / f"{name}.parquet", tmp_path / f"{name}.parquet")
+    spans, requests = span_results(_spans(np.random.default_rng(5)), result.pauses, result.pause_impact, result.gil)
+    write_span_results(tmp_path, spans, requests, {})
+    path = export_perfetto(tmp_path, tmp_path / f"trace.{fmt}", fmt=fmt)
+    tracks, slices = (decode_proto if fmt == "proto" else decode_json)(path)
+    _nests(slices)
+    drawn = {s["args"]["span_id"]: s for s in slices if "span_id" in s["args"]}
+    assert sorted(drawn) == sorted(spans["span_id"])
+    for row in spans.itertuples():
+        s = drawn[row.span_id]
+        assert (s["name"], s["start"], s["end"], s["args"]["lost_ns"]) == (row.name, row.start_ns, row.end_ns, row.lost_ns)
+        track = tracks[s["track"]]
+        assert track["process"] == "Python 77"
+        expected = "spans: worker-101 (101)" if row.thread_id is not pd.NA and row.thread_id == 101 else "spans (no Python thread)"
+        assert track["name"] in (expected, f"{expected} (2)"), (row.name, track["name"])
+    assert spans.loc[spans["thread_id"] == 101, "lost_ns"].sum() > 0  # the figures drawn are not all zero
+    crossing = [s for s in drawn.values() if s["name"] == "crossing"]
+    assert crossing and all(tracks[s["track"]]["name"] == "spans: worker-101 (101) (2)" for s in crossing)
+    if fmt == "proto":
+        from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+        trace = pb.Trace()
+        trace.ParseFromString(path.read_bytes())
+        rank = {p.track_descriptor.thread.thread_name or p.track_descriptor.name: p.track_descriptor.sibling_order_rank
+                for p in trace.packet if p.HasField("track_descriptor")}
+        assert rank["spans: worker-101 (101)"] < rank["worker-101 (101)"] < rank["worker-102 (102)"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -120,7 +121,7 @@ def test_requests_table_and_summary(recorded):
 def test_live_receiver_and_offline_file_agree(tmp_path):
     """tandem live --otlp-receiver: the program's SDK, pointed at the receiver by the
     environment tandem sets, exports the same spans it writes to its own file; analyzed with
-    either, spans.parquet is the same."""
+    either, spans.parquet is the same, and tandem live's own figures of them agree."""
     session, spans = tmp_path / "session", tmp_path / "spans.jsonl"
     live = subprocess.run([*TANDEM, "live", "--session", str(session), "--roll", "2s", "--otlp-receiver", "0", "--",
                            sys.executable, str(PROGRAM), str(spans), str(tmp_path / "markers.json")],
@@ -134,3 +135,91 @@ def test_live_receiver_and_offline_file_agree(tmp_path):
         results[name] = pd.read_parquet(tmp_path / name / "spans.parquet")
     assert len(results["live"]) == 60
     pd.testing.assert_frame_equal(results["live"], results["offline"])
+    # The same spans figured by tandem live as it ran (its parts' spans.parquet, its own clock pairs).
+    _live_agrees_with_offline(session, results["offline"])
+    assert (results["offline"]["pause_ns"] > 0).sum() >= 20 and (results["offline"]["gil_wait_ns"] > 0).sum() >= 20
+    assert "requests hurt" in live.stderr and "/gc:" in live.stderr
+
+
+def _live_agrees_with_offline(session: Path, offline: pd.DataFrame) -> None:
+    """tandem live's spans (the parts of SESSION/live) against offline's spans.parquet: the same
+    spans, each time within both clock errors, each figure within both clock errors plus
+    TOLERANCE_NS (the issue's bar; live's GIL times also differ from offline's by the TSC
+    conversion, docs/live.md)."""
+    from engine.live.writer import read_parts
+
+    during = read_parts(session / "live", "spans").sort_values("span_id", ignore_index=True)
+    offline = offline.sort_values("span_id", ignore_index=True)
+    assert during["span_id"].tolist() == offline["span_id"].tolist()
+    error = during["clock_error_ns"] + offline["clock_error_ns"]
+    for column in ("start_ns", "end_ns"):
+        assert ((during[column] - offline[column]).abs() <= error).all(), column
+    for column in ("pause_ns", "gil_wait_ns", "stop_released_ns", "stop_waiting_ns", "stop_holding_ns", "lost_ns"):
+        difference = (during[column].astype(np.int64) - offline[column].astype(np.int64)).abs()
+        assert (difference <= error + TOLERANCE_NS).all(), column
+    assert (during["figures_of"] == offline["figures_of"]).all() and (during["pid"] == offline["pid"]).all()
+
+
+UNCHANGED = Path(__file__).with_name("spans_unchanged_program.py")
+
+
+def test_record_receives_the_spans_of_an_unchanged_service(tmp_path):
+    """tandem record points the SDK's own OTLP exporter at its receiver and its start hook puts
+    thread.id on the spans (the program knows nothing of tandem; tandem imports nothing of
+    OpenTelemetry into it); tandem analyze uses the spans with no --spans: each on the thread
+    that made it."""
+    session, out, markers = tmp_path / "session", tmp_path / "out", tmp_path / "markers.json"
+    recorded = subprocess.run([*TANDEM, "record", "-o", str(session), "--", sys.executable, str(UNCHANGED), str(markers)],
+                              capture_output=True, text=True, timeout=300)
+    assert recorded.returncode == 0, recorded.stderr
+    assert "20 OpenTelemetry span(s) received into" in recorded.stderr
+    made = json.loads(markers.read_text())
+    assert made["loaded_before"] == [] and made["patched"]
+    analyzed = subprocess.run([*TANDEM, "analyze", str(session), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert "requests hurt" in analyzed.stdout
+    spans = pd.read_parquet(out / "spans.parquet").merge(pd.DataFrame(made["spans"]), on="span_id")
+    assert len(spans) == 20
+    assert (spans["thread_id"] == spans["tid"]).all() and spans["thread_name"].str.startswith("worker-").all()
+    pid = json.loads((session / "session.json").read_text())["pid"]
+    assert (spans["pid"] == pid).all()  # (the SDK's default resource has no process.pid: the thread's process)
+    assert (spans["figures_of"] == "thread").all() and (spans["pause_scope"] == "process").all()
+    assert (spans["pause_ns"] > 0).sum() >= 2  # the requests that called System.gc()
+
+
+def test_record_leaves_a_users_own_trace_endpoint(tmp_path):
+    """With OTEL_EXPORTER_OTLP_TRACES_ENDPOINT set, the spans go where the user said (with
+    thread.id all the same), and the session has none."""
+    import os
+
+    from engine.spans.receiver import OtlpHttpReceiver
+
+    received = []
+    with OtlpHttpReceiver(0, received.append) as theirs:
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": theirs.endpoint}
+        recorded = subprocess.run([*TANDEM, "record", "-o", str(tmp_path / "s"), "--", sys.executable, str(UNCHANGED),
+                                   str(tmp_path / "m.json")], capture_output=True, text=True, timeout=300, env=env)
+    assert recorded.returncode == 0, recorded.stderr
+    spans = pd.concat(received)
+    assert len(spans) == 20 and spans["thread_id"].notna().all()
+    assert "span(s) received" not in recorded.stderr and (tmp_path / "s" / "spans.binpb").stat().st_size == 0
+
+
+def test_live_following_a_record_session_figures_its_spans(tmp_path):
+    """`tandem live SESSION` beside `tandem record`: it follows the spans the recorder receives
+    (SESSION/spans.binpb) and figures them as `tandem analyze` does."""
+    session, out = tmp_path / "session", tmp_path / "out"
+    record = subprocess.Popen([*TANDEM, "record", "-o", str(session), "--", sys.executable, str(UNCHANGED),
+                               str(tmp_path / "markers.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (session / "session.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        live = subprocess.run([*TANDEM, "live", str(session), "--roll", "3s"], capture_output=True, text=True, timeout=240)
+        _, record_err = record.communicate(timeout=240)
+    finally:
+        record.kill()
+    assert record.returncode == 0 and live.returncode == 0, record_err + live.stderr
+    assert "requests hurt" in live.stderr and "GET /unchanged: 20 spans" in live.stderr
+    subprocess.run([*TANDEM, "analyze", str(session), "-o", str(out)], check=True, capture_output=True, text=True, timeout=300)
+    _live_agrees_with_offline(session, pd.read_parquet(out / "spans.parquet"))

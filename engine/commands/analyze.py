@@ -34,9 +34,10 @@ def analyze(
                                        "results instead of copying their intervals into OUT/gil.parquet (faster; OUT "
                                        "then needs the session and tandem to read the GIL table)."),
     copy_gil: bool = typer.Option(False, "--copy-gil", hidden=True, help="The default now (kept for old scripts)."),
-    spans: List[Path] = typer.Option([], "--spans", help="OTLP JSON file(s) of the service's OpenTelemetry spans (or the "
-                                     "SESSION/spans.binpb of tandem live --otlp-receiver): "
-                                     "OUT/spans.parquet and requests.parquet, which requests the pauses hurt."),
+    spans: List[Path] = typer.Option([], "--spans", help="OTLP JSON file(s) of the service's OpenTelemetry spans (or a "
+                                     "spans.binpb of tandem's receiver): OUT/spans.parquet and requests.parquet, which "
+                                     "requests the pauses hurt. Default: SESSION/spans.binpb, the spans tandem record or "
+                                     "tandem live --otlp-receiver received, if any."),
 ) -> None:
     """Find which JVM pauses hit which Python threads; write OUT/*.parquet and print the summary.
 
@@ -79,18 +80,34 @@ def analyze(
 
         for line in memory_lines(write_memory(session, out)):
             typer.echo(line)
-    if spans:
+    received = _received_spans(session) if not spans and out is not None else None
+    if spans or received:
         from engine.report.summary import requests_hurt_lines
         from engine.spans.analyze import analyze_spans
 
-        _, requests, span_files = analyze_spans(out, session, spans)
-        for line in requests_hurt_lines(requests):
-            typer.echo(line)
-        result.paths.extend(span_files)
+        try:
+            _, requests, span_files = analyze_spans(out, session, spans or [received])
+        except TandemError as err:
+            if spans:
+                raise
+            # (the session's own spans, not asked for: the pauses' results stand)
+            typer.echo(f"spans not used: {err}")
+        else:
+            for line in requests_hurt_lines(requests):
+                typer.echo(line)
+            result.paths.extend(span_files)
     if out is not None:
         typer.echo(f"results in {out}/: {', '.join(p.name for p in result.paths)}")
     if dataset is not None:
         typer.echo(f"dataset {dataset}: session {files['sessions'].stem} under {files['sessions'].parent.relative_to(dataset / 'sessions')}")
+
+
+def _received_spans(session: Path | None) -> Path | None:
+    """SESSION's spans that tandem record / tandem live received (docs/spans.md), if any arrived."""
+    from engine.spans.receiver import SESSION_SPANS
+
+    path = session / SESSION_SPANS if session is not None else None
+    return path if path is not None and path.is_file() and path.stat().st_size > 0 else None
 
 
 def _reuse_freed_blocks() -> None:

@@ -26,11 +26,11 @@ def demo(
     if output.exists():
         shutil.rmtree(output)
     output.mkdir(parents=True)
-    session, results, spans = output / "session", output / "results", output / "spans.jsonl"
+    session, results = output / "session", output / "results"
     log = output / "workload.log"
     argv = [sys.executable, "-m", "engine", "record", "-o", str(session), "--",
             sys.executable, "-m", "engine.demo.workload", "--seconds", str(seconds), "--markers", str(output / "markers.json"),
-            "--spans", str(spans)]
+            "--otlp-spans"]  # (to tandem record's receiver: SESSION/spans.binpb)
     console.print(f"[bold]tandem demo[/bold]: recording a Python service with an embedded JVM for {seconds:g} s")
     with log.open("w") as sink, Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("recording (JFR + GIL probe)", total=seconds + 3)
@@ -52,8 +52,9 @@ def demo(
     analysis.summary(console=console)
     from engine.report.summary import requests_hurt_lines
     from engine.spans.analyze import analyze_spans
+    from engine.spans.receiver import SESSION_SPANS
 
-    for line in requests_hurt_lines(analyze_spans(results, session, [spans])[1]):
+    for line in requests_hurt_lines(analyze_spans(results, session, [session / SESSION_SPANS])[1]):
         console.print(line, markup=False, highlight=False)
     picture = output / "timeline.png"
     analysis.timeline(*analysis.worst_window(), path=picture)

@@ -94,8 +94,15 @@ def live(
         session = Path(args[0]).expanduser().absolute()
         if not session.is_dir():
             raise TandemError(f"{session}: not a session directory")
+        from engine.spans.live import LiveSpans
+        from engine.spans.receiver import SESSION_SPANS
+        from engine.spans.source import BinpbTail
+
+        # The spans `tandem record` receives (docs/spans.md), figured as they come (the file may
+        # appear after tandem live starts, or never: then only the GIL rows of the last 30 s are kept for them).
+        spans = LiveSpans(session, tail=BinpbTail(session / SESSION_SPANS))
         run = LiveRun(session, output or session / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view,
-                      follow_recorder=True)
+                      follow_recorder=True, spans=spans)
         _observe(run, metrics)
 
         def stop(signum, _frame):
@@ -124,14 +131,17 @@ def live(
     })
     with console.status("building the GIL probe for the interpreters found"):
         launch.prebuild_probes(directory, env, python)
-    receiver = None
+    receiver = live_spans = None
     if otlp_receiver is not None:
+        from engine.spans.live import LiveSpans
         from engine.spans.receiver import SESSION_SPANS, OtlpHttpReceiver, exporter_environment
 
-        # (The live view does not show spans yet: they are kept for tandem analyze --spans.)
-        receiver = OtlpHttpReceiver(otlp_receiver, lambda spans: None, copy_to=directory / SESSION_SPANS)
+        # Figured as the run goes (the view, the metrics, the parts' spans.parquet) and kept for tandem analyze --spans.
+        live_spans = LiveSpans(directory)
+        receiver = OtlpHttpReceiver(otlp_receiver, live_spans.add, copy_to=directory / SESSION_SPANS)
         env.update(exporter_environment(receiver, env))
-    run = LiveRun(directory, output or directory / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view)
+    run = LiveRun(directory, output or directory / "live", roll_ns=roll_ns, slack_ns=slack_ns, alerts=alerts, view=view,
+                  spans=live_spans)
     _observe(run, metrics)
     console.print(f"[dim]tandem: running `{shlex.join(command)}` live into {directory}[/dim]")
     from engine.record.memory import ProcessMemorySampler
@@ -157,7 +167,9 @@ def live(
             loop.join(0.2)
     if receiver is not None:
         receiver.close()
-        console.print(f"[dim]tandem: {receiver.spans} span(s) received into {directory / SESSION_SPANS}[/dim]")
+        console.print(f"[dim]tandem: {receiver.spans} span(s) received into {directory / SESSION_SPANS}; {live_spans.figured} "
+                      f"figured; span intake took {receiver.cpu_s + live_spans.cpu_s:.3f} s CPU (receiver "
+                      f"{receiver.cpu_s:.3f} s, figures {live_spans.cpu_s:.3f} s)[/dim]")
     _close(metrics, metrics_linger, console)
     if run.error is not None:
         raise run.error

@@ -58,6 +58,13 @@ def record(
     console = Console(stderr=True)  # stdout belongs to the command
     with console.status("building the GIL probe for the interpreters found"):
         launch.prebuild_probes(directory, env, python)
+    # The command's OpenTelemetry spans, if it exports any (docs/spans.md): into SESSION/spans.binpb
+    # (not with the flight recorder's bounds: that file is not rotated).
+    from engine.spans.receiver import SESSION_SPANS, OtlpHttpReceiver, exporter_environment
+
+    receiver = None if bounds else OtlpHttpReceiver(0, lambda spans: None, copy_to=directory / SESSION_SPANS)
+    if receiver is not None:
+        env.update(exporter_environment(receiver, env))
     console.print(f"[dim]tandem: recording `{shlex.join(command)}` into {directory}[/dim]")
     sampler = ProcessMemorySampler(directory).start() if memory else None  # every process below tandem, once a second
     # the flight recorder's keeper: packs GIL segments, keeps the bounds (engine/record/keeper.py)
@@ -70,11 +77,15 @@ def record(
     finally:
         if sampler is not None:
             sampler.stop()
+        if receiver is not None:
+            receiver.close()
         if keeper is not None:
             keeper.stop()
     kept = {"flight_recorder": keeper.summary()} if keeper is not None else {}
     if sampler is not None:  # what the recorder's memory sampling cost (bench/bench_memory.py reads it)
         kept["memory_capture"] = {"samples": sampler.samples, "cpu_s": sampler.cost_ns / 1e9}
+    if receiver is not None and receiver.spans:
+        console.print(f"[dim]tandem: {receiver.spans} OpenTelemetry span(s) received into {directory / SESSION_SPANS}[/dim]")
     problem = sessions.finish_session(directory, pid=pid, exit_code=exit_code, **kept)
     if problem and not directory.is_dir():
         console.print(f"tandem: {problem}")

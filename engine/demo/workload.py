@@ -6,12 +6,14 @@ threads allocate so that the collector runs; a "gc-trigger" thread calls System.
 known moments and writes the monotonic bracket of each call to a markers file, which is
 the ground truth the end-to-end tests check the analysis against. With --spans FILE each
 request is an OpenTelemetry span (the SDK, tandem's thread.id processor and OTLP JSON file
-exporter: engine/probe/spans.py), for `tandem analyze --spans FILE`.
+exporter: engine/probe/spans.py), for `tandem analyze --spans FILE`; with --otlp-spans they go
+to the SDK's OTLP/HTTP exporter, configured by the environment only (under `tandem record` or
+`tandem live --otlp-receiver`: to tandem's receiver).
 
 The JVM is started with plain `jpype.startJVM`, like any user program: under
 `tandem record` the agent arrives through JAVA_TOOL_OPTIONS, with no change to this file.
 
-    python -m engine.demo.workload --seconds 20 --markers markers.json [--spans spans.jsonl]
+    python -m engine.demo.workload --seconds 20 --markers markers.json [--spans spans.jsonl] [--otlp-spans]
 """
 from __future__ import annotations
 
@@ -44,8 +46,11 @@ def _span(tracer, name: str, attributes: dict | None = None):
     return tracer.start_as_current_span(name, attributes=attributes) if tracer is not None else contextlib.nullcontext()
 
 
-def _tracer_provider(spans_path: Path):
-    """The OTel SDK writing this process's spans to SPANS_PATH as OTLP JSON, thread.id on each."""
+def _tracer_provider(spans_path: Path | None, otlp: bool):
+    """The OTel SDK writing this process's spans to SPANS_PATH as OTLP JSON and/or (OTLP) with
+    the SDK's OTLP/HTTP exporter; thread.id on each. None when neither."""
+    if spans_path is None and not otlp:
+        return None
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -54,7 +59,12 @@ def _tracer_provider(spans_path: Path):
 
     provider = TracerProvider(resource=Resource.create({"service.name": "tandem-demo", "process.pid": os.getpid()}))
     add_thread_of_span(provider)
-    provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileExporter(spans_path), max_queue_size=1 << 16))
+    if spans_path is not None:
+        provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileExporter(spans_path), max_queue_size=1 << 16))
+    if otlp:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), max_queue_size=1 << 16))
     return provider
 
 
@@ -85,7 +95,7 @@ def _detached_at_end(target):
 
 
 def run(seconds: float, request_threads: int, gc_period_s: float, markers_path: Path | None,
-        spans_path: Path | None = None) -> dict:
+        spans_path: Path | None = None, otlp_spans: bool = False) -> dict:
     import jpype
 
     from engine.jvm import agent_jar
@@ -96,7 +106,7 @@ def run(seconds: float, request_threads: int, gc_period_s: float, markers_path: 
     score = allocator.score
     allocator.start(2, 200)
 
-    provider = _tracer_provider(spans_path) if spans_path is not None else None
+    provider = _tracer_provider(spans_path, otlp_spans)
     tracer = provider.get_tracer("engine.demo.workload") if provider is not None else None
     stop = threading.Event()
     counts = [0] * request_threads
@@ -129,8 +139,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gc-period", type=float, default=2.0, help="seconds between System.gc() calls")
     parser.add_argument("--markers", type=Path, default=None, help="write System.gc() brackets and counts here (JSON)")
     parser.add_argument("--spans", type=Path, default=None, help="write each request's OpenTelemetry spans here (OTLP JSON)")
+    parser.add_argument("--otlp-spans", action="store_true", help="send each request's spans with the SDK's OTLP/HTTP exporter "
+                        "(where the environment says: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
     args = parser.parse_args(argv)
-    result = run(args.seconds, args.request_threads, args.gc_period, args.markers, args.spans)
+    result = run(args.seconds, args.request_threads, args.gc_period, args.markers, args.spans, args.otlp_spans)
     print(f"demo workload: {result['requests']} requests, {len(result['gc_markers'])} System.gc() calls, "
           f"{result['allocated_bytes'] / 2**20:.0f} MiB allocated by Java")
 

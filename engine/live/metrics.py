@@ -27,12 +27,15 @@ class Metric:
     unit: str  # UCUM, for OpenTelemetry
     labels: tuple[str, ...]
     help: str
+    buckets: tuple[float, ...] = ()  # histograms
 
 
 # One table for both exporters. Names without a standard follow Prometheus' rules (base units,
 # _seconds, _total, one tandem_ prefix); GC pauses follow OpenTelemetry's jvm.gc.duration.
+# OpenTelemetry's semantic conventions recommend these boundaries for jvm.gc.duration.
+GC_BUCKETS = (0.01, 0.1, 1.0, 10.0)
 GC_DURATION = Metric("jvm_gc_duration_seconds", "jvm.gc.duration", "histogram", "s", ("pid", "jvm_gc_name", "jvm_gc_action"),
-                     "Duration of JVM garbage collection actions (JFR jdk.GarbageCollection).")
+                     "Duration of JVM garbage collection actions (JFR jdk.GarbageCollection).", GC_BUCKETS)
 PAUSES = Metric("tandem_pauses", "tandem.pauses", "counter", "{pause}", ("pid", "kind"), "JVM pauses finalized by tandem live.")
 PAUSES_HIT = Metric("tandem_pauses_hit_python", "tandem.pauses.hit_python", "counter", "{pause}", ("pid", "kind"),
                     "JVM pauses during which a Python thread was released or waiting for the GIL.")
@@ -70,12 +73,19 @@ MEMORY_TREND = Metric("tandem_memory_trend_bytes_per_second", "tandem.memory.tre
 MEMORY_LEAK = Metric("tandem_memory_leak_bytes_per_second", "tandem.memory.leak.rate", "gauge", "By/s", ("pid", "bucket"),
                      "A leak-like growth named by who grew: its bucket and rate (absent while there is none).")
 MEMORY_METRICS = (PROCESS_MEMORY, JVM_MEMORY_USED, JVM_MEMORY_COMMITTED, MEMORY_SPLIT, MEMORY_TREND, MEMORY_LEAK)
-METRICS = (GC_DURATION, PAUSES, PAUSES_HIT, OVERLAP, AMPLIFIED, CAUSED, GIL_RELEASE, GIL_WAIT, DROPPED, LAG, *MEMORY_METRICS)
-# OpenTelemetry's semantic conventions recommend these boundaries for jvm.gc.duration.
-GC_BUCKETS = (0.01, 0.1, 1.0, 10.0)
+# Lost time of a request: from a millisecond (a young collection) to seconds (a full one, a long GIL wait).
+LOST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+REQUEST_LOST = Metric("tandem_request_lost_seconds", "tandem.request.lost.time", "histogram", "s", ("endpoint",),
+                      "Per request (a span tandem live figured): its time in JVM stops of the world or waiting "
+                      "for the GIL (spans.parquet lost_ns).", LOST_BUCKETS)
+METRICS = (GC_DURATION, PAUSES, PAUSES_HIT, OVERLAP, AMPLIFIED, CAUSED, GIL_RELEASE, GIL_WAIT, DROPPED, LAG, REQUEST_LOST,
+           *MEMORY_METRICS)
+# Endpoints are http.route templates or span names; past this many, the rest share one label value.
+MAX_ENDPOINTS = 200
+OTHER_ENDPOINTS = "(other)"
 OTEL_ATTRIBUTE = {"pid": "process.pid", "kind": "tandem.pause.kind", "jvm_gc_name": "jvm.gc.name", "jvm_gc_action": "jvm.gc.action",
                   "jvm_memory_type": "jvm.memory.type", "jvm_memory_pool_name": "jvm.memory.pool.name",
-                  "bucket": "tandem.memory.bucket"}
+                  "bucket": "tandem.memory.bucket", "endpoint": "tandem.endpoint"}
 
 # jvm.gc.action from JFR's collector names (jdk.GarbageCollection `name`); others: "end of GC".
 _MINOR = {"G1New", "ParallelScavenge", "DefNew", "ShenandoahYoung", "ZGC Minor", "ZGC Minor Collection", "ZGC Young"}
@@ -134,7 +144,7 @@ class _Prometheus:
             if m.kind == "counter":
                 self.instruments[m] = prometheus_client.Counter(m.prometheus, m.help, labels, registry=self.registry)
             elif m.kind == "histogram":
-                self.instruments[m] = prometheus_client.Histogram(m.prometheus, m.help, labels, buckets=GC_BUCKETS, registry=self.registry)
+                self.instruments[m] = prometheus_client.Histogram(m.prometheus, m.help, labels, buckets=m.buckets, registry=self.registry)
         outer = self
 
         class FromState:
@@ -218,7 +228,7 @@ class _Otlp:
                 self.instruments[m] = meter.create_counter(m.otel, unit=m.unit, description=m.help)
             elif m.kind == "histogram":
                 self.instruments[m] = meter.create_histogram(m.otel, unit=m.unit, description=m.help,
-                                                             explicit_bucket_boundaries_advisory=list(GC_BUCKETS))
+                                                             explicit_bucket_boundaries_advisory=list(m.buckets))
 
         def memory_of(metric: Metric):
             def observe(_options):
@@ -293,6 +303,7 @@ class LiveMetrics:
         if otlp_url:
             self.sinks.append(_Otlp(otlp_url, service, otlp_interval_s, state))
         self._jvm_of_pause: dict[int, int] = {}
+        self._endpoints: set[str] = set()
         self._lock = threading.Lock()
         self.rows_seen_at: float | None = None  # monotonic time of the last rows() call
         self.rows_cpu_s = 0.0  # CPU spent on the loop's thread counting rows
@@ -329,6 +340,9 @@ class LiveMetrics:
             gil = tables.get("gil")
             if gil is not None and len(gil):
                 self._gil(gil)
+            spans = tables.get("spans")
+            if spans is not None and len(spans):
+                self._spans(spans)
             self.rows_seen_at = time.monotonic()
 
     def _pauses(self, pauses: pd.DataFrame) -> None:
@@ -374,6 +388,17 @@ class LiveMetrics:
             labels = {"pid": str(pid)}
             self._emit(GIL_WAIT, int(lengths[of_pid & waiting].sum()) / 1e9, labels)
             self._emit(GIL_RELEASE, int(lengths[of_pid & ~waiting].sum()) / 1e9, labels)
+
+    def _spans(self, spans: pd.DataFrame) -> None:
+        endpoints = _text(spans["endpoint"])
+        seconds = spans["lost_ns"].to_numpy(np.int64) / 1e9
+        for endpoint in sorted(set(endpoints.tolist())):
+            chosen = endpoints == endpoint
+            if endpoint not in self._endpoints and len(self._endpoints) >= MAX_ENDPOINTS:
+                endpoint = OTHER_ENDPOINTS
+            self._endpoints.add(endpoint)
+            for sink in self.sinks:
+                sink.record(REQUEST_LOST, seconds[chosen].tolist(), {"endpoint": endpoint})
 
     def close(self, linger_s: float = 0.0) -> None:
         """Stop serving and pushing. linger_s: first keep /metrics up until a scrape has read

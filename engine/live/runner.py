@@ -20,7 +20,7 @@ import pandas as pd
 from engine.correlate import Correlator, GilRows, Rows
 from engine.correlate.core import warm_up
 from engine.correlate.inputs import gil_rows_from_frame
-from engine.correlate.schema import END, GIL_COLUMNS, PAUSE_COLUMNS, PAUSE_FACT_COLUMNS, empty_frame, to_pandas
+from engine.correlate.schema import END, GIL_COLUMNS, GIL_STATES, PAUSE_COLUMNS, PAUSE_FACT_COLUMNS, empty_frame, to_pandas
 from engine.live import watermark as wm
 from engine.live.alerts import Alerts
 from engine.live.lifetimes import ProcLifetimes
@@ -29,6 +29,7 @@ from engine.live.sources import RepositorySource, SessionWatcher
 from engine.live.writer import RollingWriter
 from engine.memory.follow import MemoryFollower
 from engine.session import SESSION_JSON, read_json
+from engine.spans.live import DUE_AFTER_REPOSITORY_NS, DUE_AFTER_RING_NS
 
 GIL_POLL_S = 0.2
 JVM_POLL_S = 0.5
@@ -48,7 +49,7 @@ LATEST = 16
 
 class LiveRun:
     def __init__(self, session: Path, out: Path, *, roll_ns: int, slack_ns: int = 0, alerts: Alerts | None = None, view=None,
-                 follow_recorder: bool = False):
+                 follow_recorder: bool = False, spans=None):
         self.session = Path(session)
         self.watcher = SessionWatcher(self.session)
         self.lifetimes = ProcLifetimes()
@@ -70,6 +71,7 @@ class LiveRun:
         self.overlap_rows = 0
         self.latest_hits: collections.deque[dict] = collections.deque(maxlen=LATEST)  # final pauses that hit Python
         self.memory = MemoryFollower(self.session)  # the processes' memory and who grew (view, metrics)
+        self.spans = spans  # engine.spans.live.LiveSpans: received spans, figured as the watermark passes them
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -140,8 +142,8 @@ class LiveRun:
         self.watermark_ns = self.core.watermark_ns
         self._emit(rows, pauses, gil)
         if final:
-            self._emit(self.core.finish(), empty_frame("pauses"), empty_frame("gil"))
             self.watermark_ns = END
+            self._emit(self.core.finish(), empty_frame("pauses"), empty_frame("gil"))
 
     def _emit(self, rows: Rows, pauses: pd.DataFrame, gil: pd.DataFrame) -> None:
         """Rows that came out to the current part, the alerts and the view, with the pauses and
@@ -157,11 +159,28 @@ class LiveRun:
         if impact is not None:
             impact = impact.assign(arrived_ns=now)
         self.overlap_rows += 0 if overlaps is None else len(overlaps)
-        self.writer.add(pauses, gil, overlaps, pause_impact=impact, gil_free=free)
+        self.writer.add(pauses, gil, overlaps, pause_impact=impact, gil_free=free, spans=self._figured_spans(pauses, gil))
         self.alerts.check(impact, overlaps)
         if impact is not None:
             hits = impact[impact["hit_python"].to_numpy(bool)]
             self.latest_hits.extend(hits[["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"]].to_dict("records"))
+
+    def _figured_spans(self, pauses: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame | None:
+        """The received spans the watermark has now passed, with their figures (engine/spans/live.py)."""
+        if self.spans is None:
+            return None
+        self.spans.add_rows(pauses, gil)
+        if self.watermark_ns is None:
+            return None
+        # (a stop of the world reaches this loop from the pause ring within a poll, from the JFR repository a re-read later)
+        self.spans.due_after_ns = DUE_AFTER_RING_NS if self._rings_only() else DUE_AFTER_REPOSITORY_NS
+
+        def open_gil() -> pd.DataFrame:
+            rows = self._open_intervals() if self.watermark_ns < END else GilRows.empty()
+            return pd.DataFrame({"pid": rows.pid, "tid": rows.tid, "state": np.asarray(GIL_STATES)[np.asarray(rows.state, np.int64)],
+                                 "start_ns": rows.start_ns})
+
+        return self.spans.due(self.watermark_ns, open_gil)
 
     def roll(self, wait: bool = False, final: bool = False) -> None:
         self.writer.roll(self.core.summary(), wait=wait, more={"memory": self.memory.rows_to_write(final)})

@@ -2,7 +2,9 @@
 
 On a terminal: the rolling stops table (the correlation core's, over the final pauses: one
 row per stop of the world, its GC pause and collection under it), the latest final pauses
-that hit Python (one per stop), per-source
+that hit Python (one per stop), the requests hurt (with spans: the endpoints whose
+slowest 1% lost most to stops of the world and GIL waits, over the spans of the last five
+minutes, engine/spans/live.py), per-source
 lines (where pauses come from: pause ring or JFR repository; dropped/missed GIL events;
 clock error), the watermark's lag. Without a terminal (a pipe, a test), one status line
 every PLAIN_EVERY_S and every discovery/exit/problem as its own line.
@@ -49,9 +51,21 @@ def headline(run) -> str:
     # Said only when it happens: such a pause may miss pairs offline has (docs/live.md).
     beyond = (f" ({core.late_pauses_beyond_retention} older than the GIL rows kept)"
               if core.late_pauses_beyond_retention else "")
+    spans = ""
+    if run.spans is not None and (run.spans.received or run.spans.refused):
+        refused = f", {run.spans.refused} refused" if run.spans.refused else ""
+        spans = f", spans {run.spans.received} received / {run.spans.figured} figured{refused}"
     return (f"tandem live: {core.pauses} pauses ({len(core.pending_ends())} not final yet), {core.gil_intervals} GIL intervals, "
-            f"{run.overlap_rows} overlaps; {lag}; late rows {core.late_gil_rows} GIL / "
+            f"{run.overlap_rows} overlaps{spans}; {lag}; late rows {core.late_gil_rows} GIL / "
             f"{core.late_pauses} pauses{beyond}; parts written {len(run.writer.parts_written)}")
+
+
+def requests_hurt(run, final: bool = False) -> list[str]:
+    """The requests hurt lines of the spans figured so far (none without a receiver or before a span)."""
+    from engine.report.summary import requests_hurt_lines
+
+    requests = run.spans.requests(force=final) if run.spans is not None else None
+    return [] if requests is None else requests_hurt_lines(requests)
 
 
 def latest_hits(run) -> pd.DataFrame:
@@ -79,6 +93,7 @@ def render(run):
         latest.add_row(f"{row.kind}: {row.name}", f"{(now - row.end_ns) / 1e9:.1f}", _duration(row.duration_ns), _duration(row.overlap_ns))
     parts = [Text(headline(run)), summary_rich_table(summary, {"slack_ns": run.core.slack_ns}), latest]
     parts += [Text(line, style="yellow" if line.startswith("  leak-like") else "") for line in memory_view_lines(run)]
+    parts += [Text(line) for line in requests_hurt(run)]
     parts += [Text(line, style="yellow" if "killed" in line or "exited without" in line else "dim") for line in _status_lines(run)]
     return Group(*parts)
 
@@ -132,6 +147,9 @@ class View:
         for event in run.watcher.events:
             self.say(f"tandem: {event}")
         run.watcher.events.clear()
+        if run.spans is not None and run.spans.problem and "spans" not in self._said:
+            self._said.add("spans")
+            self.say(f"tandem: spans refused: {run.spans.problem}")
         for line in _status_lines(run):
             if ("killed" in line or "exited without" in line) and line.split(":")[0] not in self._said:
                 self._said.add(line.split(":")[0])
@@ -150,6 +168,8 @@ class View:
         from engine.report.summary import summary_rich_table
 
         if self._rich_live is not None:
+            if run.spans is not None:
+                run.spans.requests(force=True)
             self._rich_live.update(render(run), refresh=True)
             return
         self.say(headline(run))
@@ -163,3 +183,5 @@ class View:
         for line in _status_lines(run):
             self.say(line)
         self.console.print(summary_rich_table(run.core.stops(), {"slack_ns": run.core.slack_ns}))
+        for line in requests_hurt(run, final=True):
+            self.say(line)

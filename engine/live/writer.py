@@ -5,6 +5,7 @@
     OUT/part-000001/overlaps.parquet   overlaps rows emitted in it (pause_id refers to pauses of any part)
     OUT/part-000001/pause_impact.parquet  rows of the pauses that became final in it
     OUT/part-000001/gil_free.parquet   gil_free rows that became final in it
+    OUT/part-000001/spans.parquet      spans figured in it (`tandem live --otlp-receiver`; only in parts that have some)
     OUT/part-000001/summary.parquet    the rolling summary over everything up to the part's end
     OUT/part-000001/memory.parquet     memory.parquet's rows (docs/results.md) sampled up to the part's
                                        end, not in an earlier part (absent without memory samples)
@@ -30,6 +31,10 @@ import pandas as pd
 from engine.correlate.schema import ROW_TABLES, empty_frame
 from engine.store import write_table
 
+# Tables a part holds only when it has rows of them. spans: docs/spans.md (its Arrow list
+# columns are written without pandas' schema metadata, as in `tandem analyze`).
+OPTIONAL_TABLES = ("spans",)
+
 
 class RollingWriter:
     def __init__(self, out: Path, interval_ns: int, header: dict | None = None):
@@ -51,7 +56,7 @@ class RollingWriter:
 
     def _reset(self, now: int) -> None:
         self.opened_ns = now
-        self._buffers: dict[str, list[pd.DataFrame]] = {name: [] for name in ROW_TABLES}
+        self._buffers: dict[str, list[pd.DataFrame]] = {name: [] for name in (*ROW_TABLES, *OPTIONAL_TABLES)}
 
     def add(self, pauses: pd.DataFrame, gil: pd.DataFrame, overlaps: pd.DataFrame, **more: pd.DataFrame) -> None:
         """Rows for the current part; `more`: pause_impact=..., gil_free=..."""
@@ -79,6 +84,7 @@ class RollingWriter:
         tables = {}
         for name in ROW_TABLES:
             tables[name] = self._buffers[name] or [empty_frame(name)]
+        tables.update({name: self._buffers[name] for name in OPTIONAL_TABLES if self._buffers[name]})
         tables["summary"] = [summary]
         tables.update({name: [frame] for name, frame in (more or {}).items() if len(frame)})
         if self._thread is None:
@@ -116,7 +122,7 @@ class RollingWriter:
         counts = {}
         for name, frames in tables.items():
             table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-            write_table(table, part / f"{name}.parquet", {"table": name, "live": meta})
+            write_table(table, part / f"{name}.parquet", {"table": name, "live": meta}, pandas_metadata=name not in OPTIONAL_TABLES)
             if name != "summary":
                 counts[name] = len(table)
         tmp = part / "_done.json.tmp"

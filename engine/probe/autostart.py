@@ -62,7 +62,8 @@ def segment_options(environ) -> dict:
 def run() -> None:
     """Start recording into $TANDEM_SESSION (backend from $TANDEM_PROBE_BACKEND, default auto;
     TANDEM_PROBE_WAIT_WHEN_FULL=1: a thread waits for the drain rather than drop an event;
-    segment_options: the flight recorder's rotation)."""
+    segment_options: the flight recorder's rotation); with TANDEM_SPANS, every OpenTelemetry
+    TracerProvider adds thread.id to its spans (span_hook.py)."""
     global _ran
     session = os.environ.get("TANDEM_SESSION")
     if _ran or not session or in_sub_interpreter():
@@ -81,6 +82,10 @@ def run() -> None:
         from engine.probe.start_hook import note_unprobed
 
         note_unprobed(session, str(err))
+    if os.environ.get("TANDEM_SPANS"):  # tandem receives this command's spans: they say their thread
+        from engine.probe import span_hook
+
+        span_hook.install()
 
 
 def _site_dir(site_dir: str | os.PathLike | None):

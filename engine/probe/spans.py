@@ -43,7 +43,11 @@ class ThreadOfSpan(SpanProcessor):
 
 
 def add_thread_of_span(provider) -> None:
-    """Make PROVIDER (an SDK TracerProvider) put thread.id and thread.name on its spans."""
+    """Make PROVIDER (an SDK TracerProvider) put thread.id and thread.name on its spans (once:
+    the start hook may have added it already, engine/probe/span_hook.py)."""
+    if getattr(provider, "_tandem_thread_of_span", False):
+        return
+    provider._tandem_thread_of_span = True
     provider.add_span_processor(ThreadOfSpan())
 
 

@@ -15,6 +15,10 @@ Layout, all on CLOCK_MONOTONIC:
   arrow from that thread's slice at the request to the stop's pause;
 - under each process memory.parquet has (docs/results.md), its memory series as counter
   tracks in bytes (engine.memory.series: RSS, its split into buckets, each runtime's figures).
+- with spans (OUT/spans.parquet of `tandem analyze --spans`, or the parts' of `tandem live
+  --otlp-receiver`): a span is a slice on a track just above its thread's (spans nest there
+  as they nest in time; one crossing another goes to a second track), a span whose thread is
+  not a Python thread of the trace on a spans track of its process.
 
 Streaming: the pauses are read whole (tens of bytes a pause); GIL intervals and overlaps are
 read batch by batch and spilled to one file per Python thread next to the output, then drawn
@@ -54,7 +58,10 @@ STATES = ("released", "waiting", "held")  # codes 0, 1, 2 in the spill files
 CODE_COLUMNS = GIL_CARRIED_COLUMNS  # the Python code of a GIL interval (docs/results.md)
 _STATE_COLOR = {"released": "grey", "waiting": "bad", "held": "good"}
 _PAUSE_ARGS = ("pause_id", "kind", "duration_ns", "cause", "gc_id", "safepoint_id", "unmatched", "os_thread_id")
-_ARG_NAMES = (*_PAUSE_ARGS, "pause_ids", "state")
+_SPAN_ARGS = ("trace_id", "span_id", "endpoint", "duration_ns", "pause_ns", "gil_wait_ns", "lost_ns", "clock_error_ns")
+_ARG_NAMES = (*_PAUSE_ARGS, "pause_ids", "state", *(a for a in _SPAN_ARGS if a not in _PAUSE_ARGS))
+# JSON tids of spans tracks: above any OS thread id (pid_max is at most 2^22), a thread's plus this per lane.
+_SPAN_TID_BASE = 1 << 23
 _ARG_IID = {name: iid for iid, name in enumerate(_ARG_NAMES, 1)}
 
 
@@ -175,6 +182,22 @@ def _read_memory(results: Path) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame({"t_ns": pd.Series([], dtype="int64"), "pid": pd.Series([], dtype="int64")})
     return pd.concat(frames, ignore_index=True)
+
+
+def _read_spans(results: Path) -> pd.DataFrame:
+    """The spans drawn (spans.parquet, docs/spans.md): none when RESULTS has none."""
+    from engine.errors import TandemError
+    from engine.store import read_table
+
+    try:
+        files = _table_files(results, "spans")
+    except TandemError:
+        return pd.DataFrame({"pid": [], "thread_id": [], "start_ns": [], "end_ns": []})
+    frames = [read_table(path) for path in files]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame({"pid": [], "thread_id": [], "start_ns": [], "end_ns": []})
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
 class _ThreadSpill:
@@ -366,6 +389,57 @@ def _pause_slices(rows: pd.DataFrame, flows: tuple[np.ndarray, np.ndarray],
     color = {title: "terrible" for title in index} if rows["kind"].iloc[0] in ("safepoint", "gc_pause") else {}
     return _Slices(np.array(starts, np.int64), np.array(ends, np.int64), np.array(depths, np.int8), np.array(names, np.int32),
                    list(index), "jvm", color, args, flows_out, flows_in)
+
+
+def _span_nesting(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, lane, depth) of spans: ORDER sorts them by start, longer first; in that order,
+    each goes to the first lane where it nests in (or follows) what is open there, at the depth it
+    nests at: a lane's slices nest properly."""
+    order = np.lexsort((-end, start))
+    lane = np.zeros(len(start), np.int64)
+    depth = np.zeros(len(start), np.int64)
+    stacks: list[list[int]] = []  # per lane: the ends of the spans open there
+    for at, (a, b) in enumerate(zip(start[order].tolist(), end[order].tolist())):
+        for k, stack in enumerate([*stacks, None]):
+            if stack is None:
+                stacks.append(stack := [])
+            while stack and stack[-1] <= a:
+                stack.pop()
+            if not stack or b <= stack[-1]:
+                lane[at], depth[at] = k, len(stack)
+                stack.append(b)
+                break
+    return order, lane, depth
+
+
+def _span_tracks(spans: pd.DataFrame, owners: dict[tuple[int, int], "_Track"], next_uuid: Callable[[], int]
+                 ) -> list[tuple[_Track, _Slices]]:
+    """A track per (thread, lane) of the spans of a Python thread in OWNERS (its track), and per
+    (process, lane) of the others, with their slices."""
+    if not len(spans):
+        return []
+    pid = spans["pid"].astype("Int64").fillna(_UNKNOWN_JVM_PID).to_numpy(np.int64)
+    tid = spans["thread_id"].astype("Int64").fillna(-1).to_numpy(np.int64)
+    on_thread = np.array([(p, t) in owners for p, t in zip(pid.tolist(), tid.tolist())], bool)
+    tid = np.where(on_thread, tid, 0)  # 0: the process's spans track
+    out = []
+    for (p, t), index in pd.DataFrame({"pid": pid, "tid": tid}).groupby(["pid", "tid"], sort=True).indices.items():
+        rows = spans.iloc[index]
+        start, end = rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64)
+        order, lane, depth = _span_nesting(start, end)
+        owner = owners.get((int(p), int(t)))
+        label = f"spans: {owner.name}" if owner is not None else "spans (no Python thread)"
+        records = rows.iloc[order].to_dict("records")
+        for k in range(int(lane.max()) + 1):
+            mine = np.flatnonzero(lane == k)
+            track = _Track(next_uuid(), int(p), _SPAN_TID_BASE * (k + 1) + int(t), label if k == 0 else f"{label} ({k + 1})",
+                           thread=False, rank=owner.rank - 1 if owner is not None else k)
+            names: dict[str, int] = {}
+            name = [names.setdefault(str(records[i]["name"]), len(names)) for i in mine.tolist()]
+            args = {n: {a: v for a in _SPAN_ARGS if (v := _plain(records[i].get(a))) is not None} for n, i in enumerate(mine.tolist())}
+            out.append((track, _Slices(start[order][mine], end[order][mine], depth[mine].astype(np.int8),
+                                       np.array(name, np.int32), list(names), "span", {}, args)))
+    return out
 
 
 @dataclass
@@ -776,7 +850,7 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
         spill.add_overlaps(files["overlaps"])
         metadata = {"results": str(results), "clock_errors": header.get("clock")}
         writer = _ProtoWriter(out, metadata) if fmt == "proto" else _JsonWriter(out, metadata)
-        _draw(writer, pauses, spill, _read_causes(results), _read_memory(results), advance=advance)
+        _draw(writer, pauses, spill, _read_causes(results), _read_memory(results), advance=advance, spans=_read_spans(results))
         writer.close()
     os.replace(tmp, output)
     return output
@@ -831,7 +905,7 @@ def _cause_flows(spill: _ThreadSpill, causes: pd.DataFrame, first_flow: int) -> 
 
 
 def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, causes: pd.DataFrame, memory: pd.DataFrame,
-          advance: Callable[[int], None]) -> None:
+          advance: Callable[[int], None], spans: pd.DataFrame) -> None:
     from engine.memory.series import process_series
 
     uuids = iter(range(1, 1 << 62))
@@ -860,7 +934,7 @@ def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, causes: pd.DataFram
     for key in threads:
         label = spill.names.get(key)
         thread_tracks[key] = _Track(next(uuids), key[0], key[1], f"{label} ({key[1]})" if label else f"thread {key[1]}",
-                                    thread=True, rank=key[1])
+                                    thread=True, rank=2 * key[1] + 1)  # (its spans track's rank: the one before)
     cause_flows = _cause_flows(spill, causes[causes["pause_id"].isin(placed_ids)], next_flow)
     into_pause: dict[int, list] = {}
     for key, (times, ids, pause_ids) in cause_flows.items():
@@ -868,24 +942,31 @@ def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, causes: pd.DataFram
             into_pause.setdefault(pause_id, []).append((flow, thread_tracks[key], at, pause_id))
     # Processes: a JVM embedded in Python (JPype) or Python in a JVM (Jep) shares its pid, so
     # both sides' tracks sit under one process named for both.
+    span_tracks = _span_tracks(spans, thread_tracks, lambda: next(uuids))
     jvm_pids = sorted({t.pid for t, _ in jvm})
     python_pids = sorted({pid for pid, _ in threads})
     memory_of = {pid: (comm, series) for pid, comm, series in process_series(memory)}
     process_uuid = {}
-    for pid in sorted(set(jvm_pids) | set(python_pids) | set(memory_of)):
+    span_pids = {t.pid for t, _ in span_tracks}
+    for pid in sorted(set(jvm_pids) | set(python_pids) | set(memory_of) | span_pids):
         process_uuid[pid] = next(uuids)
         both = pid in jvm_pids and pid in python_pids
         if pid in jvm_pids:
             name = f"JVM + Python {pid}" if both else f"JVM {pid}" if pid != _UNKNOWN_JVM_PID else "JVM"
         elif pid in python_pids:
             name = f"Python {pid}"
-        else:  # a process only the memory sampler saw (a shell, a helper the command ran)
+        elif pid in memory_of:  # a process only the memory sampler saw (a shell, a helper the command ran)
             name = f"{memory_of[pid][0] or 'process'} {pid}"
+        else:
+            name = f"spans of process {pid}" if pid != _UNKNOWN_JVM_PID else "spans"
         writer.process(process_uuid[pid], pid, name, 0 if pid in jvm_pids else 1 if pid in python_pids else 2)
     for pid, (_, series) in memory_of.items():  # counter tracks first under their process
         for rank, (_, label, t_ns, values) in enumerate(series, _MEMORY_RANK):
             writer.counter(_Track(next(uuids), pid, 0, f"memory: {label}", thread=False, rank=rank),
                            process_uuid[pid], t_ns, values)
+    for track, slices in span_tracks:
+        writer.track(track, process_uuid[track.pid])
+        writer.slices(track, slices)
     for track, rows in jvm:
         writer.track(track, process_uuid[track.pid])
         writer.slices(track, _pause_slices(rows, flows, into_pause))

@@ -132,12 +132,15 @@ def spans_on_monotonic(spans, session: Path):
     if not pairs:
         raise TandemError(f"{session}: no wall/monotonic clock pair of the session's boot (session.json, jvm.json, "
                           "GIL events headers): the spans' wall-clock times cannot be put on CLOCK_MONOTONIC")
-    hostname = description.get("hostname")
+    return spans_on_monotonic_with(spans, SpanClock(pairs), description.get("hostname"), session)
+
+
+def spans_on_monotonic_with(spans, clock: SpanClock, hostname: str | None, session: Path):
+    """spans_on_monotonic with CLOCK (the session's pairs, and any read since on its host)."""
     hosts = set(spans["host_name"].dropna().unique()) if "host_name" in spans else set()
     if hostname and hosts - {hostname}:
         raise TandemError(f"{session}: spans of host {sorted(hosts - {hostname})[0]}, the session was recorded on "
                           f"{hostname}: no clock pair for that host")
-    clock = SpanClock(pairs)
     spans = spans.copy()
     start, start_error = clock.to_monotonic(spans["start_wall_ns"].to_numpy(np.int64))
     end, end_error = clock.to_monotonic(spans["end_wall_ns"].to_numpy(np.int64))

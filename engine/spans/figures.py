@@ -151,6 +151,22 @@ def _by_thread(key: np.ndarray) -> np.ndarray:
     return np.argsort(rank[codes], kind="stable")
 
 
+def pids_from_threads(spans: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
+    """SPANS with `pid` filled where the span has none (a resource without process.pid, as the
+    SDK's default) but a thread_id that the GIL rows know in exactly one process: an OS thread
+    id names one thread of the host while it lives."""
+    pid = spans["pid"].astype("Int64")
+    missing = pid.isna().to_numpy() & spans["thread_id"].notna().to_numpy()
+    if not missing.any() or not len(gil):
+        return spans
+    threads = pd.DataFrame({"pid": gil["pid"].to_numpy(np.int64), "tid": gil["tid"].to_numpy(np.int64)}).drop_duplicates()
+    unique = threads[~threads["tid"].duplicated(keep=False)].set_index("tid")["pid"]
+    found = spans["thread_id"].astype("Int64").map(unique).astype("Int64")
+    spans = spans.copy()
+    spans["pid"] = pid.where(~missing, found)
+    return spans
+
+
 class SpanFigures:
     """Prepared once from the pauses (few); called on blocks of spans with their GIL rows."""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engine.spans.figures import SpanFigures
+from engine.spans.figures import SpanFigures, pids_from_threads
 
 SPANS_FILE, REQUESTS_FILE = "spans.parquet", "requests.parquet"
 SPAN_RESULT_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "endpoint", "service_name", "pid",
@@ -26,12 +26,18 @@ def span_results(spans: pd.DataFrame, pauses: pd.DataFrame, impact: pd.DataFrame
                  gil: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(spans.parquet's table, requests.parquet's table) for SPANS on CLOCK_MONOTONIC."""
     figures = SpanFigures(pauses, impact)
-    table = spans.reset_index(drop=True)
+    table = figured_spans(spans, figures, gil)
+    return table, requests_table(table, figures.stop_overlaps(table))
+
+
+def figured_spans(spans: pd.DataFrame, figures: SpanFigures, gil: pd.DataFrame) -> pd.DataFrame:
+    """spans.parquet's rows for SPANS on CLOCK_MONOTONIC: their columns, FIGURES' and lost_share."""
+    table = pids_from_threads(spans.reset_index(drop=True), gil)
     table["duration_ns"] = table["end_ns"] - table["start_ns"]
     table = pd.concat([table[list(SPAN_RESULT_COLUMNS)], figures(table, gil)], axis=1)
     duration = table["duration_ns"].to_numpy(np.int64)
     table["lost_share"] = np.where(duration > 0, table["lost_ns"].to_numpy(np.float64) / np.maximum(duration, 1), 0.0)
-    return table, requests_table(table, figures.stop_overlaps(table))
+    return table
 
 
 def _p99(values) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -33,11 +34,17 @@ MAX_BODY = 64 << 20
 
 
 def exporter_environment(receiver: "OtlpHttpReceiver", env: dict) -> dict:
-    """The environment variables that point an OpenTelemetry SDK's OTLP trace exporter at RECEIVER
-    (those the user set in ENV stay)."""
-    wanted = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
-              "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
-    return {key: value for key, value in wanted.items() if key not in env}
+    """The environment variables that point an OpenTelemetry SDK's OTLP trace exporter at RECEIVER,
+    and TANDEM_SPANS (the start hook puts thread.id on the spans, engine/probe/span_hook.py).
+    A user who set where traces go (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or OTEL_EXPORTER_OTLP_ENDPOINT
+    for every signal) keeps it: then tandem receives nothing. Only the traces' variables: the
+    SDK's metrics and logs exporters are not pointed at a receiver that takes traces only."""
+    from engine.probe.span_hook import ENVIRONMENT
+
+    if "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in env or "OTEL_EXPORTER_OTLP_ENDPOINT" in env:
+        return {ENVIRONMENT: "1"}
+    return {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            ENVIRONMENT: "1"}
 
 
 class OtlpHttpReceiver:
@@ -46,6 +53,7 @@ class OtlpHttpReceiver:
     def __init__(self, port: int, on_spans, *, host: str = "127.0.0.1", copy_to: str | Path | None = None):
         self.on_spans = on_spans
         self.requests = self.spans = self.refused = 0
+        self.cpu_s = 0.0  # CPU of the request handlers from the body read to the reply (decoding, the copy, on_spans)
         self._lock = threading.Lock()
         if copy_to is not None and not str(copy_to).endswith(BINPB_SUFFIX):
             raise TandemError(f"{copy_to}: the receiver keeps protobuf requests: name the file *{BINPB_SUFFIX}")
@@ -89,6 +97,15 @@ class OtlpHttpReceiver:
         self.close()
 
     def _handle(self, http: BaseHTTPRequestHandler) -> None:
+        began = time.thread_time()
+        try:
+            self._answer(http)
+        finally:
+            spent = time.thread_time() - began
+            with self._lock:
+                self.cpu_s += spent
+
+    def _answer(self, http: BaseHTTPRequestHandler) -> None:
         from google.protobuf.json_format import ParseError
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 

@@ -289,6 +289,34 @@ def read_binpb_file(path: str | Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else _frame({column: [] for column in SPAN_COLUMNS})
 
 
+class BinpbTail:
+    """A file of OTLP protobuf requests (BINPB_SUFFIX) being written by a receiver (`tandem
+    record`'s): each poll returns the spans of the requests completed since the last, or None."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.offset = 0
+
+    def poll(self) -> pd.DataFrame | None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return None  # (not there yet)
+        frames, at = [], 0
+        while at + 4 <= len(data):
+            size = int.from_bytes(data[at:at + 4], "big")
+            if at + 4 + size > len(data):
+                break  # a request still being written
+            frames.append(spans_of_message(ExportTraceServiceRequest.FromString(data[at + 4:at + 4 + size])))
+            at += 4 + size
+        self.offset += at
+        return pd.concat(frames, ignore_index=True) if frames else None
+
+
 def read_spans(paths) -> pd.DataFrame:
     """Every span of the OTLP JSON files PATHS (and .binpb files of protobuf requests), sorted by start (then span id); a span
     exported twice (same trace and span id) is kept once."""
