@@ -324,23 +324,63 @@ def test_attach_to_a_jvm_with_bounds_gives_jfr_its_maxsize_and_maxage(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_jvm_side_keeps_within_max_age_too(tmp_path):
-    """The demo service (an embedded JVM) for 40 s under --max-age 15s: the JVM's recording, as
-    the JDK's own `jfr summary` reads it, spans no more than 15 s (the agent starts a new chunk
-    every 5 s and gives JFR a maxage two chunks shorter), and the agent kept no link to a chunk
-    JFR let go."""
+def test_the_jvm_side_is_packed_within_max_age_and_reads_as_the_raw_chunks(tmp_path):
+    """The demo service (an embedded JVM) for 40 s under --max-age 15s: the keeper packs each
+    finished JFR chunk (jvm-*/packed/) and the JVM's history kept, as the JDK's own `jfr summary`
+    reads it (packed chunks decompressed, then recording.jfr, end to end), spans no more than
+    15 s; every pause read from the session equals the pauses of the same chunks as JFR wrote
+    them (the witness: hard links to every repository chunk, made by this test as JFR creates
+    them); and the agent keeps no link to a packed chunk."""
     import re
+    import threading
+
+    import zstandard
 
     from conftest import default_java_home
+    from engine.ingest.jfr import read_pauses
+    from engine.session import jvm_recordings
 
-    session = tmp_path / "s"
-    run = subprocess.run([sys.executable, "-m", "engine", "record", "--max-age", "15s", "-o", str(session), "--",
-                          sys.executable, "-m", "engine.demo.workload", "--seconds", "40"],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    (recording,) = session.glob("jvm-*/recording.jfr")
-    summary = subprocess.run([str(default_java_home() / "bin" / "jfr"), "summary", str(recording)],
+    session, witness = tmp_path / "s", tmp_path / "witness"
+    witness.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "record", "--max-age", "15s", "-o", str(session), "--",
+                             sys.executable, "-m", "engine.demo.workload", "--seconds", "40"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def link_chunks() -> None:
+        while proc.poll() is None:
+            for chunk in session.glob("jvm-*/repository/*/*.jfr"):
+                try:
+                    os.link(chunk, witness / chunk.name)
+                except (FileExistsError, FileNotFoundError):
+                    pass
+            time.sleep(0.1)
+
+    linker = threading.Thread(target=link_chunks)
+    linker.start()
+    _out, err = proc.communicate(timeout=600)
+    linker.join()
+    assert proc.returncode == 0, err
+    (jvm_dir,) = session.glob("jvm-*")
+    packed = sorted((jvm_dir / "packed").glob("*.jfr.zst"))
+    kept = read_json(session / "session.json")["flight_recorder"]
+    assert packed and kept["jfr_packed_chunks"] >= len(packed) and kept["jfr_deleted_chunks"] > 0, kept
+    assert kept["jfr_packed_bytes"] * 2 < kept["jfr_raw_bytes_packed"], kept
+    assert not list(jvm_dir.glob(".chunks/*.jfr"))
+    files, closed = jvm_recordings(jvm_dir)
+    assert closed and files[-1].name == "recording.jfr" and len(files) >= 2
+    history = tmp_path / "history.jfr"
+    with open(history, "wb") as out:
+        for file in files:
+            data = file.read_bytes()
+            out.write(zstandard.ZstdDecompressor().stream_reader(data).read() if file.suffix == ".zst" else data)
+    summary = subprocess.run([str(default_java_home() / "bin" / "jfr"), "summary", str(history)],
                              capture_output=True, text=True, check=True).stdout
     duration_s = int(re.search(r"Duration: (\d+) s", summary).group(1))
     assert 5 <= duration_s <= 15, summary
-    assert read_json(recording.parent / "jvm.json")["max_age_s"] == 15
+    # the witness's chunks from the oldest kept one on, as JFR wrote them
+    oldest = files[0].name.removesuffix(".zst")
+    raw = sorted(p for p in witness.glob("*.jfr") if p.name >= oldest)
+    ours = read_pauses(files).drop(columns=["source"]).reset_index(drop=True)
+    theirs = read_pauses(raw).drop(columns=["source"]).reset_index(drop=True)
+    assert len(ours) > 0
+    pd.testing.assert_frame_equal(ours, theirs)

@@ -39,7 +39,8 @@ def record(
     jar = jvm.agent_jar()
     directory = Path(output).expanduser().absolute()
     options = launch.agent_options(directory, settings.absolute() if settings else None, event, live=live,
-                                 secret_events=secret_events, max_bytes=bounds.jfr_max_bytes(), max_age_s=bounds.max_age_s)
+                                 secret_events=secret_events, max_bytes=bounds.jfr_max_bytes(), max_age_s=bounds.max_age_s,
+                                 keeper=bool(bounds))
     env = launch.recording_environment(directory, jar, options, bounds.probe_environment(), native_memory=native_memory)
     sessions.create_session(directory, {
         "kind": "record",

@@ -5,6 +5,8 @@
   jdk.jfr and the chunk scan read that, and every message, warning and `source` value names
   the user's file again (`named`). A gzip stream cut short keeps what it held, and the
   usual salvage rules of a truncated recording apply to it.
+- Zstandard-compressed chunks (the flight recorder's `jvm-<pid>/packed/<chunk>.jfr.zst`,
+  docs/session.md, or any `.jfr` compressed with `zstd`) are decompressed the same way.
 - an empty file is called empty (not "not a JFR recording").
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from engine.errors import TandemError, TandemWarning
 
 GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _BLOCK = 1 << 20
 
 
@@ -28,6 +31,58 @@ def is_gzip(path: Path) -> bool:
             return f.read(2) == GZIP_MAGIC
     except OSError:
         return False  # the chunk scan says what is wrong with it
+
+
+def is_zstd(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == ZSTD_MAGIC
+    except OSError:
+        return False
+
+
+def _zstandard(path: Path):
+    try:
+        import zstandard
+    except ImportError:
+        raise TandemError(f"{path}: reading Zstandard-compressed JFR needs the zstandard package (pip install zstandard)") from None
+    return zstandard
+
+
+def _unzstd(path: Path, dest: Path) -> None:
+    """Decompress PATH (Zstandard frames) into DEST a block at a time; damaged or cut data is
+    one line naming the file (a packed chunk is whole or it is not: the keeper renames it in)."""
+    zstandard = _zstandard(path)
+    written = 0
+    try:
+        with open(path, "rb") as source, open(dest, "wb") as out:
+            reader = zstandard.ZstdDecompressor().stream_reader(source, read_across_frames=True)
+            while block := reader.read(_BLOCK):
+                out.write(block)
+                written += len(block)
+    except zstandard.ZstdError as err:
+        raise TandemError(f"{path}: Zstandard-compressed, but damaged ({err}) after {written} decompressed bytes") from None
+    if written == 0:
+        raise TandemError(f"{path}: empty file (Zstandard of 0 bytes): no recording in it")
+
+
+def packed_chunk_span(path: Path) -> tuple[int, int] | None:
+    """(start, end) on the wall clock (ns since the epoch, as the chunk header says) of a
+    Zstandard-compressed chunk, from its first decompressed bytes; None when unreadable."""
+    import struct
+
+    from engine.clock.chunks import HEADER_SIZE, MAGIC
+
+    zstandard = _zstandard(path)
+    try:
+        with open(path, "rb") as f:
+            header = zstandard.ZstdDecompressor().stream_reader(f).read(HEADER_SIZE)
+    except (OSError, zstandard.ZstdError):  # gone or damaged: the reader says so
+        return None
+    if len(header) < HEADER_SIZE or header[:4] != MAGIC:
+        return None
+    start_nanos, duration_nanos = struct.unpack_from(">qq", header, 32)
+    return start_nanos, start_nanos + duration_nanos
 
 
 def _check_not_empty(path: Path) -> None:
@@ -72,22 +127,22 @@ def _gunzip(path: Path, dest: Path) -> None:
 
 @contextlib.contextmanager
 def readable_recordings(paths: list[Path]) -> Iterator[tuple[list[Path], Callable[[str], str]]]:
-    """(paths jdk.jfr can read, named): gzip files decompressed into a private temporary
-    directory kept for the block; `named(text)` puts the user's file names back in a text."""
+    """(paths jdk.jfr can read, named): gzip and Zstandard files decompressed into a private
+    temporary directory kept for the block; `named(text)` puts the user's file names back in a text."""
     for path in paths:
         _check_not_empty(path)
-    compressed = [path for path in paths if is_gzip(path)]
+    compressed = {path: _gunzip for path in paths if is_gzip(path)} | {path: _unzstd for path in paths if is_zstd(path)}
     if not compressed:
         yield paths, lambda text: text
         return
-    with tempfile.TemporaryDirectory(prefix="tandem-gunzip-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tandem-unpack-") as tmp:
         names: dict[str, str] = {}
         readable = []
         for index, path in enumerate(paths):
             if path in compressed:
-                stem = path.name[:-3] if path.name.endswith(".gz") else path.name
+                stem = path.name.removesuffix(".gz").removesuffix(".zst")
                 dest = Path(tmp) / f"{index}-{stem}"
-                _gunzip(path, dest)
+                compressed[path](path, dest)
                 names[str(dest)] = str(path)
                 path = dest
             readable.append(path)

@@ -44,6 +44,15 @@ def nmt_column(category: str) -> str:
 def read_jvm_memory(recordings: list[Path]) -> tuple[pd.DataFrame, dict]:
     """Long table (t_ns, column, value, after_gc) of one JVM's memory events, and what was
     left out and why (an unfinished chunk: a killed JVM's last seconds)."""
+    from engine.ingest.jfr_input import readable_recordings
+
+    with readable_recordings(list(recordings)) as (readable, named):  # (packed chunks decompressed)
+        table, facts = _read_jvm_memory(readable)
+        facts["skipped_recordings"] = [named(path) for path in facts["skipped_recordings"]]
+        return table, facts
+
+
+def _read_jvm_memory(recordings: list[Path]) -> tuple[pd.DataFrame, dict]:
     rows: list[tuple] = []
     sync_ticks: list[int] = []
     sync_mono: list[int] = []
