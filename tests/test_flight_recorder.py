@@ -22,7 +22,7 @@ from engine.ingest import segments
 from engine.ingest.gil import read_gil
 from engine.record.keeper import PERIOD_S, Keeper, bounds_from, disk_use, parse_duration, parse_size
 from engine.ring import read_events
-from engine.ring.layout import LANE_OFFSET_BASE_DROPPED, LANE_OFFSET_BASE_HEAD, OFFSET_SEGMENT, lane_offset
+from engine.ring.layout import GIL_RECORD_DTYPE, LANE_OFFSET_BASE_DROPPED, LANE_OFFSET_BASE_HEAD, OFFSET_SEGMENT, lane_offset
 from engine.session import gil_segments, read_json
 from test_record_helpers import run_tandem
 
@@ -112,6 +112,87 @@ def test_packed_segments_are_the_same_bytes_and_read_the_same(tmp_path):
     pd.testing.assert_frame_equal(_sorted(before), _sorted(after))
     assert after.attrs["events"] == claimed
     assert packed_bytes * 5 < raw_bytes, (raw_bytes, packed_bytes)
+
+
+def _packed(head: bytes, records: np.ndarray, version: int, payload: bytes) -> bytes:
+    """A packed segment as docs/ring.md's "Packed segments" lays it out (prefix, one zstd frame)."""
+    import zstandard
+
+    times = records["mono_ns"][records["seq"] != 0]
+    span = (int(times.min()), int(times.max())) if times.size else (0, 0)
+    prefix = (b"TNDMPACK" + version.to_bytes(4, "little") + (32).to_bytes(4, "little") + len(records).to_bytes(8, "little")
+              + (len(head) + 32 * len(records)).to_bytes(8, "little") + span[0].to_bytes(8, "little")
+              + span[1].to_bytes(8, "little"))
+    return prefix + zstandard.ZstdCompressor().compress(payload)
+
+
+def _v1_payload(head: bytes, records: np.ndarray) -> bytes:
+    """Version 1's payload, written here from its spec alone (a loop per row, no engine code):
+    the witness that sessions packed before version 2 still read."""
+    columns = (("lane", 2), ("kind", 2), ("tid", 4), ("seq", 8), ("mono_ns", 8), ("aux", 8))
+    out = bytearray(head)
+    for name, width in columns:
+        previous: dict[int, int] = {}
+        values = []
+        for lane, value in zip(records["lane"].tolist(), records[name].tolist()):
+            if name in ("tid", "seq", "mono_ns"):
+                values.append((value - previous.get(lane, 0)) % (1 << 8 * width))
+                previous[lane] = value
+            else:
+                values.append(value)
+        for byte in range(width):
+            out += bytes((v >> 8 * byte) & 0xFF for v in values)
+    return bytes(out)
+
+
+def _random_segment(rng: np.random.Generator, rows: int, lanes: int) -> tuple[bytes, np.ndarray]:
+    """A real segment's header and lane table, with RECORDS of any values at all: random lanes
+    and kinds, times that jump backwards and wrap, any tid, seq (LOST markers among them) and aux."""
+    head = bytearray(8192)
+    head[:8] = b"TNDMRING"
+    head[176:184] = (8192).to_bytes(8, "little")  # records_offset
+    records = np.zeros(rows, GIL_RECORD_DTYPE)
+    records["lane"] = rng.integers(0, lanes, rows)
+    records["kind"] = rng.choice([1, 2, 3, 4, 5, 0xFF01], rows)
+    steps = rng.integers(0, 1 << rng.integers(1, 40), rows).astype(np.uint64)
+    records["mono_ns"] = np.cumsum(steps, dtype=np.uint64) + np.uint64(rng.integers(0, 1 << 62))
+    wild = rng.random(rows) < 0.05
+    records["mono_ns"][wild] = rng.integers(0, 2**64 - 1, int(wild.sum()), dtype=np.uint64, endpoint=True)
+    records["tid"] = rng.integers(0, 2**32, rows, dtype=np.uint64)
+    records["seq"] = np.where(rng.random(rows) < 0.1, 0, rng.integers(0, 2**64 - 1, rows, dtype=np.uint64, endpoint=True))
+    records["aux"] = rng.integers(0, 2**64 - 1, rows, dtype=np.uint64, endpoint=True)
+    return bytes(head), records
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packing_any_records_gives_back_the_same_bytes(tmp_path, seed):
+    """The packed encoding is lossless for any 32-byte records, not only plausible ones: random
+    segments (every field random, times out of order and wrapping) decode byte for byte, in
+    version 2 (written) and version 1 (read; encoded here from its spec)."""
+    rng = np.random.default_rng(seed)
+    rows = [0, 1, 7, 1000, 40_000, 3][seed]
+    head, records = _random_segment(rng, rows, [1, 2, 8, 64, 16, 64][seed])
+    for version, payload in ((2, segments.encode(head, records)), (1, _v1_payload(head, records))):
+        path = tmp_path / f"v{version}.packed"
+        path.write_bytes(_packed(head, records, version, payload))
+        got_head, got = segments.unpack(path)
+        assert got_head == head and got.tobytes() == records.tobytes(), version
+
+
+def test_a_segment_packed_in_version_1_reads_as_its_raw_self(tmp_path):
+    """A real recording's segments packed in version 1 (sessions packed before version 2) read
+    as the raw segments do."""
+    events, claimed = _record(tmp_path)
+    before = read_gil(events)
+    for segment in gil_segments(events):
+        raw = segment.path.read_bytes()
+        offset = read_events(segment.path).header.records_offset
+        rows = np.frombuffer(raw, GIL_RECORD_DTYPE, offset=offset)
+        segment.path.with_name(segment.path.name + ".packed").write_bytes(_packed(raw[:offset], rows, 1, _v1_payload(raw[:offset], rows)))
+        segment.path.unlink()
+    after = read_gil(events)
+    pd.testing.assert_frame_equal(_sorted(before), _sorted(after))
+    assert after.attrs["events"] == claimed
 
 
 def test_what_rotation_took_is_said_and_the_rest_reads_as_the_full_recording(tmp_path):
