@@ -30,6 +30,9 @@ PACKED_SUFFIX = ".packed"
 # ... and packs each finished JFR chunk the agent kept a link to (.chunks/) into
 # jvm-<pid>/packed/<chunk>.zst (one Zstandard frame of the whole chunk), then removes the link.
 PACKED_CHUNKS, PACKED_CHUNK_SUFFIX = "packed", ".zst"
+# The JVM's first finished chunk, packed alone: the Zstandard dictionary (raw content) every
+# packed chunk of that JVM is compressed with (the metadata and constant pools each chunk repeats).
+PACKED_DICTIONARY = "dictionary.jfr.zst"
 _SEGMENT_NAME = re.compile(r"^(?P<base>.+)\.(?P<number>\d{6})(?P<packed>\.packed)?$")
 
 
@@ -216,7 +219,8 @@ def jvm_recordings(directory: Path) -> tuple[list[Path], bool]:
 
 def packed_chunks(directory: Path) -> list[Path]:
     """The JFR chunks the flight recorder's keeper packed for one jvm-<pid>/, oldest first."""
-    return sorted((directory / PACKED_CHUNKS).glob("*.jfr" + PACKED_CHUNK_SUFFIX), key=lambda p: p.name)
+    return sorted((p for p in (directory / PACKED_CHUNKS).glob("*.jfr" + PACKED_CHUNK_SUFFIX) if p.name != PACKED_DICTIONARY),
+                  key=lambda p: p.name)
 
 
 def _not_in(chunks: list[Path], recordings: list[Path]) -> list[Path]:

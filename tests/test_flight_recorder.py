@@ -449,11 +449,15 @@ def test_the_jvm_side_is_packed_within_max_age_and_reads_as_the_raw_chunks(tmp_p
     assert not list(jvm_dir.glob(".chunks/*.jfr"))
     files, closed = jvm_recordings(jvm_dir)
     assert closed and files[-1].name == "recording.jfr" and len(files) >= 2
+    # decompressed as docs/session.md says, with zstandard alone: the JVM's dictionary (its first
+    # chunk, packed alone) as raw content
+    first = zstandard.ZstdDecompressor().stream_reader((jvm_dir / "packed" / "dictionary.jfr.zst").read_bytes()).read()
+    dictionary = zstandard.ZstdCompressionDict(first, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
     history = tmp_path / "history.jfr"
     with open(history, "wb") as out:
         for file in files:
             data = file.read_bytes()
-            out.write(zstandard.ZstdDecompressor().stream_reader(data).read() if file.suffix == ".zst" else data)
+            out.write(zstandard.ZstdDecompressor(dict_data=dictionary).stream_reader(data).read() if file.suffix == ".zst" else data)
     summary = subprocess.run([str(default_java_home() / "bin" / "jfr"), "summary", str(history)],
                              capture_output=True, text=True, check=True).stdout
     duration_s = int(re.search(r"Duration: (\d+) s", summary).group(1))

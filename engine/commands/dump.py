@@ -141,14 +141,17 @@ def _dump_kept_chunks(source: Path, target: Path, last_s: float | None) -> None:
 
     from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET
     from engine.probe.private import private_directory
-    from engine.session import KEPT_CHUNKS, PACKED_CHUNKS, packed_chunks
+    from engine.session import KEPT_CHUNKS, PACKED_CHUNKS, PACKED_DICTIONARY, packed_chunks
 
     since = time.time() - last_s if last_s is not None else 0.0
     # links first: one packed meanwhile has left .chunks/ for packed/, listed after
     kept = [p for p in sorted((source / KEPT_CHUNKS).glob("*.jfr"))[:-1]  # (the newest: JFR's current chunk, in JFR.dump's)
             if _file_state(p, FILE_STATE_OFFSET) == FILE_STATE_FINISHED]
+    dictionary = [source / PACKED_CHUNKS / PACKED_DICTIONARY] if (source / PACKED_CHUNKS / PACKED_DICTIONARY).exists() else []
     for kind, files in ((KEPT_CHUNKS, kept), (PACKED_CHUNKS, packed_chunks(source))):
         files = [p for p in files if _mtime(p) >= since]
+        if files and kind == PACKED_CHUNKS:
+            files += dictionary  # (the packed chunks are compressed with it)
         if files:
             private_directory(target / kind)
         for path in files:

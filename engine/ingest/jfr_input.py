@@ -49,21 +49,63 @@ def _zstandard(path: Path):
     return zstandard
 
 
-def _unzstd(path: Path, dest: Path) -> None:
-    """Decompress PATH (Zstandard frames) into DEST a block at a time; damaged or cut data is
-    one line naming the file (a packed chunk is whole or it is not: the keeper renames it in)."""
+def zstd_dictionary(path: Path):
+    """The dictionary a packed chunk was compressed with: the JVM's packed/dictionary.jfr.zst
+    beside it (docs/session.md, "Flight recorder"), as raw content; None for any other file.
+    (A frame compressed without it decompresses the same with it: it only adds history.)"""
+    from engine.session import PACKED_DICTIONARY
+
+    dictionary = path.with_name(PACKED_DICTIONARY)
+    if path.name == PACKED_DICTIONARY or not dictionary.is_file():
+        return None
     zstandard = _zstandard(path)
-    written = 0
+    try:
+        stamp = dictionary.stat()
+        key = (str(dictionary), stamp.st_ino, stamp.st_mtime_ns)
+        if key not in _DICTIONARIES:
+            with open(dictionary, "rb") as f:
+                content = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read()
+            _DICTIONARIES.clear()  # (one JVM's at a time: chunks are read JVM by JVM)
+            _DICTIONARIES[key] = zstandard.ZstdCompressionDict(content, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        return _DICTIONARIES[key]
+    except (OSError, zstandard.ZstdError) as err:
+        raise TandemError(f"{dictionary}: the dictionary of the packed chunks beside it cannot be read ({err})") from None
+
+
+_DICTIONARIES: dict = {}
+
+
+def _decompressor(path: Path):
+    zstandard = _zstandard(path)
+    dictionary = zstd_dictionary(path)
+    return zstandard.ZstdDecompressor(dict_data=dictionary) if dictionary is not None else zstandard.ZstdDecompressor()
+
+
+def _unzstd(path: Path, dest: Path) -> None:
+    """Decompress PATH (Zstandard frames, one after another) into DEST a block at a time; a
+    stream cut short keeps what it held, with one warning (as gzip), damage is one line."""
+    zstandard = _zstandard(path)
+    written, in_frame = 0, False
+    decompressor = _decompressor(path).decompressobj()
     try:
         with open(path, "rb") as source, open(dest, "wb") as out:
-            reader = zstandard.ZstdDecompressor().stream_reader(source, read_across_frames=True)
-            while block := reader.read(_BLOCK):
-                out.write(block)
-                written += len(block)
+            while block := source.read(_BLOCK):
+                while block:
+                    in_frame = True
+                    data = decompressor.decompress(block)
+                    out.write(data)
+                    written += len(data)
+                    block = b""
+                    if decompressor.eof:  # a frame ended: what follows is the next one
+                        block, in_frame = decompressor.unused_data, False
+                        decompressor = _decompressor(path).decompressobj()
     except zstandard.ZstdError as err:
         raise TandemError(f"{path}: Zstandard-compressed, but damaged ({err}) after {written} decompressed bytes") from None
+    if in_frame and written:
+        warnings.warn(f"{path}: the Zstandard stream is cut short after {written} decompressed bytes: reading what it holds",
+                      TandemWarning, stacklevel=4)
     if written == 0:
-        raise TandemError(f"{path}: empty file (Zstandard of 0 bytes): no recording in it")
+        raise TandemError(f"{path}: Zstandard-compressed, but nothing could be decompressed (empty or cut short)")
 
 
 def packed_chunk_span(path: Path) -> tuple[int, int] | None:
@@ -76,8 +118,8 @@ def packed_chunk_span(path: Path) -> tuple[int, int] | None:
     zstandard = _zstandard(path)
     try:
         with open(path, "rb") as f:
-            header = zstandard.ZstdDecompressor().stream_reader(f).read(HEADER_SIZE)
-    except (OSError, zstandard.ZstdError):  # gone or damaged: the reader says so
+            header = _decompressor(path).stream_reader(f).read(HEADER_SIZE)
+    except (OSError, zstandard.ZstdError, TandemError):  # gone or damaged: the reader says so
         return None
     if len(header) < HEADER_SIZE or header[:4] != MAGIC:
         return None

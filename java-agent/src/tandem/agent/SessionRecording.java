@@ -102,8 +102,8 @@ final class SessionRecording {
         if (options.keeper && options.bounded()) {
             // The keeper packs each finished chunk from our links in .chunks/ and bounds that
             // history itself: JFR's repository need hold only its last chunks (JFR.dump's part
-            // of a snapshot, and recording.jfr at exit).
-            recording.setMaxAge(Duration.ofMillis(Math.min(2 * rotationPeriodMillis(), withinMaxAge)));
+            // of a snapshot).
+            recording.setMaxAge(Duration.ofMillis(Math.min(rotationPeriodMillis(), withinMaxAge)));
         } else if (options.maxAgeSeconds > 0) {
             recording.setMaxAge(Duration.ofMillis(withinMaxAge));
         }
