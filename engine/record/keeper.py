@@ -8,7 +8,7 @@ the service's CPU stays its own: each closed segment is packed (engine/ingest/se
 docs/ring.md "Packed segments"), and the oldest packed segments are deleted, whole, while the
 session is over --max-size (its whole disk use: rings, code tables, JFR's chunks included) or
 hold events older than --max-age. Each finished JFR chunk is packed too (jvm-<pid>/packed/,
-docs/session.md "Flight recorder"), and its packed copy goes when JFR rotates the chunk out.
+docs/session.md "Flight recorder"), and the packed chunks are kept within the same bounds.
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET
 from engine.errors import TandemError
 from engine.ingest.segments import pack, packed_span
 from engine.ring.layout import OFFSET_STATE, STATE_CLOSED
-from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET
 from engine.session import (GIL_EVENTS, JVM_DIRS, KEPT_CHUNKS, PACKED_CHUNK_SUFFIX, PACKED_CHUNKS, PACKED_DICTIONARY,
                             PACKED_SUFFIX, PYTHON_DIRS, gil_segments, packed_chunks)
 
@@ -127,6 +127,8 @@ class Keeper:
         self.packed_bytes = 0
         self.jfr_packed = self.jfr_deleted = self.jfr_raw_bytes = self.jfr_packed_bytes = 0
         self.cpu_s = 0.0  # the keeper's own CPU time (packing, listing, deleting)
+        self._spans: dict[Path, tuple[int, int]] = {}  # packed segment -> its (first, last) event time
+        self._chunk_starts: dict[Path, int | None] = {}  # the oldest packed chunk -> its start
         self.failed: str | None = None
         self.over_by_fixed = False
         self._stop = threading.Event()
@@ -171,7 +173,7 @@ class Keeper:
         """Pack the JVM's finished chunks, read through the agent's links in .chunks/ (JFR's own
         repository files are never touched: JFR, and any other recording of the JVM, owns them),
         then remove the link; the chunk's disk space goes when JFR rotates it out of its
-        repository (the agent gives JFR a maxage of two chunks under a keeper)."""
+        repository (under a keeper the agent gives JFR a maxage of one chunk period)."""
         links = sorted((directory / KEPT_CHUNKS).glob("*.jfr"), key=lambda p: p.name)
         for link in links[:-1]:  # (the newest: JFR's current chunk)
             try:
@@ -206,7 +208,7 @@ class Keeper:
         packed = packed_chunks(directory)
         if self.bounds.max_age_s is not None:
             oldest_kept_ns = time.time_ns() - int((self.bounds.max_age_s - 2 * PERIOD_S) * 1e9)
-            while packed and (_chunk_start_ns(packed[0]) or oldest_kept_ns) < oldest_kept_ns:
+            while packed and (self._chunk_start_ns(packed[0]) or oldest_kept_ns) < oldest_kept_ns:
                 self._delete(packed.pop(0), jfr=True)
         share = self.bounds.jfr_max_bytes()
         if share is not None:
@@ -214,6 +216,15 @@ class Keeper:
             while packed and sum(sizes) > share:
                 sizes.pop(0)
                 self._delete(packed.pop(0), jfr=True)
+
+    def _chunk_start_ns(self, packed: Path) -> int | None:
+        """Wall-clock start (ns) of a packed chunk, from its header (read once); None when unreadable."""
+        from engine.ingest.jfr_input import packed_chunk_span
+
+        if packed not in self._chunk_starts:
+            span = packed_chunk_span(packed)
+            self._chunk_starts = {packed: span[0] if span else None}  # (only the oldest is asked, until it goes)
+        return self._chunk_starts[packed]
 
     def _pack_closed(self, events_path: Path) -> None:
         segments = gil_segments(events_path)
@@ -268,14 +279,16 @@ class Keeper:
     def _enforce(self) -> None:
         """Delete the oldest packed segments (of any process) while over a bound."""
         packed = []
+        spans = {}
         for directory in self.session.glob(PYTHON_DIRS):
             for segment in gil_segments(directory / GIL_EVENTS):
                 if segment.packed:
-                    try:
-                        first_ns, last_ns = packed_span(segment.path)
-                        packed.append((first_ns, last_ns, segment.path))
+                    try:  # (a packed segment never changes: its span is read once)
+                        spans[segment.path] = self._spans.get(segment.path) or packed_span(segment.path)
                     except (OSError, TandemError):
                         continue
+                    packed.append((*spans[segment.path], segment.path))
+        self._spans = spans
         packed.sort()
         if self.bounds.max_age_s is not None:
             # (a round late at worst: what turns too old before the next round goes now)
@@ -327,14 +340,6 @@ def _dictionary(packed: Path):
     from engine.ingest.jfr_input import zstd_dictionary
 
     return zstd_dictionary(packed)
-
-
-def _chunk_start_ns(packed: Path) -> int | None:
-    """Wall-clock start (ns) of a packed chunk, from its header; None when unreadable."""
-    from engine.ingest.jfr_input import packed_chunk_span
-
-    span = packed_chunk_span(packed)
-    return span[0] if span else None
 
 
 def _closed(header_page: bytes) -> bool:
