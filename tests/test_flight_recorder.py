@@ -411,7 +411,8 @@ def test_the_jvm_side_is_packed_within_max_age_and_reads_as_the_raw_chunks(tmp_p
     reads it (packed chunks decompressed, then recording.jfr, end to end), spans no more than
     15 s; every pause read from the session equals the pauses of the same chunks as JFR wrote
     them (the witness: hard links to every repository chunk, made by this test as JFR creates
-    them); and the agent keeps no link to a packed chunk."""
+    them); the agent keeps no link to a packed chunk; and a `tandem dump` taken mid-run holds
+    every chunk from its oldest to the one JFR.dump finished, reading as the witness's do."""
     import re
     import threading
 
@@ -438,9 +439,15 @@ def test_the_jvm_side_is_packed_within_max_age_and_reads_as_the_raw_chunks(tmp_p
 
     linker = threading.Thread(target=link_chunks)
     linker.start()
+    deadline = time.monotonic() + 120
+    while len(list(session.glob("jvm-*/packed/2*.jfr.zst"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.25)
+    assert proc.poll() is None  # (the dump is of a running JVM)
+    dumped = run_tandem("dump", str(session), "-o", str(tmp_path / "snap"), env=dict(os.environ))
     _out, err = proc.communicate(timeout=600)
     linker.join()
     assert proc.returncode == 0, err
+    assert dumped.returncode == 0, dumped.stderr
     (jvm_dir,) = session.glob("jvm-*")
     packed = sorted((jvm_dir / "packed").glob("*.jfr.zst"))
     kept = read_json(session / "session.json")["flight_recorder"]
@@ -462,10 +469,34 @@ def test_the_jvm_side_is_packed_within_max_age_and_reads_as_the_raw_chunks(tmp_p
                              capture_output=True, text=True, check=True).stdout
     duration_s = int(re.search(r"Duration: (\d+) s", summary).group(1))
     assert 5 <= duration_s <= 15, summary
-    # the witness's chunks from the oldest kept one on, as JFR wrote them
+    # the witness: the chunks JFR wrote from the oldest kept one on, end to end, as a full
+    # recording holds them (a safepoint split across two chunks then reads whole)
+    def full_recording(chunks: list[Path], name: str) -> Path:
+        target = tmp_path / name
+        target.write_bytes(b"".join(chunk.read_bytes() for chunk in chunks))
+        return target
+
     oldest = files[0].name.removesuffix(".zst")
-    raw = sorted(p for p in witness.glob("*.jfr") if p.name >= oldest)
+    raw = full_recording(sorted(p for p in witness.glob("*.jfr") if p.name >= oldest), "kept-window.jfr")
     ours = read_pauses(files).drop(columns=["source"]).reset_index(drop=True)
     theirs = read_pauses(raw).drop(columns=["source"]).reset_index(drop=True)
     assert len(ours) > 0
+    pd.testing.assert_frame_equal(ours, theirs)
+    # the snapshot: packed chunks (and the dictionary), finished links, JFR.dump's recording
+    from engine.clock.chunks import scan_chunks
+    from engine.ingest.jfr_input import packed_chunk_span
+
+    def starts(path: Path) -> list[int]:
+        return [packed_chunk_span(path)[0]] if path.suffix == ".zst" else [c.start_nanos for c in scan_chunks(path).chunks]
+
+    (snap_jvm,) = (tmp_path / "snap").glob("jvm-*")
+    snap_files, _closed = jvm_recordings(snap_jvm)
+    snap_starts = sorted(start for file in snap_files for start in starts(file))
+    assert len(snap_starts) >= 3 and len(set(snap_starts)) == len(snap_starts)  # (each chunk once)
+    witness_chunks = {starts(p)[0]: p for p in witness.glob("*.jfr")}
+    expected = sorted(start for start in witness_chunks if snap_starts[0] <= start <= snap_starts[-1])
+    assert snap_starts == expected
+    ours = read_pauses(snap_files).drop(columns=["source"]).reset_index(drop=True)
+    theirs = read_pauses(full_recording([witness_chunks[start] for start in expected], "snapshot-window.jfr"))
+    theirs = theirs.drop(columns=["source"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(ours, theirs)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import tempfile
 import warnings
 import zlib
@@ -170,7 +171,13 @@ def _gunzip(path: Path, dest: Path) -> None:
 @contextlib.contextmanager
 def readable_recordings(paths: list[Path]) -> Iterator[tuple[list[Path], Callable[[str], str]]]:
     """(paths jdk.jfr can read, named): gzip and Zstandard files decompressed into a private
-    temporary directory kept for the block; `named(text)` puts the user's file names back in a text."""
+    temporary directory kept for the block; `named(text)` puts the user's file names back in a text.
+
+    A flight recorder's packed chunks and the rest of the same JVM's recording that follows
+    them in PATHS (docs/session.md, "Flight recorder") are laid end to end into one file, as
+    the JVM's recording.jfr would hold them: a safepoint that JFR's chunk rotation split across
+    two chunks (its begin in one, its end in the next) is then read whole, as from a full
+    recording; the file is named `<jvm dir>/packed/*.jfr.zst + <the rest>`."""
     for path in paths:
         _check_not_empty(path)
     compressed = {path: _gunzip for path in paths if is_gzip(path)} | {path: _unzstd for path in paths if is_zstd(path)}
@@ -188,13 +195,47 @@ def readable_recordings(paths: list[Path]) -> Iterator[tuple[list[Path], Callabl
                 names[str(dest)] = str(path)
                 path = dest
             readable.append(path)
+        readable = _one_file_per_flight_recorder(paths, readable, Path(tmp), names)
 
         def named(text: str) -> str:
-            for temporary, original in names.items():
+            for temporary, original in sorted(names.items(), key=lambda item: -len(item[0])):
                 text = text.replace(temporary, original)
             return text
 
         yield readable, named
+
+
+def _one_file_per_flight_recorder(paths: list[Path], readable: list[Path], tmp: Path, names: dict[str, str]) -> list[Path]:
+    """READABLE with each run of one JVM's files that starts with its packed chunks laid end to end
+    into one file (NAMES gets its name)."""
+    from engine.session import PACKED_CHUNKS
+
+    def jvm_of(path: Path) -> Path | None:
+        for parent in path.parents:
+            if parent.name.startswith("jvm-"):
+                return parent
+        return None
+
+    out: list[Path] = []
+    at = 0
+    while at < len(paths):
+        jvm = jvm_of(paths[at]) if paths[at].parent.name == PACKED_CHUNKS else None
+        end = at + 1
+        while jvm is not None and end < len(paths) and jvm_of(paths[end]) == jvm:
+            end += 1
+        if end - at == 1:
+            out.append(readable[at])
+        else:
+            joined = tmp / f"{at}-joined.jfr"
+            with open(joined, "wb") as target:
+                for part in readable[at:end]:
+                    with open(part, "rb") as source:
+                        shutil.copyfileobj(source, target, _BLOCK)
+            rest = [p.name for p in paths[at:end] if p.parent.name != PACKED_CHUNKS]
+            names[str(joined)] = f"{jvm / PACKED_CHUNKS}/*.jfr.zst" + (f" + {' + '.join(rest)}" if rest else "")
+            out.append(joined)
+        at = end
+    return out
 
 
 def named_everywhere(value, named: Callable[[str], str]):
