@@ -27,6 +27,12 @@ PROCESS_MEMORY_DIR, PYTHON_MEMORY = "memory", "memory.jsonl"
 # The flight recorder's GIL segments (docs/ring.md, "Segments"): gil.events.000000, ...; the
 # keeper packs a closed one into gil.events.000000.packed (engine/ingest/segments.py reads both).
 PACKED_SUFFIX = ".packed"
+# ... and packs each finished JFR chunk the agent kept a link to (.chunks/) into
+# jvm-<pid>/packed/<chunk>.zst (one Zstandard frame of the whole chunk), then removes the link.
+PACKED_CHUNKS, PACKED_CHUNK_SUFFIX = "packed", ".zst"
+# The JVM's first finished chunk, packed alone: the Zstandard dictionary (raw content) every
+# packed chunk of that JVM is compressed with (the metadata and constant pools each chunk repeats).
+PACKED_DICTIONARY = "dictionary.jfr.zst"
 _SEGMENT_NAME = re.compile(r"^(?P<base>.+)\.(?P<number>\d{6})(?P<packed>\.packed)?$")
 
 
@@ -193,15 +199,48 @@ def read_json(path: Path, strict: bool = False) -> dict:
 def jvm_recordings(directory: Path) -> tuple[list[Path], bool]:
     """The JFR files of one jvm-<pid>/ directory, and whether the JVM closed its recording.
 
-    Closed: recording.jfr. Killed before closing: the chunks left in its disk repository,
-    in the order JFR wrote them (their names are timestamps); or, when the agent stopped
-    recording on a nearly full disk and JFR then cleared its repository, the chunks the
-    agent kept (.chunks/, docs/session.md)."""
+    Closed: recording.jfr. Killed before closing: the chunks left in its disk repository and
+    those the agent kept links to (.chunks/, docs/session.md), in the order JFR wrote them
+    (their names are timestamps). Under a flight recorder the chunks packed by the
+    keeper come first, then recording.jfr or the kept and repository chunks not packed yet (a
+    chunk found both packed and raw, packed as the JVM exited, is read once)."""
+    packed = packed_chunks(directory)
+    kept = sorted((directory / KEPT_CHUNKS).glob("*.jfr"), key=lambda p: p.name)
     recording = directory / RECORDING
-    if recording.is_file() and recording.stat().st_size > 0:
-        return [recording], True
-    chunks = sorted((directory / REPOSITORY).rglob("*.jfr"), key=lambda p: p.name)
-    return chunks or sorted((directory / KEPT_CHUNKS).glob("*.jfr"), key=lambda p: p.name), False
+    if recording.is_file() and recording.stat().st_size > 0:  # (links left beside it: a snapshot's, or an exit cut short)
+        return _not_in(packed + kept, [recording]) + [recording], True
+    # the repository's chunks and the agent's links, the same chunk once (a link shares its file):
+    # the links reach further back under a keeper (JFR keeps two chunks) or after JFR cleared its
+    # repository on a full disk
+    named = {p.name: p for p in kept} | {p.name: p for p in (directory / REPOSITORY).rglob("*.jfr")}
+    chunks = [named[name] for name in sorted(named)]
+    return _not_in(packed, chunks) + chunks, False
+
+
+def packed_chunks(directory: Path) -> list[Path]:
+    """The JFR chunks the flight recorder's keeper packed for one jvm-<pid>/, oldest first."""
+    return sorted((p for p in (directory / PACKED_CHUNKS).glob("*.jfr" + PACKED_CHUNK_SUFFIX) if p.name != PACKED_DICTIONARY),
+                  key=lambda p: p.name)
+
+
+def _not_in(chunks: list[Path], recordings: list[Path]) -> list[Path]:
+    """CHUNKS (single chunks, packed or raw) without those RECORDINGS hold too (same chunk start:
+    packed while the JVM wrote its recording at exit, or a snapshot's JFR.dump holds it)."""
+    if not chunks:
+        return []
+    from engine.clock.chunks import scan_chunks
+    from engine.ingest.jfr_input import is_zstd, packed_chunk_span
+
+    def starts(path: Path) -> list[int]:
+        if is_zstd(path):
+            return [span[0]] if (span := packed_chunk_span(path)) else []
+        try:
+            return [chunk.start_nanos for chunk in scan_chunks(path).chunks]
+        except TandemError:  # the reader says what is wrong with it
+            return []
+
+    known = {start for recording in recordings for start in starts(recording)}
+    return [p for p in chunks if not set(starts(p)) & known]
 
 
 def jvm_directory_of(chunk: Path) -> Path | None:

@@ -22,7 +22,7 @@ from engine.ingest import segments
 from engine.ingest.gil import read_gil
 from engine.record.keeper import PERIOD_S, Keeper, bounds_from, disk_use, parse_duration, parse_size
 from engine.ring import read_events
-from engine.ring.layout import LANE_OFFSET_BASE_DROPPED, LANE_OFFSET_BASE_HEAD, OFFSET_SEGMENT, lane_offset
+from engine.ring.layout import GIL_RECORD_DTYPE, LANE_OFFSET_BASE_DROPPED, LANE_OFFSET_BASE_HEAD, OFFSET_SEGMENT, lane_offset
 from engine.session import gil_segments, read_json
 from test_record_helpers import run_tandem
 
@@ -112,6 +112,87 @@ def test_packed_segments_are_the_same_bytes_and_read_the_same(tmp_path):
     pd.testing.assert_frame_equal(_sorted(before), _sorted(after))
     assert after.attrs["events"] == claimed
     assert packed_bytes * 5 < raw_bytes, (raw_bytes, packed_bytes)
+
+
+def _packed(head: bytes, records: np.ndarray, version: int, payload: bytes) -> bytes:
+    """A packed segment as docs/ring.md's "Packed segments" lays it out (prefix, one zstd frame)."""
+    import zstandard
+
+    times = records["mono_ns"][records["seq"] != 0]
+    span = (int(times.min()), int(times.max())) if times.size else (0, 0)
+    prefix = (b"TNDMPACK" + version.to_bytes(4, "little") + (32).to_bytes(4, "little") + len(records).to_bytes(8, "little")
+              + (len(head) + 32 * len(records)).to_bytes(8, "little") + span[0].to_bytes(8, "little")
+              + span[1].to_bytes(8, "little"))
+    return prefix + zstandard.ZstdCompressor().compress(payload)
+
+
+def _v1_payload(head: bytes, records: np.ndarray) -> bytes:
+    """Version 1's payload, written here from its spec alone (a loop per row, no engine code):
+    the witness that sessions packed before version 2 still read."""
+    columns = (("lane", 2), ("kind", 2), ("tid", 4), ("seq", 8), ("mono_ns", 8), ("aux", 8))
+    out = bytearray(head)
+    for name, width in columns:
+        previous: dict[int, int] = {}
+        values = []
+        for lane, value in zip(records["lane"].tolist(), records[name].tolist()):
+            if name in ("tid", "seq", "mono_ns"):
+                values.append((value - previous.get(lane, 0)) % (1 << 8 * width))
+                previous[lane] = value
+            else:
+                values.append(value)
+        for byte in range(width):
+            out += bytes((v >> 8 * byte) & 0xFF for v in values)
+    return bytes(out)
+
+
+def _random_segment(rng: np.random.Generator, rows: int, lanes: int) -> tuple[bytes, np.ndarray]:
+    """A real segment's header and lane table, with RECORDS of any values at all: random lanes
+    and kinds, times that jump backwards and wrap, any tid, seq (LOST markers among them) and aux."""
+    head = bytearray(8192)
+    head[:8] = b"TNDMRING"
+    head[176:184] = (8192).to_bytes(8, "little")  # records_offset
+    records = np.zeros(rows, GIL_RECORD_DTYPE)
+    records["lane"] = rng.integers(0, lanes, rows)
+    records["kind"] = rng.choice([1, 2, 3, 4, 5, 0xFF01], rows)
+    steps = rng.integers(0, 1 << rng.integers(1, 40), rows).astype(np.uint64)
+    records["mono_ns"] = np.cumsum(steps, dtype=np.uint64) + np.uint64(rng.integers(0, 1 << 62))
+    wild = rng.random(rows) < 0.05
+    records["mono_ns"][wild] = rng.integers(0, 2**64 - 1, int(wild.sum()), dtype=np.uint64, endpoint=True)
+    records["tid"] = rng.integers(0, 2**32, rows, dtype=np.uint64)
+    records["seq"] = np.where(rng.random(rows) < 0.1, 0, rng.integers(0, 2**64 - 1, rows, dtype=np.uint64, endpoint=True))
+    records["aux"] = rng.integers(0, 2**64 - 1, rows, dtype=np.uint64, endpoint=True)
+    return bytes(head), records
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packing_any_records_gives_back_the_same_bytes(tmp_path, seed):
+    """The packed encoding is lossless for any 32-byte records, not only plausible ones: random
+    segments (every field random, times out of order and wrapping) decode byte for byte, in
+    version 2 (written) and version 1 (read; encoded here from its spec)."""
+    rng = np.random.default_rng(seed)
+    rows = [0, 1, 7, 1000, 40_000, 3][seed]
+    head, records = _random_segment(rng, rows, [1, 2, 8, 64, 16, 64][seed])
+    for version, payload in ((2, segments.encode(head, records)), (1, _v1_payload(head, records))):
+        path = tmp_path / f"v{version}.packed"
+        path.write_bytes(_packed(head, records, version, payload))
+        got_head, got = segments.unpack(path)
+        assert got_head == head and got.tobytes() == records.tobytes(), version
+
+
+def test_a_segment_packed_in_version_1_reads_as_its_raw_self(tmp_path):
+    """A real recording's segments packed in version 1 (sessions packed before version 2) read
+    as the raw segments do."""
+    events, claimed = _record(tmp_path)
+    before = read_gil(events)
+    for segment in gil_segments(events):
+        raw = segment.path.read_bytes()
+        offset = read_events(segment.path).header.records_offset
+        rows = np.frombuffer(raw, GIL_RECORD_DTYPE, offset=offset)
+        segment.path.with_name(segment.path.name + ".packed").write_bytes(_packed(raw[:offset], rows, 1, _v1_payload(raw[:offset], rows)))
+        segment.path.unlink()
+    after = read_gil(events)
+    pd.testing.assert_frame_equal(_sorted(before), _sorted(after))
+    assert after.attrs["events"] == claimed
 
 
 def test_what_rotation_took_is_said_and_the_rest_reads_as_the_full_recording(tmp_path):
@@ -324,23 +405,98 @@ def test_attach_to_a_jvm_with_bounds_gives_jfr_its_maxsize_and_maxage(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_jvm_side_keeps_within_max_age_too(tmp_path):
-    """The demo service (an embedded JVM) for 40 s under --max-age 15s: the JVM's recording, as
-    the JDK's own `jfr summary` reads it, spans no more than 15 s (the agent starts a new chunk
-    every 5 s and gives JFR a maxage two chunks shorter), and the agent kept no link to a chunk
-    JFR let go."""
+def test_the_jvm_side_is_packed_within_max_age_and_reads_as_the_raw_chunks(tmp_path):
+    """The demo service (an embedded JVM) for 40 s under --max-age 15s: the keeper packs each
+    finished JFR chunk (jvm-*/packed/) and the JVM's history kept, as the JDK's own `jfr summary`
+    reads it (packed chunks decompressed, then recording.jfr, end to end), spans no more than
+    15 s; every pause read from the session equals the pauses of the same chunks as JFR wrote
+    them (the witness: hard links to every repository chunk, made by this test as JFR creates
+    them); the agent keeps no link to a packed chunk; and a `tandem dump` taken mid-run holds
+    every chunk from its oldest to the one JFR.dump finished, reading as the witness's do."""
     import re
+    import threading
+
+    import zstandard
 
     from conftest import default_java_home
+    from engine.ingest.jfr import read_pauses
+    from engine.session import jvm_recordings
 
-    session = tmp_path / "s"
-    run = subprocess.run([sys.executable, "-m", "engine", "record", "--max-age", "15s", "-o", str(session), "--",
-                          sys.executable, "-m", "engine.demo.workload", "--seconds", "40"],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    (recording,) = session.glob("jvm-*/recording.jfr")
-    summary = subprocess.run([str(default_java_home() / "bin" / "jfr"), "summary", str(recording)],
+    session, witness = tmp_path / "s", tmp_path / "witness"
+    witness.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "record", "--max-age", "15s", "-o", str(session), "--",
+                             sys.executable, "-m", "engine.demo.workload", "--seconds", "40"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def link_chunks() -> None:
+        while proc.poll() is None:
+            for chunk in session.glob("jvm-*/repository/*/*.jfr"):
+                try:
+                    os.link(chunk, witness / chunk.name)
+                except (FileExistsError, FileNotFoundError):
+                    pass
+            time.sleep(0.1)
+
+    linker = threading.Thread(target=link_chunks)
+    linker.start()
+    deadline = time.monotonic() + 120
+    while len(list(session.glob("jvm-*/packed/2*.jfr.zst"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.25)
+    assert proc.poll() is None  # (the dump is of a running JVM)
+    dumped = run_tandem("dump", str(session), "-o", str(tmp_path / "snap"), env=dict(os.environ))
+    _out, err = proc.communicate(timeout=600)
+    linker.join()
+    assert proc.returncode == 0, err
+    assert dumped.returncode == 0, dumped.stderr
+    (jvm_dir,) = session.glob("jvm-*")
+    packed = sorted((jvm_dir / "packed").glob("*.jfr.zst"))
+    kept = read_json(session / "session.json")["flight_recorder"]
+    assert packed and kept["jfr_packed_chunks"] >= len(packed) and kept["jfr_deleted_chunks"] > 0, kept
+    assert kept["jfr_packed_bytes"] * 2 < kept["jfr_raw_bytes_packed"], kept
+    assert not list(jvm_dir.glob(".chunks/*.jfr"))
+    files, closed = jvm_recordings(jvm_dir)
+    assert closed and files[-1].name == "recording.jfr" and len(files) >= 2
+    # decompressed as docs/session.md says, with zstandard alone: the JVM's dictionary (its first
+    # chunk, packed alone) as raw content
+    first = zstandard.ZstdDecompressor().stream_reader((jvm_dir / "packed" / "dictionary.jfr.zst").read_bytes()).read()
+    dictionary = zstandard.ZstdCompressionDict(first, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    history = tmp_path / "history.jfr"
+    with open(history, "wb") as out:
+        for file in files:
+            data = file.read_bytes()
+            out.write(zstandard.ZstdDecompressor(dict_data=dictionary).stream_reader(data).read() if file.suffix == ".zst" else data)
+    summary = subprocess.run([str(default_java_home() / "bin" / "jfr"), "summary", str(history)],
                              capture_output=True, text=True, check=True).stdout
     duration_s = int(re.search(r"Duration: (\d+) s", summary).group(1))
     assert 5 <= duration_s <= 15, summary
-    assert read_json(recording.parent / "jvm.json")["max_age_s"] == 15
+    # the witness: the chunks JFR wrote from the oldest kept one on, end to end, as a full
+    # recording holds them (a safepoint split across two chunks then reads whole)
+    def full_recording(chunks: list[Path], name: str) -> Path:
+        target = tmp_path / name
+        target.write_bytes(b"".join(chunk.read_bytes() for chunk in chunks))
+        return target
+
+    oldest = files[0].name.removesuffix(".zst")
+    raw = full_recording(sorted(p for p in witness.glob("*.jfr") if p.name >= oldest), "kept-window.jfr")
+    ours = read_pauses(files).drop(columns=["source"]).reset_index(drop=True)
+    theirs = read_pauses(raw).drop(columns=["source"]).reset_index(drop=True)
+    assert len(ours) > 0
+    pd.testing.assert_frame_equal(ours, theirs)
+    # the snapshot: packed chunks (and the dictionary), finished links, JFR.dump's recording
+    from engine.clock.chunks import scan_chunks
+    from engine.ingest.jfr_input import packed_chunk_span
+
+    def starts(path: Path) -> list[int]:
+        return [packed_chunk_span(path)[0]] if path.suffix == ".zst" else [c.start_nanos for c in scan_chunks(path).chunks]
+
+    (snap_jvm,) = (tmp_path / "snap").glob("jvm-*")
+    snap_files, _closed = jvm_recordings(snap_jvm)
+    snap_starts = sorted(start for file in snap_files for start in starts(file))
+    assert len(snap_starts) >= 3 and len(set(snap_starts)) == len(snap_starts)  # (each chunk once)
+    witness_chunks = {starts(p)[0]: p for p in witness.glob("*.jfr")}
+    expected = sorted(start for start in witness_chunks if snap_starts[0] <= start <= snap_starts[-1])
+    assert snap_starts == expected
+    ours = read_pauses(snap_files).drop(columns=["source"]).reset_index(drop=True)
+    theirs = read_pauses(full_recording([witness_chunks[start] for start in expected], "snapshot-window.jfr"))
+    theirs = theirs.drop(columns=["source"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(ours, theirs)

@@ -106,3 +106,30 @@ def test_empty_files_are_called_empty(tmp_path):
         with pytest.raises(TandemError) as err:
             read_pauses(path)
         assert str(err.value).startswith(f"{path}: {what}") and "\n" not in str(err.value)
+
+
+def test_fresh_recording_zstd_compressed_reads_as_its_twin_and_damage_is_one_line(recordings, tmp_path):
+    """Zstandard inside (the flight recorder's packed chunks, `zstd app.jfr`): the same rows as
+    the original; a frame that is not one is refused in one line naming the file."""
+    import zstandard
+
+    from test_ingest_witness import COLLECTORS
+
+    path, _windows = recordings(default_java_home(), next(iter(COLLECTORS)))
+    data = path.read_bytes()
+    compressed = tmp_path / "app.jfr.zst"
+    compressed.write_bytes(zstandard.ZstdCompressor(level=19).compress(data))
+    twin = tmp_path / "twin" / "app.jfr"
+    twin.parent.mkdir()
+    twin.write_bytes(data)
+    assert_same_as_twin(compressed, twin)
+
+    damaged = tmp_path / "damaged.jfr.zst"
+    damaged.write_bytes(compressed.read_bytes()[:4] + b"x" * 64)
+    got, _ = read(damaged)
+    assert isinstance(got, str) and got.startswith(f"{damaged}: Zstandard-compressed, but damaged") and "\n" not in got
+    # cut short: what it decompresses to reads as those bytes would (the truncated-file rules), one more warning
+    cut = tmp_path / "cut.jfr.zst"
+    cut.write_bytes(compressed.read_bytes()[: int(compressed.stat().st_size * 0.7)])
+    got, got_warnings = read(cut)
+    assert any(w.startswith(f"{cut}: the Zstandard stream is cut short") for w in got_warnings), got_warnings

@@ -92,7 +92,8 @@ def _dump_python(source: Path, target: Path, since_ns: int | None, notes: list[s
 
 def _dump_jvm(source: Path, target: Path, last_s: float | None, notes: list[str]) -> None:
     """One jvm-<pid>: its closed recording, or JFR.dump of the running JVM (its repository's chunks
-    when that cannot run)."""
+    when that cannot run); under a flight recorder also the history the keeper holds (JFR's
+    own recording then holds its last two chunks only)."""
     import os
     import subprocess
 
@@ -106,6 +107,7 @@ def _dump_jvm(source: Path, target: Path, last_s: float | None, notes: list[str]
     description = read_json(source / JVM_JSON)
     pid = description.get("pid") or pid_from_name(source.name)
     if (source / RECORDING).exists() or not process_alive(pid):
+        _dump_kept_chunks(source, target, last_s)
         if (source / RECORDING).exists():
             _link_or_copy(source / RECORDING, target / RECORDING)
         else:
@@ -121,11 +123,59 @@ def _dump_jvm(source: Path, target: Path, last_s: float | None, notes: list[str]
         reason = (run.stdout + run.stderr).strip().splitlines()[-1:] if not ok else []
     except (OSError, subprocess.TimeoutExpired, TandemError) as err:
         ok, reason = False, [str(err)]
+    _dump_kept_chunks(source, target, last_s)  # (after JFR.dump: nothing older than what it holds is missed)
     if ok:
         os.chmod(destination, 0o600)  # JFR writes it with the JVM's umask
         return
     notes.append(f"{source.name}: JFR.dump failed ({' '.join(reason) or 'no output'}); copied its repository's chunks instead")
     _copy_chunks(source / REPOSITORY, target / REPOSITORY)
+
+
+def _dump_kept_chunks(source: Path, target: Path, last_s: float | None) -> None:
+    """A flight-recorded JVM's history outside JFR's own recording: the chunks the keeper packed
+    and the finished ones the agent keeps links to, not packed yet (hard links: they never
+    change), those that end within LAST_S when given (a chunk is packed, or its link's time
+    set, after it ends). A chunk the snapshot's recording.jfr holds too is read once
+    (engine.session.jvm_recordings)."""
+    import time
+
+    from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET
+    from engine.probe.private import private_directory
+    from engine.session import KEPT_CHUNKS, PACKED_CHUNKS, PACKED_DICTIONARY, packed_chunks
+
+    since = time.time() - last_s if last_s is not None else 0.0
+    # links first: one packed meanwhile has left .chunks/ for packed/, listed after
+    kept = [p for p in sorted((source / KEPT_CHUNKS).glob("*.jfr"))[:-1]  # (the newest: JFR's current chunk, in JFR.dump's)
+            if _file_state(p, FILE_STATE_OFFSET) == FILE_STATE_FINISHED]
+    dictionary = [source / PACKED_CHUNKS / PACKED_DICTIONARY] if (source / PACKED_CHUNKS / PACKED_DICTIONARY).exists() else []
+    for kind, files in ((KEPT_CHUNKS, kept), (PACKED_CHUNKS, packed_chunks(source))):
+        files = [p for p in files if _mtime(p) >= since]
+        if files and kind == PACKED_CHUNKS:
+            files += dictionary  # (the packed chunks are compressed with it)
+        if files:
+            private_directory(target / kind)
+        for path in files:
+            try:
+                _link_or_copy(path, target / kind / path.name)
+            except FileNotFoundError:
+                pass  # packed meanwhile (then linked from packed/ below) or deleted by the keeper
+
+
+def _file_state(path: Path, offset: int) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            state = f.read(1)
+    except OSError:
+        return None
+    return state[0] if state else None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _copy_whole(source: Path, target: Path) -> None:

@@ -42,7 +42,7 @@ def record(
     directory = Path(output).expanduser().absolute()
     options = launch.agent_options(directory, settings.absolute() if settings else None, event, live=live,
                                  secret_events=secret_events, max_bytes=bounds.jfr_max_bytes(), max_age_s=bounds.max_age_s,
-                                 memory=memory)
+                                 memory=memory, keeper=bool(bounds))
     env = launch.recording_environment(directory, jar, options, bounds.probe_environment(), native_memory=native_memory,
                                        memory=memory)
     sessions.create_session(directory, {

@@ -5,11 +5,14 @@
   jdk.jfr and the chunk scan read that, and every message, warning and `source` value names
   the user's file again (`named`). A gzip stream cut short keeps what it held, and the
   usual salvage rules of a truncated recording apply to it.
+- Zstandard-compressed chunks (the flight recorder's `jvm-<pid>/packed/<chunk>.jfr.zst`,
+  docs/session.md, or any `.jfr` compressed with `zstd`) are decompressed the same way.
 - an empty file is called empty (not "not a JFR recording").
 """
 from __future__ import annotations
 
 import contextlib
+import shutil
 import tempfile
 import warnings
 import zlib
@@ -19,6 +22,7 @@ from pathlib import Path
 from engine.errors import TandemError, TandemWarning
 
 GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _BLOCK = 1 << 20
 
 
@@ -28,6 +32,100 @@ def is_gzip(path: Path) -> bool:
             return f.read(2) == GZIP_MAGIC
     except OSError:
         return False  # the chunk scan says what is wrong with it
+
+
+def is_zstd(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == ZSTD_MAGIC
+    except OSError:
+        return False
+
+
+def _zstandard(path: Path):
+    try:
+        import zstandard
+    except ImportError:
+        raise TandemError(f"{path}: reading Zstandard-compressed JFR needs the zstandard package (pip install zstandard)") from None
+    return zstandard
+
+
+def zstd_dictionary(path: Path):
+    """The dictionary a packed chunk was compressed with: the JVM's packed/dictionary.jfr.zst
+    beside it (docs/session.md, "Flight recorder"), as raw content; None for any other file.
+    (A frame compressed without it decompresses the same with it: it only adds history.)"""
+    from engine.session import PACKED_DICTIONARY
+
+    dictionary = path.with_name(PACKED_DICTIONARY)
+    if path.name == PACKED_DICTIONARY or not dictionary.is_file():
+        return None
+    zstandard = _zstandard(path)
+    try:
+        stamp = dictionary.stat()
+        key = (str(dictionary), stamp.st_ino, stamp.st_mtime_ns)
+        if key not in _DICTIONARIES:
+            with open(dictionary, "rb") as f:
+                content = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read()
+            _DICTIONARIES.clear()  # (one JVM's at a time: chunks are read JVM by JVM)
+            _DICTIONARIES[key] = zstandard.ZstdCompressionDict(content, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        return _DICTIONARIES[key]
+    except (OSError, zstandard.ZstdError) as err:
+        raise TandemError(f"{dictionary}: the dictionary of the packed chunks beside it cannot be read ({err})") from None
+
+
+_DICTIONARIES: dict = {}
+
+
+def _decompressor(path: Path):
+    zstandard = _zstandard(path)
+    dictionary = zstd_dictionary(path)
+    return zstandard.ZstdDecompressor(dict_data=dictionary) if dictionary is not None else zstandard.ZstdDecompressor()
+
+
+def _unzstd(path: Path, dest: Path) -> None:
+    """Decompress PATH (Zstandard frames, one after another) into DEST a block at a time; a
+    stream cut short keeps what it held, with one warning (as gzip), damage is one line."""
+    zstandard = _zstandard(path)
+    written, in_frame = 0, False
+    decompressor = _decompressor(path).decompressobj()
+    try:
+        with open(path, "rb") as source, open(dest, "wb") as out:
+            while block := source.read(_BLOCK):
+                while block:
+                    in_frame = True
+                    data = decompressor.decompress(block)
+                    out.write(data)
+                    written += len(data)
+                    block = b""
+                    if decompressor.eof:  # a frame ended: what follows is the next one
+                        block, in_frame = decompressor.unused_data, False
+                        decompressor = _decompressor(path).decompressobj()
+    except zstandard.ZstdError as err:
+        raise TandemError(f"{path}: Zstandard-compressed, but damaged ({err}) after {written} decompressed bytes") from None
+    if in_frame and written:
+        warnings.warn(f"{path}: the Zstandard stream is cut short after {written} decompressed bytes: reading what it holds",
+                      TandemWarning, stacklevel=4)
+    if written == 0:
+        raise TandemError(f"{path}: Zstandard-compressed, but nothing could be decompressed (empty or cut short)")
+
+
+def packed_chunk_span(path: Path) -> tuple[int, int] | None:
+    """(start, end) on the wall clock (ns since the epoch, as the chunk header says) of a
+    Zstandard-compressed chunk, from its first decompressed bytes; None when unreadable."""
+    import struct
+
+    from engine.clock.chunks import HEADER_SIZE, MAGIC
+
+    zstandard = _zstandard(path)
+    try:
+        with open(path, "rb") as f:
+            header = _decompressor(path).stream_reader(f).read(HEADER_SIZE)
+    except (OSError, zstandard.ZstdError, TandemError):  # gone or damaged: the reader says so
+        return None
+    if len(header) < HEADER_SIZE or header[:4] != MAGIC:
+        return None
+    start_nanos, duration_nanos = struct.unpack_from(">qq", header, 32)
+    return start_nanos, start_nanos + duration_nanos
 
 
 def _check_not_empty(path: Path) -> None:
@@ -72,32 +170,72 @@ def _gunzip(path: Path, dest: Path) -> None:
 
 @contextlib.contextmanager
 def readable_recordings(paths: list[Path]) -> Iterator[tuple[list[Path], Callable[[str], str]]]:
-    """(paths jdk.jfr can read, named): gzip files decompressed into a private temporary
-    directory kept for the block; `named(text)` puts the user's file names back in a text."""
+    """(paths jdk.jfr can read, named): gzip and Zstandard files decompressed into a private
+    temporary directory kept for the block; `named(text)` puts the user's file names back in a text.
+
+    A flight recorder's packed chunks and the rest of the same JVM's recording that follows
+    them in PATHS (docs/session.md, "Flight recorder") are laid end to end into one file, as
+    the JVM's recording.jfr would hold them: a safepoint that JFR's chunk rotation split across
+    two chunks (its begin in one, its end in the next) is then read whole, as from a full
+    recording; the file is named `<jvm dir>/packed/*.jfr.zst + <the rest>`."""
     for path in paths:
         _check_not_empty(path)
-    compressed = [path for path in paths if is_gzip(path)]
+    compressed = {path: _gunzip for path in paths if is_gzip(path)} | {path: _unzstd for path in paths if is_zstd(path)}
     if not compressed:
         yield paths, lambda text: text
         return
-    with tempfile.TemporaryDirectory(prefix="tandem-gunzip-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tandem-unpack-") as tmp:
         names: dict[str, str] = {}
         readable = []
         for index, path in enumerate(paths):
             if path in compressed:
-                stem = path.name[:-3] if path.name.endswith(".gz") else path.name
+                stem = path.name.removesuffix(".gz").removesuffix(".zst")
                 dest = Path(tmp) / f"{index}-{stem}"
-                _gunzip(path, dest)
+                compressed[path](path, dest)
                 names[str(dest)] = str(path)
                 path = dest
             readable.append(path)
+        readable = _one_file_per_flight_recorder(paths, readable, Path(tmp), names)
 
         def named(text: str) -> str:
-            for temporary, original in names.items():
+            for temporary, original in sorted(names.items(), key=lambda item: -len(item[0])):
                 text = text.replace(temporary, original)
             return text
 
         yield readable, named
+
+
+def _one_file_per_flight_recorder(paths: list[Path], readable: list[Path], tmp: Path, names: dict[str, str]) -> list[Path]:
+    """READABLE with each run of one JVM's files that starts with its packed chunks laid end to end
+    into one file (NAMES gets its name)."""
+    from engine.session import PACKED_CHUNKS
+
+    def jvm_of(path: Path) -> Path | None:
+        for parent in path.parents:
+            if parent.name.startswith("jvm-"):
+                return parent
+        return None
+
+    out: list[Path] = []
+    at = 0
+    while at < len(paths):
+        jvm = jvm_of(paths[at]) if paths[at].parent.name == PACKED_CHUNKS else None
+        end = at + 1
+        while jvm is not None and end < len(paths) and jvm_of(paths[end]) == jvm:
+            end += 1
+        if end - at == 1:
+            out.append(readable[at])
+        else:
+            joined = tmp / f"{at}-joined.jfr"
+            with open(joined, "wb") as target:
+                for part in readable[at:end]:
+                    with open(part, "rb") as source:
+                        shutil.copyfileobj(source, target, _BLOCK)
+            rest = [p.name for p in paths[at:end] if p.parent.name != PACKED_CHUNKS]
+            names[str(joined)] = f"{jvm / PACKED_CHUNKS}/*.jfr.zst" + (f" + {' + '.join(rest)}" if rest else "")
+            out.append(joined)
+        at = end
+    return out
 
 
 def named_everywhere(value, named: Callable[[str], str]):

@@ -32,12 +32,16 @@ from engine.ring.reader import EventsBlocks, _check_complete, _EventsCheck, _opa
 from engine.session import PACKED_SUFFIX, Segment, gil_segments
 
 PACKED_MAGIC = b"TNDMPACK"
-PACKED_VERSION = 1
+PACKED_VERSION = 2  # written; version 1 (sessions packed before it) is still read
 PACKED_PREFIX = 48  # magic, version, record size, rows, events file size, first and last time
-# The columns of a packed segment, in order: (field, width in bytes); those in LANE_DELTA are
-# stored as differences from the lane's previous row (a thread's tid and seq barely change,
-# its times are close), the others as they are.
-PACKED_COLUMNS = (("lane", 2), ("kind", 2), ("tid", 4), ("seq", 8), ("mono_ns", 8), ("aux", 8))
+# Version 2's columns after the lane column (docs/ring.md, "Packed segments"): (field, width in
+# bytes), in lane order; those in LANE_DELTA as differences from the lane's previous row (a
+# thread's tid and seq barely change). mono_ns follows as its lane deltas' bit lengths and the
+# bits below each one's leading one (a thread's times are close: its deltas' low bits are all
+# the information there is, so they are stored as bits, not bytes).
+V2_COLUMNS = (("kind", 2), ("tid", 4), ("seq", 8), ("aux", 8))
+# Version 1: every column in file order, (field, width), those in LANE_DELTA as lane deltas.
+V1_COLUMNS = (("lane", 2), ("kind", 2), ("tid", 4), ("seq", 8), ("mono_ns", 8), ("aux", 8))
 LANE_DELTA = ("tid", "seq", "mono_ns")
 ZSTD_LEVEL = 3
 
@@ -66,8 +70,87 @@ def _from_planes(raw: memoryview, rows: int, width: int) -> np.ndarray:
     return np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(rows)
 
 
+def _lane_deltas(grouped: np.ndarray, first: np.ndarray, width: int) -> np.ndarray:
+    """Each row's value less the previous row's of its lane, modulo 2^(8 WIDTH) (a lane's first
+    row: its value); GROUPED in lane order."""
+    values = grouped.astype(np.uint64)
+    delta = np.empty_like(values)
+    delta[1:] = values[1:] - values[:-1]  # (wraps modulo 2^64: the decoder's sum wraps back)
+    delta[first] = values[first]
+    return delta & np.uint64((1 << 8 * width) - 1)
+
+
+def _lane_sums(deltas: np.ndarray, first: np.ndarray, width: int) -> np.ndarray:
+    """The inverse of _lane_deltas."""
+    rows = len(deltas)
+    group_start = np.maximum.accumulate(np.where(first, np.arange(rows), 0)) if rows else np.zeros(0, np.intp)
+    summed = np.cumsum(deltas.astype(np.uint64), dtype=np.uint64)
+    before = np.where(group_start > 0, summed[group_start - 1], np.uint64(0))
+    return (summed - before) & np.uint64((1 << 8 * width) - 1)
+
+
+def _bit_lengths(values: np.ndarray) -> np.ndarray:
+    """Bits needed for each uint64 value (0 for 0), exactly (no float rounding)."""
+    length = np.zeros(len(values), np.int64)
+    rest = values.astype(np.uint64)
+    for shift in (32, 16, 8, 4, 2, 1):
+        big = (rest >> np.uint64(shift)) != 0
+        rest = np.where(big, rest >> np.uint64(shift), rest)
+        length += big * shift
+    return length + (rest != 0)
+
+
+def _pieces(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each value's bits below its leading one as two pieces of at most 32 bits (high, then low),
+    so that a piece and its offset in its first byte fit in one 64-bit word: (bit offset of
+    every piece, its width, and its shift in the value), high pieces first then low pieces."""
+    widths = np.maximum(lengths - 1, 0)
+    low = np.minimum(widths, 32)
+    high = widths - low
+    starts = np.cumsum(widths) - widths
+    return (np.concatenate([starts, starts + high]), np.concatenate([high, low]),
+            np.concatenate([low, np.zeros_like(low)]))
+
+
+def _mantissa_bits(values: np.ndarray, lengths: np.ndarray) -> bytes:
+    """Each value's bits below its leading one, most significant first, end to end, zero-padded
+    to a byte."""
+    offsets, widths, shifts = _pieces(lengths)
+    values = np.concatenate([values, values]).astype(np.uint64)
+    piece = (values >> shifts.astype(np.uint64)) & ((np.uint64(1) << widths.astype(np.uint64)) - np.uint64(1))
+    # the piece placed in the 64-bit big-endian word that starts at its first byte
+    word = np.where(widths > 0, piece << (64 - widths - (offsets & 7)).astype(np.uint64), np.uint64(0))
+    size = _mantissa_bytes(lengths)
+    first_byte = offsets >> 3
+    out = np.zeros(size + 8, np.float64)
+    for k in range(8):  # pieces' bits are disjoint: summing a byte's shares is OR-ing them (exact below 2^53)
+        share = ((word >> np.uint64(56 - 8 * k)) & np.uint64(0xFF)).astype(np.float64)
+        out += np.bincount(first_byte + k, weights=share, minlength=size + 8)[:size + 8]
+    return out[:size].astype(np.uint8).tobytes()
+
+
+def _from_mantissa_bits(raw: memoryview, lengths: np.ndarray) -> np.ndarray:
+    offsets, widths, shifts = _pieces(lengths)
+    padded = np.zeros(_mantissa_bytes(lengths) + 8, np.uint8)
+    padded[:len(raw)] = np.frombuffer(raw, np.uint8)
+    first_byte = offsets >> 3
+    word = np.zeros(len(offsets), np.uint64)
+    for k in range(8):
+        word |= padded[first_byte + k].astype(np.uint64) << np.uint64(56 - 8 * k)
+    piece = np.where(widths > 0, (word << (offsets & 7).astype(np.uint64)) >> (64 - np.maximum(widths, 1)).astype(np.uint64),
+                     np.uint64(0))
+    rows = len(lengths)
+    mantissa = (piece[:rows] << shifts[:rows].astype(np.uint64)) | piece[rows:]
+    leading = np.where(lengths > 0, np.uint64(1) << np.maximum(lengths - 1, 0).astype(np.uint64), np.uint64(0))
+    return leading | mantissa
+
+
+def _mantissa_bytes(lengths: np.ndarray) -> int:
+    return (int(np.maximum(lengths - 1, 0).sum()) + 7) // 8
+
+
 def pack(events_path: Path) -> bytes:
-    """The packed form of a closed events file (raises TandemError for any other)."""
+    """The packed form (version 2) of a closed events file (raises TandemError for any other)."""
     import zstandard
 
     events_path = Path(events_path)
@@ -83,26 +166,79 @@ def pack(events_path: Path) -> bytes:
     offset = blocks.header.records_offset
     rows = (len(data) - offset) // GIL_RECORD_DTYPE.itemsize
     records = np.frombuffer(data, GIL_RECORD_DTYPE, count=rows, offset=offset)
+    return _prefix(records, rows, len(data)) + zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(
+        encode(data[:offset], records))
+
+
+def encode(head: bytes, records: np.ndarray) -> bytes:
+    """Version 2's payload: HEAD (the header page and lane table), then RECORDS' columns."""
     order, first = _lane_order(records["lane"])
-    parts = [data[:offset]]
-    for name, width in PACKED_COLUMNS:
-        values = records[name].astype(np.uint64)
-        if name not in LANE_DELTA:
-            parts.append(_planes(values, width))
-            continue
-        grouped = values[order]
-        delta = np.empty_like(grouped)
-        delta[1:] = grouped[1:] - grouped[:-1]  # (wraps modulo 2^64: the decoder's sum wraps back)
-        delta[first] = grouped[first]
-        in_rows = np.empty_like(delta)
-        in_rows[order] = delta
-        parts.append(_planes(in_rows & np.uint64((1 << 8 * width) - 1), width))
-    payload = b"".join(parts)
+    grouped = records[order]
+    parts = [head, _planes(records["lane"], 2)]
+    for name, width in V2_COLUMNS:
+        values = _lane_deltas(grouped[name], first, width) if name in LANE_DELTA else grouped[name]
+        parts.append(_planes(values, width))
+    times = _lane_deltas(grouped["mono_ns"], first, 8)
+    lengths = _bit_lengths(times)
+    parts += [lengths.astype(np.uint8).tobytes(), _mantissa_bits(times, lengths)]
+    return b"".join(parts)
+
+
+def decode(payload: memoryview, offset: int, rows: int) -> np.ndarray | None:
+    """RECORDS from version 2's PAYLOAD (its columns from OFFSET on); None when its size is not
+    what its columns need."""
+    fixed = rows * (2 + sum(width for _, width in V2_COLUMNS) + 1)
+    if len(payload) < offset + fixed:
+        return None
+    records = np.zeros(rows, GIL_RECORD_DTYPE)
+    lane = _from_planes(payload[offset:offset + 2 * rows], rows, 2)
+    records["lane"] = lane
+    order, first = _lane_order(lane)
+    grouped = np.zeros(rows, GIL_RECORD_DTYPE)
+    at = offset + 2 * rows
+    for name, width in V2_COLUMNS:
+        values = _from_planes(payload[at:at + rows * width], rows, width)
+        grouped[name] = _lane_sums(values, first, width) if name in LANE_DELTA else values
+        at += rows * width
+    lengths = np.frombuffer(payload[at:at + rows], np.uint8).astype(np.int64)
+    at += rows
+    if (lengths > 64).any() or len(payload) != at + _mantissa_bytes(lengths):
+        return None
+    grouped["mono_ns"] = _lane_sums(_from_mantissa_bits(payload[at:], lengths), first, 8)
+    for name in ("kind", "tid", "seq", "mono_ns", "aux"):
+        records[name][order] = grouped[name]
+    return records
+
+
+def _decode_v1(payload: memoryview, offset: int, rows: int) -> np.ndarray | None:
+    """RECORDS from version 1's PAYLOAD: every column in file order, as byte planes."""
+    if len(payload) != offset + rows * sum(width for _, width in V1_COLUMNS):
+        return None
+    at = offset
+    columns = {}
+    for name, width in V1_COLUMNS:
+        columns[name] = _from_planes(payload[at:at + rows * width], rows, width)
+        at += rows * width
+    records = np.zeros(rows, GIL_RECORD_DTYPE)
+    order, first = _lane_order(columns["lane"])
+    for name, width in V1_COLUMNS:
+        if name in LANE_DELTA:
+            values = np.empty(rows, np.uint64)
+            values[order] = _lane_sums(columns[name][order], first, width)
+            records[name] = values
+        else:
+            records[name] = columns[name]
+    return records
+
+
+_DECODERS = {1: _decode_v1, 2: decode}
+
+
+def _prefix(records: np.ndarray, rows: int, raw_size: int) -> bytes:
     first_ns, last_ns = time_span(records)
-    prefix = (PACKED_MAGIC + PACKED_VERSION.to_bytes(4, "little") + GIL_RECORD_DTYPE.itemsize.to_bytes(4, "little")
-              + rows.to_bytes(8, "little") + len(data).to_bytes(8, "little")
-              + first_ns.to_bytes(8, "little") + last_ns.to_bytes(8, "little"))
-    return prefix + zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(payload)
+    return (PACKED_MAGIC + PACKED_VERSION.to_bytes(4, "little") + GIL_RECORD_DTYPE.itemsize.to_bytes(4, "little")
+            + rows.to_bytes(8, "little") + raw_size.to_bytes(8, "little")
+            + first_ns.to_bytes(8, "little") + last_ns.to_bytes(8, "little"))
 
 
 def time_span(records: np.ndarray) -> tuple[int, int]:
@@ -131,8 +267,9 @@ def unpack(path: Path) -> tuple[bytes, np.ndarray]:
     if len(data) < PACKED_PREFIX or data[:8] != PACKED_MAGIC:
         raise TandemError(f"{path}: not a packed tandem segment (magic {data[:8]!r}, expected {PACKED_MAGIC!r})")
     version = int.from_bytes(data[8:12], "little")
-    if version != PACKED_VERSION:
-        raise TandemError(f"{path}: packed segment version {version}, this tandem reads version {PACKED_VERSION}")
+    if version not in _DECODERS:
+        raise TandemError(f"{path}: packed segment version {version}, this tandem reads versions "
+                          f"{', '.join(map(str, _DECODERS))}")
     record_size, rows, raw_size = (int.from_bytes(data[a:b], "little") for a, b in ((12, 16), (16, 24), (24, 32)))
     if record_size != GIL_RECORD_DTYPE.itemsize or rows > (1 << 40):
         raise TandemError(f"{path}: packed segment of {rows} records of {record_size} bytes (corrupt file)")
@@ -141,29 +278,9 @@ def unpack(path: Path) -> tuple[bytes, np.ndarray]:
     except zstandard.ZstdError as err:
         raise TandemError(f"{path}: packed segment does not decompress ({err}) (corrupt file)") from None
     offset = records_offset_of(payload)
-    expected = offset + rows * sum(width for _, width in PACKED_COLUMNS)
-    if offset == 0 or len(payload) != expected or raw_size != offset + rows * record_size:
-        raise TandemError(f"{path}: packed segment holds {len(payload)} bytes, expected {expected} (corrupt file)")
-    view = memoryview(payload)
-    at = offset
-    columns = {}
-    for name, width in PACKED_COLUMNS:
-        columns[name] = _from_planes(view[at:at + rows * width], rows, width)
-        at += rows * width
-    records = np.zeros(rows, GIL_RECORD_DTYPE)
-    for name, _width in PACKED_COLUMNS:
-        if name not in LANE_DELTA:
-            records[name] = columns[name]
-    order, first = _lane_order(columns["lane"])
-    group_start = np.maximum.accumulate(np.where(first, np.arange(rows), 0)) if rows else np.zeros(0, np.intp)
-    for name, width in PACKED_COLUMNS:
-        if name not in LANE_DELTA:
-            continue
-        summed = np.cumsum(columns[name].astype(np.uint64)[order], dtype=np.uint64)
-        before = np.where(group_start > 0, summed[group_start - 1], np.uint64(0))
-        values = np.empty(rows, np.uint64)
-        values[order] = (summed - before) & np.uint64((1 << 8 * width) - 1)
-        records[name] = values
+    records = _DECODERS[version](memoryview(payload), offset, rows) if offset and raw_size == offset + rows * record_size else None
+    if records is None:
+        raise TandemError(f"{path}: packed segment holds {len(payload)} bytes, not what its {rows} records need (corrupt file)")
     return bytes(payload[:offset]), records
 
 

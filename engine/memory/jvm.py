@@ -47,6 +47,15 @@ def read_jvm_memory(recordings: list[Path], flushed: bool = False) -> tuple[pd.D
     """Long table (t_ns, column, value, after_gc) of one JVM's memory events, and what was
     left out and why (an unfinished chunk: a killed JVM's last seconds). flushed: read an
     unfinished chunk up to its last flush instead (a running JVM's repository: `tandem live`)."""
+    from engine.ingest.jfr_input import readable_recordings
+
+    with readable_recordings(list(recordings)) as (readable, named):  # (packed chunks decompressed)
+        table, facts = _read_jvm_memory(readable, flushed)
+        facts["skipped_recordings"] = [named(path) for path in facts["skipped_recordings"]]
+        return table, facts
+
+
+def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFrame, dict]:
     rows: list[tuple] = []
     sync_ticks: list[int] = []
     sync_mono: list[int] = []

@@ -28,10 +28,13 @@ _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def agent_options(session: Path, settings: Path | str | None = None, events: Sequence[str] = (),
                   duration_s: float | None = None, live: bool = False, secret_events: bool = False,
-                  max_bytes: int | None = None, max_age_s: float | None = None, memory: bool = True) -> str:
+                  max_bytes: int | None = None, max_age_s: float | None = None, memory: bool = True,
+                  keeper: bool = False) -> str:
     """The option string after `tandem-agent.jar=` (parsed by java-agent's AgentOptions).
     MAX_BYTES, MAX_AGE_S: the flight recorder's bounds of each JVM's JFR recording (JFR's own
-    maxsize/maxage: it deletes its oldest chunks). MEMORY False: no memory events."""
+    maxsize/maxage: it deletes its oldest chunks). MEMORY False: no memory events. KEEPER: a
+    keeper (engine/record/keeper.py) packs the chunks and keeps their history within the bounds;
+    JFR keeps only the newest."""
     _check_option_path("session directory", session)
     parts = [f"session={session}"]
     if settings:
@@ -54,6 +57,8 @@ def agent_options(session: Path, settings: Path | str | None = None, events: Seq
         parts.append(f"maxsize={int(max_bytes)}")
     if max_age_s is not None:
         parts.append(f"maxage={max_age_s:g}")
+    if keeper:
+        parts.append("keeper=true")
     return ",".join(parts)
 
 

@@ -1,9 +1,12 @@
 """What a session captured, per process: files, sizes, and JFR event counts."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,17 +47,44 @@ def jfr_event_counts(jfr_tool: Path, files: list[Path]) -> tuple[dict[str, int],
     counts: dict[str, int] = {}
     # The jfr tool is a JVM: under an outer `tandem record` it would record itself.
     env = {k: v for k, v in os.environ.items() if k != "JAVA_TOOL_OPTIONS"}
-    for file in files:
-        if not file.exists():  # gone since listed: print_summary names it
-            continue
-        run = subprocess.run([str(jfr_tool), "summary", str(file)], capture_output=True, text=True, env=env)
-        if run.returncode != 0:
-            return counts, (run.stderr.strip().splitlines() or ["jfr summary failed"])[-1]
-        for line in run.stdout.splitlines():
-            match = _SUMMARY_LINE.match(line)
-            if match:
-                counts[match.group(1)] = counts.get(match.group(1), 0) + int(match.group(2))
+    files = [file for file in files if file.exists()]  # (gone since listed: print_summary names it)
+    with _one_recording(files) as recordings:
+        for file in recordings:
+            run = subprocess.run([str(jfr_tool), "summary", str(file)], capture_output=True, text=True, env=env)
+            if run.returncode != 0:
+                return counts, (run.stderr.strip().splitlines() or ["jfr summary failed"])[-1]
+            for line in run.stdout.splitlines():
+                match = _SUMMARY_LINE.match(line)
+                if match:
+                    counts[match.group(1)] = counts.get(match.group(1), 0) + int(match.group(2))
     return counts, None
+
+
+@contextlib.contextmanager
+def _one_recording(files: list[Path]):
+    """FILES as jdk.jfr's tool reads them: a flight recorder's packed chunks decompressed and
+    laid end to end with the rest into one file (chunks end to end are a recording), so the
+    tool starts once, not once per chunk."""
+    from engine.errors import TandemError
+    from engine.ingest.jfr_input import is_zstd, readable_recordings
+
+    if not any(is_zstd(file) for file in files):
+        yield files
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            readable, _named = stack.enter_context(readable_recordings(files))
+        except TandemError:
+            readable = None  # (the tool then says what is wrong, in its words)
+        if readable is None:
+            yield files
+            return
+        joined = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tandem-summary-"))) / "recording.jfr"
+        with open(joined, "wb") as out:
+            for file in readable:
+                with open(file, "rb") as part:
+                    shutil.copyfileobj(part, out)
+        yield [joined]
 
 
 def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCapture]:

@@ -22,6 +22,9 @@ import java.util.List;
  *   memory=false                    optional: leave out the memory events (PauseEvents.MEMORY_*; tandem record --no-memory)
  *   maxsize=BYTES                   optional (flight recorder): JFR keeps its chunks within this many bytes
  *   maxage=SECONDS                  optional (flight recorder): JFR drops chunks older than this
+ *   keeper=true                     optional (flight recorder): tandem record's keeper packs the finished
+ *                                   chunks kept in .chunks/ and keeps the history within the bounds;
+ *                                   JFR itself then keeps only the last two chunks (SessionRecording)
  * </pre>
  *
  * Values are split at the first '=' only, so an event setting may hold its own '='.
@@ -41,10 +44,12 @@ final class AgentOptions {
     /** Flight recorder bounds of the JFR recording (Recording.setMaxSize / setMaxAge); 0 = none. */
     final long maxBytes;
     final double maxAgeSeconds;
+    /** The session's keeper owns the chunks' history (packs and bounds it): JFR keeps only the newest. */
+    final boolean keeper;
 
     private AgentOptions(String raw, Path session, String settings, List<String> events, double durationSeconds,
                          boolean live, long flushMillis, boolean secretEvents, boolean memory, long maxBytes,
-                         double maxAgeSeconds) {
+                         double maxAgeSeconds, boolean keeper) {
         this.raw = raw;
         this.session = session;
         this.settings = settings;
@@ -56,6 +61,7 @@ final class AgentOptions {
         this.memory = memory;
         this.maxBytes = maxBytes;
         this.maxAgeSeconds = maxAgeSeconds;
+        this.keeper = keeper;
     }
 
     /** True when the recording is bounded: JFR then deletes its oldest chunks as it goes. */
@@ -75,6 +81,7 @@ final class AgentOptions {
         long flushMillis = LivePauses.DEFAULT_FLUSH_MILLIS;
         long maxBytes = 0;
         double maxAge = 0;
+        boolean keeper = false;
         for (String pair : text.split(",")) {
             if (pair.isBlank()) {
                 continue;
@@ -154,16 +161,19 @@ final class AgentOptions {
                         throw new IllegalArgumentException("maxage=" + value + " must be positive");
                     }
                     break;
+                case "keeper":
+                    keeper = bool(key, value);
+                    break;
                 default:
                     throw new IllegalArgumentException("unknown option '" + key
-                            + "' (known: session, settings, events, duration, live, flush_ms, secret_events, memory, maxsize, maxage)");
+                            + "' (known: session, settings, events, duration, live, flush_ms, secret_events, memory, maxsize, maxage, keeper)");
             }
         }
         if (session == null) {
             throw new IllegalArgumentException("no session=<directory> in options '" + text + "'");
         }
         return new AgentOptions(text, session, settings, Collections.unmodifiableList(events), duration, live, flushMillis,
-                secretEvents, memory, maxBytes, maxAge);
+                secretEvents, memory, maxBytes, maxAge, keeper);
     }
 
     private static boolean bool(String key, String value) {

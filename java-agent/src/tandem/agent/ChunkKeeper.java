@@ -1,6 +1,7 @@
 package tandem.agent;
 
 import java.io.FileInputStream;
+import java.io.FileNotFoundException;
 import java.io.FileOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
@@ -28,6 +29,7 @@ final class ChunkKeeper {
     private final Path repository;
     private final Path kept;
     private boolean linksUnsupported;
+    private String newestLinked; // name of the newest chunk linked so far
     private static final long FILE_STATE_OFFSET = 64;
 
     ChunkKeeper(Path repository, Path kept) {
@@ -35,20 +37,29 @@ final class ChunkKeeper {
         this.kept = kept;
     }
 
-    /** Links every chunk not linked yet. Cheap; called once a second and at exit. */
+    /**
+     * Links every chunk newer than the last one linked (names are start times): a link the
+     * session's keeper removed once it packed the chunk is not made again. Cheap; called once
+     * a second and at exit.
+     */
     synchronized void keepNewChunks() {
         if (linksUnsupported) {
             return;
         }
         for (Path chunk : chunksIn(repository)) {
+            String name = chunk.getFileName().toString();
+            if (newestLinked != null && name.compareTo(newestLinked) < 0) {
+                continue;
+            }
             try {
                 if (!Files.isDirectory(kept)) {
                     PrivateFiles.directory(kept);
                 }
                 PrivateFiles.set(chunk, PrivateFiles.FILE); // the link shares the chunk's mode
                 Files.createLink(kept.resolve(chunk.getFileName()), chunk);
+                newestLinked = name;
             } catch (FileAlreadyExistsException known) {
-                // linked before
+                newestLinked = name; // linked before
             } catch (UnsupportedOperationException | IOException e) {
                 if (Files.exists(chunk)) { // else JFR removed it meanwhile, nothing lost
                     linksUnsupported = true;
@@ -125,7 +136,13 @@ final class ChunkKeeper {
         byte[] buffer = new byte[1 << 16];
         try (OutputStream out = new FileOutputStream(tmp.toFile())) {
             for (Path chunk : chunksIn(kept)) {
-                try (InputStream in = new FileInputStream(chunk.toFile())) {
+                InputStream in;
+                try {
+                    in = new FileInputStream(chunk.toFile());
+                } catch (FileNotFoundException packed) {
+                    continue; // the session's keeper packed it (packed/) and removed the link meanwhile
+                }
+                try (in) {
                     for (int n = in.read(buffer); n >= 0; n = in.read(buffer)) {
                         out.write(buffer, 0, n);
                     }

@@ -95,12 +95,19 @@ final class SessionRecording {
         if (options.maxBytes > 0) {
             recording.setMaxSize(options.maxBytes); // the flight recorder: JFR deletes its oldest chunks
         }
-        if (options.maxAgeSeconds > 0) {
-            // JFR drops the chunks whose end is older than this when it finishes a chunk, and a chunk
-            // spans at most one rotation period (rotateChunkWhenDue): what it holds reaches back
-            // maxage plus two periods at most, so two periods less keeps it within --max-age.
-            long ageMillis = (long) (options.maxAgeSeconds * 1000);
-            recording.setMaxAge(Duration.ofMillis(Math.max(ageMillis - 2 * rotationPeriodMillis(), rotationPeriodMillis())));
+        // JFR drops the chunks whose end is older than its maxage when it finishes a chunk, and a
+        // chunk spans at most one rotation period (rotateChunkWhenDue): what it holds reaches back
+        // maxage plus two periods at most, so two periods less keeps it within --max-age.
+        long withinMaxAge = options.maxAgeSeconds > 0
+                ? Math.max((long) (options.maxAgeSeconds * 1000) - 2 * rotationPeriodMillis(), rotationPeriodMillis())
+                : Long.MAX_VALUE;
+        if (options.keeper && options.bounded()) {
+            // The keeper packs each finished chunk from our links in .chunks/ and bounds that
+            // history itself: JFR's repository need hold only its last chunks (JFR.dump's part
+            // of a snapshot).
+            recording.setMaxAge(Duration.ofMillis(Math.min(rotationPeriodMillis(), withinMaxAge)));
+        } else if (options.maxAgeSeconds > 0) {
+            recording.setMaxAge(Duration.ofMillis(withinMaxAge));
         }
 
         long monotonicBefore = System.nanoTime();
@@ -256,7 +263,9 @@ final class SessionRecording {
                 chunkKeeper.keepNewChunks();
                 if (options.bounded()) {
                     rotateChunkWhenDue();
-                    chunkKeeper.forgetRotatedChunks(); // else our links would keep what maxsize/maxage let go
+                    if (!options.keeper) { // (with a keeper, the links are the history: it removes them once packed)
+                        chunkKeeper.forgetRotatedChunks(); // else our links would keep what maxsize/maxage let go
+                    }
                 }
                 letJfrDumpIfChunksAreNotKept();
                 PrivateFiles.tighten(repository); // a new chunk after a rotation
@@ -487,6 +496,7 @@ final class SessionRecording {
         description.put("duration_s", options.durationSeconds > 0 ? options.durationSeconds : null);
         description.put("max_size_bytes", options.maxBytes > 0 ? options.maxBytes : null);
         description.put("max_age_s", options.maxAgeSeconds > 0 ? options.maxAgeSeconds : null);
+        description.put("keeper", options.keeper);
         description.put("recording", directory.relativize(recordingFile).toString());
         description.put("repository", directory.relativize(repository).toString());
     }
