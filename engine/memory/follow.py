@@ -130,6 +130,13 @@ class MemoryFollower:
             except ValueError:
                 continue
 
+    @staticmethod
+    def _java_version(directory: Path) -> str | None:
+        try:
+            return json.loads((directory / "jvm.json").read_text()).get("java_version")
+        except (OSError, ValueError):
+            return None
+
     def _read_jvms(self) -> None:
         from engine.memory.jvm import read_jvm_memory
 
@@ -151,7 +158,7 @@ class MemoryFollower:
                 if self._chunks.get(path, (None,))[0] == stamp or st.st_size == 0:
                     continue
                 try:
-                    events, _ = read_jvm_memory([path], flushed=True)
+                    events, _ = read_jvm_memory([path], flushed=True, java_version=self._java_version(directory))
                 except TandemError:
                     continue  # a chunk JFR has just started, not flushed yet: next time
                 with self._lock:

@@ -32,12 +32,12 @@ LEAK_MIN_BYTES = 16 << 20
 LEAK_MIN_FRACTION = 0.10
 # What a bucket is made of, to say which part grew.
 PARTS = {
-    "jvm_native": ("jvm_direct_buffers", "jvm_metaspace_committed", "jvm_code_cache"),
+    "jvm_native": ("jvm_direct_buffers", "jvm_metaspace_committed", "jvm_code_cache", "jvm_gc_side_tables"),
     "python": ("py_arena_bytes", "py_tracemalloc", "py_tracemalloc_numpy"),
     "native_other": ("malloc_in_use",),
 }
 PART_NAMES = {"jvm_direct_buffers": "direct buffers", "jvm_metaspace_committed": "metaspace",
-              "jvm_code_cache": "code cache", "py_arena_bytes": "pymalloc arenas", "py_tracemalloc": "tracemalloc",
+              "jvm_code_cache": "code cache", "jvm_gc_side_tables": "G1's side tables (estimated)", "py_arena_bytes": "pymalloc arenas", "py_tracemalloc": "tracemalloc",
               "py_tracemalloc_numpy": "numpy buffers (tracemalloc)",
               "malloc_in_use": "malloc in use"}
 BUCKET_NAMES = {"jvm_heap": "JVM heap", "jvm_native": "JVM native", "python": "Python objects",

@@ -36,6 +36,7 @@ G1_OLD_EVACUATION = "jdk.G1EvacuationOldStatistics"
 CODE_CACHE = "jdk.CodeCacheStatistics"  # one event per code heap: summed into jvm_code_cache
 NMT_CATEGORIES = ("jdk.NativeMemoryUsage", "tandem.NativeMemoryUsage")  # one event per NMT category: jvm_nmt_<category>
 CLOCK_SYNC = "tandem.ClockSync"
+GC_CONFIGURATION = "jdk.GCConfiguration"  # which collector: G1's side tables grow with its heap (g1_side_tables_share)
 
 
 def nmt_column(category: str) -> str:
@@ -43,16 +44,35 @@ def nmt_column(category: str) -> str:
     return "jvm_nmt_" + "".join(c if c.isalnum() else "_" for c in category.lower()).strip("_")
 
 
-def read_jvm_memory(recordings: list[Path], flushed: bool = False) -> tuple[pd.DataFrame, dict]:
+def g1_side_tables_share(java_version: str | None) -> float:
+    """Bytes of G1's side tables per byte of committed heap: HotSpot commits them with the heap's
+    regions and marking touches them: the marking bitmap (a bit per 8-byte word), the block
+    offset table and the card table (a byte per 512); up to JDK 19 a second bitmap and the card
+    counts table too. An unknown version gets JDK 20's (the smaller)."""
+    major = None
+    if java_version:
+        head = java_version.split("+")[0].split("-")[0].split(".")
+        major = int(head[1] if head[0] == "1" and len(head) > 1 else head[0]) if head[0].isdigit() else None
+    return 2 / 64 + 3 / 512 if major is not None and major < 20 else 1 / 64 + 2 / 512
+
+
+def read_jvm_memory(recordings: list[Path], flushed: bool = False, java_version: str | None = None) -> tuple[pd.DataFrame, dict]:
     """Long table (t_ns, column, value, after_gc) of one JVM's memory events, and what was
     left out and why (an unfinished chunk: a killed JVM's last seconds). flushed: read an
-    unfinished chunk up to its last flush instead (a running JVM's repository: `tandem live`)."""
+    unfinished chunk up to its last flush instead (a running JVM's repository: `tandem live`).
+    With G1, jvm_gc_side_tables: its side tables, estimated from the committed heap (JAVA_VERSION:
+    the JVM's, jvm.json's java_version)."""
     from engine.ingest.jfr_input import readable_recordings
 
     with readable_recordings(list(recordings)) as (readable, named):  # (packed chunks decompressed)
         table, facts = _read_jvm_memory(readable, flushed)
         facts["skipped_recordings"] = [named(path) for path in facts["skipped_recordings"]]
-        return table, facts
+    is_g1 = (table["column"] == "jvm_g1").to_numpy(bool)
+    if is_g1.any():
+        committed = table[(table["column"] == "jvm_heap_committed").to_numpy(bool)]
+        side = committed.assign(column="jvm_gc_side_tables", value=committed["value"] * g1_side_tables_share(java_version))
+        table = pd.concat([table[~is_g1], side], ignore_index=True).sort_values("t_ns", kind="stable", ignore_index=True)
+    return table, facts
 
 
 def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFrame, dict]:
@@ -118,11 +138,16 @@ def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list) -> Non
         rows.append((int(event.getLong("startTime")), "jvm_heap_gc_waste",
                      float(int(stats.getLong("allocated")) - int(stats.getLong("used"))), True))
 
+    def gc_configuration(event) -> None:
+        if str(event.getString("youngCollector")) == "G1New":
+            rows.append((int(event.getLong("startTime")), "jvm_g1", 1.0, False))
+
     def clock_sync(event) -> None:
         sync_ticks.append(int(event.getLong("startTime")))
         sync_mono.append(int(event.getLong("monotonicNanos")))
 
-    handlers = {CODE_CACHE: code_cache, CLOCK_SYNC: clock_sync, G1_OLD_EVACUATION: old_evacuation}
+    handlers = {CODE_CACHE: code_cache, CLOCK_SYNC: clock_sync, G1_OLD_EVACUATION: old_evacuation,
+                GC_CONFIGURATION: gc_configuration}
     handlers.update({name: nmt for name in NMT_CATEGORIES})
     handlers.update({name: fields_of(mapping, False) for name, mapping in PERIODIC_FIELDS.items()})
     handlers.update({name: fields_of(mapping, True) for name, mapping in AT_GC_FIELDS.items()})

@@ -24,6 +24,7 @@ SERIES = {
     "jvm_heap_after_gc": "JVM heap after GC",
     "jvm_metaspace_committed": "JVM metaspace committed",
     "jvm_code_cache": "JVM code cache",
+    "jvm_gc_side_tables": "JVM G1 side tables (estimated)",
     "jvm_direct_buffers": "JVM direct buffers",
     "jvm_nmt_committed": "JVM NMT committed",
     "py_pymalloc_bytes": "Python allocated (pymalloc blocks)",

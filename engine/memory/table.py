@@ -48,7 +48,8 @@ def memory_table(session: Session | Path) -> tuple[pd.DataFrame, dict]:
         return pd.DataFrame({"t_ns": pd.Series(dtype="int64"), "pid": pd.Series(dtype="int64")}), facts
     for source in session.jvms:
         if source.pid:
-            jvms[source.pid], facts["jvms"][str(source.pid)] = read_jvm_memory(source.recordings)
+            jvms[source.pid], facts["jvms"][str(source.pid)] = read_jvm_memory(
+                source.recordings, java_version=source.description.get("java_version"))
     parts = []
     for pid in sorted(set(outside) | set(python) | set(jvms)):
         part = process_rows(pid, outside.get(pid), python.get(pid), jvms.get(pid))
@@ -142,7 +143,7 @@ def _with_jvm(rows: pd.DataFrame, jvm: pd.DataFrame) -> pd.DataFrame:
     parts = []
     for column, one in pd.concat([jvm[~is_waste], waste, after, after_at, peak], ignore_index=True).groupby("column", sort=True):
         at_gc = column in _AT_GC_COLUMNS or column in ("jvm_heap_after_gc", "jvm_heap_after_gc_ns", "jvm_heap_peak",
-                                                       "jvm_heap_gc_waste")
+                                                       "jvm_heap_gc_waste", "jvm_gc_side_tables")
         values = one.groupby("t_ns", as_index=False)["value"].last().rename(columns={"value": column})
         rows = _as_of(rows, values, None) if at_gc else _interpolated(rows, values, column)
         if column.startswith("jvm_code_cache:"):
@@ -166,7 +167,7 @@ def with_buckets(table: pd.DataFrame) -> pd.DataFrame:
     peak = column("jvm_heap_peak" if "jvm_heap_peak" in table else "jvm_heap_used")
     bound = np.fmin(peak, table["jvm_heap_committed"].astype("float64")) if "jvm_heap_committed" in table else peak
     table["jvm_heap"] = table["jvm_heap_resident"].astype("float64").fillna(bound) if "jvm_heap_resident" in table else bound
-    table["jvm_native"] = column("jvm_metaspace_committed") + column("jvm_code_cache") + direct
+    table["jvm_native"] = column("jvm_metaspace_committed") + column("jvm_code_cache") + direct + column("jvm_gc_side_tables")
     python_malloc = (column("py_tracemalloc") - column("py_pymalloc_bytes")).clip(lower=0)  # 0 unless tracing
     table["python"] = (column("py_arena_bytes") + python_malloc).where(_sampled(table, "py_arena_bytes"))
     # malloc in use, less what the runtimes say is theirs in it: the JVM's direct buffers

@@ -21,7 +21,7 @@ from engine.session import PROCESS_MEMORY_DIR
 
 PERIOD_S = 1.0
 LARGE_MAPPING_BYTES = 32 << 20
-PAGEMAP_BUDGET_PAGES = 1 << 16  # 512 KiB of pagemap read per process and sample at most
+PAGEMAP_BUDGET_PAGES = 1 << 18  # 2 MiB of pagemap read per process and sample at most (1 GiB of mappings read whole)
 BLOCK_PAGES = 1024
 PAGE_SHIFT = 12
 # /proc/PID/status lines kept (kB), under the names the samples use.
