@@ -43,6 +43,7 @@ else:
     ts = [threading.Thread(target=work) for _ in range(threads)]
     [t.start() for t in ts]
     [t.join() for t in ts]
+print("served", flush=True)
 pathlib.Path(marker).write_text("done")
 sys.exit(code)
 """
@@ -206,6 +207,49 @@ def test_sigkill_of_tandem_live_leaves_finished_parts_whole(service, tmp_path):
     wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "the service to exit")
     run = analyze(session, tmp_path / "out")
     assert run.returncode == 0, run.stderr
+
+
+# SIGKILL of tandem at random moments of a service's life (start-up, the JVM starting, mid-run,
+# the end): TANDEM_FAULT_MOMENTS per command (20 for the issue's bar; the suite runs 1),
+# TANDEM_FAULT_SEED to replay a failure.
+FAULT_MOMENTS = int(os.environ.get("TANDEM_FAULT_MOMENTS", "1"))
+FAULT_SEED = int(os.environ.get("TANDEM_FAULT_SEED", str(random.SystemRandom().randrange(1 << 30))))
+FAULT_COMMANDS = {
+    "record": ("record", "-o", "{session}"),
+    "record-flight-recorder": ("record", "--max-size", "200M", "--max-age", "10m", "-o", "{session}"),
+    "live": ("live", "--session", "{session}", "--roll", "1s"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", sorted(FAULT_COMMANDS))
+def test_sigkill_of_tandem_at_random_moments_harms_neither_the_service_nor_the_session(command, service, tmp_path):
+    """For each moment: the service (the demo's hybrid service, JPype in CPython) runs to its own
+    exit code with its own output, and the session as the kill left it is analyzable, or (killed
+    before it was made) refused in one line."""
+    rng = random.Random(FAULT_SEED)
+    for k in range(FAULT_MOMENTS):
+        moment = rng.uniform(0.0, 7.0)
+        where = f"{command} killed {moment:.2f} s after its start (TANDEM_FAULT_SEED={FAULT_SEED}, moment {k + 1})"
+        session, marker, status = tmp_path / f"s{k}", tmp_path / f"done{k}", tmp_path / f"status{k}"
+        wrapped = ["sh", "-c", f'"$@"; echo $? > {status}', "sh", *service_argv(service, marker, 4, code=3)]
+        argv = [a.format(session=session) for a in FAULT_COMMANDS[command]]
+        tandem = subprocess.Popen(tandem_argv(*argv, "--", *wrapped), env=env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True)
+        time.sleep(moment)
+        tandem.kill()
+        tandem.wait()
+        output = tandem.stdout.read()  # (the service writes to this pipe: its end comes when the service exits)
+        wait_for(status.exists, 90, f"the service to exit: {where}")
+        assert status.read_text().strip() == "3" and marker.exists(), where
+        assert output.count("served") == 1, f"{where}: {output!r}"
+        out = tmp_path / f"out{k}"
+        run = analyze(session, out)
+        if (session / "session.json").exists() and any(session.glob("py-*/probe.json")):
+            assert run.returncode == 0, f"{where}: {run.stderr}"
+            assert {"pauses.parquet", "overlaps.parquet"} <= set(readable_results(out)), where
+        elif run.returncode != 0:  # (killed before the session had a probed interpreter)
+            assert len(run.stderr.strip().splitlines()) == 1, f"{where}: {run.stderr}"
 
 
 # ---------------------------------------------------------------- the session's disk

@@ -24,6 +24,7 @@ def dump(
     from engine.record import keeper as keeping, session as sessions
     from engine.session import JVM_DIRS, PYTHON_DIRS, SESSION_JSON, read_json
 
+    _yield_to_the_service()
     source = Path(session).expanduser().absolute()
     if not (source / SESSION_JSON).is_file():
         raise TandemError(f"{source}: not a tandem session (no {SESSION_JSON})")
@@ -51,6 +52,24 @@ def dump(
     for note in notes:
         console.print(f"tandem: {note}", highlight=False)
     console.print(f"tandem: snapshot of {source} in {target}", highlight=False)
+
+
+def _yield_to_the_service() -> None:
+    """A dump is never urgent, the service always is: the lowest CPU priority (jcmd inherits it)
+    and the idle I/O class, so the dump runs on what the service leaves."""
+    import ctypes
+    import os
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+    except OSError:
+        pass
+    number = {"x86_64": 251, "aarch64": 30}.get(os.uname().machine)  # ioprio_set: no wrapper in Python's os
+    if number is not None:
+        try:  # (IOPRIO_WHO_PROCESS, this process, IOPRIO_CLASS_IDLE << 13)
+            ctypes.CDLL(None, use_errno=True).syscall(number, 1, 0, 3 << 13)
+        except (OSError, AttributeError):
+            pass
 
 
 def _dump_python(source: Path, target: Path, since_ns: int | None, notes: list[str]) -> None:
