@@ -43,8 +43,9 @@ OVERLAP = Metric("tandem_pause_python_overlap_seconds", "tandem.pause.python_ove
                  "Time of JVM pauses during which at least one Python thread was released or waiting (pause_impact overlap_ns).")
 AMPLIFIED = Metric("tandem_pauses_amplified", "tandem.pauses.amplified", "counter", "{pause}", ("pid", "kind"),
                    "JVM pauses that stopped a thread holding the GIL (pause_impact amplified).")
-# Pauses caused by Python: counted once issue 16's attribution gives pause_impact its column;
-# set CAUSED_BY_PYTHON_COLUMN to that column's name (a boolean per pause) and the metric appears.
+# Pauses caused by Python: counted once the live pause_impact rows have a caused-by-Python column
+# (tandem analyze's `caused_by_python` is not computed live yet); set CAUSED_BY_PYTHON_COLUMN to
+# that column's name (a boolean per pause) and the metric appears.
 CAUSED_BY_PYTHON_COLUMN: str | None = None
 CAUSED = Metric("tandem_pauses_caused_by_python", "tandem.pauses.caused_by_python", "counter", "{pause}", ("pid", "kind"),
                 "JVM pauses attributed to Python code.")
