@@ -6,9 +6,9 @@
 KIND: python (small Python objects kept in a list), numpy (numpy arrays kept alive by Java
 references in a Java list: JPype's direct buffers over them, Jep's PyObjects), direct (Java DirectByteBuffers kept),
 heap (Java byte arrays kept), none (Python and Java garbage made and dropped: a sawtooth
-heap, no growth). The service warms up first (JVM started, the garbage loop running until
-the JVM's young collections have cycled its eden twice: a heap touching fresh pages is start-up, not
-a leak), then leaks for SECONDS; it prints the bytes it kept per second, as the leak's own accounting
+heap, no growth). The service warms up first (JVM started, the garbage loop running faster than
+it will until the JVM's young collections have cycled its eden twice and its RSS has stayed flat
+for FLAT_S: G1 growing its eden into fresh pages is start-up, not a leak), then leaks for SECONDS; it prints the bytes it kept per second, as the leak's own accounting
 counts them, as its last line: `leaked BYTES in SECONDS s`; before it, a line `kept T_NS BYTES` at
 each tick (CLOCK_MONOTONIC, bytes kept so far): its rate over any span, if the service fell
 behind its schedule on a busy machine and caught up.
@@ -20,6 +20,8 @@ import numpy as np
 
 KIND, RATE, SECONDS = sys.argv[1], float(sys.argv[2]) * 1e6, float(sys.argv[3])
 WARM_UP_S = 3.0
+FLAT_S, FLAT_BYTES = 3.0, 2 << 20  # steady: the RSS grew less than FLAT_BYTES over the last FLAT_S
+MAX_WARM_UP_S = 30.0
 TICK_S = 0.05
 
 try:
@@ -94,9 +96,23 @@ def young_collections() -> int:
                if "Old" not in str(gc.getName()) and "MarkSweep" not in str(gc.getName()))
 
 
+def rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+
+
+def steady(history: list[tuple[float, int]], now: float) -> bool:
+    recent = [value for t, value in history if t >= now - FLAT_S]
+    return history[0][0] <= now - FLAT_S and max(recent) - min(recent) < FLAT_BYTES
+
+
 start = time.monotonic()
-while time.monotonic() - start < WARM_UP_S or (young_collections() < 2 and time.monotonic() - start < 4 * WARM_UP_S):
-    for _ in range(1 if time.monotonic() - start < WARM_UP_S else 10):
+history: list[tuple[float, int]] = []
+while (now := time.monotonic()) - start < MAX_WARM_UP_S:
+    history.append((now, rss()))
+    if now - start >= WARM_UP_S and young_collections() >= 2 and steady(history, now):
+        break
+    for _ in range(1 if now - start < WARM_UP_S else 10):
         garbage()
     time.sleep(TICK_S)
 
