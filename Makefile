@@ -35,8 +35,12 @@ test-tools:
 	    || echo "make: apt-get could not install prometheus: tests/test_metrics.py will fail under CI=true"; \
 	  else echo "make: prometheus is not installed and this is not root: tests/test_metrics.py will fail under CI=true"; fi; }
 
+# The suite's files are spread over TEST_WORKERS processes (pytest-xdist; a file's tests stay
+# together, sharing its fixtures); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+
 test: build test-tools
-	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && { echo "no tests ran"; exit 1; }; exit $$rc
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && { echo "no tests ran"; exit 1; }; exit $$rc
 
 test-fast: build
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
