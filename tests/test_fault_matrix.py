@@ -227,12 +227,13 @@ def test_sigkill_of_tandem_at_random_moments_harms_neither_the_service_nor_the_s
     """For each moment: the service (the demo's hybrid service, JPype in CPython) runs to its own
     exit code with its own output, and the session as the kill left it is analyzable, or (killed
     before it was made) refused in one line."""
-    rng = random.Random(FAULT_SEED)
+    rng = random.Random(f"{FAULT_SEED} {command}")
     for k in range(FAULT_MOMENTS):
         moment = rng.uniform(0.0, 7.0)
         where = f"{command} killed {moment:.2f} s after its start (TANDEM_FAULT_SEED={FAULT_SEED}, moment {k + 1})"
-        session, marker, status = tmp_path / f"s{k}", tmp_path / f"done{k}", tmp_path / f"status{k}"
-        wrapped = ["sh", "-c", f'"$@"; echo $? > {status}', "sh", *service_argv(service, marker, 4, code=3)]
+        session, marker = tmp_path / f"s{k}", tmp_path / f"done{k}"
+        started, status = tmp_path / f"started{k}", tmp_path / f"status{k}"
+        wrapped = ["sh", "-c", f'touch {started}; "$@"; echo $? > {status}', "sh", *service_argv(service, marker, 4, code=3)]
         argv = [a.format(session=session) for a in FAULT_COMMANDS[command]]
         tandem = subprocess.Popen(tandem_argv(*argv, "--", *wrapped), env=env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, text=True)
@@ -240,6 +241,9 @@ def test_sigkill_of_tandem_at_random_moments_harms_neither_the_service_nor_the_s
         tandem.kill()
         tandem.wait()
         output = tandem.stdout.read()  # (the service writes to this pipe: its end comes when the service exits)
+        if not started.exists():  # killed before it ran the command: no service to harm, no session to read
+            assert not any(session.glob("py-*")), where
+            continue
         wait_for(status.exists, 90, f"the service to exit: {where}")
         assert status.read_text().strip() == "3" and marker.exists(), where
         assert output.count("served") == 1, f"{where}: {output!r}"
