@@ -316,8 +316,9 @@ def test_record_with_bounds_never_exceeds_them(tmp_path):
 @pytest.mark.slow
 def test_dump_of_a_running_session_is_analyzable_and_keeps_the_last_window(tmp_path):
     """`tandem dump` while the demo service (Python with an embedded JVM) records: the snapshot
-    holds JFR.dump's recording and the GIL segments of the last --last seconds, and analyzes;
-    the service runs on to its own end."""
+    holds the JVM's chunks as JFR had flushed them (up to about a second before the dump, each
+    finished) and the GIL segments of the last --last seconds, and analyzes; the service runs
+    on to its own end."""
     session, snapshot = tmp_path / "s", tmp_path / "snap"
     proc = subprocess.Popen([sys.executable, "-m", "engine", "record", "--max-size", "500M", "--max-age", "10m",
                              "-o", str(session), "--", sys.executable, "-m", "engine.demo.workload", "--seconds", "25"],
@@ -335,8 +336,18 @@ def test_dump_of_a_running_session_is_analyzable_and_keeps_the_last_window(tmp_p
     out, err = proc.communicate(timeout=300)
     assert dumped.returncode == 0, dumped.stderr
     assert proc.returncode == 0, err
-    assert len(list(snapshot.glob("jvm-*/recording.jfr"))) == 1
-    assert read_json(snapshot / "session.json")["dump"]["last_s"] == 6
+    dump = read_json(snapshot / "session.json")["dump"]
+    assert dump["last_s"] == 6
+    from engine.clock.chunks import scan_chunks
+    from engine.ingest.jfr import read_pauses
+    from engine.session import Session
+
+    jvms = Session.open(snapshot).jvms
+    assert len(jvms) == 1 and jvms[0].recordings
+    assert all(scan_chunks(path).unfinished is None for path in jvms[0].recordings if path.suffix == ".jfr")
+    pauses = read_pauses(jvms[0].recordings)
+    # the demo calls System.gc() every 2 s: the JVM's events reach the dump's time less JFR's flush period
+    assert pauses["end_ns"].max() >= dump["at_monotonic_ns"] - 4_000_000_000, (pauses["end_ns"].max(), dump)
     gil = read_gil(snapshot)
     window = gil.attrs["kept_window"]
     assert window["first_segment"] >= 1 and window["rotated_out_events"] > 0  # (older segments left out)
@@ -345,6 +356,7 @@ def test_dump_of_a_running_session_is_analyzable_and_keeps_the_last_window(tmp_p
     analyzed = run_tandem("analyze", str(snapshot), "-o", str(tmp_path / "out"), env=dict(os.environ))
     assert analyzed.returncode == 0, analyzed.stderr
     assert "flight recorder: pid" in analyzed.stdout + analyzed.stderr and "rotated out" in analyzed.stdout + analyzed.stderr
+    assert "unfinished" not in analyzed.stdout + analyzed.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")

@@ -17,7 +17,7 @@ def dump(
     last: Optional[str] = typer.Option(None, "--last", help="Keep only this much of the most recent history (e.g. 10m, 1h)."),
 ) -> None:
     """Copy SESSION as it is now into SNAPSHOT: closed GIL segments, the one being written up to its
-    last whole record, each JVM's recording (JFR.dump of a running one); SESSION records on."""
+    last whole record, each JVM's recording (of a running one what JFR has flushed); SESSION records on."""
     from rich.console import Console
 
     from engine.errors import TandemError
@@ -55,8 +55,8 @@ def dump(
 
 
 def _yield_to_the_service() -> None:
-    """A dump is never urgent, the service always is: the lowest CPU priority (jcmd inherits it)
-    and the idle I/O class, so the dump runs on what the service leaves."""
+    """A dump is never urgent, the service always is: the lowest CPU priority and the idle I/O
+    class, so the dump runs on what the service leaves."""
     import ctypes
     import os
 
@@ -110,44 +110,56 @@ def _dump_python(source: Path, target: Path, since_ns: int | None, notes: list[s
 
 
 def _dump_jvm(source: Path, target: Path, last_s: float | None, notes: list[str]) -> None:
-    """One jvm-<pid>: its closed recording, or JFR.dump of the running JVM (its repository's chunks
-    when that cannot run); under a flight recorder also the history the keeper holds (JFR's
-    own recording then holds its last two chunks only)."""
-    import os
-    import subprocess
-
-    from engine import jvm
-    from engine.errors import TandemError
+    """One jvm-<pid>/: its closed recording; of a running JVM, what JFR has flushed to its disk
+    repository (its chunks, the one being written cut at its last flush and marked finished),
+    never a command to the JVM: JFR.dump rotates the chunk at a safepoint, a stop the service
+    would pay for. Under a flight recorder also the history the keeper holds (JFR's own
+    repository then holds its last two chunks only)."""
     from engine.probe.private import private_directory
-    from engine.session import JVM_JSON, RECORDING, REPOSITORY, pid_from_name, process_alive, read_json
+    from engine.session import JVM_JSON, RECORDING, REPOSITORY
 
     private_directory(target)
     _copy_whole(source / JVM_JSON, target / JVM_JSON)
-    description = read_json(source / JVM_JSON)
-    pid = description.get("pid") or pid_from_name(source.name)
-    if (source / RECORDING).exists() or not process_alive(pid):
-        _dump_kept_chunks(source, target, last_s)
-        if (source / RECORDING).exists():
-            _link_or_copy(source / RECORDING, target / RECORDING)
-        else:
-            _copy_chunks(source / REPOSITORY, target / REPOSITORY)
+    _dump_kept_chunks(source, target, last_s)
+    if (source / RECORDING).exists():
+        _link_or_copy(source / RECORDING, target / RECORDING)
         return
-    destination = target / RECORDING
-    argv = [str(jvm.jdk_tool("jcmd")), str(pid), "JFR.dump", "name=tandem", f"filename={destination}"]
-    if last_s is not None:
-        argv.append(f"maxage={int(max(1, last_s))}s")
-    try:
-        run = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-        ok = run.returncode == 0 and destination.exists()
-        reason = (run.stdout + run.stderr).strip().splitlines()[-1:] if not ok else []
-    except (OSError, subprocess.TimeoutExpired, TandemError) as err:
-        ok, reason = False, [str(err)]
-    _dump_kept_chunks(source, target, last_s)  # (after JFR.dump: nothing older than what it holds is missed)
-    if ok:
-        os.chmod(destination, 0o600)  # JFR writes it with the JVM's umask
-        return
-    notes.append(f"{source.name}: JFR.dump failed ({' '.join(reason) or 'no output'}); copied its repository's chunks instead")
-    _copy_chunks(source / REPOSITORY, target / REPOSITORY)
+    if _copy_flushed_chunks(source / REPOSITORY, target / REPOSITORY, last_s) == 0 and not any(target.rglob("*.jfr*")):
+        notes.append(f"{source.name}: JFR had flushed nothing to its repository yet: no JVM events in the snapshot")
+
+
+def _copy_flushed_chunks(repository: Path, target: Path, last_s: float | None) -> int:
+    """The repository's chunk files as they are on disk: a finished one linked (it never changes),
+    the one being written copied up to its last flush and marked finished (engine.ingest.jfr
+    reads such a copy as a closed chunk); those older than LAST_S left out. Returns how many."""
+    import time
+
+    from engine.clock.chunks import scan_chunks
+    from engine.errors import TandemError
+    from engine.ingest.jfr import _copy_chunks
+    from engine.probe.private import private_directory
+
+    if not repository.is_dir():
+        return 0
+    since = time.time() - last_s if last_s is not None else 0.0
+    copied = 0
+    for chunk in sorted(repository.rglob("*.jfr")):
+        if _mtime(chunk) < since:
+            continue
+        destination = target / chunk.relative_to(repository)
+        private_directory(destination.parent)
+        try:
+            scan = scan_chunks(chunk)
+            if scan.unfinished is None:
+                _link_or_copy(chunk, destination)
+            elif scan.chunks:
+                _copy_chunks(chunk, scan.chunks, destination)
+            else:
+                continue  # (not flushed yet)
+        except (FileNotFoundError, TandemError):
+            continue  # JFR rotated it out meanwhile, or has not written its header yet
+        copied += 1
+    return copied
 
 
 def _dump_kept_chunks(source: Path, target: Path, last_s: float | None) -> None:
@@ -164,7 +176,7 @@ def _dump_kept_chunks(source: Path, target: Path, last_s: float | None) -> None:
 
     since = time.time() - last_s if last_s is not None else 0.0
     # links first: one packed meanwhile has left .chunks/ for packed/, listed after
-    kept = [p for p in sorted((source / KEPT_CHUNKS).glob("*.jfr"))[:-1]  # (the newest: JFR's current chunk, in JFR.dump's)
+    kept = [p for p in sorted((source / KEPT_CHUNKS).glob("*.jfr"))[:-1]  # (the newest: JFR's current chunk, from the repository)
             if _file_state(p, FILE_STATE_OFFSET) == FILE_STATE_FINISHED]
     dictionary = [source / PACKED_CHUNKS / PACKED_DICTIONARY] if (source / PACKED_CHUNKS / PACKED_DICTIONARY).exists() else []
     for kind, files in ((KEPT_CHUNKS, kept), (PACKED_CHUNKS, packed_chunks(source))):
@@ -261,23 +273,6 @@ def _copy_code_table(source: Path, target: Path) -> None:
     except FileNotFoundError:
         return
     target.write_bytes(data)
-
-
-def _copy_chunks(repository: Path, target: Path) -> None:
-    """The JFR repository's chunk files (the last one may be unfinished: read to its last flush)."""
-    import shutil
-
-    from engine.probe.private import private_directory
-
-    if not repository.is_dir():
-        return
-    for chunk in sorted(repository.rglob("*.jfr")):
-        destination = target / chunk.relative_to(repository)
-        private_directory(destination.parent)
-        try:
-            shutil.copyfile(chunk, destination)
-        except FileNotFoundError:  # JFR rotated it out meanwhile
-            pass
 
 
 def register(app: typer.Typer) -> None:
