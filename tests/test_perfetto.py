@@ -227,18 +227,10 @@ def trace(request, analysis):
 
 def test_every_track_is_named_and_nests(trace):
     analysis, fmt, (tracks, slices) = trace
-    by_track = defaultdict(list)
     for s in slices:
         assert s["end"] >= s["start"]
         assert tracks[s["track"]]["name"] and tracks[s["track"]]["process"], s
-        by_track[s["track"]].append(s)
-    for track, of_track in by_track.items():
-        stack: list[int] = []  # end times of open slices: slices must nest properly
-        for s in sorted(of_track, key=lambda s: (s["start"], -s["end"])):
-            while stack and stack[-1] <= s["start"] and not (s["end"] == s["start"] == stack[-1]):
-                stack.pop()
-            assert not stack or s["end"] <= stack[-1], f"slice {s['name']} at {s['start']} crosses its parent on {track}"
-            stack.append(s["end"])
+    _nests(slices)
 
 
 def test_flows_are_paired_and_overlaps_are_marked(trace):
