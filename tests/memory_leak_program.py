@@ -6,9 +6,9 @@
 KIND: python (small Python objects kept in a list), numpy (numpy arrays kept alive by Java
 references in a Java list: JPype's direct buffers over them, Jep's PyObjects), direct (Java DirectByteBuffers kept),
 heap (Java byte arrays kept), none (Python and Java garbage made and dropped: a sawtooth
-heap, no growth). The service warms up first (JVM started, the garbage loop running faster than
-it will until the JVM's young collections have cycled its eden twice and its RSS has stayed flat
-for FLAT_S: G1 growing its eden into fresh pages is start-up, not a leak), then leaks for SECONDS; it prints the bytes it kept per second, as the leak's own accounting
+heap, no growth). The service warms up first (JVM started, the garbage loop running ten times
+faster, then as it will, each until the JVM's young collections have cycled its eden three times
+and its RSS has stayed flat for FLAT_S: G1 growing its eden into fresh pages is start-up, not a leak), then leaks for SECONDS; it prints the bytes it kept per second, as the leak's own accounting
 counts them, as its last line: `leaked BYTES in SECONDS s`; before it, a line `kept T_NS BYTES` at
 each tick (CLOCK_MONOTONIC, bytes kept so far): its rate over any span, if the service fell
 behind its schedule on a busy machine and caught up.
@@ -21,7 +21,7 @@ import numpy as np
 KIND, RATE, SECONDS = sys.argv[1], float(sys.argv[2]) * 1e6, float(sys.argv[3])
 WARM_UP_S = 3.0
 FLAT_S, FLAT_BYTES = 3.0, 2 << 20  # steady: the RSS grew less than FLAT_BYTES over the last FLAT_S
-MAX_WARM_UP_S = 30.0
+MAX_WARM_UP_S = 40.0
 TICK_S = 0.05
 
 try:
@@ -106,15 +106,25 @@ def steady(history: list[tuple[float, int]], now: float) -> bool:
     return history[0][0] <= now - FLAT_S and max(recent) - min(recent) < FLAT_BYTES
 
 
-start = time.monotonic()
-history: list[tuple[float, int]] = []
-while (now := time.monotonic()) - start < MAX_WARM_UP_S:
-    history.append((now, rss()))
-    if now - start >= WARM_UP_S and young_collections() >= 2 and steady(history, now):
-        break
-    for _ in range(1 if now - start < WARM_UP_S else 10):
-        garbage()
-    time.sleep(TICK_S)
+def settle(rate: int, since: float) -> None:
+    """Garbage RATE times the leak phase's until the young collections have cycled eden three
+    times and the RSS has stayed flat for FLAT_S (MAX_WARM_UP_S at most)."""
+    history: list[tuple[float, int]] = []
+    start, gcs = time.monotonic(), young_collections()
+    while (now := time.monotonic()) - since < MAX_WARM_UP_S:
+        history.append((now, rss()))
+        if now - start >= WARM_UP_S and young_collections() - gcs >= 3 and steady(history, now):
+            return
+        for _ in range(rate):
+            garbage()
+        time.sleep(TICK_S)
+
+
+# Fast first (G1 grows its eden into fresh pages), then at the leak phase's own rate until flat
+# again (G1 may shrink a heap sized for the faster load).
+began_warm_up = time.monotonic()
+settle(10, began_warm_up)
+settle(1, began_warm_up)
 
 leaked, due = 0, 0.0
 begin = time.monotonic()

@@ -87,8 +87,12 @@ class Kept:
         on a busy machine catches up: its rate is not the same over every span)."""
         if growth.fitted_from_ns is None or len(self.t_ns) < 2:
             return self.average
-        ends = np.interp([growth.fitted_from_ns, growth.fitted_to_ns], self.t_ns, self.kept)
-        return float(ends[1] - ends[0]) / ((growth.fitted_to_ns - growth.fitted_from_ns) / 1e9)
+        # (the part of that span the service was leaking in: the fit may begin in its warm-up)
+        low, high = max(growth.fitted_from_ns, self.t_ns[0]), min(growth.fitted_to_ns, self.t_ns[-1])
+        if high <= low:
+            return self.average
+        ends = np.interp([low, high], self.t_ns, self.kept)
+        return float(ends[1] - ends[0]) / ((high - low) / 1e9)
 
 
 def _service_growth(session: Path):
