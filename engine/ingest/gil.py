@@ -1,4 +1,4 @@
-"""GIL events -> intervals: the `gil` table (issue 4).
+"""GIL events -> intervals: the `gil` table.
 
     read_gil(path) -> DataFrame[pid, tid, thread_name, state, start_ns, end_ns, function, file, line]
 

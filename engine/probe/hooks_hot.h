@@ -31,8 +31,8 @@
  * page-aligned page: the globals below, the patches (their trampoline pointers), the
  * function pointers of the GOT hooks and the per-thread slots of the first 27 threads.
  * Why: each stamp follows or precedes a system call, and where a system call costs the
- * TLB its entries (the shared 2-core VM here: a system call followed by 8 stores to 8
- * distinct pages costs ~25 ns more than to 8 lines of one page) every distinct page a
+ * TLB its entries (on some VMs a system call followed by 8 stores to 8 distinct pages costs
+ * ~25 ns more than to 8 lines of one page) every distinct page a
  * stamp touches is a TLB miss. A stamp's data is now this page, the thread's TLS, the
  * ring slot and the lane's head; its code one page (HOT_CODE), plus, with the inline
  * hooks, one trampoline page.
