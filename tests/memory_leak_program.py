@@ -1,14 +1,16 @@
 """A service that leaks one kind of memory at a known rate (or none): no tandem-specific code.
 
-    python memory_leak_program.py KIND RATE_MB_S SECONDS       # Python driving a JVM (JPype)
-    java JepLeak KIND RATE_MB_S SECONDS memory_leak_program.py  # a JVM running it (Jep)
+    python memory_leak_program.py KIND RATE_MB_S SECONDS [JVM_OPTION...]  # Python driving a JVM (JPype)
+    java [JVM_OPTION...] JepLeak KIND RATE_MB_S SECONDS memory_leak_program.py  # a JVM running it (Jep)
 
 KIND: python (small Python objects kept in a list), numpy (numpy arrays kept alive by Java
 references in a Java list: JPype's direct buffers over them, Jep's PyObjects), direct (Java DirectByteBuffers kept),
 heap (Java byte arrays kept), none (Python and Java garbage made and dropped: a sawtooth
-heap, no growth). The service warms up first (JVM started, the garbage loop running ten times
-faster, then as it will, each until the JVM's young collections have cycled its eden three times
-and its RSS has stayed flat for FLAT_S: G1 growing its eden into fresh pages is start-up, not a leak), then leaks for SECONDS; it prints the bytes it kept per second, as the leak's own accounting
+heap, no growth). The tests size its JVM's heap as latency-minded services do (fixed, with a fixed
+young generation: tests/test_memory.py, _jvm_options) so that G1 neither grows its eden into fresh
+regions nor shrinks the heap while the service leaks. The service warms up first (JVM started, the garbage loop
+running ten times faster than it will, until the young collections have cycled eden twice and the
+RSS has stayed flat for FLAT_S), then leaks for SECONDS; it prints the bytes it kept per second, as the leak's own accounting
 counts them, as its last line: `leaked BYTES in SECONDS s`; before it, a line `kept T_NS BYTES` at
 each tick (CLOCK_MONOTONIC, bytes kept so far): its rate over any span, if the service fell
 behind its schedule on a busy machine and caught up.
@@ -18,10 +20,10 @@ import time
 
 import numpy as np
 
-KIND, RATE, SECONDS = sys.argv[1], float(sys.argv[2]) * 1e6, float(sys.argv[3])
+KIND, RATE, SECONDS, JVM_OPTIONS = sys.argv[1], float(sys.argv[2]) * 1e6, float(sys.argv[3]), sys.argv[4:]
 WARM_UP_S = 3.0
 FLAT_S, FLAT_BYTES = 3.0, 2 << 20  # steady: the RSS grew less than FLAT_BYTES over the last FLAT_S
-MAX_WARM_UP_S = 40.0
+MAX_WARM_UP_S = 20.0
 TICK_S = 0.05
 
 try:
@@ -30,7 +32,7 @@ except ImportError:
     import jpype
     import jpype.nio
 
-    jpype.startJVM()
+    jpype.startJVM(*JVM_OPTIONS)
     ArrayList = jpype.JClass("java.util.ArrayList")
     ByteBuffer = jpype.JClass("java.nio.ByteBuffer")
     ManagementFactory = jpype.JClass("java.lang.management.ManagementFactory")
@@ -106,25 +108,21 @@ def steady(history: list[tuple[float, int]], now: float) -> bool:
     return history[0][0] <= now - FLAT_S and max(recent) - min(recent) < FLAT_BYTES
 
 
-def settle(rate: int, since: float) -> None:
-    """Garbage RATE times the leak phase's until the young collections have cycled eden three
-    times and the RSS has stayed flat for FLAT_S (MAX_WARM_UP_S at most)."""
+def warm_up() -> None:
+    """Garbage ten times the leak phase's until the young collections have cycled eden twice and
+    the RSS has stayed flat for FLAT_S (MAX_WARM_UP_S at most)."""
     history: list[tuple[float, int]] = []
     start, gcs = time.monotonic(), young_collections()
-    while (now := time.monotonic()) - since < MAX_WARM_UP_S:
+    while (now := time.monotonic()) - start < MAX_WARM_UP_S:
         history.append((now, rss()))
-        if now - start >= WARM_UP_S and young_collections() - gcs >= 3 and steady(history, now):
+        if now - start >= WARM_UP_S and young_collections() - gcs >= 2 and steady(history, now):
             return
-        for _ in range(rate):
+        for _ in range(10):
             garbage()
         time.sleep(TICK_S)
 
 
-# Fast first (G1 grows its eden into fresh pages), then at the leak phase's own rate until flat
-# again (G1 may shrink a heap sized for the faster load).
-began_warm_up = time.monotonic()
-settle(10, began_warm_up)
-settle(1, began_warm_up)
+warm_up()
 
 leaked, due = 0, 0.0
 begin = time.monotonic()

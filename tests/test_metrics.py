@@ -329,6 +329,7 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rss_seen: list[tuple[float, int]] = []  # (monotonic s, VmRSS bytes), read here every 0.1 s
     heap_totals: set[int] = set()
+    heap_read_until = [0.0]  # (monotonic s: when jcmd's last reading began)
     scrapes: list[tuple[float, int, dict]] = []
     stop = threading.Event()
 
@@ -347,8 +348,12 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
         while not stop.is_set() and not (session / f"jvm-{pid}" / "jvm.json").exists():
             time.sleep(0.1)
         while not stop.is_set():
+            began = time.monotonic()
             out = subprocess.run([str(jdk_tool("jcmd")), str(pid), "GC.heap_info"], capture_output=True, text=True).stdout
-            heap_totals.update(int(k) * 1024 for k in re.findall(r"heap\s+total (\d+)K", out))
+            totals = [int(k) * 1024 for k in re.findall(r"heap\s+total (\d+)K", out)]
+            if totals:
+                heap_totals.update(totals)
+                heap_read_until[0] = began
             time.sleep(0.5)
 
     try:
@@ -390,10 +395,12 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
         assert split == pytest.approx(values[rss_key], rel=1e-6)
         checked += 1
     assert checked >= 5, f"{checked} scrapes with the process's memory"
-    committed = [v for _, _, values in scrapes for k, v in values.items()
-                 if k == ("jvm_memory_committed_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))]
+    # (jcmd attaches in about a second, seconds on a loaded machine: it misses some of the heap's
+    # sizes while it grows, and those after its last reading; the scrapes before that are held to it)
+    committed = [v for at, _, values in scrapes for k, v in values.items()
+                 if k == ("jvm_memory_committed_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))
+                 and at <= heap_read_until[0]]
     assert committed and heap_totals, (committed, heap_totals)
-    # (jcmd attaches in about a second: it misses some of the heap's sizes while it grows at the start)
     assert set(committed) & heap_totals and min(heap_totals) <= min(committed) and max(committed) <= max(heap_totals), \
         (sorted(set(committed)), sorted(heap_totals))
     used = [v for _, _, values in scrapes for k, v in values.items()

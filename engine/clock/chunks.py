@@ -180,3 +180,34 @@ def split_runs(chunks: list[Chunk]) -> list[list[Chunk]]:
         else:
             runs.append([chunk])
     return runs
+
+
+def copy_chunks(path: Path, run: list[Chunk], dest: Path) -> Path:
+    """Copies the bytes of `run`'s chunks to `dest`; an unfinished chunk ends at its last flush.
+
+    An unfinished chunk (file state != 0: a killed JVM's last repository chunk) is a valid
+    chunk up to the size its header gives, which HotSpot rewrites at every flush together
+    with the constant-pool and metadata offsets. Left unfinished, jdk.jfr's EventStream waits
+    forever for the JVM to write more (and JDK 21+'s RecordingFile refuses it), so the copy's
+    file state is set to 0 ("finished"): jdk.jfr then reads it as a closed chunk of that size.
+    """
+    start, end = run[0].offset, run[-1].offset + run[-1].size
+    with open(path, "rb") as src, open(dest, "wb") as out:
+        src.seek(start)
+        remaining = end - start
+        while remaining:
+            block = src.read(min(remaining, 8 << 20))
+            if not block:
+                break
+            out.write(block)
+            remaining -= len(block)
+        if remaining:
+            raise TandemError(f"{path}: the file shrank while being read")
+        for chunk in run:
+            if not chunk.finished:
+                # The header as scanned (a live JVM may have flushed again since), marked finished.
+                header = bytearray(chunk.header)
+                header[FILE_STATE_OFFSET] = FILE_STATE_FINISHED
+                out.seek(chunk.offset - start)
+                out.write(header)
+    return dest

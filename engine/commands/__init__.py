@@ -49,9 +49,12 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 def main() -> None:
     import warnings
 
-    from engine.errors import TandemError
+    from engine.errors import TandemError, TandemWarning
 
-    from engine.errors import TandemWarning
+    if sys.argv[1:2] == ["dump"]:  # (before the commands load: a dump's every step runs on what the service leaves)
+        from engine.commands.dump import yield_to_the_service
+
+        yield_to_the_service()
 
     global _default_showwarning
     _default_showwarning = warnings.showwarning

@@ -24,7 +24,7 @@ def dump(
     from engine.record import keeper as keeping, session as sessions
     from engine.session import JVM_DIRS, PYTHON_DIRS, SESSION_JSON, read_json
 
-    _yield_to_the_service()
+    yield_to_the_service()  # (again: dump called from Python, not the command line)
     source = Path(session).expanduser().absolute()
     if not (source / SESSION_JSON).is_file():
         raise TandemError(f"{source}: not a tandem session (no {SESSION_JSON})")
@@ -54,7 +54,7 @@ def dump(
     console.print(f"tandem: snapshot of {source} in {target}", highlight=False)
 
 
-def _yield_to_the_service() -> None:
+def yield_to_the_service() -> None:
     """A dump is never urgent, the service always is: the lowest CPU priority and the idle I/O
     class, so the dump runs on what the service leaves."""
     import ctypes
@@ -134,9 +134,8 @@ def _copy_flushed_chunks(repository: Path, target: Path, last_s: float | None) -
     reads such a copy as a closed chunk); those older than LAST_S left out. Returns how many."""
     import time
 
-    from engine.clock.chunks import scan_chunks
+    from engine.clock.chunks import copy_chunks, scan_chunks
     from engine.errors import TandemError
-    from engine.ingest.jfr import _copy_chunks
     from engine.probe.private import private_directory
 
     if not repository.is_dir():
@@ -153,7 +152,7 @@ def _copy_flushed_chunks(repository: Path, target: Path, last_s: float | None) -
             if scan.unfinished is None:
                 _link_or_copy(chunk, destination)
             elif scan.chunks:
-                _copy_chunks(chunk, scan.chunks, destination)
+                copy_chunks(chunk, scan.chunks, destination)
             else:
                 continue  # (not flushed yet)
         except (FileNotFoundError, TandemError):

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from engine.clock import align
-from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET, Chunk, ChunkScan, scan_chunks, split_runs
+from engine.clock.chunks import Chunk, ChunkScan, copy_chunks, scan_chunks, split_runs
 from engine.errors import TandemError, TandemWarning
 from engine.ingest import jfr_chunks, jfr_input
 from engine.session import JVM_JSON, SESSION_JSON, current_boot_id, jvm_directory_of, process_alive, read_json
@@ -275,7 +275,7 @@ def _read_chunks(scan: ChunkScan, run: list[Chunk], bar: "_Progress", jvm_option
     # truncated, unfinished or damaged files and files holding several JVM runs), an
     # unfinished chunk cut at its last flush and marked finished.
     with tempfile.TemporaryDirectory(prefix="tandem-ingest-") as tmpdir:
-        copy = _copy_chunks(scan.path, run, Path(tmpdir) / f"run{run[0].index}.jfr")
+        copy = copy_chunks(scan.path, run, Path(tmpdir) / f"run{run[0].index}.jfr")
         return _run_java_reader(scan.path, copy, run, bar, jvm_options)
 
 
@@ -285,37 +285,6 @@ def _reader_event_types(jvm_options: tuple[str, ...]) -> tuple[str, ...]:
 
     jpype = jvm.start_jvm(extra_options=jvm_options)
     return tuple(str(t) for t in jpype.JClass("tandem.ingest.PauseReader").EVENT_TYPES)
-
-
-def _copy_chunks(path: Path, run: list[Chunk], dest: Path) -> Path:
-    """Copies the bytes of `run`'s chunks to `dest`; an unfinished chunk ends at its last flush.
-
-    An unfinished chunk (file state != 0: a killed JVM's last repository chunk) is a valid
-    chunk up to the size its header gives, which HotSpot rewrites at every flush together
-    with the constant-pool and metadata offsets. Left unfinished, jdk.jfr's EventStream waits
-    forever for the JVM to write more (and JDK 21+'s RecordingFile refuses it), so the copy's
-    file state is set to 0 ("finished"): jdk.jfr then reads it as a closed chunk of that size.
-    """
-    start, end = run[0].offset, run[-1].offset + run[-1].size
-    with open(path, "rb") as src, open(dest, "wb") as out:
-        src.seek(start)
-        remaining = end - start
-        while remaining:
-            block = src.read(min(remaining, 8 << 20))
-            if not block:
-                break
-            out.write(block)
-            remaining -= len(block)
-        if remaining:
-            raise TandemError(f"{path}: the file shrank while being read")
-        for chunk in run:
-            if not chunk.finished:
-                # The header as scanned (a live JVM may have flushed again since), marked finished.
-                header = bytearray(chunk.header)
-                header[FILE_STATE_OFFSET] = FILE_STATE_FINISHED
-                out.seek(chunk.offset - start)
-                out.write(header)
-    return dest
 
 
 def _agent_description(path: Path) -> dict:

@@ -90,10 +90,10 @@ def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFram
         if scan.unfinished is None:
             _read_file(path, rows, sync_ticks, sync_mono)
             continue
-        from engine.ingest.jfr import _copy_chunks  # (a copy cut at the last flush, marked finished)
+        from engine.clock.chunks import copy_chunks  # (a copy cut at the last flush, marked finished)
 
         with tempfile.TemporaryDirectory(prefix="tandem-memory-") as tmp:
-            _read_file(_copy_chunks(path, scan.chunks, Path(tmp) / "flushed.jfr"), rows, sync_ticks, sync_mono)
+            _read_file(copy_chunks(path, scan.chunks, Path(tmp) / "flushed.jfr"), rows, sync_ticks, sync_mono)
     facts = {"skipped_recordings": skipped}
     if not rows or not sync_ticks or tps is None:
         facts["note"] = "no memory events" if not rows else "no tandem.ClockSync events: the JVM's memory is left out"

@@ -24,6 +24,7 @@ interpreter's start path. A failure stops the sampling, never the service.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -35,28 +36,38 @@ NUMPY_DOMAIN = 389047  # numpy's NPY_TRACE_DOMAIN: its data buffers in tracemall
 NUMPY_PERIOD_S = 10.0
 NUMPY_DUTY = 0.01  # the snapshots' share of the time at most
 
+LAST_SAMPLE_WAIT_S = 1.0  # what stop (and exit) waits at most for the last sample
+
 _started_in_pid: int | None = None
 _thread: threading.Thread | None = None
+_stopping = threading.Event()
 
 
 def start(directory: str, period_s: float = PERIOD_S) -> None:
     """Sample this process into DIRECTORY/memory.jsonl from a daemon thread (once per process:
-    a forked child calls this again from its own start)."""
-    global _started_in_pid, _thread
+    a forked child calls this again from its own start), and once more as it exits."""
+    global _started_in_pid, _thread, _stopping
     if _started_in_pid == os.getpid():
         return
     _started_in_pid = os.getpid()
+    _stopping = threading.Event()  # (a forked child's own)
     _thread = threading.Thread(target=_sample_forever, args=(os.path.join(directory, FILE_NAME), period_s),
                                name="tandem-memory", daemon=True)
     _thread.start()
+    atexit.register(stop)
 
 
 def stop() -> None:
-    """End the sampling and its thread (tandem attach's stop leaves no thread of ours in the service)."""
+    """End the sampling with a last sample (the memory at the end: a short program would have
+    none after its last second) and end its thread (tandem attach's stop leaves no thread of
+    ours in the service)."""
     global _started_in_pid
+    if _started_in_pid != os.getpid():
+        return
     _started_in_pid = None
+    _stopping.set()
     if _thread is not None and _thread is not threading.current_thread():
-        _thread.join()
+        _thread.join(LAST_SAMPLE_WAIT_S)
 
 
 def _sample_forever(path: str, period_s: float) -> None:
@@ -67,13 +78,15 @@ def _sample_forever(path: str, period_s: float) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except Exception:
         return
-    pid = os.getpid()
+    stopping = _stopping
     try:
-        while _started_in_pid == pid:  # a forked child's copy of this thread does not exist; the parent's stops here
+        while True:
             sample = read.sample()
             sample["cpu_ns"] = time.thread_time_ns()  # this thread's CPU so far: the sampling's cost
             os.write(fd, (_json(sample) + "\n").encode())
-            time.sleep(period_s)
+            if stopping.is_set():  # (that was the last)
+                break
+            stopping.wait(period_s)
     except Exception:  # never into the service: the samples so far stay
         pass
     finally:

@@ -21,7 +21,8 @@ from engine.session import PROCESS_MEMORY_DIR
 
 PERIOD_S = 1.0
 LARGE_MAPPING_BYTES = 32 << 20
-PAGEMAP_BUDGET_PAGES = 1 << 18  # 2 MiB of pagemap read per process and sample at most (1 GiB of mappings read whole)
+PAGEMAP_BUDGET_PAGES = 1 << 19  # 4 MiB of pagemap read per process and sample at most (2 GiB of mappings read whole)
+WHOLE_READ_PAGES = 1 << 16  # one pread of pagemap where every block is read
 BLOCK_PAGES = 1024
 PAGE_SHIFT = 12
 # /proc/PID/status lines kept (kB), under the names the samples use.
@@ -72,8 +73,9 @@ def large_mappings_resident(pid: int, budget_pages: int = PAGEMAP_BUDGET_PAGES) 
         step = max(1, -(-total // budget_pages))  # read one block in every STEP
         for start, end in mappings:
             pages, present, read = (end - start) >> PAGE_SHIFT, 0, 0
-            for first in range(0, pages, BLOCK_PAGES * step):
-                count = min(BLOCK_PAGES, pages - first)
+            block = BLOCK_PAGES if step > 1 else WHOLE_READ_PAGES
+            for first in range(0, pages, block * step):
+                count = min(block, pages - first)
                 entries = np.frombuffer(os.pread(pagemap, count * 8, ((start >> PAGE_SHIFT) + first) * 8), np.uint64)
                 present += int(np.count_nonzero(entries >> np.uint64(63)))
                 read += len(entries)
