@@ -1,4 +1,4 @@
-"""What CPython's own accounting says about the memory of this process, once a second.
+"""What CPython's own accounting says about the memory of this process, once a second and at exit.
 
 A daemon thread started with the GIL probe (engine.probe.start_session) appends one JSON
 line to SESSION/py-<pid>/memory.jsonl per sample, stamped with CLOCK_MONOTONIC:
@@ -36,61 +36,94 @@ NUMPY_DOMAIN = 389047  # numpy's NPY_TRACE_DOMAIN: its data buffers in tracemall
 NUMPY_PERIOD_S = 10.0
 NUMPY_DUTY = 0.01  # the snapshots' share of the time at most
 
-LAST_SAMPLE_WAIT_S = 1.0  # what stop (and exit) waits at most for the last sample
-
 _started_in_pid: int | None = None
 _thread: threading.Thread | None = None
 _stopping = threading.Event()
+_sampler: _Sampler | None = None  # (set by the thread once it can sample)
 
 
 def start(directory: str, period_s: float = PERIOD_S) -> None:
     """Sample this process into DIRECTORY/memory.jsonl from a daemon thread (once per process:
     a forked child calls this again from its own start), and once more as it exits."""
-    global _started_in_pid, _thread, _stopping
+    global _started_in_pid, _thread, _stopping, _sampler
     if _started_in_pid == os.getpid():
         return
     _started_in_pid = os.getpid()
-    _stopping = threading.Event()  # (a forked child's own)
-    _thread = threading.Thread(target=_sample_forever, args=(os.path.join(directory, FILE_NAME), period_s),
+    _stopping, _sampler = threading.Event(), None  # (a forked child's own)
+    _thread = threading.Thread(target=_sample_forever, args=(os.path.join(directory, FILE_NAME), period_s, _stopping),
                                name="tandem-memory", daemon=True)
     _thread.start()
-    atexit.register(stop)
+    atexit.register(_end)
 
 
 def stop() -> None:
-    """End the sampling with a last sample (the memory at the end: a short program would have
-    none after its last second) and end its thread (tandem attach's stop leaves no thread of
-    ours in the service)."""
+    """End the sampling with a last sample, and its thread (tandem attach's stop leaves no thread
+    of ours in the service)."""
+    _end()
+    if _thread is not None and _thread is not threading.current_thread():
+        _thread.join()
+
+
+def _end() -> None:
+    """The last sample, taken on the calling thread (at exit: a short program's end state comes
+    after its last second; waiting for the sampler's thread would be a GIL release of the
+    service's), then the sampling stops."""
     global _started_in_pid
     if _started_in_pid != os.getpid():
         return
     _started_in_pid = None
-    _stopping.set()
-    if _thread is not None and _thread is not threading.current_thread():
-        _thread.join(LAST_SAMPLE_WAIT_S)
-
-
-def _sample_forever(path: str, period_s: float) -> None:
-    from engine.probe import _json  # (the probe's JSON writer: no json import in the service)
-
     try:
-        read = _Readers()
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if _sampler is not None:
+            _sampler.write()
+    except Exception:  # (never into the service, nor into its exit)
+        pass
+    _stopping.set()
+
+
+def _sample_forever(path: str, period_s: float, stopping: threading.Event) -> None:
+    global _sampler
+    try:
+        sampler = _Sampler(path)
     except Exception:
         return
-    stopping = _stopping
+    _sampler = sampler
     try:
-        while True:
-            sample = read.sample()
-            sample["cpu_ns"] = time.thread_time_ns()  # this thread's CPU so far: the sampling's cost
-            os.write(fd, (_json(sample) + "\n").encode())
-            if stopping.is_set():  # (that was the last)
-                break
+        while not stopping.is_set():
+            sampler.write()
             stopping.wait(period_s)
     except Exception:  # never into the service: the samples so far stay
         pass
     finally:
-        os.close(fd)
+        sampler.close()
+
+
+class _Sampler:
+    """Writes samples to the file, from the sampler's thread or the last from the exiting one."""
+
+    def __init__(self, path: str):
+        from engine.probe import _json  # (the probe's JSON writer: no json import in the service)
+
+        self._json, self._read = _json, _Readers()
+        self._cpu_clock = time.pthread_getcpuclockid(threading.get_ident())  # (the sampler thread's)
+        self._lock = threading.Lock()  # (samples in the file in time order; none after close)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def write(self) -> None:
+        with self._lock:
+            if self._fd is None:
+                return
+            sample = self._read.sample()
+            try:
+                sample["cpu_ns"] = time.clock_gettime_ns(self._cpu_clock)  # the sampler thread's CPU so far: the sampling's cost
+            except OSError:  # (that thread has ended)
+                pass
+            os.write(self._fd, (self._json(sample) + "\n").encode())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 class _Readers:
