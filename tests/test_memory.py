@@ -33,11 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TANDEM = Path(sys.executable).parent / "tandem"
 LEAK_PROGRAM = Path(__file__).parent / "memory_leak_program.py"
 LEAK_SECONDS = 15
-# A Jep service's heap grows fast (40 MB/s) in steps as G1 commits regions: the fit (the second
-# half, windows of 2 s at least) needs more windows to see the trend through the steps.
-JEP_LEAK_SECONDS = 25
-# Large enough to dominate what else grows: a Jep service grew 1.5-4 MB/s beside its leak
-# (its garbage, eden taking fresh regions), under 1 MB/s in the JPype one.
+# Large enough to dominate what else grows beside the leak (under 1 MB/s in either service, its
+# JVM's heap fixed: _jvm_options).
 LEAK_RATE_MB_S = {"jpype": 20, "jep": 40}
 YOUNG_MB = 128
 
@@ -46,8 +43,7 @@ def _jvm_options(runtime: str) -> list[str]:
     """The leak service's heap as latency-minded services size it: fixed (-Xms = -Xmx) at room for
     the whole leak, with a fixed young generation, so G1 neither grows its eden into fresh regions
     nor shrinks the heap during the leak (its RSS grows by the leak only)."""
-    seconds = JEP_LEAK_SECONDS if runtime == "jep" else LEAK_SECONDS
-    heap_mb = int(LEAK_RATE_MB_S[runtime] * seconds * 1.25) + 4 * YOUNG_MB
+    heap_mb = int(LEAK_RATE_MB_S[runtime] * LEAK_SECONDS * 1.25) + 4 * YOUNG_MB
     return [f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m", f"-Xmn{YOUNG_MB}m"]
 
 
@@ -71,7 +67,7 @@ def _record(tmp_path: Path, kind: str, runtime: str = "jpype") -> tuple[Path, "K
     returns the session and what it says it kept (Kept)."""
     session = tmp_path / f"session-{kind}"
     if runtime == "jep":
-        command = [*_jep_command(tmp_path), kind, str(LEAK_RATE_MB_S[runtime]), str(JEP_LEAK_SECONDS), str(LEAK_PROGRAM)]
+        command = [*_jep_command(tmp_path), kind, str(LEAK_RATE_MB_S[runtime]), str(LEAK_SECONDS), str(LEAK_PROGRAM)]
     else:
         command = [sys.executable, str(LEAK_PROGRAM), kind, str(LEAK_RATE_MB_S[runtime]), str(LEAK_SECONDS),
                    *_jvm_options(runtime)]
