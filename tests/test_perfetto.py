@@ -195,10 +195,12 @@ def decode_counters(path: Path, fmt: str) -> dict[tuple[int, str], list[tuple[in
 @pytest.fixture(scope="module")
 def memory_session(tmp_path_factory):
     """A real session's memory samples: `tandem record` of a CPython keeping 60 MB of small
-    objects, a step every 0.6 s (the recorder's /proc samples and the probe's pymalloc ones)."""
+    objects, a step every 0.6 s, all of it held 2 s at the end (the recorder's /proc samples,
+    once a second and late on a busy machine, are the rows; the probe's pymalloc ones are
+    interpolated at their times)."""
     session = tmp_path_factory.mktemp("memory") / "session"
     program = ("import time\nkept = []\nfor _ in range(4):\n    kept += ['%0300d' % i for i in range(50_000)]\n"
-               "    time.sleep(0.6)\n")
+               "    time.sleep(0.6)\ntime.sleep(2)\n")
     tandem = Path(sys.executable).parent / "tandem"
     run = subprocess.run([str(tandem), "record", "-o", str(session), "--", sys.executable, "-c", program],
                          capture_output=True, text=True, timeout=120)
