@@ -24,7 +24,6 @@ def dump(
     from engine.record import keeper as keeping, session as sessions
     from engine.session import JVM_DIRS, PYTHON_DIRS, SESSION_JSON, read_json
 
-    yield_to_the_service()  # (again: dump called from Python, not the command line)
     source = Path(session).expanduser().absolute()
     if not (source / SESSION_JSON).is_file():
         raise TandemError(f"{source}: not a tandem session (no {SESSION_JSON})")

@@ -71,9 +71,9 @@ def large_mappings_resident(pid: int, budget_pages: int = PAGEMAP_BUDGET_PAGES) 
     try:
         total = sum(end - start for start, end in mappings) >> PAGE_SHIFT
         step = max(1, -(-total // budget_pages))  # read one block in every STEP
+        block = BLOCK_PAGES if step > 1 else WHOLE_READ_PAGES
         for start, end in mappings:
             pages, present, read = (end - start) >> PAGE_SHIFT, 0, 0
-            block = BLOCK_PAGES if step > 1 else WHOLE_READ_PAGES
             for first in range(0, pages, block * step):
                 count = min(block, pages - first)
                 entries = np.frombuffer(os.pread(pagemap, count * 8, ((start >> PAGE_SHIFT) + first) * 8), np.uint64)
