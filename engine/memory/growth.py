@@ -1,10 +1,10 @@
 """Who grew: per process, the steady growth of its RSS split into the buckets of memory.parquet.
 
 The trend is that of the second half of the process's samples: the rate now, past its
-start-up and whatever it did before a leak began. Every series is cut into windows
-(WINDOWS over that half, at least MIN_WINDOW_NS each) and only each window's minimum is
+start-up and whatever it did before a leak began. The RSS is cut into windows
+(WINDOWS over that half, at least MIN_WINDOW_NS each) and only each window's lowest sample is
 kept: the lower envelope, so a sawtooth (a heap between collections, malloc's churn) is no
-trend. The growth rate is the
+trend; every bucket is fitted at those same samples, so the split is of one set of points. The growth rate is the
 repeated-median slope of those minima (Siegel: for each point the median of its slopes to
 all others, then the median of those), which a start-up step at the first points does not
 move. The last window is left out: a process frees memory as it exits. A heap leak's rate is
@@ -84,16 +84,22 @@ def _growth(pid: int, rows: pd.DataFrame) -> Growth:
     window = max(MIN_WINDOW_NS, (t[-1] - t[0]) // WINDOWS + 1)
     bins = (t - t[0]) // window
 
-    def trend(column: str) -> tuple[float, float]:
-        if column not in rows or rows[column].notna().sum() < 3:
-            return 0.0, 0.0
-        return trend_of(t, rows[column].to_numpy(np.float64), bins)
+    rss_rate, tau, lowest = trend_of(t, rows["rss"].to_numpy(np.float64), bins)
 
-    rss_rate, tau = trend("rss")
-    rates = {bucket: trend(bucket)[0] for bucket in BUCKETS if bucket != "unexplained"}
+    def trend(column: str) -> float:
+        """COLUMN's slope at the RSS's lowest samples: one set of points for every series of the
+        split, so that a sample where one series moved before the others (a GC promoting into
+        fresh pages while it was read) bends the split at one point, not the windows' choice."""
+        if column not in rows:
+            return 0.0
+        values = rows[column].to_numpy(np.float64)[lowest]
+        keep = ~np.isnan(values)
+        return repeated_median_slope(t[lowest][keep] / 1e9, values[keep]) if keep.sum() >= 3 else 0.0
+
+    rates = {bucket: trend(bucket) for bucket in BUCKETS if bucket != "unexplained"}
     rates["unexplained"] = rss_rate - sum(rates.values())
-    parts = {part: trend(part)[0] for columns in PARTS.values() for part in columns}
-    parts.update({column: trend(column)[0] for column in rows.columns if column.startswith("jvm_nmt_")})
+    parts = {part: trend(part) for columns in PARTS.values() for part in columns}
+    parts.update({column: trend(column) for column in rows.columns if column.startswith("jvm_nmt_")})
     rss = rows["rss"].to_numpy(np.float64)
     growth = Growth(pid, rows["comm"].dropna().iloc[-1] if "comm" in rows and rows["comm"].notna().any() else None,
                     (last_t - first_t) / 1e9, first_rss, rss[-1], float(np.nanmax(rss)), rss_rate, tau >= STEADY_TAU,
@@ -132,17 +138,17 @@ def _live_heap_rate(rows: pd.DataFrame) -> float | None:
                                  (gcs["jvm_heap_after_gc"] - gcs["waste"]).to_numpy(np.float64))
 
 
-def trend_of(t_ns: np.ndarray, values: np.ndarray, bins: np.ndarray) -> tuple[float, float]:
-    """(slope in units per second, Kendall's tau) of the per-window minima of VALUES."""
-    keep = ~np.isnan(values)
-    frame = pd.DataFrame({"bin": bins[keep], "t": t_ns[keep], "v": values[keep]})
+def trend_of(t_ns: np.ndarray, values: np.ndarray, bins: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """(slope in units per second, Kendall's tau, their indices) of the per-window minima of VALUES."""
+    keep = np.flatnonzero(~np.isnan(values))
+    frame = pd.DataFrame({"bin": bins[keep], "i": keep, "v": values[keep]})
     if frame.empty:
-        return 0.0, 0.0
-    lowest = frame.loc[frame.groupby("bin")["v"].idxmin()].iloc[:-1]  # (the last: a process frees memory as it exits)
-    x, y = lowest["t"].to_numpy(np.float64) / 1e9, lowest["v"].to_numpy(np.float64)
+        return 0.0, 0.0, keep
+    lowest = frame.loc[frame.groupby("bin")["v"].idxmin(), "i"].to_numpy()[:-1]  # (the last: a process frees memory as it exits)
+    x, y = t_ns[lowest].astype(np.float64) / 1e9, values[lowest]
     if len(x) < 3:
-        return 0.0, 0.0
-    return repeated_median_slope(x, y), kendall_tau(x, y)
+        return 0.0, 0.0, lowest
+    return repeated_median_slope(x, y), kendall_tau(x, y), lowest
 
 
 def repeated_median_slope(x: np.ndarray, y: np.ndarray) -> float:

@@ -24,6 +24,8 @@ LARGE_MAPPING_BYTES = 32 << 20
 PAGEMAP_BUDGET_PAGES = 1 << 19  # 4 MiB of pagemap read per process and sample at most (2 GiB of mappings read whole)
 WHOLE_READ_PAGES = 1 << 16  # one pread of pagemap where every block is read
 BLOCK_PAGES = 1024
+CONSISTENT_BYTES = 1 << 20  # the RSS may move this much while a sample's mappings are read
+SAMPLE_TRIES = 3
 PAGE_SHIFT = 12
 # /proc/PID/status lines kept (kB), under the names the samples use.
 _STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "rss_anon", "RssFile": "rss_file", "RssShmem": "rss_shmem",
@@ -87,6 +89,23 @@ def large_mappings_resident(pid: int, budget_pages: int = PAGEMAP_BUDGET_PAGES) 
     return found
 
 
+def consistent_sample(pid: int) -> tuple[int, dict | None]:
+    """(time, sample) of PID: its status and its large mappings' resident bytes, read again when
+    the RSS moved by more than CONSISTENT_BYTES while the mappings were read (a GC promoting
+    into fresh pages meanwhile would put its step in the heap's pages and not in the RSS, or the
+    reverse); after SAMPLE_TRIES the last read is kept."""
+    for _ in range(SAMPLE_TRIES):
+        now = time.monotonic_ns()
+        sample = read_process_memory(pid)
+        if sample is None:
+            return now, None
+        sample["large_mappings"] = large_mappings_resident(pid)
+        after = read_process_memory(pid)
+        if after is None or abs(after["rss"] - sample["rss"]) <= CONSISTENT_BYTES:
+            break
+    return now, sample
+
+
 def descendants(pid: int) -> list[int]:
     """The processes below PID (children of any of its threads, and theirs), from /proc."""
     found, pending = [], [pid]
@@ -147,13 +166,11 @@ class ProcessMemorySampler:
 
     def sample_once(self) -> None:
         for pid in descendants(os.getpid()):
-            now = time.monotonic_ns()
-            sample = read_process_memory(pid)
+            now, sample = consistent_sample(pid)
             if sample is None:
                 continue
             out = self._files.get(pid)
             if out is None:
                 out = self._files[pid] = open(self.directory / f"{pid}.jsonl", "a", buffering=1)
-            sample["large_mappings"] = large_mappings_resident(pid)
             out.write(json.dumps({"t": now, "pid": pid, **sample}) + "\n")
             self.samples += 1
