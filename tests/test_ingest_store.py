@@ -63,3 +63,29 @@ def test_table_writer_text_as_dictionary_reads_back_as_the_same_text(tmp_path):
     assert back.column("state").to_pylist() == ["released", "waiting", None, "released", "waiting", "released", "waiting"]
     frame = read_table(path)
     assert frame.attrs == {"table": "t"} and str(frame["name"].dtype) == "string"
+
+
+def test_copy_table_copies_the_pages_and_writes_its_own_metadata(tmp_path):
+    """copy_table (analyze's OUT/gil.parquet from a gil.parquet input): every row group as it
+    was, the source's `tandem` metadata replaced by the copy's; a source whose footer pyarrow
+    would write otherwise is refused with one line (the caller then writes the rows again)."""
+    import pyarrow as pa
+
+    from engine.store import TableWriter, copy_table
+
+    source = TableWriter(tmp_path / "in.parquet", pa.schema([("name", pa.large_string()), ("start_ns", pa.int64())]))
+    for k in range(3):
+        source.write(pa.table({"name": pa.array([f"f{k}", None, "g"], pa.large_string()), "start_ns": [k, k + 1, k + 2]}))
+    source = source.close({"table": "gil", "from": "the input"})
+    copy = copy_table(source, tmp_path / "out" / "gil.parquet", {"table": "gil", "analysis": {"n": 1}})
+    assert pq.read_table(copy).equals(pq.read_table(source))
+    assert pq.ParquetFile(copy).metadata.num_row_groups == 3
+    assert read_table(copy).attrs == {"table": "gil", "analysis": {"n": 1}}
+    assert read_table(source).attrs == {"table": "gil", "from": "the input"}
+    assert [p.name for p in copy.parent.iterdir()] == ["gil.parquet"]  # (no temporary left)
+
+    nested = tmp_path / "nested.parquet"
+    pq.write_table(pa.table({"a": pa.array([[1, 2], [3]], pa.list_(pa.int64()))}), nested, use_compliant_nested_type=False)
+    with pytest.raises(ValueError, match=r"nested\.parquet: its footer cannot be remade: [^\n]*$"):
+        copy_table(nested, tmp_path / "out" / "nested.parquet", {})
+    assert [p.name for p in copy.parent.iterdir()] == ["gil.parquet"]

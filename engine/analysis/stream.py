@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from engine.analysis.causes import Causes, CodeHits, why_facts
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
+from engine.correlate.core import carried_key
 from engine.correlate.stops import stop_ids
 from engine.correlate.schema import RESULT_TABLES, SCHEMAS, to_pandas
 from engine.ingest.gil_stream import ParquetGil, rows_frame
@@ -96,19 +97,20 @@ def read_ahead(items, depth: int = 1):
         thread.join()
 
 
-def text_as_dictionary(blocks):
+def carried_numbered(blocks):
     """The blocks with their carried text columns dictionary-encoded (a Parquet gil table's code
-    columns come as plain text): done in the reading thread, it takes that hashing off the core
-    (which numbers the codes by their dictionary indexes) and shrinks the blocks read ahead."""
+    columns come as plain text) and their rows' carried values numbered (carried_key): done in
+    the reading thread, it takes that hashing off the core and shrinks the blocks read ahead."""
     try:
         for block in blocks:
             carried = block.rows.carried
-            plain = carried is not None and block.rows.carried_key is None
-            text = [i for i, field in enumerate(carried.schema)
-                    if pa.types.is_string(field.type) or pa.types.is_large_string(field.type)] if plain else []
-            for i in text:
-                carried = carried.set_column(i, carried.field(i).name, pc.dictionary_encode(carried.column(i)))
-            yield replace(block, rows=replace(block.rows, carried=carried)) if text else block
+            if carried is None or not carried.num_columns or block.rows.carried_key is not None:
+                yield block
+                continue
+            for i, field in enumerate(carried.schema):
+                if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+                    carried = carried.set_column(i, field.name, pc.dictionary_encode(carried.column(i)))
+            yield replace(block, rows=replace(block.rows, carried=carried, carried_key=carried_key(carried)))
     finally:
         blocks.close()
 
@@ -146,7 +148,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
 
     try:
         pending_pauses = pauses
-        for block in read_ahead(text_as_dictionary(gil.pushes()), depth=READ_AHEAD_BLOCKS):
+        for block in read_ahead(carried_numbered(gil.pushes()), depth=READ_AHEAD_BLOCKS):
             rows = block.rows
             emit(core.push(pauses=pending_pauses, gil=rows, watermark_ns=block.watermark_ns))
             pending_pauses = None

@@ -145,6 +145,22 @@ def _grow(array: np.ndarray, n: int, fill) -> np.ndarray:
     return out
 
 
+def carried_key(table: pa.Table) -> np.ndarray:
+    """Per row of TABLE (carried columns), a dense number, equal for rows of equal values: a
+    mixed-radix key over each column's dictionary indexes (as given when dictionary-encoded:
+    equal values under two indexes only make two keys of one code), then a hash of the keys."""
+    key = np.zeros(table.num_rows, np.int64)
+    for column in table.columns:
+        column = column.combine_chunks()
+        if not pa.types.is_dictionary(column.type):
+            column = pa.compute.dictionary_encode(column)
+        index = column.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        if key.size and (int(key.max()) + 1) * (len(column.dictionary) + 1) >= 1 << 62:
+            key = pd.factorize(key)[0].astype(np.int64)  # (renumbered densely before it could overflow)
+        key = key * (len(column.dictionary) + 1) + (index + 1)
+    return pd.factorize(key)[0]
+
+
 class Correlator:
     def __init__(self, slack_ns: int = 0, *, lifetimes: Lifetimes | None = None, gil_source: str = "gil table",
                  pauses_source: str = "pauses table", retain_ns: int = 0, keep_impact: bool = True,
@@ -360,21 +376,8 @@ class Correlator:
             self._carried_schema = schema
         elif schema.names != self._carried_schema.names:
             table = table.select(self._carried_schema.names)
-        if gil.carried_key is not None:  # (the driver numbered the rows' values already)
-            inverse = np.asarray(gil.carried_key, np.int64)
-        else:
-            # A mixed-radix key over each column's dictionary indexes (as given when dictionary-encoded:
-            # equal values under two indexes only make two keys of one code), then a hash of the keys.
-            key = np.zeros(table.num_rows, np.int64)
-            for column in table.columns:
-                column = column.combine_chunks()
-                if not pa.types.is_dictionary(column.type):
-                    column = pa.compute.dictionary_encode(column)
-                index = column.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-                if key.size and (int(key.max()) + 1) * (len(column.dictionary) + 1) >= 1 << 62:
-                    key = pd.factorize(key)[0].astype(np.int64)  # (renumbered densely before it could overflow)
-                key = key * (len(column.dictionary) + 1) + (index + 1)
-            inverse = pd.factorize(key)[0]
+        # (the driver may have numbered the rows' values already: in a thread of its own)
+        inverse = np.asarray(gil.carried_key, np.int64) if gil.carried_key is not None else carried_key(table)
         some_rows = kernels.a_row_per_key(inverse)  # (its rows hold the same values; row 0 for a number no row has)
         firsts = table.take(pa.array(some_rows)).to_pylist()
         codes = np.empty(len(firsts), np.int64)

@@ -25,7 +25,7 @@ from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arro
 from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES, to_pandas
 from engine.errors import TandemError
 from engine.ingest.gil import PROBE_CLOCK
-from engine.store import TableWriter, read_metadata
+from engine.store import TableWriter, copy_table, read_metadata
 
 BLOCK_ROWS = 1 << 20
 FIRST_PASS_THREADS = 8
@@ -105,7 +105,12 @@ class ParquetGil:
             yield from reader.iter_batches(batch_size=BLOCK_ROWS, row_groups=[group], columns=columns)
 
     def write_copy(self, path: Path, meta: dict) -> Path:
-        """The table as it is, every column, streamed into PATH (atomically)."""
+        """The table as it is, every column, into PATH (atomically): its pages copied as they are,
+        else (a footer pyarrow cannot remake) read and written again block by block."""
+        try:
+            return copy_table(self.path, path, meta)
+        except ValueError:
+            pass
         source = pq.ParquetFile(self.path)  # (its own types: no dictionary read for state)
         writer = TableWriter(path, source.schema_arrow)
         try:

@@ -77,6 +77,59 @@ def write_table(df: pd.DataFrame, path: str | Path, metadata: dict | None = None
     return writer.close(df.attrs if metadata is None else metadata)
 
 
+def copy_table(source: str | Path, path: str | Path, metadata: dict) -> Path:
+    """SOURCE's pages byte for byte into PATH (atomically), its footer made anew with METADATA
+    under `tandem`: a large table copied at disk speed, not decoded and encoded again. Raises
+    ValueError where the footer cannot be remade (a schema pyarrow would write otherwise)."""
+    import io
+    import struct
+
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    original = pq.ParquetFile(source)
+    schema = original.schema_arrow
+    kept = {k: v for k, v in (schema.metadata or {}).items() if k != METADATA_KEY}
+    footer = io.BytesIO()
+    try:  # (a footer-only file: magic, the row groups' metadata pointing into SOURCE's pages, magic)
+        pq.write_metadata(schema.with_metadata({**kept, METADATA_KEY: _encoded(metadata)}), footer,
+                          metadata_collector=[original.metadata])
+    except (RuntimeError, OSError) as err:  # (pyarrow: "AppendRowGroups requires equal schemas")
+        raise ValueError(f"{source}: its footer cannot be remade: {str(err).splitlines()[0]}") from None
+    tmp = _temporary(path)
+    try:
+        with open(source, "rb") as src, open(tmp, "wb", buffering=0) as dst:
+            src.seek(-8, os.SEEK_END)
+            pages = src.tell() - struct.unpack("<i", src.read(4))[0]  # where SOURCE's own footer begins
+            _copy_range(src.fileno(), dst.fileno(), pages, str(source))
+            dst.seek(pages)
+            dst.write(footer.getvalue()[4:])
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _copy_range(src: int, dst: int, count: int, name: str) -> None:
+    """The first COUNT bytes of SRC into DST, in the kernel where it can (copy_file_range), else
+    read and written (a kernel or file system without it across file systems)."""
+    import errno
+
+    done = 0
+    while done < count:
+        try:
+            copied = os.copy_file_range(src, dst, count - done, done, done)
+        except OSError as err:
+            if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            chunk = os.pread(src, min(count - done, 8 << 20), done)
+            copied = os.pwrite(dst, chunk, done) if chunk else 0
+        if copied == 0:
+            raise OSError(f"{name}: shorter than its footer says")
+        done += copied
+
+
 class TableWriter:
     """One Parquet file written row group by row group, renamed into place by `close(metadata)`."""
 
