@@ -149,6 +149,30 @@ def test_jpype_gc_link_is_caused_by_python_and_named(tmp_path, jdk):
         # JPype's own calls (start-up, its reference queue): a JPype native method under System.gc()
         own = [f for f in frames if len(f) > 2 and f[2] in ("newWrapper", "wake")]
         assert len(own) >= link.loc[~by_churner, "stop_id"].nunique()
+    _tandem_start_is_not_the_service(session, analysis, jfr, lines)
+
+
+def _tandem_start_is_not_the_service(session, analysis, jfr: str, lines: list[str]) -> None:
+    """The VM operations JFR runs as tandem's agent starts its recording are asked for by the
+    thread that created the JVM: in JPype, the Python main thread (tid = pid). They are
+    tandem's own (asked_by_tandem), never caused by Python, and the summary says so. Witness:
+    jfr print's jdk.ExecuteVMOperation events of that caller."""
+    described = json.loads(next(session.glob("jvm-*/jvm.json")).read_text())
+    starter = described["agent_start_os_thread_id"]
+    assert starter == described["pid"] and starter in set(analysis.gil["tid"])  # JPype's main thread
+    pauses, impact = analysis.pauses, analysis.pause_impact
+    own = pauses[pauses["asked_by_tandem"]]
+    assert len(own) >= 1 and (own["requester_os_thread_id"] == starter).all(), own
+    assert (own["start_ns"] >= described["agent_start_from_monotonic_ns"]).all()
+    assert (own["start_ns"] <= described["agent_start_to_monotonic_ns"]).all()
+    assert not impact.loc[impact["pause_id"].isin(own["pause_id"]), "caused_by_python"].any()
+    printed = subprocess.run([jfr, "print", "--json", "--events", "jdk.ExecuteVMOperation", str(next(
+        session.glob("jvm-*/recording.jfr")))], check=True, capture_output=True, text=True).stdout
+    asked = {e["values"]["operation"] for e in json.loads(printed)["recording"]["events"]
+             if (e["values"].get("caller") or {}).get("osThreadId") == starter}
+    assert set(own["name"]) <= asked, (set(own["name"]), asked)
+    stops = analysis.pause_impact.set_index("pause_id").loc[own["pause_id"], "stop_id"].nunique()
+    assert any(line.startswith(f"tandem's own: {stops} stop(s)") for line in lines), lines
 
 
 def pd_notna(value) -> bool:

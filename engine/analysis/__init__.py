@@ -141,7 +141,7 @@ def correlate(
     causes.overlaps(*(overlaps[c].to_numpy() for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
     overlaps = to_pandas(overlaps, "overlaps")
     impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, causes.table())
-    header["why"] = why_facts(impact, hits.table(core.carried_table))
+    header["why"] = why_facts(impact, hits.table(core.carried_table), pauses, stop)
     return Analysis(
         pauses=pauses,
         gil=gil,

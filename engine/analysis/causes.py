@@ -102,11 +102,13 @@ def _empty(n: int) -> dict:
 
 def requester_tids(pauses: pd.DataFrame) -> pd.Series:
     """Per pause, the OS thread that asked for it (Int64): the VM operation's caller, else the
-    thread of the System.gc() call the pause lies in."""
+    thread of the System.gc() call the pause lies in; none for a pause tandem's agent asked for."""
     missing = pd.Series(pd.array([pd.NA] * len(pauses), dtype="Int64"), index=pauses.index)
     requester = pauses["requester_os_thread_id"].astype("Int64") if "requester_os_thread_id" in pauses.columns else missing
     if "system_gc_os_thread_id" in pauses.columns:
         requester = requester.fillna(pauses["system_gc_os_thread_id"].astype("Int64"))
+    if "asked_by_tandem" in pauses.columns:  # (tandem's own start-up is never the service's doing)
+        requester = requester.mask(pauses["asked_by_tandem"].fillna(False).astype(bool))
     return requester
 
 
@@ -533,12 +535,14 @@ def caused_stops(impact: pd.DataFrame) -> pd.DataFrame:
     return caused.iloc[order].loc[lambda d: ~stop.iloc[order].duplicated().to_numpy()]
 
 
-def why_facts(impact: pd.DataFrame, hits: pa.Table | None, top: int = 5) -> dict:
-    """For the summary: the Python code hit most (HITS, CodeHits.table) and the causes by Python
+def why_facts(impact: pd.DataFrame, hits: pa.Table | None, pauses: pd.DataFrame, stop: np.ndarray, top: int = 5) -> dict:
+    """For the summary: the Python code hit most (HITS, CodeHits.table), the causes by Python
     (per thread and code: stops of the world asked for, their total duration, how many with
     the GIL held, how many JPype's GC link); each stop counts once (`caused_stops`), and
-    `jpype_gc_link_stops` is the sum of the per-cause link counts over every cause."""
-    facts: dict = {"functions_hit": [], "caused_by_python": [], "jpype_gc_link_stops": 0}
+    `jpype_gc_link_stops` is the sum of the per-cause link counts over every cause; and the
+    stops tandem's agent asked for as it started (`tandem_start`: stops, duration_ns)."""
+    facts: dict = {"functions_hit": [], "caused_by_python": [], "jpype_gc_link_stops": 0,
+                   "tandem_start": _tandem_start(pauses, stop)}
     if hits is not None and hits.num_rows:
         hit = hits.to_pandas().set_index(["function", "file", "line"])
         for (function, file, line), row in hit.sort_values("sum", ascending=False, kind="stable").head(top).iterrows():
@@ -563,3 +567,17 @@ def why_facts(impact: pd.DataFrame, hits: pa.Table | None, top: int = 5) -> dict
                     "held_gil": int(row["held_gil"]), "jpype_gc_link": int(row["jpype_gc_link"]),
                     "inferred": int(row["inferred"])})
     return facts
+
+
+def _tandem_start(pauses: pd.DataFrame, stop: np.ndarray) -> dict | None:
+    """The stops of the world tandem's agent asked for as it started its recording (the pauses
+    table's asked_by_tandem), and their length (each stop's leading row), or None."""
+    if "asked_by_tandem" not in pauses.columns:
+        return None
+    own = pauses["asked_by_tandem"].fillna(False).to_numpy(bool)
+    if not own.any():
+        return None
+    stops = np.unique(stop[own])
+    leading = np.isin(pauses["pause_id"].to_numpy(np.int64), stops)
+    length = pauses["end_ns"].to_numpy(np.int64) - pauses["start_ns"].to_numpy(np.int64)
+    return {"stops": int(stops.size), "duration_ns": int(length[leading].sum())}

@@ -167,7 +167,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             header["gil_table"] = gil.references
         summary, stops = core.summary(), core.stops()
         impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, causes.table())
-        header["why"] = why_facts(impact, hits.table(core.carried_table))
+        header["why"] = why_facts(impact, hits.table(core.carried_table), pauses, stop)
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
         if isinstance(gil, ParquetGil) and gil.copy:

@@ -383,7 +383,7 @@ _COLUMNS = (
     "pause_id", "kind", "name", "start_ns", "end_ns", "duration_ns", "safepoint_id", "gc_id", "cause",
     "os_thread_id", "requester_os_thread_id", "system_gc_os_thread_id", "system_gc_frames", "jvm_pid", "time_to_safepoint_ns",
     "operation", "collector", "compiler", "total_threads", "jni_critical_threads", "sum_of_pauses_ns", "longest_pause_ns",
-    "unmatched", "at_safepoint", "chunk", "source",
+    "unmatched", "at_safepoint", "asked_by_tandem", "chunk", "source",
 )
 
 
@@ -417,6 +417,7 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
     ttsp_ticks = _longs(reader.timeToSafepointTicks())
     ttsp = np.where(ttsp_ticks == _JAVA_NULL, _JAVA_NULL, align.tickspan_to_ns(np.where(ttsp_ticks == _JAVA_NULL, 0, ttsp_ticks), tps))
     first_index = run[0].index
+    requester = _longs(reader.requesterOsThreadId())
 
     columns = {
         "kind": (_ints(reader.kind()), list(KINDS)),
@@ -428,7 +429,7 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
         "gc_id": _longs(reader.gcId()),
         "cause": (_ints(reader.cause()), dictionary),
         "os_thread_id": _longs(reader.osThreadId()),
-        "requester_os_thread_id": _longs(reader.requesterOsThreadId()),
+        "requester_os_thread_id": requester,
         "system_gc_os_thread_id": _longs(reader.systemGcOsThreadId()),
         "system_gc_frames": (_ints(reader.systemGcFrames()), dictionary),
         "jvm_pid": np.full(n, _JAVA_NULL if pid is None else int(pid), dtype=np.int64),
@@ -442,6 +443,7 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
         "longest_pause_ns": _longs(reader.longestPauseNanos()),
         "unmatched": _ints(reader.unmatched()).astype(bool),
         "at_safepoint": _ints(reader.atSafepoint()),
+        "asked_by_tandem": _asked_by_tandem(requester, start_ns, alignment, jvm_json),
         "chunk": (first_index + align.chunk_of_ticks(start_ticks, run)).astype(np.int32),
         "source": (np.zeros(n, np.int32), [str(scan.path)]),
     }
@@ -463,6 +465,16 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
         "clock": alignment.as_metadata(),
     }
     return columns, meta
+
+
+def _asked_by_tandem(requester: np.ndarray, start_ns: np.ndarray, alignment, jvm_json: dict) -> np.ndarray:
+    """Per event: asked for by the tandem agent as it started its recording (JFR's own VM
+    operations, run for the thread that runs the agent: with -javaagent in JPype or jpy, a
+    Python thread), known by that thread and window in jvm.json; on the monotonic clock only."""
+    tid, first, last = (jvm_json.get(f"agent_start_{key}") for key in ("os_thread_id", "from_monotonic_ns", "to_monotonic_ns"))
+    if tid is None or first is None or last is None or alignment.domain != "monotonic":
+        return np.zeros(start_ns.size, bool)
+    return (requester == int(tid)) & (start_ns >= int(first)) & (start_ns <= int(last))
 
 
 def _build_table(parts: list[dict]) -> pd.DataFrame:

@@ -163,6 +163,11 @@ def why_lines(why: dict) -> list[str]:
                         if cause["inferred"] == cause["stops"] else f" ({cause['inferred']} of them inferred)")
         lines.append(f"caused by Python: thread {cause['thread']} at {_where(cause)}{java} asked for {cause['stops']} "
                      f"stop(s) of the world, {_duration(cause['duration_ns'])}{held}{link}{inferred}")
+    if why.get("tandem_start"):
+        own = why["tandem_start"]
+        lines.append(f"tandem's own: {own['stops']} stop(s) of the world, {_duration(own['duration_ns'])}, as its agent "
+                     "started the JVM's recording (JFR's start-up operations, asked for by the thread that started the "
+                     "JVM: not the service's)")
     if why.get("jpype_gc_link_stops"):
         lines.append(f"JPype's GC link, {why['jpype_gc_link_stops']} stop(s): {JPYPE_GC_LINK_ADVICE}")
     return lines

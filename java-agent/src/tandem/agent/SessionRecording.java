@@ -75,6 +75,7 @@ final class SessionRecording {
     }
 
     private void begin() throws Exception {
+        long ownFrom = System.nanoTime(); // (CLOCK_MONOTONIC on Linux, as the session's clock)
         Map<String, String> settings = PauseEvents.settings(options.settings, options.events, options.secretEvents, options.memory); // bad input: no files
         PrivateFiles.directories(options.session);
         PrivateFiles.directory(directory);
@@ -123,6 +124,7 @@ final class SessionRecording {
             startLive(settings);
         }
         startPauseFlush();
+        describeOwnStart(ownFrom, System.nanoTime());
         writeDescription("recording");
 
         shutdownHook = new Thread(() -> close("jvm exit", true), "tandem-agent-shutdown");
@@ -499,6 +501,29 @@ final class SessionRecording {
         description.put("keeper", options.keeper);
         description.put("recording", directory.relativize(recordingFile).toString());
         description.put("repository", directory.relativize(repository).toString());
+    }
+
+    /**
+     * The VM operations JFR runs as the agent starts its recording (RedefineClasses for its
+     * event classes, JFROldObject, ClassLoaderStatsOperation for the first chunk's events) are
+     * asked for by the thread that runs the agent: with -javaagent, the thread that created the
+     * JVM, which in JPype or jpy is a Python thread. Their requester and window let a reader
+     * tell them from the service's own (engine/ingest/jfr.py, `asked_by_tandem`).
+     */
+    private void describeOwnStart(long fromNanos, long toNanos) {
+        description.put("agent_start_from_monotonic_ns", fromNanos);
+        description.put("agent_start_to_monotonic_ns", toNanos);
+        description.put("agent_start_os_thread_id", currentOsThreadId());
+    }
+
+    /** This thread's Linux tid (/proc/thread-self is PID/task/TID), or null elsewhere. */
+    private static Long currentOsThreadId() {
+        try {
+            Path self = Files.readSymbolicLink(Path.of("/proc/thread-self"));
+            return Long.parseLong(self.getFileName().toString());
+        } catch (Exception e) {
+            return null;
+        }
     }
 
     private void writeDescription(String state) throws java.io.IOException {
