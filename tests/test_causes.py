@@ -432,3 +432,39 @@ def test_causes_fed_in_many_blocks_equal_one_block_and_the_plain_definitions(see
         causes.overlaps(*(overlaps[c].to_numpy()[part] for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
     pd.testing.assert_frame_equal(causes.table(), expected)
     assert expected["caused_by_python"].any() or seed % 4, "too few caused pauses to tell"
+
+
+def test_stops_of_jpypes_reference_queue_thread_are_set_off_by_the_collection_before_them():
+    """JPype's reference-queue thread (a Java thread) runs Python's collection when a Java
+    collection clears its sentinel: the summary names, per such stop, the last collection of the
+    same JVM that ended before it (not another JVM's, not one ending after its start), and says
+    no one Python thread's code asked; a stop with no collection before it is counted apart."""
+    import numpy as np
+    import pandas as pd
+
+    from engine.analysis.causes import _collections_before
+    from engine.report.summary import why_lines
+
+    pauses = pd.DataFrame({
+        "pause_id": np.arange(6, dtype=np.int64),
+        "kind": ["gc", "gc", "gc", "safepoint", "gc", "safepoint"],
+        "name": ["G1New", "G1Old", "G1New", "G1CollectFull", "G1New", "G1CollectFull"],
+        "cause": ["G1 Evacuation Pause", "G1 Preventive Collection", "G1 Evacuation Pause", None, "Other JVM", None],
+        "start_ns": np.array([0, 100, 400, 500, 450, 50], np.int64),
+        "end_ns": np.array([10, 120, 510, 600, 460, 60], np.int64),
+        "jvm_pid": pd.array([7, 7, 7, 7, 8, 7], dtype="Int64"),
+    })
+    # stop 3 (starts at 500): G1New 2 ends after it starts, G1New 4 is another JVM's: G1Old 1 is its
+    # own; stop 5 (starts at 50): G1New 0 ended at 10
+    found = _collections_before(np.array([3, 5], np.int64), pauses)
+    assert sorted(found, key=lambda c: c["collector"]) == [
+        {"collector": "G1New", "cause": "G1 Evacuation Pause", "stops": 1},
+        {"collector": "G1Old", "cause": "G1 Preventive Collection", "stops": 1}]
+    assert _collections_before(np.array([5], np.int64), pauses.drop(index=0)) == [
+        {"collector": None, "cause": None, "stops": 1}]
+    cause = {"thread": "4225", "function": "<no Python frame>", "file": "", "line": None, "stops": 2,
+             "java_frames": "java.lang.System.gc; org.jpype.ref.JPypeReferenceNative.wake", "duration_ns": 40_000_000,
+             "held_gil": 2, "jpype_gc_link": 2, "inferred": 0, "set_off_by": found}
+    line, = [line for line in why_lines({"caused_by_python": [cause]}) if "reference-queue" in line]
+    assert line.startswith("caused by JPype's reference-queue thread (thread 4225") and "caused by Python" not in line
+    assert "G1Old (G1 Preventive Collection) before 1" in line and "no one Python thread's code asked" in line

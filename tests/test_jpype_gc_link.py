@@ -122,6 +122,12 @@ def test_jpype_gc_link_is_caused_by_python_and_named(tmp_path, jdk):
     assert why["jpype_gc_link_stops"] == link["stop_id"].nunique()
     listed = sum(c["jpype_gc_link"] for c in why["caused_by_python"])  # (the top 5 causes are listed)
     assert why["jpype_gc_link_stops"] == listed if len(why["caused_by_python"]) < 5 else why["jpype_gc_link_stops"] >= listed
+    # a stop JPype's reference-queue thread asked for is set off by the Java collection before it
+    for cause in why["caused_by_python"]:
+        worker = "org.jpype.ref.JPypeReferenceNative.wake" in (cause["java_frames"] or "")
+        assert ("set_off_by" in cause) == worker, cause
+        if worker:
+            assert sum(c["stops"] for c in cause["set_off_by"]) == cause["stops"], cause
     from engine.report.summary import why_lines
 
     lines = why_lines(why)

@@ -70,6 +70,12 @@ CALL_WINDOW_NS = 20_000_000
 SYSTEM_GC_OWN_FRAMES = ("java.lang.Runtime.gc", "java.lang.System.gc")
 # A caller in this package is one of JPype's native methods (see the module's docstring).
 JPYPE_PACKAGE = "org.jpype."
+# JPype's reference-queue thread (a Java thread): a Java collection clears the phantom reference
+# it keeps to a fresh sentinel object; the thread, woken, runs Python's garbage collection holding
+# the GIL (JPypeReferenceQueue.wake -> JPGarbageCollection::triggered -> PyGC_Collect), and JPype's
+# callback at that collection's end calls System.gc() when the process grew past its high-water mark.
+JPYPE_REFERENCE_WORKER = ("org.jpype.ref.JPypeReferenceNative.wake", "org.jpype.ref.JPypeReferenceQueue.wake",
+                          "org.jpype.ref.JPypeReferenceQueue$Worker.run")
 JPYPE_GC_LINK_ADVICE = ("JPype's GC link: after a Python garbage collection that grew the process by its high-water mark "
                         "(+20 MiB), JPype called System.gc() holding the GIL; every Python thread waited for the Java "
                         "collection. Make Python garbage less often (reuse buffers, fewer large temporaries) or give the "
@@ -561,12 +567,34 @@ def why_facts(impact: pd.DataFrame, hits: pa.Table | None, pauses: pd.DataFrame,
         for (thread, function, file, line, frames), row in grouped.sort_values("duration_ns", ascending=False).iterrows():
             facts["jpype_gc_link_stops"] += int(row["jpype_gc_link"])
             if len(facts["caused_by_python"]) < top:
-                facts["caused_by_python"].append({
+                fact = {
                     "thread": thread, "function": function, "file": file, "line": int(line) if line >= 0 else None,
                     "java_frames": frames or None, "stops": int(row["stops"]), "duration_ns": int(row["duration_ns"]),
                     "held_gil": int(row["held_gil"]), "jpype_gc_link": int(row["jpype_gc_link"]),
-                    "inferred": int(row["inferred"])})
+                    "inferred": int(row["inferred"])}
+                if any(frame.split(":", 1)[0] in JPYPE_REFERENCE_WORKER for frame in (frames or "").split("; ")):
+                    mine = caused[(caused["thread"] == thread) & (caused["java_frames"] == frames)]
+                    fact["set_off_by"] = _collections_before(mine["pause_id"].to_numpy(np.int64), pauses)
+                facts["caused_by_python"].append(fact)
     return facts
+
+
+def _collections_before(stops: np.ndarray, pauses: pd.DataFrame) -> list[dict]:
+    """For stops asked for by JPype's reference-queue thread: the Java collection of the same JVM
+    that ended last before each began (the one whose clearing of JPype's sentinel woke the
+    thread), counted by collector and cause; stops with none recorded before them count under
+    collector None."""
+    by_id = pauses.set_index("pause_id")
+    mine = by_id.loc[stops]
+    collections = pauses[pauses["kind"].astype(str) == "gc"]
+    found: dict = {}
+    for start, jvm in zip(mine["start_ns"].to_numpy(np.int64), mine["jvm_pid"] if "jvm_pid" in mine else [None] * len(mine)):
+        same = collections if pd.isna(jvm) or "jvm_pid" not in collections else collections[collections["jvm_pid"] == jvm]
+        before = same[same["end_ns"].to_numpy(np.int64) <= start]
+        last = before.loc[before["end_ns"].idxmax()] if len(before) else None
+        key = (None, None) if last is None else (str(last["name"]), None if pd.isna(last.get("cause")) else str(last["cause"]))
+        found[key] = found.get(key, 0) + 1
+    return [{"collector": collector, "cause": cause, "stops": n} for (collector, cause), n in found.items()]
 
 
 def _tandem_start(pauses: pd.DataFrame, stop: np.ndarray) -> dict | None:

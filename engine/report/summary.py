@@ -161,6 +161,11 @@ def why_lines(why: dict) -> list[str]:
         if cause.get("inferred"):  # (docs/results.md, "cause_inferred")
             inferred = (" (inferred: JFR named no requester; the one thread holding the GIL through it)"
                         if cause["inferred"] == cause["stops"] else f" ({cause['inferred']} of them inferred)")
+        if "set_off_by" in cause:  # JPype's reference-queue thread: set off by a Java collection, not by Python code
+            lines.append(f"caused by JPype's reference-queue thread (thread {cause['thread']}, a Java thread running "
+                         f"Python's garbage collection; Java {cause['java_frames']}) asked for {cause['stops']} stop(s) of "
+                         f"the world, {_duration(cause['duration_ns'])}{held}{link}: {_set_off_by(cause['set_off_by'])}")
+            continue
         lines.append(f"caused by Python: thread {cause['thread']} at {_where(cause)}{java} asked for {cause['stops']} "
                      f"stop(s) of the world, {_duration(cause['duration_ns'])}{held}{link}{inferred}")
     if why.get("tandem_start"):
@@ -171,6 +176,19 @@ def why_lines(why: dict) -> list[str]:
     if why.get("jpype_gc_link_stops"):
         lines.append(f"JPype's GC link, {why['jpype_gc_link_stops']} stop(s): {JPYPE_GC_LINK_ADVICE}")
     return lines
+
+
+def _set_off_by(collections: list[dict]) -> str:
+    """What set off stops asked for by JPype's reference-queue thread (why_facts' set_off_by)."""
+    named = ", ".join(f"{c['collector']}" + (f" ({c['cause']})" if c["cause"] else "") + f" before {c['stops']}"
+                      for c in collections if c["collector"] is not None)
+    unknown = sum(c["stops"] for c in collections if c["collector"] is None)
+    before = f"set off by the Java collection just before each ({named})" if named else ""
+    if unknown:
+        before += ("; " if before else "") + f"{unknown} with no Java collection recorded before it"
+    return (before + ": a Java collection wakes JPype's reference queue, which collects Python's garbage holding the "
+            "GIL and calls System.gc() when the process has grown past JPype's high-water mark; no one Python thread's "
+            "code asked (the growth is the whole process's)")
 
 
 def requests_hurt_lines(requests: pd.DataFrame, limit: int = 5) -> list[str]:
