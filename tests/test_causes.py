@@ -303,8 +303,8 @@ def _causes_witness(pauses, stop, gil, overlaps):
     import numpy as np
     import pandas as pd
 
-    from engine.analysis.causes import (CALL_WINDOW_NS, CAUSE_COLUMNS, _caller_outside_jpype, _system_gc_pauses,
-                                        inference_candidates, requester_tids)
+    from engine.analysis.causes import (CALL_WINDOW_NS, CAUSE_COLUMNS, SITE_WINDOW_NS, _caller_outside_jpype,
+                                        _system_gc_pauses, inference_candidates, requester_tids)
     from engine.ingest.gil_stream import thread_lifetimes
 
     n = len(pauses)
@@ -332,7 +332,8 @@ def _causes_witness(pauses, stop, gil, overlaps):
         if len(mine) and mine.start_ns.iloc[0] <= starts[i] <= mine.end_ns.iloc[-1]:
             inside = mine[(mine.start_ns <= starts[i]) & (mine.end_ns > starts[i])]
             after = mine[mine.start_ns >= starts[i]]
-            at = inside.iloc[0] if len(inside) else (after.iloc[0] if len(after) else None)
+            at = inside.iloc[0] if len(inside) else (
+                after.iloc[0] if len(after) and after.start_ns.iloc[0] - ends[i] <= SITE_WINDOW_NS else None)
             held = not ((mine.start_ns < ends[i]) & (mine.end_ns > starts[i])).any()
             row.update(caused_by_python=True, cause_pid=mine.pid.iloc[0], cause_tid=tid, cause_thread=mine.thread_name.iloc[0],
                        cause_state=inside.state.iloc[0] if len(inside) else "holding", cause_held_gil=held,
@@ -468,3 +469,29 @@ def test_stops_of_jpypes_reference_queue_thread_are_set_off_by_the_collection_be
     line, = [line for line in why_lines({"caused_by_python": [cause]}) if "reference-queue" in line]
     assert line.startswith("caused by JPype's reference-queue thread (thread 4225") and "caused by Python" not in line
     assert "G1Old (G1 Preventive Collection) before 1" in line and "no one Python thread's code asked" in line
+
+
+@pytest.mark.parametrize("next_release_after_ns, site", [(3_000_000, "f"), (10_000_000, "f"), (10_000_001, None)])
+def test_a_holding_thread_is_placed_at_its_next_release_only_when_it_came_at_once(next_release_after_ns, site):
+    """A requester holding the GIL through its pause is placed at the code of its next release
+    when that began within SITE_WINDOW_NS (10 ms) of the pause's end; later, its site is unknown
+    (null code; the summary says `<site unknown>`), never code from long after."""
+    import pandas as pd
+
+    from engine.analysis import correlate
+    from engine.report.summary import why_lines
+    from test_join_witness import gil_frame, pauses_frame
+
+    b = 100_000_000
+    pauses = pauses_frame([(b + 100, b + 200)]).assign(kind="safepoint", name="RedefineClasses",
+                                                       requester_os_thread_id=pd.array([2], dtype="Int64"))
+    end = b + 200
+    rows = [(7, 2, "released", 0, b), (7, 2, "released", end + next_release_after_ns, end + next_release_after_ns + 5)]
+    gil = gil_frame(rows).assign(function=pd.array(["g", "f"], dtype="string"), file=pd.array(["p.py"] * 2, dtype="string"),
+                                 line=pd.array([1, 2], dtype="Int64"))
+    analysis = correlate(pauses, gil)
+    row = analysis.pause_impact.iloc[0]
+    assert row["caused_by_python"] and row["cause_state"] == "holding" and row["cause_held_gil"]
+    assert (row["cause_function"] if pd.notna(row["cause_function"]) else None) == site
+    line, = [line for line in why_lines(analysis.header["why"]) if line.startswith("caused by Python")]
+    assert ("at f (p.py:2)" in line) if site else ("at <site unknown>" in line), line

@@ -9,7 +9,7 @@ core's overlaps rows).
 
 For such a pause: the Python thread, the Python code it was in (the GIL interval that
 contains the request; a thread holding the GIL then has none, so the code of its next
-release is given), the Java frames of its System.gc() call, and whether it held the GIL
+release is given when that came within SITE_WINDOW_NS of the pause's end, else none), the Java frames of its System.gc() call, and whether it held the GIL
 through the pause (then every other Python thread that wanted the GIL waited on it:
 amplification with its cause).
 
@@ -65,6 +65,11 @@ SYSTEM_GC = "System.gc()"
 # demo: 31 us - 0.92 ms); JDK 17 names no requester for that call either. A release this
 # close before a candidate's stop, lasting through the pause, makes the inference stand down.
 CALL_WINDOW_NS = 20_000_000
+# A thread holding the GIL at a pause's start is placed at the code of its next release when that
+# release began at most this long after the pause ended: a holder other threads wait for drops
+# the GIL within CPython's switch interval (5 ms) of the pause's end, at the code it ran then.
+# Later than that, the release's code is not where the thread was: the site is unknown.
+SITE_WINDOW_NS = 10_000_000
 # The frames of System.gc() itself (JDK 17+: System.gc calls Runtime.gc): the first other
 # frame in a call's system_gc_frames is its Java caller.
 SYSTEM_GC_OWN_FRAMES = ("java.lang.Runtime.gc", "java.lang.System.gc")
@@ -427,8 +432,11 @@ class Causes:
         out["cause_tid"][pause] = self.q_tid[q]
         out["cause_thread"][pause] = pd.array(self.first_name[d], dtype="string")
         out["cause_state"][pause] = pd.array(np.where(inside, self.in_state[q], "holding"), dtype="string")
+        # a holding thread's site: that of its next release when it came within SITE_WINDOW_NS of
+        # the pause's end (else unknown: code from long after is not where it was)
+        near = inside | (self.after_start[q] - e <= SITE_WINDOW_NS)
         for name, held_at, next_at in zip(("function", "file", "line"), self.in_code, self.after_code):
-            values = np.where(inside, held_at[q], next_at[q])
+            values = np.where(inside, held_at[q], np.where(near, next_at[q], None))
             out[f"cause_{name}"][pause] = pd.array(values, dtype="Int64" if name == "line" else "string")
         frames = (self.pauses["system_gc_frames"].astype("string") if "system_gc_frames" in self.pauses.columns
                   else None)
@@ -557,7 +565,7 @@ def why_facts(impact: pd.DataFrame, hits: pa.Table | None, pauses: pd.DataFrame,
     if "caused_by_python" in impact.columns and impact["caused_by_python"].any():
         caused = caused_stops(impact).assign(
             thread=lambda d: d["cause_thread"].fillna(d["cause_tid"].astype("string")),
-            function=lambda d: d["cause_function"].fillna("?"), file=lambda d: d["cause_file"].fillna(""),
+            function=lambda d: d["cause_function"].fillna("<site unknown>"), file=lambda d: d["cause_file"].fillna(""),
             line=lambda d: d["cause_line"].fillna(-1),
             java_frames=lambda d: (d["cause_java_frames"] if "cause_java_frames" in d.columns
                                    else pd.Series(pd.NA, index=d.index, dtype="string")).fillna(""))

@@ -123,8 +123,10 @@ def _python_cause(impact: pd.DataFrame | None, n: int) -> pd.Series:
         return pd.Series(pd.NA, index=range(n), dtype="string")
     caused = impact["caused_by_python"].astype("boolean").fillna(False).to_numpy(bool)
     thread = impact["cause_thread"].astype("string").fillna("")
-    where = impact["cause_function"].astype("string").fillna("?") + " (" + impact["cause_file"].astype("string").fillna("?") \
-        + ":" + impact["cause_line"].astype("string").fillna("?") + ")"
+    function = impact["cause_function"].astype("string")
+    where = function + " (" + impact["cause_file"].astype("string").fillna("?") + ":" \
+        + impact["cause_line"].astype("string").fillna("?") + ")"
+    where = where.where(function.notna(), "<site unknown>")  # (a holder whose next release came long after)
     text = "caused by Python thread " + impact["cause_tid"].astype("string").fillna("?") + " " + thread + " at " + where
     link = impact["jpype_gc_link"].astype("boolean").fillna(False).to_numpy(bool) if "jpype_gc_link" in impact else np.zeros(n, bool)
     text = text.where(~link, text + ", JPype's GC link")
