@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import threading
@@ -154,8 +155,10 @@ def test_killed_jvm_repository_chunk_is_read_up_to_its_last_flush(java_home, kil
     # forever on 255; ingest reads the chunk as it stood at that flush.
     data = bytearray(chunks[-1].read_bytes())
     data[FILE_STATE_OFFSET] = FILE_STATE_UPDATING
-    guarded = tmp_path / "guarded.jfr"
+    guarded = tmp_path / "guarded" / "guarded.jfr"  # (with the agent's jvm.json beside it, as in its session)
+    guarded.parent.mkdir()
     guarded.write_bytes(bytes(data))
+    shutil.copy(jvm.directory / "jvm.json", guarded.parent / "jvm.json")
     tail = f"lost the {scan.lost_bytes} bytes written after that flush" if scan.lost_bytes else "lost nothing on disk"
     with pytest.warns(TandemWarning, match=f"unfinished chunk .* {tail}"):
         again = read_pauses(guarded)

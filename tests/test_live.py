@@ -21,6 +21,7 @@ from engine.live.alerts import Alerts
 from engine.live.writer import RollingWriter, read_parts
 from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 from engine.store import read_table
+from test_record_helpers import default_sigint, kill_session_processes
 
 TANDEM = [sys.executable, "-m", "engine"]
 PAIR_KEY = ["pause_id", "pid", "tid", "state", "start_ns", "end_ns", "overlap_ns", "slack_ns", "near_miss"]
@@ -284,24 +285,16 @@ def _all_files_readable(out: Path) -> int:
     return len(files)
 
 
-def _kill_session_processes(session: Path) -> None:
-    for directory in [*session.glob("py-*"), *session.glob("jvm-*")]:
-        try:
-            os.kill(int(directory.name.split("-")[1]), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-
-
 @pytest.mark.slow
 def test_sigint_flushes_and_closes_every_file(tmp_path):
-    session, proc = _live(tmp_path, sys.executable, "-c", _BUSY, roll="1s")
+    session, proc = _live(tmp_path, sys.executable, "-c", _BUSY, roll="1s", preexec_fn=default_sigint)
     try:
         _wait_for(lambda: (session / "live" / "part-000002" / "_done.json").exists(), 120, "two parts")
         proc.send_signal(signal.SIGINT)  # forwarded to the command (not from a terminal): it exits
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-        _kill_session_processes(session)
+        kill_session_processes(session)
     assert proc.returncode == 130, err  # the command died of SIGINT (KeyboardInterrupt) -> 128 + 2
     out = session / "live"
     parts = sorted(out.glob("part-*"))
@@ -319,7 +312,7 @@ def test_sigkill_leaves_every_finished_file_readable(tmp_path):
         proc.wait(30)
     finally:
         proc.kill()
-        _kill_session_processes(session)
+        kill_session_processes(session)
     out = session / "live"
     assert _all_files_readable(out) >= 18
     assert len(read_parts(out, "gil", complete_only=True)) > 0
@@ -755,7 +748,7 @@ def _record_live_then_live_session(tmp_path: Path) -> None:
         _, err = live.communicate(timeout=120)
     finally:
         record.kill()
-        _kill_session_processes(session)
+        kill_session_processes(session)
     assert live.returncode == 0, err
     assert "pauses from its pause ring + JFR repository" in err
     jvm = json.loads(next(session.glob("jvm-*/jvm.json")).read_text())
@@ -805,7 +798,7 @@ def _soak(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
-        _kill_session_processes(session)
+        kill_session_processes(session)
     assert proc.returncode == 0, err
     t = np.array([s[0] for s in samples])
     m = np.array([s[1] for s in samples])

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import default_java_home, jdk_params
 from test_record_helpers import (
-    compile_workload, jdk_env, jfr_event_counts, only_jvm_dir, read_json, run_tandem, tandem_argv, wait_for,
+    compile_workload, default_sigint, jdk_env, jfr_event_counts, kill_session_processes, only_jvm_dir, read_json, run_tandem,
+    tandem_argv, wait_for,
 )
 
 
@@ -63,13 +64,15 @@ def test_signal_to_tandem_reaches_the_command_and_the_recording_closes(workload,
     env = jdk_env(default_java_home())
     # A new session: no terminal, so SIGINT is forwarded like SIGTERM (see launch.py).
     tandem = subprocess.Popen(tandem_argv("record", "-o", str(session), "--", "java", "-cp", str(workload), "Workload", "wait"),
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              preexec_fn=default_sigint)
     try:
         assert tandem.stdout.readline().strip() == "ready"
         tandem.send_signal(signum)
         out, err = tandem.communicate(timeout=60)
     finally:
         tandem.kill()
+        kill_session_processes(session)
     assert tandem.returncode == 128 + signum, err  # the JVM exits 128+N on SIGTERM/SIGINT
     jvm_dir = only_jvm_dir(session)
     assert read_json(jvm_dir / "jvm.json")["state"] == "closed", err

@@ -87,6 +87,27 @@ def run_tandem(*args: str, env: dict[str, str], timeout: float = 120, **kwargs) 
     return subprocess.run(tandem_argv(*args), env=env, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+def kill_session_processes(session: Path) -> None:
+    """SIGKILL every process a session recorded (its py-PID and jvm-PID folders): a test that
+    failed before its command ended leaves none behind to load the machine."""
+    import signal
+
+    for directory in [*session.glob("py-*"), *session.glob("jvm-*")]:
+        try:
+            os.kill(int(directory.name.split("-")[1]), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def default_sigint() -> None:
+    """preexec_fn: SIGINT back to its default in the child. A shell's background job starts with
+    SIGINT ignored and passes that on; a JVM then installs no handler for it and CPython raises no
+    KeyboardInterrupt, whatever tandem forwards."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def only_jvm_dir(session: Path) -> Path:
     dirs = sorted(session.glob("jvm-*"))
     assert len(dirs) == 1, f"expected one jvm-* in {session}: {[d.name for d in dirs]}"

@@ -67,9 +67,10 @@ SYSTEM_GC = "System.gc()"
 CALL_WINDOW_NS = 20_000_000
 # A thread holding the GIL at a pause's start is placed at the code of its next release when that
 # release began at most this long after the pause ended: a holder other threads wait for drops
-# the GIL within CPython's switch interval (5 ms) of the pause's end, at the code it ran then.
-# Later than that, the release's code is not where the thread was: the site is unknown.
-SITE_WINDOW_NS = 10_000_000
+# the GIL within CPython's switch interval (5 ms) of running again, and a busy machine delays
+# that run by tens of milliseconds. Later than that, the thread ran on long enough for the
+# release's code not to be where it was: the site is unknown.
+SITE_WINDOW_NS = 100_000_000
 # The frames of System.gc() itself (JDK 17+: System.gc calls Runtime.gc): the first other
 # frame in a call's system_gc_frames is its Java caller.
 SYSTEM_GC_OWN_FRAMES = ("java.lang.Runtime.gc", "java.lang.System.gc")
