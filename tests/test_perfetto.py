@@ -195,11 +195,12 @@ def decode_counters(path: Path, fmt: str) -> dict[tuple[int, str], list[tuple[in
 @pytest.fixture(scope="module")
 def memory_session(tmp_path_factory):
     """A real session's memory samples: `tandem record` of a CPython keeping 60 MB of small
-    objects, a step every 0.6 s, all of it held 2 s at the end (the recorder's /proc samples,
-    once a second and late on a busy machine, are the rows; the probe's pymalloc ones are
-    interpolated at their times)."""
+    objects, a step every 0.6 s after 2 s of none, all of it held 2 s at the end (the recorder's
+    /proc samples, once a second from a moment of their own and late on a busy machine, are the
+    rows: the first and last must fall before and after the steps; the probe's pymalloc samples
+    are interpolated at their times)."""
     session = tmp_path_factory.mktemp("memory") / "session"
-    program = ("import time\nkept = []\nfor _ in range(4):\n    kept += ['%0300d' % i for i in range(50_000)]\n"
+    program = ("import time\ntime.sleep(2)\nkept = []\nfor _ in range(4):\n    kept += ['%0300d' % i for i in range(50_000)]\n"
                "    time.sleep(0.6)\ntime.sleep(2)\n")
     tandem = Path(sys.executable).parent / "tandem"
     run = subprocess.run([str(tandem), "record", "-o", str(session), "--", sys.executable, "-c", program],
