@@ -592,17 +592,21 @@ def _collections_before(stops: np.ndarray, pauses: pd.DataFrame) -> list[dict]:
     """For stops asked for by JPype's reference-queue thread: the Java collection of the same JVM
     that ended last before each began (the one whose clearing of JPype's sentinel woke the
     thread), counted by collector and cause; stops with none recorded before them count under
-    collector None."""
-    by_id = pauses.set_index("pause_id")
-    mine = by_id.loc[stops]
-    collections = pauses[pauses["kind"].astype(str) == "gc"]
+    collector None. One sort and search per JVM, not a scan of the collections per stop."""
+    jvm = (pauses["jvm_pid"].astype("Int64").fillna(-1).to_numpy(np.int64) if "jvm_pid" in pauses.columns
+           else np.full(len(pauses), -1, np.int64))
+    end = pauses["end_ns"].to_numpy(np.int64)
+    is_gc = pauses["kind"].astype(str).to_numpy() == "gc"
+    asked = pd.Series(np.arange(len(pauses)), index=pauses["pause_id"].to_numpy(np.int64))[stops].to_numpy()
     found: dict = {}
-    for start, jvm in zip(mine["start_ns"].to_numpy(np.int64), mine["jvm_pid"] if "jvm_pid" in mine else [None] * len(mine)):
-        same = collections if pd.isna(jvm) or "jvm_pid" not in collections else collections[collections["jvm_pid"] == jvm]
-        before = same[same["end_ns"].to_numpy(np.int64) <= start]
-        last = before.loc[before["end_ns"].idxmax()] if len(before) else None
-        key = (None, None) if last is None else (str(last["name"]), None if pd.isna(last.get("cause")) else str(last["cause"]))
-        found[key] = found.get(key, 0) + 1
+    for j in np.unique(jvm[asked]):  # (a few JVMs; a stop of no known JVM looks at every collection)
+        mine = np.flatnonzero(is_gc & (jvm == j)) if j >= 0 else np.flatnonzero(is_gc)
+        mine = mine[np.lexsort((-mine, end[mine]))]  # by end; of equal ends, the first row last
+        these = asked[jvm[asked] == j]
+        for at in np.searchsorted(end[mine], pauses["start_ns"].to_numpy(np.int64)[these], "right") - 1:
+            last = pauses.iloc[mine[at]] if at >= 0 else None
+            key = (None, None) if last is None else (str(last["name"]), None if pd.isna(last.get("cause")) else str(last["cause"]))
+            found[key] = found.get(key, 0) + 1
     return [{"collector": collector, "cause": cause, "stops": n} for (collector, cause), n in found.items()]
 
 
