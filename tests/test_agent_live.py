@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 # Pause record kinds written by the agent (docs/ring.md, "Records") and aux bits.
 KINDS = {1: "safepoint", 2: "gc_pause", 3: "gc", 4: "vm_operation"}
+SYSTEM_GC_CALL = 5  # a System.gc() call's record: not a pause
 AUX_UNMATCHED = 1
 
 
@@ -57,7 +58,7 @@ def _check_header(header, pid: int, java_home: Path) -> None:
 def _check_records(records: np.ndarray, names: dict[int, str]) -> None:
     """Whole, committed records only: consecutive positions, known kinds, names resolved."""
     assert (records["seq"] == np.arange(1, len(records) + 1, dtype=np.uint64)).all()
-    assert set(np.unique(records["kind"]).tolist()) <= set(KINDS)
+    assert set(np.unique(records["kind"]).tolist()) <= {*KINDS, SYSTEM_GC_CALL}
     assert (records["lane"] == 0).all()
     assert (records["start_ns"] <= records["end_ns"]).all()
     assert (records["start_ns"] > 0).all()
@@ -67,8 +68,9 @@ def _check_records(records: np.ndarray, names: dict[int, str]) -> None:
 
 def _ring_table(records: np.ndarray, names: dict[int, str]) -> list[dict]:
     return [dict(kind=KINDS[int(r["kind"])], start=int(r["start_ns"]), end=int(r["end_ns"]), id=int(r["id"]),
-                 name=names.get(int(r["name_code"])), unmatched=bool(int(r["aux"]) & AUX_UNMATCHED), tid=int(r["tid"]))
-            for r in records]
+                 name=names.get(int(r["name_code"])), unmatched=bool(int(r["aux"]) & AUX_UNMATCHED), tid=int(r["tid"]),
+                 requester=int(r["requester"]), cause=names.get(int(r["cause_code"])))
+            for r in records if int(r["kind"]) in KINDS]
 
 
 def _recording_table(pauses) -> list[dict]:
@@ -78,7 +80,9 @@ def _recording_table(pauses) -> list[dict]:
             continue
         ident = row.safepoint_id if row.kind in ("safepoint", "vm_operation") else row.gc_id
         rows.append(dict(kind=row.kind, start=int(row.start_ns), end=int(row.end_ns), id=int(ident), name=row.name,
-                         unmatched=bool(row.unmatched), tid=0 if row.os_thread_id is pd.NA else int(row.os_thread_id)))
+                         unmatched=bool(row.unmatched), tid=0 if row.os_thread_id is pd.NA else int(row.os_thread_id),
+                         requester=0 if row.requester_os_thread_id is pd.NA else int(row.requester_os_thread_id),
+                         cause=None if row.kind != "gc" or row.cause is pd.NA else row.cause))
     return rows
 
 
@@ -119,6 +123,8 @@ def _compare(ring: list[dict], recording: list[dict], tolerance_ns: int) -> dict
         for a, b in zip(mine, theirs):
             name = b["name"] if a["unmatched"] and a["name"] == "safepoint" else a["name"]
             assert (a["id"], name, a["tid"]) == (b["id"], b["name"], b["tid"]), (kind, a, b)
+            # who asked (the operation's caller; unknown for an unmatched one named at close), the collection's cause
+            assert a["cause"] == b["cause"] and (a["requester"] == b["requester"] or a["unmatched"]), (kind, a, b)
             assert abs(a["start"] - b["start"]) <= tolerance_ns, (kind, a, b)
             if a["unmatched"]:
                 assert a["end"] <= b["end"] + tolerance_ns, (kind, a, b)

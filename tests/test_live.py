@@ -214,6 +214,36 @@ def _on_ring_alignment(offline: pd.DataFrame, live: pd.DataFrame) -> pd.DataFram
     return out
 
 
+def _assert_same_causes(live_impact: pd.DataFrame, live_pauses: pd.DataFrame, offline_pauses: pd.DataFrame, offline) -> None:
+    """Live pause_impact rows carry the cause columns offline computes (engine/live/causes.py):
+    equal for every pause whose requester JFR's stream named; a pause offline says a Python
+    thread caused and live does not is one whose requester the stream did not name (JFR
+    names a thread attached through JNI in the recording, not yet in the stream)."""
+    from engine.analysis.causes import CAUSE_COLUMNS
+
+    assert set(CAUSE_COLUMNS) | {"stop_id"} <= set(live_impact.columns)
+    live = live_impact.merge(live_pauses[["pause_id", "start_ns", "end_ns"]].rename(columns={"start_ns": "s", "end_ns": "e"}),
+                             on="pause_id")
+    offline_keyed = offline.pause_impact.merge(offline_pauses[["pause_id", "start_ns", "end_ns"]].rename(
+        columns={"start_ns": "s", "end_ns": "e"}), on="pause_id")
+    both = live.merge(offline_keyed, on=["kind", "s", "e"], suffixes=("", "_offline"))
+    assert len(both) == len(offline_keyed)
+
+    def values(column: str) -> list:
+        return [None if v is pd.NA or v is None or (isinstance(v, float) and np.isnan(v)) else v
+                for v in both[column].astype(object)]
+
+    caused = both["caused_by_python"].astype(bool).to_numpy()
+    for column in CAUSE_COLUMNS:
+        for live_value, offline_value, named in zip(values(column), values(f"{column}_offline"), caused):
+            if named:
+                assert live_value == offline_value, column
+    missed = both[both["caused_by_python_offline"].astype(bool) & ~caused]
+    requester = live_pauses.set_index("pause_id")["requester_os_thread_id"] if "requester_os_thread_id" in live_pauses else None
+    if requester is not None:
+        assert requester.reindex(missed["pause_id"]).isna().all(), missed
+
+
 @pytest.mark.slow
 def test_live_command_equals_offline_analysis(tmp_path):
     from engine.analysis import analyze_session
@@ -240,6 +270,7 @@ def test_live_command_equals_offline_analysis(tmp_path):
         # pause of its kind within the source's match tolerance (engine/live/sources.py).
         rebased = _on_ring_alignment(offline.pauses, live_pauses)
     _assert_same_pauses_and_pairs(live_pauses, live_overlaps, rebased, offline.overlaps)
+    _assert_same_causes(read_parts(session / "live", "pause_impact"), live_pauses, rebased, offline)
     # Alerts: one JSON line per pause over the threshold, as offline sees them.
     alerted = {json.loads(line)["pause_id"] for line in jsonl.read_text().splitlines()}
     over = offline.pause_impact[offline.pause_impact["overlap_ns"] > 5_000_000]
@@ -387,7 +418,7 @@ class _PauseRingWriter:
         from engine.ring.layout import PAUSE_RECORD_DTYPE
 
         record = np.zeros(1, dtype=PAUSE_RECORD_DTYPE)
-        record[0] = (self.pos + 1, start, tid, kind, 0, 0, end, ident, name_code)
+        record[0] = (self.pos + 1, start, tid, kind, 0, 0, end, ident, name_code, 0, 0)
         at = self.records_offset + (self.pos % self.capacity) * 64
         self.buf[at:at + 64] = record.tobytes()
         self.pos += 1

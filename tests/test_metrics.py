@@ -133,6 +133,7 @@ def _parquet_totals(session: Path) -> dict:
         "hit": impact[impact["overlap_ns"] > 0].groupby(kinds).size().to_dict(),
         "overlap_s": (impact.groupby(kinds)["overlap_ns"].sum() / 1e9).to_dict(),
         "amplified": impact[impact["amplified"].astype(bool)].groupby(kinds).size().to_dict(),
+        "caused": impact[impact["caused_by_python"].astype(bool)].groupby(kinds).size().to_dict(),
         "release_s": lengths[gil["state"].astype(str) == "released"].sum() / 1e9,
         "wait_s": lengths[gil["state"].astype(str) == "waiting"].sum() / 1e9,
         "gc": gc.groupby(gc["name"].astype(str)).size().to_dict(),
@@ -158,6 +159,8 @@ def test_prometheus_stores_what_the_live_parquet_says(run):
         assert overlap[kind] == pytest.approx(seconds, rel=1e-9, abs=1e-9)
     amplified = _by_kind(last("tandem_pauses_amplified_total"))
     assert {k: v for k, v in amplified.items() if v} == {k: float(v) for k, v in totals["amplified"].items()}
+    caused = _by_kind(last("tandem_pauses_caused_by_python_total"))  # (the live rows' cause column)
+    assert {k: v for k, v in caused.items() if v} == {k: float(v) for k, v in totals["caused"].items()}
     for name, key in (("tandem_gil_release_seconds_total", "release_s"), ("tandem_gil_wait_seconds_total", "wait_s")):
         (row,) = _query(run["prom_port"], f"sum(last_over_time({name}[10m]))")
         assert float(row["value"][1]) == pytest.approx(totals[key], rel=1e-9)

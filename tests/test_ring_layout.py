@@ -77,7 +77,7 @@ def test_the_spec_tables_parse():
     assert {"start_ns", "end_ns", "id", "name_code"} <= set(PAUSE_RECORD)
     assert GIL_KINDS == {"DROP": 1, "TAKE_REQUEST": 2, "TAKE_ACQUIRED": 3, "SAMPLE_HELD": 4, "SAMPLE_FREE": 5,
                          "LOST": 0xFF01}
-    assert PAUSE_KINDS == {"safepoint": 1, "GC pause": 2, "GC": 3, "VM operation": 4}
+    assert PAUSE_KINDS == {"safepoint": 1, "GC pause": 2, "GC": 3, "VM operation": 4, "System GC call": 5}
 
 
 def test_python_reader_follows_the_spec():

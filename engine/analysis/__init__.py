@@ -19,7 +19,7 @@ import pandas as pd
 
 import pyarrow as pa
 
-from engine.analysis.causes import Causes, CodeHits, why_facts
+from engine.analysis.causes import Causes, CodeHits, why_facts, with_causes
 from engine.analysis.clock import check_same_clock, clock_facts
 from engine.correlate import END, RESULT_TABLES, Correlator
 from engine.correlate.inputs import gil_rows_from_frame
@@ -166,16 +166,6 @@ def aligned_pauses(pauses: pd.DataFrame, pauses_source: str | None, gil_attrs: d
         pauses["start_ns"] += offset_ns
         pauses["end_ns"] += offset_ns
     return pauses, pause_clock, gil_clock, alignment
-
-
-def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, stop: np.ndarray, causes: pd.DataFrame) -> pd.DataFrame:
-    """pause_impact with the stop each pause belongs to (`stop`: engine/correlate/stops.py,
-    stop_ids) and who asked for it, when it was a Python thread (`causes`: Causes.table, per
-    pause in pauses table order; engine/analysis/causes.py)."""
-    causes = causes.assign(pause_id=pauses["pause_id"].to_numpy())
-    stops = pd.DataFrame({"pause_id": pauses["pause_id"].to_numpy(np.int64), "stop_id": stop})
-    return (impact.merge(stops, on="pause_id", how="left", validate="one_to_one")
-            .merge(causes, on="pause_id", how="left", validate="one_to_one"))
 
 
 def _header(core: Correlator, pauses: pd.DataFrame, gil_attrs: dict, pause_clock, gil_clock, alignment: str,

@@ -454,6 +454,16 @@ class Causes:
         return pd.DataFrame(out)
 
 
+def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, stop: np.ndarray, causes: pd.DataFrame) -> pd.DataFrame:
+    """pause_impact with the stop each pause belongs to (`stop`: engine/correlate/stops.py,
+    stop_ids) and who asked for it, when it was a Python thread (`causes`: Causes.table, per
+    pause in pauses table order; engine/analysis/causes.py)."""
+    causes = causes.assign(pause_id=pauses["pause_id"].to_numpy())
+    stops = pd.DataFrame({"pause_id": pauses["pause_id"].to_numpy(np.int64), "stop_id": stop})
+    return (impact.merge(stops, on="pause_id", how="left", validate="one_to_one")
+            .merge(causes, on="pause_id", how="left", validate="one_to_one"))
+
+
 def _alive_threads(pauses: pd.DataFrame, candidates: np.ndarray, lifetimes: pd.DataFrame):
     """(pause, tid) of every thread of each candidate's JVM process alive through it."""
     pair_pause, pair_tid = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]

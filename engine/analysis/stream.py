@@ -119,7 +119,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
                      offset_ns: int | None = None, pauses_source: str | None = None, progress=None) -> StreamedAnalysis:
     """Correlate a pauses table with a streamed GIL side (ParquetGil or EventsGil), writing
     OUT/*.parquet as it goes."""
-    from engine.analysis import _header, aligned_pauses, with_causes
+    from engine.analysis import _header, aligned_pauses
 
     lifetimes = gil.first_pass()  # (also reads what the GIL files say about their clock)
     pauses, pause_clock, gil_clock, alignment = aligned_pauses(pauses, pauses_source, gil.attrs, gil.source, offset_ns)

@@ -43,10 +43,7 @@ OVERLAP = Metric("tandem_pause_python_overlap_seconds", "tandem.pause.python_ove
                  "Time of JVM pauses during which at least one Python thread was released or waiting (pause_impact overlap_ns).")
 AMPLIFIED = Metric("tandem_pauses_amplified", "tandem.pauses.amplified", "counter", "{pause}", ("pid", "kind"),
                    "JVM pauses that stopped a thread holding the GIL (pause_impact amplified).")
-# Pauses caused by Python: counted once the live pause_impact rows have a caused-by-Python column
-# (tandem analyze's `caused_by_python` is not computed live yet); set CAUSED_BY_PYTHON_COLUMN to
-# that column's name (a boolean per pause) and the metric appears.
-CAUSED_BY_PYTHON_COLUMN: str | None = None
+# Pauses caused by Python: the live pause_impact rows' cause column (engine/live/causes.py).
 CAUSED = Metric("tandem_pauses_caused_by_python", "tandem.pauses.caused_by_python", "counter", "{pause}", ("pid", "kind"),
                 "JVM pauses attributed to Python code.")
 GIL_RELEASE = Metric("tandem_gil_release_seconds", "tandem.gil.release.time", "counter", "s", ("pid",),
@@ -368,8 +365,7 @@ class LiveMetrics:
         kinds = _text(impact["kind"])
         overlap = impact["overlap_ns"].to_numpy(np.int64)
         amplified = impact["amplified"].to_numpy(bool) if "amplified" in impact else np.zeros(len(ids), bool)
-        caused = (impact[CAUSED_BY_PYTHON_COLUMN].to_numpy(bool, na_value=False)
-                  if CAUSED_BY_PYTHON_COLUMN and CAUSED_BY_PYTHON_COLUMN in impact else None)
+        caused = impact["caused_by_python"].to_numpy(bool, na_value=False) if "caused_by_python" in impact else None
         for pid, kind in sorted(set(zip(jvm.tolist(), kinds.tolist()))):
             chosen = (jvm == pid) & (kinds == kind)
             labels = {"pid": str(pid), "kind": kind}

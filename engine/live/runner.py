@@ -23,6 +23,7 @@ from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import END, GIL_COLUMNS, GIL_STATES, PAUSE_COLUMNS, PAUSE_FACT_COLUMNS, empty_frame, to_pandas
 from engine.live import watermark as wm
 from engine.live.alerts import Alerts
+from engine.live.causes import LiveCauses
 from engine.live.lifetimes import ProcLifetimes
 from engine.live.memory import release_free_memory
 from engine.live.sources import RepositorySource, SessionWatcher
@@ -72,6 +73,9 @@ class LiveRun:
         self.latest_hits: collections.deque[dict] = collections.deque(maxlen=LATEST)  # final pauses that hit Python
         self.memory = MemoryFollower(self.session)  # the processes' memory and who grew (view, metrics)
         self.spans = spans  # engine.spans.live.LiveSpans: received spans, figured as the watermark passes them
+        # who asked for each pause: pause_impact rows get their cause columns once those are due
+        self.causes = LiveCauses(RETAIN_NS, self._code_names, self.lifetimes.alive)
+        self._calls: list[pd.DataFrame] = []
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -82,8 +86,9 @@ class LiveRun:
 
     def _poll_jvm(self) -> pd.DataFrame:
         self._last_jvm_poll = time.monotonic()
-        frames = [source.poll() for source in list(self.watcher.jvm.values()) if not source.done]
-        frames = [f for f in frames if len(f)]
+        sources = [source for source in list(self.watcher.jvm.values()) if not source.done]
+        frames = [f for f in (source.poll() for source in sources) if len(f)]
+        self._calls.extend(c for c in (s.take_calls() for s in sources if hasattr(s, "take_calls")) if len(c))
         if not frames:
             return empty_frame("pauses")
         pauses = pd.concat(frames, ignore_index=True).sort_values(["start_ns", "end_ns"], kind="stable", ignore_index=True)
@@ -154,6 +159,10 @@ class LiveRun:
         # (an empty table is left out: converting it costs more than the rows of a step)
         tables = {name: to_pandas(table, name) if table.num_rows else None for name, table in rows.tables().items()}
         impact, overlaps, free = tables["pause_impact"], tables["overlaps"], tables["gil_free"]
+        calls, self._calls = (pd.concat(self._calls, ignore_index=True) if self._calls else None), []
+        self.causes.add(pauses, gil, overlaps, calls, impact)
+        impact = self.causes.due(self.watermark_ns, self._open_intervals() if self.watermark_ns < END else GilRows.empty())
+        gil = gil.drop(columns="code", errors="ignore")  # (the parts' gil table has no code columns)
         if len(pauses):
             pauses = pauses.assign(arrived_ns=now)
         if impact is not None:
@@ -164,6 +173,10 @@ class LiveRun:
         if impact is not None:
             hits = impact[impact["hit_python"].to_numpy(bool)]
             self.latest_hits.extend(hits[["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"]].to_dict("records"))
+
+    def _code_names(self, pid: int, codes: np.ndarray) -> pd.DataFrame | None:
+        source = next((s for s in self.watcher.gil.values() if s.pid == pid), None)
+        return source.code_names(codes) if source is not None else None
 
     def _figured_spans(self, pauses: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame | None:
         """The received spans the watermark has now passed, with their figures (engine/spans/live.py)."""

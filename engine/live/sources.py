@@ -27,12 +27,27 @@ import numpy as np
 import pandas as pd
 
 from engine.errors import TandemError
+from engine.ingest.codes import FIRST_ID, read_code_table, resolve
 from engine.ingest.gil import Pairing, SampledRecords, interval_frame, started_threads
 from engine.ring.layout import GIL_RECORD_DTYPE
-from engine.session import (AGENT_ERROR, GIL_RING, JVM_DIRS, JVM_JSON, PAUSES_RING, PYTHON_DIRS, RECORDING, REPOSITORY,
+from engine.session import (AGENT_ERROR, GIL_CODES, GIL_RING, JVM_DIRS, JVM_JSON, PAUSES_RING, PYTHON_DIRS, RECORDING, REPOSITORY,
                             THREADS_JSONL, agent_error_line, pid_from_name, process_alive, read_json)
 
 PAUSE_RING_KINDS = {1: "safepoint", 2: "gc_pause", 3: "gc", 4: "vm_operation"}  # java-agent PauseRing.KIND_*
+SYSTEM_GC_CALL = 5  # a System.gc() call's record (not a pause: docs/ring.md, "Java writer")
+
+
+def system_gc_calls(jvm_pid: int = 0, start_ns=(), end_ns=(), tid=(), frames=()) -> pd.DataFrame:
+    """System.gc() calls of a JVM (its pause ring's call records): the call's span, its
+    thread, its innermost frames (the pauses table's system_gc_frames)."""
+    tid = np.asarray(tid, np.int64)
+    return pd.DataFrame({
+        "jvm_pid": np.full(tid.size, jvm_pid, np.int64),
+        "start_ns": np.asarray(start_ns, np.int64),
+        "end_ns": np.asarray(end_ns, np.int64),
+        "os_thread_id": pd.arrays.IntegerArray(tid, mask=tid == 0),
+        "frames": pd.array(list(frames), dtype="string"),
+    })
 
 
 class GilSource:
@@ -48,6 +63,7 @@ class GilSource:
         self.problem: str | None = None
         self.frontier_ns: int | None = None
         self._names_size = -1
+        self._codes: dict | None = None
 
     @property
     def label(self) -> str:
@@ -96,14 +112,25 @@ class GilSource:
 
     def _intervals(self, records: np.ndarray) -> pd.DataFrame:
         try:
-            # (no code columns: the live parts' gil table has none, docs/live.md)
-            out = interval_frame(self.pid or 0, *self.pairing.intervals(records)).drop(columns="code")
+            # (`code`: each release's code, named on demand by code_names; the live parts' gil
+            # table has no code columns, docs/live.md)
+            out = interval_frame(self.pid or 0, *self.pairing.intervals(records))
         except SampledRecords:
             raise TandemError(f"{self.label}: sampling-backend GIL records are not supported by `tandem live` "
                               "(use `tandem record` + `tandem analyze`)") from None
         if len(out) and self.thread_names:
             out["thread_name"] = out["tid"].map(self.thread_names).astype("string")
         return out
+
+    def code_names(self, code: np.ndarray) -> pd.DataFrame:
+        """function, file, line of each of this process's release codes (gil.codes, read again
+        when a code is not in it yet: the probe appends as code first releases the GIL)."""
+        path = self.directory / GIL_CODES
+        ids = np.asarray(code, np.uint64) & 0xFFFFFFFF
+        wanted = {int(i) for i in ids.tolist() if i >= FIRST_ID}
+        if self._codes is None or not wanted <= set(self._codes):
+            self._codes = read_code_table(path)
+        return resolve(code, self._codes, recorded=path.exists())
 
     def open_intervals(self) -> list[tuple[int, int, int, int]]:
         """(pid, tid, state, start_ns) of each interval open now (its closing event not read yet)."""
@@ -150,6 +177,8 @@ class PauseRingSource(_PauseSource):
 
         self.tailer = RingTailer(directory / PAUSES_RING)
         self.names = dict(self.tailer.header.names)
+        self.calls: list[pd.DataFrame] = []  # System.gc() calls not taken yet (take_calls)
+        self._agent_start: tuple | None = None
         self.clock_error_ns = 0  # (System.nanoTime() through the agent's ClockSync: on CLOCK_MONOTONIC)
 
     def _refresh_names(self) -> None:
@@ -211,18 +240,43 @@ class PauseRingSource(_PauseSource):
                 self._split[chunk] = ids - found
         return frames
 
+    def take_calls(self) -> pd.DataFrame:
+        """The System.gc() calls read since the last take (system_gc_calls columns)."""
+        calls, self.calls = self.calls, []
+        return pd.concat(calls, ignore_index=True) if calls else system_gc_calls()
+
+    def _asked_by_tandem(self, requester: np.ndarray, start_ns: np.ndarray) -> np.ndarray:
+        """As the recording's reader marks them: requested by the agent's own start-up (jvm.json)."""
+        if self._agent_start is None or self._agent_start[0] is None:  # (the agent writes it as it starts)
+            facts = read_json(self.directory / JVM_JSON) or {}
+            self._agent_start = tuple(facts.get(f"agent_start_{key}") for key in
+                                      ("os_thread_id", "from_monotonic_ns", "to_monotonic_ns"))
+        tid, first, last = self._agent_start
+        if tid is None or first is None or last is None:
+            return np.zeros(start_ns.size, bool)
+        return (requester == int(tid)) & (start_ns >= int(first)) & (start_ns <= int(last))
+
     def poll(self) -> pd.DataFrame:
         gone = not process_alive(self.pid)
         records = self.tailer.poll(producer_gone=gone)
         if not len(records) and not gone and not self.tailer.closed_by_producer and self._empty is not None:
             return self._empty  # the usual case every 50 ms: nothing new
-        codes = records["name_code"].astype(np.int64)
-        if len(codes) and not set(codes.tolist()) - {0} <= set(self.names):
+        codes = records[["name_code", "cause_code"]].tolist() if len(records) else []
+        if codes and not {c for pair in codes for c in pair} - {0} <= set(self.names):
             self._refresh_names()
+        calls = records["kind"] == SYSTEM_GC_CALL
+        if calls.any():
+            call = records[calls]
+            tid = call["tid"].astype(np.int64)
+            self.calls.append(system_gc_calls(self.pid, call["start_ns"].astype(np.int64), call["end_ns"].astype(np.int64),
+                                              tid, [self.names.get(int(c)) for c in call["name_code"]]))
+            records = records[~calls]
+        codes = records["name_code"].astype(np.int64)
         kinds = [PAUSE_RING_KINDS.get(int(k), f"kind{int(k)}") for k in records["kind"]]
         ids = records["id"].astype(np.int64)
         is_sp = np.array([k == "safepoint" for k in kinds], dtype=bool).reshape(-1)
         tid = records["tid"].astype(np.int64)
+        requester = records["requester"].astype(np.int64)
         frame = pd.DataFrame({
             "kind": pd.array(kinds, dtype="string"),
             "name": pd.array([self.names.get(int(c), "") for c in codes], dtype="string"),
@@ -234,6 +288,9 @@ class PauseRingSource(_PauseSource):
             "jvm_pid": pd.array([self.pid] * len(records), dtype="Int64"),
             # aux bit 0: a safepoint whose End the agent never saw (end = end of its Begin).
             "unmatched": pd.array((records["aux"].astype(np.int64) & 1).astype(bool), dtype="boolean"),
+            "requester_os_thread_id": pd.arrays.IntegerArray(requester, mask=requester == 0),
+            "cause": pd.array([self.names.get(int(c)) for c in records["cause_code"]], dtype="string"),
+            "asked_by_tandem": self._asked_by_tandem(requester, records["start_ns"].astype(np.int64)),
         })
         frame["duration_ns"] = frame["end_ns"] - frame["start_ns"]
         if self._empty is None:

@@ -63,9 +63,9 @@ GIL_RECORD_DTYPE = np.dtype(
 )
 PAUSE_RECORD_DTYPE = np.dtype(
     {
-        "names": ["seq", "start_ns", "tid", "kind", "lane", "aux", "end_ns", "id", "name_code"],
-        "formats": ["<u8", "<u8", "<u4", "<u2", "<u2", "<u8", "<u8", "<u8", "<u4"],
-        "offsets": [0, 8, 16, 20, 22, 24, 32, 40, 48],
+        "names": ["seq", "start_ns", "tid", "kind", "lane", "aux", "end_ns", "id", "name_code", "requester", "cause_code"],
+        "formats": ["<u8", "<u8", "<u4", "<u2", "<u2", "<u8", "<u8", "<u8", "<u4", "<u4", "<u4"],
+        "offsets": [0, 8, 16, 20, 22, 24, 32, 40, 48, 52, 56],
         "itemsize": 64,
     }
 )

@@ -15,6 +15,7 @@ import jdk.jfr.consumer.RecordingStream;
 import static tandem.jfr.EventFields.longField;
 import static tandem.jfr.EventFields.osThreadId;
 import static tandem.jfr.EventFields.stringField;
+import static tandem.jfr.EventFields.systemGcCallFrames;
 
 /**
  * The agent's live output (option {@code live=true}): a {@link RecordingStream} with the
@@ -25,7 +26,10 @@ import static tandem.jfr.EventFields.stringField;
  * writer. Kinds, as in docs/pauses.md: safepoint (SafepointBegin matched with SafepointEnd
  * by safepointId; named by the ExecuteVMOperation at that safepoint), gc_pause
  * (GCPhasePause), gc (GarbageCollection), vm_operation (ExecuteVMOperation not at a
- * safepoint).
+ * safepoint). Who asked, as the disk recording's reader gives it: a safepoint's or VM
+ * operation's requester is the operation's caller; a collection carries its cause; each
+ * System.gc() call (jdk.SystemGC: its thread and frames) is a record of its own, which the
+ * reader matches to the pauses inside it (the call commits after them).
  *
  * <p>Clock: events carry raw JFR ticks ({@code getLong("startTime")}). The stream also
  * delivers {@code tandem.ClockSync} (ticks paired with System.nanoTime, i.e.
@@ -74,13 +78,16 @@ final class LivePauses {
 
     // ---- matching ----
     private final LinkedHashMap<Long, long[]> openSafepoints = new LinkedHashMap<>(); // id -> {start, beginEnd, tid}
-    private final LinkedHashMap<Long, String> safepointOperations = new LinkedHashMap<>();
+    private final LinkedHashMap<Long, Operation> safepointOperations = new LinkedHashMap<>();
     private final ArrayDeque<Object[]> pending = new ArrayDeque<>(); // before the clock is known
     private long orphanEnds;
     private long unmatched;
     private long pendingDropped;
     private boolean streamEnded;
     private String streamError;
+
+    /** The VM operation run at a safepoint: it names the safepoint's record and gives its requester. */
+    private record Operation(String name, long requester) {}
 
     private LivePauses(PauseRing ring, RecordingStream stream) {
         this.ring = ring;
@@ -105,6 +112,7 @@ final class LivePauses {
             stream.onEvent("jdk.ExecuteVMOperation", live.guard(live::onVmOperation));
             stream.onEvent("jdk.GCPhasePause", live.guard(live::onGcPhasePause));
             stream.onEvent("jdk.GarbageCollection", live.guard(live::onGarbageCollection));
+            stream.onEvent("jdk.SystemGC", live.guard(live::onSystemGc));
             stream.onEvent("jdk.CPUTimeStampCounter", live.guard(live::onTimeStampCounter));
             stream.onEvent(ClockSyncEvent.NAME, live.guard(live::onClockSync));
             stream.onError(live::onStreamError);
@@ -282,40 +290,58 @@ final class LivePauses {
 
     private void onSafepointEnd(RecordedEvent e) {
         long id = longField(e, "safepointId");
-        String operation = safepointOperations.remove(id);
+        Operation operation = safepointOperations.remove(id);
         long[] begin = openSafepoints.remove(id);
         if (begin == null) {
             orphanEnds++; // the stream started mid-safepoint
             return;
         }
         long end = e.getLong("startTime") + e.getLong("duration");
-        emit(PauseRing.KIND_SAFEPOINT, begin[0], end, begin[2], id, operation != null ? operation : "safepoint", 0);
+        emitSafepoint(id, begin[0], end, begin[2], operation, 0);
     }
 
     private void onVmOperation(RecordedEvent e) {
         long id = longField(e, "safepointId");
         String operation = stringField(e, "operation");
+        long requester = callerOsThreadId(e);
         if (e.hasField("safepoint") && e.getBoolean("safepoint")) {
             // Names the safepoint row; its End comes after it (the stream is ordered by commit).
-            if (operation != null && openSafepoints.containsKey(id)) {
-                safepointOperations.put(id, operation);
+            if (openSafepoints.containsKey(id)) {
+                safepointOperations.put(id, new Operation(operation, requester));
             }
             return;
         }
         long start = e.getLong("startTime");
-        emit(PauseRing.KIND_VM_OPERATION, start, start + e.getLong("duration"), osThreadId(e), id, operation, 0);
+        emit(PauseRing.KIND_VM_OPERATION, start, start + e.getLong("duration"), osThreadId(e), id, operation, 0,
+                requester, null);
     }
 
     private void onGcPhasePause(RecordedEvent e) {
         long start = e.getLong("startTime");
         emit(PauseRing.KIND_GC_PAUSE, start, start + e.getLong("duration"), osThreadId(e), longField(e, "gcId"),
-                stringField(e, "name"), 0);
+                stringField(e, "name"), 0, NULL, null);
     }
 
     private void onGarbageCollection(RecordedEvent e) {
         long start = e.getLong("startTime");
         emit(PauseRing.KIND_GC, start, start + e.getLong("duration"), osThreadId(e), longField(e, "gcId"),
-                stringField(e, "name"), 0);
+                stringField(e, "name"), 0, NULL, stringField(e, "cause"));
+    }
+
+    /** A System.gc() call, committed by the calling thread when the call returns. */
+    private void onSystemGc(RecordedEvent e) {
+        long start = e.getLong("startTime");
+        emit(PauseRing.KIND_SYSTEM_GC_CALL, start, start + e.getLong("duration"), osThreadId(e), NULL,
+                systemGcCallFrames(e.getStackTrace()), 0, NULL, null);
+    }
+
+    /** The OS thread that asked for a VM operation (its caller), NULL when JFR names none. */
+    private static long callerOsThreadId(RecordedEvent e) {
+        if (!e.hasField("caller")) {
+            return NULL;
+        }
+        Object caller = e.getValue("caller");
+        return caller instanceof jdk.jfr.consumer.RecordedThread thread ? thread.getOSThreadId() : NULL;
     }
 
     private void onTimeStampCounter(RecordedEvent e) {
@@ -375,17 +401,25 @@ final class LivePauses {
         return chosenSync[1] + Math.round((ticks - chosenSync[0]) * nanosPerTick);
     }
 
-    private void emit(int kind, long startTicks, long endTicks, long tid, long id, String name, long aux) {
+    private void emit(int kind, long startTicks, long endTicks, long tid, long id, String name, long aux, long requester,
+                      String cause) {
         if (!clockKnown()) {
             if (pending.size() >= MAX_PENDING) {
                 pendingDropped++;
                 ring.drop();
                 return;
             }
-            pending.addLast(new Object[] {kind, startTicks, endTicks, tid, id, name, aux});
+            pending.addLast(new Object[] {kind, startTicks, endTicks, tid, id, name, aux, requester, cause});
             return;
         }
-        ring.write(kind, toMonotonic(startTicks), toMonotonic(endTicks), tid == NULL ? 0 : tid, id == NULL ? 0 : id, name, aux);
+        ring.write(kind, toMonotonic(startTicks), toMonotonic(endTicks), tid == NULL ? 0 : tid, id == NULL ? 0 : id, name, aux,
+                requester == NULL ? 0 : requester, cause);
+    }
+
+    private void emitSafepoint(long id, long startTicks, long endTicks, long tid, Operation operation, long aux) {
+        emit(PauseRing.KIND_SAFEPOINT, startTicks, endTicks, tid, id,
+                operation != null && operation.name() != null ? operation.name() : "safepoint", aux,
+                operation != null ? operation.requester() : NULL, null);
     }
 
     private void convertPending() {
@@ -394,15 +428,14 @@ final class LivePauses {
         }
         while (!pending.isEmpty()) {
             Object[] p = pending.removeFirst();
-            emit((Integer) p[0], (Long) p[1], (Long) p[2], (Long) p[3], (Long) p[4], (String) p[5], (Long) p[6]);
+            emit((Integer) p[0], (Long) p[1], (Long) p[2], (Long) p[3], (Long) p[4], (String) p[5], (Long) p[6], (Long) p[7],
+                    (String) p[8]);
         }
     }
 
     private void emitUnmatched(long id, long[] begin) {
         unmatched++;
-        String operation = safepointOperations.remove(id);
-        emit(PauseRing.KIND_SAFEPOINT, begin[0], begin[1], begin[2], id, operation != null ? operation : "safepoint",
-                PauseRing.AUX_UNMATCHED);
+        emitSafepoint(id, begin[0], begin[1], begin[2], safepointOperations.remove(id), PauseRing.AUX_UNMATCHED);
     }
 
     // ---------------------------------------------------------------- close

@@ -37,6 +37,8 @@ final class PauseRing {
     static final int KIND_GC_PAUSE = 2;
     static final int KIND_GC = 3;
     static final int KIND_VM_OPERATION = 4;
+    /** Not a pause: a System.gc() call (jdk.SystemGC), which a reader matches to the pauses inside it. */
+    static final int KIND_SYSTEM_GC_CALL = 5;
     /** aux bit: a safepoint whose End never came; end_ns is the end of its Begin (a lower bound). */
     static final long AUX_UNMATCHED = 1;
 
@@ -86,6 +88,8 @@ final class PauseRing {
     static final int REC_OFF_END_NS = 32;
     static final int REC_OFF_ID = 40;
     static final int REC_OFF_NAME_CODE = 48;
+    static final int REC_OFF_REQUESTER = 52;
+    static final int REC_OFF_CAUSE_CODE = 56;
     private static final int HEAD = HEADER_SIZE + LANE_OFF_HEAD; // lane 0
     private static final int TAIL = HEADER_SIZE + LANE_OFF_TAIL;
     private static final int DROPPED = HEADER_SIZE + LANE_OFF_DROPPED;
@@ -203,12 +207,14 @@ final class PauseRing {
      * Writes one pause record (times in CLOCK_MONOTONIC ns). Never blocks, never fails: a
      * closed ring counts the pause as dropped.
      */
-    synchronized void write(int kind, long startNs, long endNs, long tid, long id, String name, long aux) {
+    synchronized void write(int kind, long startNs, long endNs, long tid, long id, String name, long aux, long requester,
+                            String cause) {
         if (closed) {
             countDrop();
             return;
         }
         int nameCode = nameCode(name); // published (release) before the record that uses it
+        int causeCode = nameCode(cause);
         long pos = (long) LONGS.getOpaque(buf, HEAD); // only we write it
         if (pos - tailCache >= capacity) {
             // No drain in the JVM: retire the oldest position ourselves, so the ring never
@@ -220,18 +226,23 @@ final class PauseRing {
         LONGS.setOpaque(buf, at + REC_OFF_SEQ, 0L); // seqlock: being rewritten
         VarHandle.releaseFence();      // ...visible before any new field value
         buf.putLong(at + REC_OFF_START_NS, startNs);
-        buf.putInt(at + REC_OFF_TID, tid > 0 && tid <= 0xFFFF_FFFFL ? (int) tid : 0);
+        buf.putInt(at + REC_OFF_TID, osThread(tid));
         buf.putShort(at + REC_OFF_KIND, (short) kind);
         buf.putShort(at + REC_OFF_LANE, (short) 0);
         buf.putLong(at + REC_OFF_AUX, aux);
         buf.putLong(at + REC_OFF_END_NS, endNs);
         buf.putLong(at + REC_OFF_ID, id);
         buf.putInt(at + REC_OFF_NAME_CODE, nameCode);
-        buf.putInt(at + REC_OFF_NAME_CODE + 4, 0); // reserved to the end of the record
-        buf.putLong(at + REC_OFF_NAME_CODE + 8, 0L);
+        buf.putInt(at + REC_OFF_REQUESTER, osThread(requester));
+        buf.putInt(at + REC_OFF_CAUSE_CODE, causeCode);
+        buf.putInt(at + REC_OFF_CAUSE_CODE + 4, 0); // reserved to the end of the record
         LONGS.setRelease(buf, at + REC_OFF_SEQ, pos + 1);   // commit the slot
         LONGS.setRelease(buf, HEAD, pos + 1); // publish head
         written++;
+    }
+
+    private static int osThread(long tid) {
+        return tid > 0 && tid <= 0xFFFF_FFFFL ? (int) tid : 0;
     }
 
     /** Counts one pause the caller could not hand over (e.g. its time could not be converted). */

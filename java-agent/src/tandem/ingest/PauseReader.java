@@ -17,13 +17,12 @@ import jdk.jfr.ValueDescriptor;
 import jdk.jfr.consumer.EventStream;
 import jdk.jfr.consumer.RecordedClass;
 import jdk.jfr.consumer.RecordedEvent;
-import jdk.jfr.consumer.RecordedFrame;
 import jdk.jfr.consumer.RecordedMethod;
 import jdk.jfr.consumer.RecordedObject;
-import jdk.jfr.consumer.RecordedStackTrace;
 import jdk.jfr.consumer.RecordedThread;
 
 import static tandem.jfr.EventFields.longField;
+import static tandem.jfr.EventFields.systemGcCallFrames;
 import static tandem.jfr.EventFields.stringField;
 
 /**
@@ -110,8 +109,6 @@ public final class PauseReader {
     private final LongList systemGcEnd = new LongList();
     private final LongList systemGcThread = new LongList();
     private final IntList systemGcFrames = new IntList(-1);
-    /** How many of a System.gc() call's innermost frames the system_gc_frames column keeps. */
-    public static final int SYSTEM_GC_FRAMES = 5;
 
     // ---- per event type: which fields it has, resolved once per type (see Fields) ----
     private final Fields safepointBeginFields = new Fields("safepointId", "totalThreadCount", "jniCriticalThreadCount");
@@ -371,33 +368,7 @@ public final class PauseReader {
         systemGcStart.add(start);
         systemGcEnd.add(start + f.duration(e));
         systemGcThread.add(osThreadId(e, f));
-        systemGcFrames.add(strings.code(f.has(0) ? topFrames(e.getStackTrace()) : null));
-    }
-
-    /**
-     * The innermost {@link #SYSTEM_GC_FRAMES} frames, innermost first, as
-     * {@code Class.method:line} joined by "; " (no line when JFR has none); null without a trace.
-     */
-    private static String topFrames(RecordedStackTrace trace) {
-        if (trace == null) {
-            return null;
-        }
-        StringBuilder out = new StringBuilder();
-        List<RecordedFrame> frames = trace.getFrames();
-        for (int i = 0; i < frames.size() && i < SYSTEM_GC_FRAMES; i++) {
-            RecordedFrame frame = frames.get(i);
-            RecordedMethod method = frame.getMethod();
-            if (i > 0) {
-                out.append("; ");
-            }
-            RecordedClass type = method == null ? null : method.getType();
-            out.append(type == null ? "?" : type.getName().replace('/', '.')).append('.')
-                .append(method == null ? "?" : method.getName());
-            if (frame.getLineNumber() > 0) {
-                out.append(':').append(frame.getLineNumber());
-            }
-        }
-        return out.toString();
+        systemGcFrames.add(strings.code(f.has(0) ? systemGcCallFrames(e.getStackTrace()) : null));
     }
 
     private void onJvmInformation(RecordedEvent e) {

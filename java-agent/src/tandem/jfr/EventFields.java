@@ -1,6 +1,11 @@
 package tandem.jfr;
 
+import java.util.List;
+import jdk.jfr.consumer.RecordedClass;
 import jdk.jfr.consumer.RecordedEvent;
+import jdk.jfr.consumer.RecordedFrame;
+import jdk.jfr.consumer.RecordedMethod;
+import jdk.jfr.consumer.RecordedStackTrace;
 import jdk.jfr.consumer.RecordedThread;
 
 /**
@@ -30,5 +35,35 @@ public final class EventFields {
     public static long osThreadId(RecordedEvent e) {
         RecordedThread thread = e.getThread();
         return thread == null ? NULL : thread.getOSThreadId();
+    }
+
+    /** How many of a System.gc() call's innermost frames are kept (system_gc_frames). */
+    public static final int SYSTEM_GC_FRAMES = 5;
+
+    /**
+     * A System.gc() call's innermost SYSTEM_GC_FRAMES frames, innermost first, as
+     * {@code Class.method:line} joined by "; " (no line when JFR has none); null without a
+     * trace. The pauses table and the live pause ring write the same text.
+     */
+    public static String systemGcCallFrames(RecordedStackTrace trace) {
+        if (trace == null) {
+            return null;
+        }
+        StringBuilder out = new StringBuilder();
+        List<RecordedFrame> frames = trace.getFrames();
+        for (int i = 0; i < frames.size() && i < SYSTEM_GC_FRAMES; i++) {
+            RecordedFrame frame = frames.get(i);
+            RecordedMethod method = frame.getMethod();
+            if (i > 0) {
+                out.append("; ");
+            }
+            RecordedClass type = method == null ? null : method.getType();
+            out.append(type == null ? "?" : type.getName().replace('/', '.')).append('.')
+                .append(method == null ? "?" : method.getName());
+            if (frame.getLineNumber() > 0) {
+                out.append(':').append(frame.getLineNumber());
+            }
+        }
+        return out.toString();
     }
 }
