@@ -333,6 +333,7 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
     rss_seen: list[tuple[float, int]] = []  # (monotonic s, VmRSS bytes), read here every 0.1 s
     heap_totals: set[int] = set()
     heap_read_until = [0.0]  # (monotonic s: when jcmd's last reading began)
+    max_heap: list[int] = []  # MaxHeapSize (jcmd VM.flags)
     scrapes: list[tuple[float, int, dict]] = []
     stop = threading.Event()
 
@@ -350,6 +351,10 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
         # (jcmd attaches with SIGQUIT, which ends a process without a JVM yet: wait for the agent's jvm.json)
         while not stop.is_set() and not (session / f"jvm-{pid}" / "jvm.json").exists():
             time.sleep(0.1)
+        while not stop.is_set() and not max_heap:
+            flags = subprocess.run([str(jdk_tool("jcmd")), str(pid), "VM.flags"], capture_output=True, text=True).stdout
+            max_heap.extend(int(m) for m in re.findall(r"-XX:MaxHeapSize=(\d+)", flags))
+            time.sleep(0 if max_heap else 0.2)
         while not stop.is_set():
             began = time.monotonic()
             out = subprocess.run([str(jdk_tool("jcmd")), str(pid), "GC.heap_info"], capture_output=True, text=True).stdout
@@ -399,13 +404,16 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
         checked += 1
     assert checked >= 5, f"{checked} scrapes with the process's memory"
     # (jcmd attaches in about a second, seconds on a loaded machine: it misses some of the heap's
-    # sizes while it grows, and those after its last reading; the scrapes before that are held to it)
+    # sizes while it grows, shrinks after a full collection and grows again, and those after its
+    # last reading; the scrapes before that are held to it: some equal to its readings, none
+    # below its smallest or above the largest heap the JVM may commit)
     committed = [v for at, _, values in scrapes for k, v in values.items()
                  if k == ("jvm_memory_committed_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))
                  and at <= heap_read_until[0]]
     assert committed and heap_totals, (committed, heap_totals)
-    assert set(committed) & heap_totals and min(heap_totals) <= min(committed) and max(committed) <= max(heap_totals), \
-        (sorted(set(committed)), sorted(heap_totals))
+    assert max_heap, "jcmd VM.flags named no MaxHeapSize"
+    assert set(committed) & heap_totals and min(heap_totals) <= min(committed) and max(committed) <= max_heap[0], \
+        (sorted(set(committed)), sorted(heap_totals), max_heap)
     used = [v for _, _, values in scrapes for k, v in values.items()
             if k == ("jvm_memory_used_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))]
     assert used and all(0 < u <= max(heap_totals) for u in used)

@@ -644,9 +644,16 @@ def test_interpreter_embedded_in_java_with_jep(tmp_path):
     without finalizing Python, so the events file is what the drain thread wrote (as after
     SIGKILL) and the thread names are those flushed while threads started."""
     script = tmp_path / "embedded.py"
+    # (Jep's exit does not stop the probe: the script waits until the drain thread has written
+    # the sleeper's events to the file, which on a busy machine takes longer than a fixed sleep)
     script.write_text("import os, threading, time\n"
+                      "import engine.probe\n"
                       "t = threading.Thread(target=time.sleep, args=(0.03,), name='jep-sleeper')\n"
-                      "t.start(); t.join(); time.sleep(0.15)\n"
+                      "t.start(); t.join()\n"
+                      "claimed, deadline = engine.probe.status()['ring']['claimed'], time.monotonic() + 30\n"
+                      "while engine.probe.status()['ring']['drained'] < claimed and time.monotonic() < deadline:\n"
+                      "    time.sleep(0.01)\n"
+                      "time.sleep(0.15)\n"
                       "print('pid', os.getpid(), t.native_id, flush=True)\n")
     site_packages = subprocess.run([str(VENV_PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                    capture_output=True, text=True, check=True).stdout.strip()

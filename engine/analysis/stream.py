@@ -20,11 +20,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.analysis.causes import Causes, CodeHits, why_facts
+from engine.analysis.causes import Causes, CodeHits, why_facts, with_causes
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
 from engine.correlate.core import carried_key
 from engine.correlate.stops import stop_ids
-from engine.correlate.schema import RESULT_TABLES, SCHEMAS, to_pandas
+from engine.correlate.schema import RESULT_TABLES, SCHEMAS, core_columns, to_pandas
 from engine.ingest.gil_stream import ParquetGil, rows_frame
 from engine.store import TableWriter, WriterThread, write_table
 
@@ -147,7 +147,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
             causes.overlaps(*(rows.overlaps[c].to_numpy() for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
 
     try:
-        pending_pauses = pauses
+        pending_pauses = pauses[core_columns(pauses)]  # (the core keeps what it reads, not every column)
         for block in read_ahead(carried_numbered(gil.pushes()), depth=READ_AHEAD_BLOCKS):
             rows = block.rows
             emit(core.push(pauses=pending_pauses, gil=rows, watermark_ns=block.watermark_ns))

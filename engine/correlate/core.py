@@ -229,7 +229,8 @@ class Correlator:
         # Pauses not final yet, sorted by (start_ns, arrival). Every pause seen (few), for duplicates:
         # pause_id -> the number of the batch it came in; batch number -> (its rows, latest start).
         self._pending: pd.DataFrame | None = None
-        self._seen_ids: dict[int, int] = {}
+        # the pause_ids pushed (sorted) and the batch each came in: a pause pushed again is dropped
+        self._seen_ids, self._seen_in = np.zeros(0, np.int64), np.zeros(0, np.int64)
         self._seen_batches: dict[int, tuple[pd.DataFrame, int]] = {}
         self._next_seq = 0
         self.jvm_tids: set[int] = set()
@@ -319,26 +320,29 @@ class Correlator:
     def _new_pauses(self, pauses: pd.DataFrame) -> pd.DataFrame:
         """PAUSES without the rows pushed before (the same pause_id and values); a pause_id seen
         with other values is an error."""
-        keep = np.ones(len(pauses), np.bool_)
-        first_here: set[int] = set()
-        for i, pause_id in enumerate(pauses["pause_id"].to_numpy(np.int64).tolist()):  # (a set lookup a row)
-            if pause_id in self._seen_ids:
-                earlier = self._seen_batches[self._seen_ids[pause_id]][0]
-            elif pause_id in first_here:
-                earlier = pauses  # (_values reads the first row of the id)
-            else:
-                first_here.add(pause_id)
-                continue
-            if _values(earlier, pause_id) != _values(pauses.iloc[i:i + 1], pause_id):  # (repeats are rare)
+        ids = pauses["pause_id"].to_numpy(np.int64)
+        at = np.searchsorted(self._seen_ids, ids).clip(0, max(self._seen_ids.size - 1, 0))
+        seen_before = (self._seen_ids[at] == ids) if self._seen_ids.size else np.zeros(ids.size, np.bool_)
+        _, first = np.unique(ids, return_index=True)
+        repeated = np.ones(ids.size, np.bool_)
+        repeated[first] = False
+        keep = ~(seen_before | repeated)
+        for i in np.flatnonzero(~keep).tolist():  # (repeats are rare)
+            pause_id = int(ids[i])
+            earlier = self._seen_batches[int(self._seen_in[at[i]])][0] if seen_before[i] else pauses
+            if _values(earlier, pause_id) != _values(pauses.iloc[i:i + 1], pause_id):  # (_values: the id's first row)
                 raise TandemError(f"{self.pauses_source}: pause_id {pause_id} names two different pauses")
-            keep[i] = False
         if not keep.all():
             pauses = pauses[keep]
         if len(pauses):
             number = self._next_seq  # (unique: it grows by the rows of every batch kept)
             self._seen_batches[number] = (pauses, int(pauses["start_ns"].max()))
-            self._seen_ids.update(dict.fromkeys(pauses["pause_id"].to_numpy(np.int64).tolist(), number))
+            self._remember_ids(np.r_[self._seen_ids, ids[keep]], np.r_[self._seen_in, np.full(int(keep.sum()), number)])
         return pauses
+
+    def _remember_ids(self, ids: np.ndarray, batch: np.ndarray) -> None:
+        order = np.argsort(ids, kind="stable")
+        self._seen_ids, self._seen_in = ids[order], batch[order].astype(np.int64)
 
     def _part_of(self, batch: pd.DataFrame) -> np.ndarray:
         """Per pause of a batch being finalized: the `kind: name` of the stop of the world it is
@@ -780,11 +784,12 @@ class Correlator:
         horizon = min(w - self.retain_ns, pending_from)
         if w < END:
             # A pause pushed later starts after w - retain_ns, as its duplicate would.
-            for number, (frame, latest_start) in list(self._seen_batches.items()):
-                if latest_start < w - self.retain_ns:
+            gone = [number for number, (_, latest_start) in self._seen_batches.items() if latest_start < w - self.retain_ns]
+            if gone:
+                for number in gone:
                     del self._seen_batches[number]
-                    for pause_id in frame["pause_id"].to_numpy(np.int64).tolist():
-                        self._seen_ids.pop(pause_id, None)
+                kept = ~np.isin(self._seen_in, gone)
+                self._seen_ids, self._seen_in = self._seen_ids[kept], self._seen_in[kept]
         if self._leaders is not None and len(self._leaders) and w < END:
             # a pause finalized later starts at or after the horizon; a stop holding it ends after it
             gone = self._leaders["end_ns"].to_numpy(np.int64) < horizon

@@ -22,6 +22,13 @@ GIL_COLUMNS = ("pid", "tid", "state", "start_ns", "end_ns")
 # Pause columns the correlation reads beyond PAUSE_COLUMNS, when present (pause amplification;
 # the stops of the world, engine/correlate/stops.py).
 PAUSE_FACT_COLUMNS = ("os_thread_id", "at_safepoint", "jvm_pid")
+
+
+def core_columns(pauses) -> list[str]:
+    """The columns of a pauses table the core reads (PAUSE_COLUMNS and the facts it has)."""
+    return [*PAUSE_COLUMNS, *(c for c in PAUSE_FACT_COLUMNS if c in pauses.columns)]
+
+
 # Per-interval columns carried from a GIL interval into its overlaps rows, when the gil table
 # has them (the Python code of a release, docs/results.md). Add a column here to carry it.
 GIL_CARRIED_COLUMNS = ("function", "file", "line")

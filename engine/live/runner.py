@@ -20,7 +20,7 @@ import pandas as pd
 from engine.correlate import Correlator, GilRows, Rows
 from engine.correlate.core import warm_up
 from engine.correlate.inputs import gil_rows_from_frame
-from engine.correlate.schema import END, GIL_COLUMNS, GIL_STATES, PAUSE_COLUMNS, PAUSE_FACT_COLUMNS, empty_frame, to_pandas
+from engine.correlate.schema import END, GIL_COLUMNS, GIL_STATES, core_columns, empty_frame, to_pandas
 from engine.live import watermark as wm
 from engine.live.alerts import Alerts
 from engine.live.causes import LiveCauses
@@ -139,9 +139,8 @@ class LiveRun:
 
     def _push(self, pauses: pd.DataFrame, gil: pd.DataFrame, final: bool) -> None:
         w = max(wm.watermark(self.watcher.gil.values()), self.core.watermark_ns)
-        # The core reads only these columns; the parts get every column of the pauses.
-        columns = [*PAUSE_COLUMNS, *(c for c in PAUSE_FACT_COLUMNS if c in pauses.columns)]
-        rows = self.core.push(pauses=pauses[columns] if len(pauses) else None,
+        # (the parts get every column of the pauses)
+        rows = self.core.push(pauses=pauses[core_columns(pauses)] if len(pauses) else None,
                               gil=gil_rows_from_frame(gil[list(GIL_COLUMNS)]) if len(gil) else None,
                               open=None if final else self._open_intervals(), watermark_ns=w)
         self.watermark_ns = self.core.watermark_ns
