@@ -55,7 +55,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
 
+from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.kernels import END
+from engine.correlate.schema import GIL_STATES
 
 CAUSE_COLUMNS = ("caused_by_python", "cause_pid", "cause_tid", "cause_thread", "cause_state", "cause_function",
                  "cause_file", "cause_line", "cause_java_frames", "cause_held_gil", "cause_inferred", "jpype_gc_link")
@@ -88,7 +90,8 @@ JPYPE_GC_LINK_ADVICE = ("JPype's GC link: after a Python garbage collection that
                         "JVM a heap that needs no full collection; JPype has no switch for the link.")
 
 
-def _empty(n: int) -> dict:
+def no_causes(n: int) -> dict:
+    """CAUSE_COLUMNS of N pauses nobody is known to have asked for."""
     # (from arrays, not from lists of NA: 0.3 s less on 200 k pauses)
     def ints():
         return pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool))
@@ -411,7 +414,7 @@ class Causes:
     def table(self) -> pd.DataFrame:
         """CAUSE_COLUMNS per pause (pauses table order), once every block was pushed."""
         n = self.n
-        out = _empty(n)
+        out = no_causes(n)
         inferred = self.inferred()
         query = np.where(self.named_query >= 0, self.named_query, inferred)
         out["cause_inferred"] = (self.named_query < 0) & (inferred >= 0)
@@ -458,10 +461,27 @@ def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, stop: np.ndarray, ca
     """pause_impact with the stop each pause belongs to (`stop`: engine/correlate/stops.py,
     stop_ids) and who asked for it, when it was a Python thread (`causes`: Causes.table, per
     pause in pauses table order; engine/analysis/causes.py)."""
-    causes = causes.assign(pause_id=pauses["pause_id"].to_numpy())
-    stops = pd.DataFrame({"pause_id": pauses["pause_id"].to_numpy(np.int64), "stop_id": stop})
-    return (impact.merge(stops, on="pause_id", how="left", validate="one_to_one")
-            .merge(causes, on="pause_id", how="left", validate="one_to_one"))
+    ids, wanted = pauses["pause_id"].to_numpy(np.int64), impact["pause_id"].to_numpy(np.int64)
+    order = np.argsort(ids, kind="stable")
+    at = order[np.searchsorted(ids, wanted, sorter=order).clip(0, max(ids.size - 1, 0))] if ids.size else wanted
+    if (wanted.size and (not ids.size or (ids[at] != wanted).any())) or np.unique(ids).size != ids.size:
+        raise ValueError("pause_impact rows and the pauses table do not name the same pauses once each")
+    out = impact.reset_index(drop=True)
+    columns = {"stop_id": np.asarray(stop, np.int64)[at]}
+    columns.update({name: causes[name].array.take(at) for name in causes.columns})
+    return pd.concat([out, pd.DataFrame(columns)], axis=1)
+
+
+def warm_up() -> None:
+    """Load the numba kernels Causes calls (numba compiles or reads its cache at a kernel's first
+    call, holding the GIL): a live run does it before its first pauses are due."""
+    pauses = pd.DataFrame({"pause_id": [0], "kind": ["safepoint"], "name": ["warm-up"], "start_ns": [100], "end_ns": [200],
+                           "requester_os_thread_id": pd.array([7], dtype="Int64")})
+    gil = pd.DataFrame({"pid": [1], "tid": [7], "state": pd.Categorical(["released"], categories=list(GIL_STATES)),
+                        "start_ns": [50], "end_ns": [150]})
+    causes = Causes(pauses, pauses["pause_id"].to_numpy(np.int64), pd.DataFrame(columns=["pid", "tid", "start_ns", "end_ns"]))
+    causes.push(gil_rows_from_frame(gil), END, lambda mask: gil[mask])
+    causes.table()
 
 
 def _alive_threads(pauses: pd.DataFrame, candidates: np.ndarray, lifetimes: pd.DataFrame):

@@ -19,14 +19,15 @@ import time
 import numpy as np
 import pandas as pd
 
-from engine.analysis.causes import CALL_WINDOW_NS, SITE_WINDOW_NS, SYSTEM_GC, Causes, with_causes
+from engine.analysis.causes import (CALL_WINDOW_NS, SITE_WINDOW_NS, SYSTEM_GC, Causes, inference_candidates, no_causes,
+                                    requester_tids, with_causes)
 from engine.correlate import GilRows
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import END, GIL_STATES
 from engine.correlate.stops import stop_ids
 
-# Due rows are taken at most this often (a batch costs tens of ms of pandas, whatever its size).
-DUE_EVERY_S = 0.25
+# Due rows are taken at most this often (a batch costs tens of ms of CPU, whatever its size).
+DUE_EVERY_S = 0.5
 # Kinds a System.gc() call's thread and frames are never given to (the recording's reader skips them).
 NOT_IN_CALLS = ("compilation", "deoptimization")
 
@@ -40,6 +41,7 @@ class LiveCauses:
         self.calls: list[pd.DataFrame] = []
         self.gil: list[dict[str, np.ndarray]] = []  # GIL rows as arrays (GIL_ARRAYS), a poll each
         self.thread_names: dict[tuple[int, int], str] = {}
+        self.python_tids: set[int] = set()  # every thread seen in the GIL rows
         self.overlaps: list[pd.DataFrame] = []
         self.waiting: list[pd.DataFrame] = []  # pause_impact rows whose causes are not due yet
         self.last_due = 0.0
@@ -51,6 +53,7 @@ class LiveCauses:
             self.pauses = pauses if self.pauses is None else pd.concat([self.pauses, pauses], ignore_index=True)
         if gil is not None and len(gil):
             self.gil.append(_gil_arrays(gil))
+            self.python_tids.update(np.unique(self.gil[-1]["tid"]).tolist())
             if "thread_name" in gil.columns:
                 named = gil[["pid", "tid", "thread_name"]].dropna().drop_duplicates(["pid", "tid"], keep="last")
                 self.thread_names.update(zip(zip(named["pid"].tolist(), named["tid"].tolist()), named["thread_name"].tolist()))
@@ -88,6 +91,10 @@ class LiveCauses:
         pauses = self.pauses[(ends >= lo) & (starts <= hi)].reset_index(drop=True)
         pauses = with_system_gc_calls(with_collection_causes(pauses), self._calls())
         stop = stop_ids(pauses)
+        # (most batches: no requester is a Python thread and nothing is to be inferred)
+        named = requester_tids(pauses).to_numpy(np.int64, na_value=-1)
+        if not (np.isin(named, list(self.python_tids)).any() or inference_candidates(pauses, stop).any()):
+            return pauses, stop, pd.DataFrame(no_causes(len(pauses)))
         gil = self._gil(int(pauses["start_ns"].min()) - CALL_WINDOW_NS, watermark_ns, open_rows)
         causes = Causes(pauses, stop, self._lifetimes(gil, watermark_ns))
         causes.push(gil_rows_from_frame(gil), min(int(watermark_ns), END), lambda mask: self._named(gil[mask]))

@@ -23,6 +23,7 @@ from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import END, GIL_COLUMNS, GIL_STATES, core_columns, empty_frame, to_pandas
 from engine.live import watermark as wm
 from engine.live.alerts import Alerts
+from engine.analysis.causes import warm_up as warm_up_causes
 from engine.live.causes import LiveCauses
 from engine.live.lifetimes import ProcLifetimes
 from engine.live.memory import release_free_memory
@@ -212,6 +213,7 @@ class LiveRun:
         # as the process: out of the cyclic GC's full collections, which otherwise stop this
         # loop for 0.1-0.4 s every few seconds.
         warm_up()  # (while the command starts: the first pauses do not wait for numba)
+        warm_up_causes()
         gc.collect()
         gc.freeze()
         self.memory.start()
