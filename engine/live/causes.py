@@ -37,11 +37,12 @@ class LiveCauses:
         self.retain_ns = retain_ns
         self.code_names = code_names  # (pid, codes) -> function, file, line per code, or None
         self.alive = alive            # (pid, tid) -> the thread is alive now (/proc)
-        self.pauses: pd.DataFrame | None = None
+        self.pause_frames: list[pd.DataFrame] = []  # (concatenated when a batch is due)
         self.calls: list[pd.DataFrame] = []
         self.gil: list[dict[str, np.ndarray]] = []  # GIL rows as arrays (GIL_ARRAYS), a poll each
         self.thread_names: dict[tuple[int, int], str] = {}
         self.python_tids: set[int] = set()  # every thread seen in the GIL rows
+        self.named_tids: set[int] = set()
         self.overlaps: list[pd.DataFrame] = []
         self.waiting: list[pd.DataFrame] = []  # pause_impact rows whose causes are not due yet
         self.last_due = 0.0
@@ -49,14 +50,15 @@ class LiveCauses:
     def add(self, pauses: pd.DataFrame | None, gil: pd.DataFrame | None, overlaps: pd.DataFrame | None,
             calls: pd.DataFrame | None, impact: pd.DataFrame | None) -> None:
         if pauses is not None and len(pauses):
-            pauses = pauses[[c for c in PAUSE_FACTS if c in pauses.columns]]
-            self.pauses = pauses if self.pauses is None else pd.concat([self.pauses, pauses], ignore_index=True)
+            self.pause_frames.append(pauses[[c for c in PAUSE_FACTS if c in pauses.columns]])
         if gil is not None and len(gil):
             self.gil.append(_gil_arrays(gil))
-            self.python_tids.update(np.unique(self.gil[-1]["tid"]).tolist())
-            if "thread_name" in gil.columns:
+            tids = np.unique(self.gil[-1]["tid"]).tolist()
+            if "thread_name" in gil.columns and not set(tids) <= self.named_tids:  # (a thread's name, once)
                 named = gil[["pid", "tid", "thread_name"]].dropna().drop_duplicates(["pid", "tid"], keep="last")
                 self.thread_names.update(zip(zip(named["pid"].tolist(), named["tid"].tolist()), named["thread_name"].tolist()))
+                self.named_tids.update(named["tid"].tolist())
+            self.python_tids.update(tids)
         if overlaps is not None and len(overlaps):
             self.overlaps.append(overlaps[["pause_id", "tid", "overlap_ns", "near_miss"]])
         for kept, frame in ((self.calls, calls), (self.waiting, impact)):
@@ -86,10 +88,11 @@ class LiveCauses:
         """Causes over the kept pauses overlapping the due ones' span (their stops' rows and
         collections), fed the GIL rows from just before those pauses on, and each thread's
         last row before that (its name, and that the thread was there)."""
-        starts, ends = self.pauses["start_ns"].to_numpy(np.int64), self.pauses["end_ns"].to_numpy(np.int64)
+        kept = self._pauses()
+        starts, ends = kept["start_ns"].to_numpy(np.int64), kept["end_ns"].to_numpy(np.int64)
         lo, hi = int(due["start_ns"].min()), int(due["end_ns"].max())
-        pauses = self.pauses[(ends >= lo) & (starts <= hi)].reset_index(drop=True)
-        pauses = with_system_gc_calls(with_collection_causes(pauses), self._calls())
+        pauses = kept[(ends >= lo) & (starts <= hi)].reset_index(drop=True)
+        pauses = with_system_gc_calls(with_collection_causes(pauses), self._calls(lo, hi))
         stop = stop_ids(pauses)
         # (most batches: no requester is a Python thread and nothing is to be inferred)
         named = requester_tids(pauses).to_numpy(np.int64, na_value=-1)
@@ -117,8 +120,20 @@ class LiveCauses:
         lifetimes.loc[alive, "end_ns"] = np.maximum(end[alive], min(int(watermark_ns), END))
         return lifetimes[lifetimes["end_ns"] > lifetimes["start_ns"]]
 
-    def _calls(self) -> pd.DataFrame | None:
-        return pd.concat(self.calls, ignore_index=True) if self.calls else None
+    def _pauses(self) -> pd.DataFrame:
+        if len(self.pause_frames) > 1:
+            self.pause_frames = [pd.concat(self.pause_frames, ignore_index=True)]
+        return self.pause_frames[0]
+
+    def _calls(self, lo: int, hi: int) -> pd.DataFrame | None:
+        """The System.gc() calls overlapping [LO, HI]."""
+        if len(self.calls) > 1:
+            self.calls = [pd.concat(self.calls, ignore_index=True)]
+        calls = self.calls[0] if self.calls else None
+        if calls is None:
+            return None
+        calls = calls[(calls["end_ns"].to_numpy(np.int64) >= lo) & (calls["start_ns"].to_numpy(np.int64) <= hi)]
+        return calls if len(calls) else None
 
     def _gil(self, since_ns: int, watermark_ns: int, open_rows: GilRows) -> pd.DataFrame:
         """The kept GIL rows ending at or after SINCE_NS, each thread's last row before it, and
@@ -161,17 +176,20 @@ class LiveCauses:
             return
         horizon = watermark_ns - self.retain_ns
         waiting = set(pd.concat(self.waiting)["pause_id"].tolist()) if self.waiting else set()
-        if self.pauses is not None:
-            old = (self.pauses["end_ns"].to_numpy(np.int64) < horizon) & ~self.pauses["pause_id"].isin(waiting).to_numpy(bool)
+        if self.pause_frames:
+            pauses = self._pauses()
+            old = (pauses["end_ns"].to_numpy(np.int64) < horizon) & ~pauses["pause_id"].isin(waiting).to_numpy(bool)
             if old.any():
-                self.pauses = self.pauses[~old].reset_index(drop=True)
-                kept = set(self.pauses["pause_id"].tolist())
+                self.pause_frames = [pauses[~old].reset_index(drop=True)]
+                kept = set(self.pause_frames[0]["pause_id"].tolist())
                 self.overlaps = [f[f["pause_id"].isin(kept)] for f in self.overlaps]
                 self.overlaps = [f for f in self.overlaps if len(f)]
         if self.gil and int(self.gil[0]["end_ns"].max(initial=horizon)) < horizon:
             gil = self._gil(horizon, horizon, GilRows.empty())
             self.gil = [_gil_arrays(gil)]
-        self.calls = [f for f in self.calls if int(f["end_ns"].max()) >= horizon]
+        if self.calls:
+            calls = self._calls(horizon, END)
+            self.calls = [calls] if calls is not None else []
 
 
 # What Causes reads of a pause (engine/analysis/causes.py), and pause_id.
