@@ -25,6 +25,7 @@ from engine.correlate import GilRows
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import END, GIL_STATES
 from engine.correlate.stops import stop_ids
+from engine.ingest.gil_stream import ThreadHulls
 
 # Due rows are taken at most this often (a batch costs tens of ms of CPU, whatever its size).
 DUE_EVERY_S = 0.5
@@ -65,9 +66,10 @@ class LiveCauses:
             if frame is not None and len(frame):
                 kept.append(frame)
 
-    def due(self, watermark_ns: int, open_rows: GilRows) -> pd.DataFrame | None:
+    def due(self, watermark_ns: int, open_rows) -> pd.DataFrame | None:
         """The waiting pause_impact rows whose causes are due at WATERMARK_NS (END: all), with
-        stop_id and the cause columns; None when none is."""
+        stop_id and the cause columns; None when none is. OPEN_ROWS(): the GIL intervals open
+        now (GilRows), asked for only when a batch is due."""
         if not self.waiting:
             return None
         final = watermark_ns >= END
@@ -79,7 +81,7 @@ class LiveCauses:
             self.waiting = [impact]
             return None
         self.last_due = time.monotonic()
-        out = with_causes(impact[ready], *self._causes(impact[ready], watermark_ns, open_rows))
+        out = with_causes(impact[ready], *self._causes(impact[ready], watermark_ns, open_rows()))
         self.waiting = [impact[~ready]] if not ready.all() else []
         self._trim(watermark_ns)
         return out
@@ -110,12 +112,9 @@ class LiveCauses:
     def _lifetimes(self, gil: pd.DataFrame, watermark_ns: int) -> pd.DataFrame:
         """pid, tid, start_ns, end_ns: each thread's hull of rows; a thread alive now (/proc)
         lives on to the watermark."""
-        pid, tid = gil["pid"].to_numpy(np.int64), gil["tid"].to_numpy(np.int64)
-        keys, inverse = np.unique((pid << 32) | tid, return_inverse=True)
-        start, end = np.full(keys.size, END, np.int64), np.full(keys.size, -END, np.int64)
-        np.minimum.at(start, inverse, gil["start_ns"].to_numpy(np.int64))
-        np.maximum.at(end, inverse, gil["end_ns"].to_numpy(np.int64))
-        lifetimes = pd.DataFrame({"pid": keys >> 32, "tid": keys & 0xFFFFFFFF, "start_ns": start, "end_ns": end})
+        hulls = ThreadHulls().add(*(gil[c].to_numpy(np.int64) for c in ("pid", "tid", "start_ns", "end_ns"))).table()
+        keys, end = hulls["key"].to_numpy(np.int64), hulls["end_ns"].to_numpy(np.int64)
+        lifetimes = pd.DataFrame({"pid": keys >> 32, "tid": keys & 0xFFFFFFFF, "start_ns": hulls["start_ns"], "end_ns": end})
         alive = np.array([self.alive(p, t) for p, t in zip(lifetimes["pid"].tolist(), lifetimes["tid"].tolist())], bool)
         lifetimes.loc[alive, "end_ns"] = np.maximum(end[alive], min(int(watermark_ns), END))
         return lifetimes[lifetimes["end_ns"] > lifetimes["start_ns"]]
@@ -135,9 +134,8 @@ class LiveCauses:
         calls = calls[(calls["end_ns"].to_numpy(np.int64) >= lo) & (calls["start_ns"].to_numpy(np.int64) <= hi)]
         return calls if len(calls) else None
 
-    def _gil(self, since_ns: int, watermark_ns: int, open_rows: GilRows) -> pd.DataFrame:
-        """The kept GIL rows ending at or after SINCE_NS, each thread's last row before it, and
-        the intervals open now (ending at the watermark; their code is not known yet)."""
+    def _kept_since(self, since_ns: int) -> dict[str, np.ndarray]:
+        """The kept GIL rows (GIL_ARRAYS) ending at or after SINCE_NS, and each thread's last row before it."""
         kept = {name: np.concatenate([chunk[name] for chunk in self.gil]) if self.gil else np.zeros(0, dtype)
                 for name, dtype in GIL_ARRAYS}
         recent = kept["end_ns"] >= since_ns
@@ -146,7 +144,12 @@ class LiveCauses:
             order = older[np.lexsort((kept["end_ns"][older], kept["tid"][older], kept["pid"][older]))]
             key = (kept["pid"][order] << 32) | kept["tid"][order]
             recent[order[np.r_[key[1:] != key[:-1], True]]] = True
-        rows = {name: values[recent] for name, values in kept.items()}
+        return {name: values[recent] for name, values in kept.items()}
+
+    def _gil(self, since_ns: int, watermark_ns: int, open_rows: GilRows) -> pd.DataFrame:
+        """_kept_since(SINCE_NS) as a gil-table frame with thread names, and the intervals open now
+        (ending at the watermark; their code is not known yet)."""
+        rows = self._kept_since(since_ns)
         if len(open_rows):
             rows = {"pid": np.r_[rows["pid"], open_rows.pid], "tid": np.r_[rows["tid"], open_rows.tid],
                     "state": np.r_[rows["state"], np.asarray(open_rows.state, np.int8)],
@@ -185,8 +188,7 @@ class LiveCauses:
                 self.overlaps = [f[f["pause_id"].isin(kept)] for f in self.overlaps]
                 self.overlaps = [f for f in self.overlaps if len(f)]
         if self.gil and int(self.gil[0]["end_ns"].max(initial=horizon)) < horizon:
-            gil = self._gil(horizon, horizon, GilRows.empty())
-            self.gil = [_gil_arrays(gil)]
+            self.gil = [self._kept_since(horizon)]
         if self.calls:
             calls = self._calls(horizon, END)
             self.calls = [calls] if calls is not None else []

@@ -89,7 +89,7 @@ class LiveRun:
         self._last_jvm_poll = time.monotonic()
         sources = [source for source in list(self.watcher.jvm.values()) if not source.done]
         frames = [f for f in (source.poll() for source in sources) if len(f)]
-        self._calls.extend(c for c in (s.take_calls() for s in sources if hasattr(s, "take_calls")) if len(c))
+        self._calls.extend(c for c in (s.take_calls() for s in sources) if len(c))
         if not frames:
             return empty_frame("pauses")
         pauses = pd.concat(frames, ignore_index=True).sort_values(["start_ns", "end_ns"], kind="stable", ignore_index=True)
@@ -138,6 +138,10 @@ class LiveRun:
         pid, tid, state, start = (np.array(c, np.int64) for c in zip(*rows))
         return GilRows(pid, tid, state.astype(np.int8), start, start)
 
+    def _open_now(self) -> GilRows:
+        """The intervals open now, none once the watermark has passed everything."""
+        return self._open_intervals() if self.watermark_ns < END else GilRows.empty()
+
     def _push(self, pauses: pd.DataFrame, gil: pd.DataFrame, final: bool) -> None:
         w = max(wm.watermark(self.watcher.gil.values()), self.core.watermark_ns)
         # (the parts get every column of the pauses)
@@ -161,7 +165,7 @@ class LiveRun:
         impact, overlaps, free = tables["pause_impact"], tables["overlaps"], tables["gil_free"]
         calls, self._calls = (pd.concat(self._calls, ignore_index=True) if self._calls else None), []
         self.causes.add(pauses, gil, overlaps, calls, impact)
-        impact = self.causes.due(self.watermark_ns, self._open_intervals() if self.watermark_ns < END else GilRows.empty())
+        impact = self.causes.due(self.watermark_ns, self._open_now)
         gil = gil.drop(columns="code", errors="ignore")  # (the parts' gil table has no code columns)
         if len(pauses):
             pauses = pauses.assign(arrived_ns=now)
@@ -189,7 +193,7 @@ class LiveRun:
         self.spans.due_after_ns = DUE_AFTER_RING_NS if self._rings_only() else DUE_AFTER_REPOSITORY_NS
 
         def open_gil() -> pd.DataFrame:
-            rows = self._open_intervals() if self.watermark_ns < END else GilRows.empty()
+            rows = self._open_now()
             return pd.DataFrame({"pid": rows.pid, "tid": rows.tid, "state": np.asarray(GIL_STATES)[np.asarray(rows.state, np.int64)],
                                  "start_ns": rows.start_ns})
 

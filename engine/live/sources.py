@@ -164,6 +164,10 @@ class _PauseSource:
     def _seen(self, frame: pd.DataFrame) -> None:
         self.pauses_seen += len(frame)
 
+    def take_calls(self) -> pd.DataFrame:
+        """The System.gc() calls read since the last take (a JFR recording's are in its pauses)."""
+        return system_gc_calls()
+
 
 class PauseRingSource(_PauseSource):
     """The agent's live pause ring (`live=true`): records already on CLOCK_MONOTONIC."""
@@ -261,8 +265,8 @@ class PauseRingSource(_PauseSource):
         records = self.tailer.poll(producer_gone=gone)
         if not len(records) and not gone and not self.tailer.closed_by_producer and self._empty is not None:
             return self._empty  # the usual case every 50 ms: nothing new
-        codes = records[["name_code", "cause_code"]].tolist() if len(records) else []
-        if codes and not {c for pair in codes for c in pair} - {0} <= set(self.names):
+        used = np.unique(np.r_[records["name_code"], records["cause_code"]]).tolist()
+        if not {c for c in used if c} <= set(self.names):
             self._refresh_names()
         calls = records["kind"] == SYSTEM_GC_CALL
         if calls.any():
