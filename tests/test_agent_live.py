@@ -223,7 +223,8 @@ def test_a_small_ring_wraps_and_the_reader_counts_what_it_missed(workload, tmp_p
     out, err = jvm.communicate()
     assert jvm.returncode == 0, err
     header, records, _ = read_ring(ring_path)
-    assert header.closed and dropped == 0
+    about = read_json(session / f"jvm-{jvm.pid}" / "jvm.json")["live"]
+    assert header.closed and dropped == 0, about
     assert head > 8 and missed > 0 and received + missed == head == header.head
     # The ring holds the last 8 positions; the tail the writer retired is consistent with it.
     assert records["seq"].tolist() == list(range(head - 7, head + 1))
