@@ -396,10 +396,10 @@ def _equals_offline(session: Path) -> tuple[bool, int, int, int]:
     """Live overlaps == offline `analyze` of the same session (pairs matched as the tests do):
     (equal, offline pairs, pairs only live has, pairs only offline has)."""
     from engine.analysis import analyze_session
-    from engine.live.writer import read_parts
+    from engine.results import Results
     from tests.test_live import _on_ring_alignment, _pause_keys
 
-    live_pauses, live_overlaps = read_parts(session / "live", "pauses"), read_parts(session / "live", "overlaps")
+    live_pauses, live_overlaps = Results(session / "live").table("pauses"), Results(session / "live").table("overlaps")
     offline = analyze_session(session)
     rebased = _on_ring_alignment(offline.pauses, live_pauses)
     live_pairs, offline_pairs = _pause_keys(live_pauses, live_overlaps), _pause_keys(rebased, offline.overlaps)

@@ -140,6 +140,25 @@ def test_dataset_overlaps_equal_the_union_of_sessions_analyzed_alone(fleet_run, 
     assert overlaps.groupby("session_id").size().size == 11
 
 
+def test_the_results_reader_reads_the_dataset_as_duckdb_does(fleet_run):
+    """engine.results.Results, the one reader of results, over a dataset: every table's rows
+    are DuckDB's over the same files (host and date are in the path only)."""
+    from engine.analysis import load_results
+    from engine.results import Results
+
+    root, _ = fleet_run
+    results = Results(root)
+    assert results.layout == "dataset"
+    for table in ("pauses", "overlaps", "pause_impact", "sessions"):
+        ours = results.table(table)
+        expected = _dataset(root, table).drop(columns=["host", "date"])
+        assert len(ours) == len(expected) > 0, table
+        ours = ours[list(expected.columns)].astype(expected.dtypes.to_dict())
+        pd.testing.assert_frame_equal(_canonical(ours), _canonical(expected), obj=table)
+    loaded = load_results(root)
+    assert loaded.overlaps["session_id"].nunique() == 11
+
+
 def test_files_carry_the_session_header(fleet_run, alone):
     import pyarrow.parquet as pq
 

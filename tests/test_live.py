@@ -18,7 +18,8 @@ import pytest
 
 from engine.ingest.gil import Pairing, as_records, events_to_intervals, interval_frame
 from engine.live.alerts import Alerts
-from engine.live.writer import RollingWriter, read_parts
+from engine.live.writer import RollingWriter
+from engine.results import Results
 from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 from engine.store import read_table
 from test_record_helpers import default_sigint, kill_session_processes
@@ -97,7 +98,7 @@ def test_rolling_writer_parts_are_complete_and_readable(tmp_path):
         assert json.loads((part / "_done.json").read_text())["rows"]["gil"] == 1
         assert read_table(part / "gil.parquet").attrs["table"] == "gil"
         assert read_table(part / "pause_impact.parquet").columns.tolist()[:2] == ["pause_id", "kind"]  # empty, typed
-    assert list(read_parts(tmp_path / "out", "gil")["tid"]) == [0, 1, 2]
+    assert list(Results(tmp_path / "out").table("gil")["tid"]) == [0, 1, 2]
     # A new writer on the same directory continues the numbering instead of overwriting.
     assert RollingWriter(tmp_path / "out", interval_ns=1).index == 4
 
@@ -257,7 +258,7 @@ def test_live_command_equals_offline_analysis(tmp_path):
     assert "pauses from its JFR repository" in err or "pauses from its pause ring" in err
     parts = sorted((session / "live").glob("part-*"))
     assert len(parts) >= 2 and all((p / "_done.json").exists() for p in parts)
-    live_pauses, live_overlaps = read_parts(session / "live", "pauses"), read_parts(session / "live", "overlaps")
+    live_pauses, live_overlaps = Results(session / "live").table("pauses"), Results(session / "live").table("overlaps")
     assert live_overlaps["pause_id"].isin(live_pauses["pause_id"]).all()
     assert not live_pauses.duplicated(["kind", "start_ns", "end_ns", "name"]).any()
 
@@ -270,7 +271,7 @@ def test_live_command_equals_offline_analysis(tmp_path):
         # pause of its kind within the source's match tolerance (engine/live/sources.py).
         rebased = _on_ring_alignment(offline.pauses, live_pauses)
     _assert_same_pauses_and_pairs(live_pauses, live_overlaps, rebased, offline.overlaps)
-    _assert_same_causes(read_parts(session / "live", "pause_impact"), live_pauses, rebased, offline)
+    _assert_same_causes(Results(session / "live").table("pause_impact"), live_pauses, rebased, offline)
     # Alerts: one JSON line per pause over the threshold, as offline sees them.
     alerted = {json.loads(line)["pause_id"] for line in jsonl.read_text().splitlines()}
     over = offline.pause_impact[offline.pause_impact["overlap_ns"] > 5_000_000]
@@ -281,7 +282,7 @@ def test_live_command_equals_offline_analysis(tmp_path):
     # live had then: compared in the test of the metrics against /proc).
     from engine.memory.table import memory_table
 
-    live_memory = read_parts(session / "live", "memory")
+    live_memory = Results(session / "live").table("memory")
     offline_memory, _ = memory_table(session)
     assert len(live_memory) and not live_memory.duplicated(["pid", "t_ns"]).any()
     columns = ["pid", "t_ns", "rss", "rss_anon", "rss_file"]
@@ -331,7 +332,7 @@ def test_sigint_flushes_and_closes_every_file(tmp_path):
     parts = sorted(out.glob("part-*"))
     assert all((p / "_done.json").exists() for p in parts)
     assert _all_files_readable(out) == 6 * len(parts) + len(list(out.glob("part-*/memory.parquet")))  # (memory: where it has rows)
-    assert len(read_parts(out, "gil")) > 0
+    assert len(Results(out).table("gil")) > 0
 
 
 @pytest.mark.slow
@@ -346,7 +347,7 @@ def test_sigkill_leaves_every_finished_file_readable(tmp_path):
         kill_session_processes(session)
     out = session / "live"
     assert _all_files_readable(out) >= 18
-    assert len(read_parts(out, "gil", complete_only=True)) > 0
+    assert len(Results(out, complete_only=True).table("gil")) > 0
 
 
 @pytest.mark.slow
@@ -364,10 +365,10 @@ def test_a_killed_producer_is_reported_and_the_rest_continues(tmp_path):
               if line.startswith("tandem: py-") and "exited without closing its ring (killed?)" in line]
     assert len(killed) == 1, err
     victim_pid = int(killed[0].removeprefix("tandem: py-").split()[0])
-    live_pauses, live_overlaps = read_parts(session / "live", "pauses"), read_parts(session / "live", "overlaps")
+    live_pauses, live_overlaps = Results(session / "live").table("pauses"), Results(session / "live").table("overlaps")
     # The rest continued: pauses that started after the victim's last GIL interval (it was
     # dead by then) still hit the other process's threads.
-    gil = read_parts(session / "live", "gil")
+    gil = Results(session / "live").table("gil")
     victim_last = int(gil[gil["pid"] == victim_pid]["end_ns"].max())
     others = live_overlaps[live_overlaps["pid"] != victim_pid]
     after = live_pauses[live_pauses["pause_id"].isin(others["pause_id"]) & (live_pauses["start_ns"] > victim_last)]
@@ -702,14 +703,14 @@ def _assert_live_equals_offline(session: Path, out: Path) -> dict:
 
     parts = sorted(out.glob("part-*"))
     assert parts and all((p / "_done.json").exists() for p in parts)
-    live_pauses, live_overlaps = read_parts(out, "pauses"), read_parts(out, "overlaps")
+    live_pauses, live_overlaps = Results(out).table("pauses"), Results(out).table("overlaps")
     assert not live_pauses.duplicated(["kind", "start_ns", "end_ns", "name"]).any()
     assert live_overlaps["pause_id"].isin(live_pauses["pause_id"]).all()
     offline = analyze_session(session)
     rebased = _on_ring_alignment(offline.pauses, live_pauses)
     pairs = _assert_same_pauses_and_pairs(live_pauses, live_overlaps, rebased, offline.overlaps)
     # pause_impact: one row per pause, the overlap columns as offline's (same pause by its times).
-    impact = read_parts(out, "pause_impact")
+    impact = Results(out).table("pause_impact")
     assert sorted(impact["pause_id"]) == sorted(live_pauses["pause_id"])
     columns = ["threads_released", "threads_waiting", "released_ns", "waiting_ns", "overlap_ns", "near_misses"]
     live_impact = impact.assign(k=list(zip(impact["kind"].astype(str), impact["start_ns"], impact["end_ns"]))).set_index("k")
@@ -730,7 +731,7 @@ def _assert_live_equals_offline(session: Path, out: Path) -> dict:
     # gil_free: row for row; times within GIL_TOLERANCE_NS (the probe stamps TSC ticks: live
     # converts them with the calibration pairs in the ring when it reads them, offline with the
     # events file's: the two differ by up to ~0.1 us).
-    free = read_parts(out, "gil_free").sort_values(["pid", "start_ns"], ignore_index=True)
+    free = Results(out).table("gil_free").sort_values(["pid", "start_ns"], ignore_index=True)
     assert set(free.columns) == set(offline.gil_free.columns)
     expected = offline.gil_free.sort_values(["pid", "start_ns"], ignore_index=True)
     equal = len(free) == len(expected) and (free["pid"] == expected["pid"]).all() and all(
@@ -786,7 +787,7 @@ def _record_live_then_live_session(tmp_path: Path) -> None:
     assert jvm["live"]["flush_interval_ms"] == 200, jvm["live"]  # the agent's flusher ran
     counts = _assert_live_equals_offline(session, session / "live")
     assert counts["gil_free_equal"], counts
-    latency = read_parts(session / "live", "pauses")
+    latency = Results(session / "live").table("pauses")
     ring = latency[latency["kind"].astype(str).isin(["safepoint", "gc_pause", "gc"]) & latency["clock_offset_ns"].isna()]
     ring = ring[ring["end_ns"] > ring["polled_ns"].min() + 1_000_000_000]  # not the backlog read at start
     # Not a benchmark (bench/bench_live.py is), just a sanity bound on a loaded test machine.

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine.live.writer import read_parts
+from engine.results import Results
 
 TANDEM = [sys.executable, "-m", "engine"]
 SERVICE = "demo-svc"
@@ -124,7 +124,8 @@ def run(tmp_path_factory):
 
 def _parquet_totals(session: Path) -> dict:
     out = session / "live"
-    impact, gil, pauses = read_parts(out, "pause_impact"), read_parts(out, "gil"), read_parts(out, "pauses")
+    results = Results(out)
+    impact, gil, pauses = results.table("pause_impact"), results.table("gil"), results.table("pauses")
     kinds = impact["kind"].astype(str)
     lengths = gil["end_ns"] - gil["start_ns"]
     gc = pauses[pauses["kind"].astype(str) == "gc"]
@@ -179,7 +180,7 @@ def test_prometheus_stores_what_the_live_parquet_says(run):
 @pytest.mark.slow
 def test_lost_time_per_request_is_what_the_live_spans_say(run):
     """tandem_request_lost_seconds per endpoint: count, sum and buckets equal the parts' spans.parquet."""
-    spans = read_parts(run["session"] / "live", "spans")
+    spans = Results(run["session"] / "live").table("spans")
     assert len(spans) > 100 and set(spans["endpoint"]) == {"/score", "Allocator.score"}
     assert (spans["lost_ns"] > 0).any() and (spans["figures_of"] == "thread").all()
     by_endpoint = spans.groupby("endpoint")["lost_ns"]

@@ -146,9 +146,9 @@ def _live_agrees_with_offline(session: Path, offline: pd.DataFrame) -> None:
     spans, each time within both clock errors, each figure within both clock errors plus
     TOLERANCE_NS (the issue's bar; live's GIL times also differ from offline's by the TSC
     conversion, docs/live.md)."""
-    from engine.live.writer import read_parts
+    from engine.results import Results
 
-    during = read_parts(session / "live", "spans").sort_values("span_id", ignore_index=True)
+    during = Results(session / "live").table("spans").sort_values("span_id", ignore_index=True)
     offline = offline.sort_values("span_id", ignore_index=True)
     assert during["span_id"].tolist() == offline["span_id"].tolist()
     error = during["clock_error_ns"] + offline["clock_error_ns"]

@@ -251,38 +251,22 @@ def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = No
 
 
 def load_results(out_dir: str | os.PathLike) -> Analysis:
-    """An Analysis read back from the Parquet files `Analysis.write` (or `tandem analyze`) wrote."""
-    from engine.errors import TandemError
-    from engine.store import read_table
+    """An Analysis read back from results (engine.results.Results: the -o directory of `tandem
+    analyze`, `tandem live`'s parts, or a fleet dataset, whose tables carry session_id)."""
+    from engine.results import Results
 
-    out = Path(out_dir)
-
-    def read(path: Path) -> pd.DataFrame:
-        if not path.exists():
-            raise TandemError(f"{path}: missing; expected the -o directory of `tandem analyze`")
-        return read_table(path)
-
-    tables = {"summary": read(out / "summary.parquet")}
-    gil_table = tables["summary"].attrs.get("analysis", {}).get("gil_table")
-    for name in RESULT_TABLES:
-        path = out / f"{name}.parquet"
-        if name == "stops" and not path.exists():
-            tables[name] = empty_frame("stops")  # (results written before the stops table)
-        elif name == "gil" and gil_table and not path.exists():
-            # A streamed analysis names the GIL files it read instead of copying their intervals.
-            from engine.ingest.inputs import gil_from
-
-            missing = [p for p in gil_table if not Path(p).exists()]
-            if missing:
-                raise TandemError(f"{missing[0]}: missing; the GIL intervals of the results in {out}")
-            tables[name] = check_gil(gil_from(paths=[Path(p) for p in gil_table])[0], ", ".join(gil_table))[0]
-        elif name != "summary":
-            tables[name] = read(path)
-    header = tables["summary"].attrs.get("analysis", {})
+    results = Results(out_dir)
+    tables = {name: results.table(name) if name in ("summary", "stops") else _required(results, name)
+              for name in RESULT_TABLES}
     return Analysis(
         pauses=tables["pauses"], gil=tables["gil"], gil_free=tables["gil_free"], overlaps=tables["overlaps"],
-        pause_impact=tables["pause_impact"], summary_table=tables["summary"], header=header, stops=tables["stops"],
+        pause_impact=tables["pause_impact"], summary_table=tables["summary"], header=results.header(), stops=tables["stops"],
     )
+
+
+def _required(results, name: str) -> pd.DataFrame:
+    results.require(name)
+    return results.table(name)
 
 
 __all__ = ["Analysis", "analyze", "analyze_session", "analyze_to", "correlate", "load_results"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from engine.results import Results
 from engine.session import Session, SessionIdentity
 
 SESSIONS_TABLE = "sessions"
@@ -78,10 +79,10 @@ def write_session(results: str | os.PathLike, header: dict, root: str | os.PathL
                 row.insert(0, "session_id", pd.Series([identity.session_id], dtype="string"))
                 staged.append((name, write_table(row, staging, {"table": name, **meta}), final))
                 continue
-            source = results / f"{name}.parquet"
-            if not source.exists():  # (gil.parquet of results that name their GIL files instead)
+            stored = Results(results).stored(name)
+            if not stored:  # (gil.parquet of results that name their GIL files instead)
                 continue
-            with pq.ParquetFile(source) as file:
+            with pq.ParquetFile(stored[0]) as file:
                 writer = TableWriter(staging, pa.schema([pa.field("session_id", pa.string()), *file.schema_arrow]))
                 writers.append(writer)
                 for batch in file.iter_batches():

@@ -14,8 +14,8 @@
 Same schemas as `tandem analyze` (docs/results.md). Every file is written atomically
 (engine.store.write_table: temporary file + rename), once, when its interval closes (or at
 Ctrl-C/SIGTERM/end), so after a SIGKILL every file present is intact; a part without
-`_done.json` was being written when the process died. Read a live session from a notebook:
-`pd.concat(pd.read_parquet(p) for p in sorted(glob("OUT/part-*/overlaps.parquet")))`.
+`_done.json` was being written when the process died. Read back with engine.results.Results
+(`Results(OUT).table("overlaps")`) or `engine.analysis.load_results(OUT)`.
 """
 from __future__ import annotations
 
@@ -129,14 +129,3 @@ class RollingWriter:
         tmp.write_text(json.dumps({**meta, "rows": counts}, default=str) + "\n")
         os.replace(tmp, part / "_done.json")
         self.parts_written.append(part)
-
-
-def read_parts(out: str | os.PathLike, table: str, complete_only: bool = False) -> pd.DataFrame:
-    """One table concatenated over the parts of a live output directory."""
-    from engine.store import read_table
-
-    parts = sorted(Path(out).glob("part-*"))
-    frames = [read_table(p / f"{table}.parquet") for p in parts
-              if (p / f"{table}.parquet").exists() and (not complete_only or (p / "_done.json").exists())]
-    frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

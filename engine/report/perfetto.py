@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from engine.correlate.schema import GIL_CARRIED_COLUMNS
+from engine.results import Results
 
 # Pause families in the order their tracks appear under a JVM process.
 JVM_TRACKS = {
@@ -53,7 +54,6 @@ FORMATS = ("proto", "json")
 _LANE_STRIDE = 100  # JSON tids of a JVM's tracks: family index * stride + lane + 1
 _UNKNOWN_JVM_PID = 0  # pauses brought from elsewhere without jvm_pid
 _MEMORY_RANK = -1000  # counter tracks' sibling_order_rank: above a process's pause and thread tracks
-_BATCH_ROWS = 1 << 16
 STATES = ("released", "waiting", "held")  # codes 0, 1, 2 in the spill files
 CODE_COLUMNS = GIL_CARRIED_COLUMNS  # the Python code of a GIL interval (docs/results.md)
 _STATE_COLOR = {"released": "grey", "waiting": "bad", "held": "good"}
@@ -97,47 +97,6 @@ class _Slices:
 # ---- input -------------------------------------------------------------------------------------
 
 
-def _table_files(results: Path, name: str) -> list[Path]:
-    """`tandem analyze` writes RESULTS/<name>.parquet; `tandem live` RESULTS/part-*/<name>.parquet."""
-    from engine.errors import TandemError
-
-    single = results / f"{name}.parquet"
-    if single.exists():
-        return [single]
-    if name == "gil" and (results / "summary.parquet").exists():
-        # `tandem analyze` names the GIL files it streamed (G.parquet, or the probe's events files)
-        # instead of copying their intervals (docs/results.md, "gil.parquet").
-        from engine.store import read_metadata
-
-        named = read_metadata(results / "summary.parquet").get("analysis", {}).get("gil_table") or []
-        if named and all(Path(p).exists() for p in named):
-            return [Path(p) for p in named]
-    parts = sorted(results.glob(f"part-*/{name}.parquet"))
-    if not parts:
-        raise TandemError(f"{single}: missing; RESULTS must be the -o directory of `tandem analyze` or of `tandem live`")
-    return parts
-
-
-def _batches(files: list[Path], wanted: tuple[str, ...]) -> Iterator:
-    import pyarrow.parquet as pq
-
-    from engine.errors import TandemError
-
-    for path in files:
-        if path.suffix != ".parquet":  # a probe's events file: read_gil's table, block by block
-            from engine.ingest.gil_stream import EventsGil
-
-            for table in EventsGil([path]).tables():
-                yield from table.select([c for c in wanted if c in table.column_names]).to_batches()
-            continue
-        try:
-            handle = pq.ParquetFile(path)
-        except (OSError, ValueError) as err:
-            raise TandemError(f"{path}: not a readable Parquet table: {err}") from None
-        columns = [c for c in wanted if c in handle.schema_arrow.names]
-        yield from handle.iter_batches(batch_size=_BATCH_ROWS, columns=columns)
-
-
 def _code_label(function, file, line) -> str | None:
     """`function (file.py:line)`: how a GIL slice names the Python code it gave the GIL up in."""
     if function is None or function is pd.NA or (isinstance(function, float) and np.isnan(function)):
@@ -161,43 +120,22 @@ def _state_codes(batch) -> np.ndarray:
     return pc.equal(states, "waiting").to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _read_pauses(results: Path) -> pd.DataFrame:
-    from engine.store import read_table
-
-    frames = [read_table(path) for path in _table_files(results, "pauses")]
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return pd.DataFrame({"pause_id": pd.Series([], dtype="int64"), "kind": [], "name": [], "start_ns": pd.Series([], dtype="int64"),
-                             "end_ns": pd.Series([], dtype="int64")})
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+def _read_pauses(results: Results) -> pd.DataFrame:
+    return results.table("pauses")
 
 
-def _read_memory(results: Path) -> pd.DataFrame:
+def _read_memory(results: Results) -> pd.DataFrame:
     """memory.parquet (`tandem analyze`) or its live parts; empty when there is none (no memory capture)."""
     from engine.memory import MEMORY_TABLE
-    from engine.store import read_table
 
-    files = [results / MEMORY_TABLE] if (results / MEMORY_TABLE).exists() else sorted(results.glob(f"part-*/{MEMORY_TABLE}"))
-    frames = [f for f in (read_table(path) for path in files) if len(f)]
-    if not frames:
-        return pd.DataFrame({"t_ns": pd.Series([], dtype="int64"), "pid": pd.Series([], dtype="int64")})
-    return pd.concat(frames, ignore_index=True)
+    memory = results.table(MEMORY_TABLE.removesuffix(".parquet"))
+    return memory if len(memory) else pd.DataFrame({"t_ns": pd.Series([], dtype="int64"), "pid": pd.Series([], dtype="int64")})
 
 
-def _read_spans(results: Path) -> pd.DataFrame:
+def _read_spans(results: Results) -> pd.DataFrame:
     """The spans drawn (spans.parquet, docs/spans.md): none when RESULTS has none."""
-    from engine.errors import TandemError
-    from engine.store import read_table
-
-    try:
-        files = _table_files(results, "spans")
-    except TandemError:
-        return pd.DataFrame({"pid": [], "thread_id": [], "start_ns": [], "end_ns": []})
-    frames = [read_table(path) for path in files]
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return pd.DataFrame({"pid": [], "thread_id": [], "start_ns": [], "end_ns": []})
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    spans = results.table("spans")
+    return spans if len(spans) else pd.DataFrame({"pid": [], "thread_id": [], "start_ns": [], "end_ns": []})
 
 
 class _ThreadSpill:
@@ -231,8 +169,8 @@ class _ThreadSpill:
                     self.unsorted.add(key)
                 self.last_start[key] = max(self.last_start.get(key, starts[0]), int(starts.max()))
 
-    def add_gil(self, files: list[Path], progress: Callable[[int], None]) -> None:
-        for batch in _batches(files, ("pid", "tid", "state", "start_ns", "end_ns", "thread_name", *CODE_COLUMNS)):
+    def add_gil(self, results: Results, progress: Callable[[int], None]) -> None:
+        for batch in results.batches("gil", ("pid", "tid", "state", "start_ns", "end_ns", "thread_name", *CODE_COLUMNS)):
             pid, tid = _ints(batch, "pid"), _ints(batch, "tid")
             if "thread_name" in batch.schema.names:
                 self._learn_names(pid, tid, batch.column("thread_name"))
@@ -280,8 +218,8 @@ class _ThreadSpill:
         for (p, t), row in zip(keys.tolist(), rows.tolist()):
             self.names.setdefault((p, t), str(names[row]))
 
-    def add_overlaps(self, files: list[Path]) -> None:
-        for batch in _batches(files, ("pause_id", "pid", "tid", "state", "start_ns", "end_ns", "near_miss")):
+    def add_overlaps(self, results: Results) -> None:
+        for batch in results.batches("overlaps", ("pause_id", "pid", "tid", "state", "start_ns", "end_ns", "near_miss")):
             start, end = _ints(batch, "start_ns"), _ints(batch, "end_ns")
             hit = end > start
             if "near_miss" in batch.schema.names:
@@ -821,18 +759,16 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
     parts) to OUTPUT, atomically. fmt: "proto" or "json"; default by OUTPUT's suffix (.json:
     JSON, else protobuf). progress(done, total): GIL rows read and drawn so far."""
     from engine.errors import TandemError
-    from engine.store import read_metadata
 
-    results, output = Path(results_dir), Path(output)
+    output = Path(output)
     fmt = fmt or ("json" if output.suffix.lower() == ".json" else "proto")
     if fmt not in FORMATS:
         raise TandemError(f"--format {fmt}: not one of {', '.join(FORMATS)}")
-    files = {name: _table_files(results, name) for name in ("pauses", "gil", "overlaps")}
-    try:
-        header = read_metadata(files["overlaps"][0]).get("analysis", {})
-    except TandemError:
-        header = {}
-    total = sum(_row_count(path) for path in files["gil"]) or int(header.get("gil_intervals") or 0)
+    results = Results(results_dir)
+    for name in ("pauses", "gil", "overlaps"):
+        results.require(name)
+    header = results.header()
+    total = results.rows("gil") or int(header.get("gil_intervals") or 0)
     done = 0
 
     def advance(rows: int) -> None:
@@ -846,9 +782,9 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
     tmp = output.with_name(f".{output.name}.tmp")
     with tempfile.TemporaryDirectory(prefix=".tandem-export-", dir=output.parent) as spill_dir, open(tmp, "wb" if fmt == "proto" else "w") as out:
         spill = _ThreadSpill(Path(spill_dir))
-        spill.add_gil(files["gil"], advance)
-        spill.add_overlaps(files["overlaps"])
-        metadata = {"results": str(results), "clock_errors": header.get("clock")}
+        spill.add_gil(results, advance)
+        spill.add_overlaps(results)
+        metadata = {"results": str(results.path), "clock_errors": header.get("clock")}
         writer = _ProtoWriter(out, metadata) if fmt == "proto" else _JsonWriter(out, metadata)
         _draw(writer, pauses, spill, _read_causes(results), _read_memory(results), advance=advance, spans=_read_spans(results))
         writer.close()
@@ -856,31 +792,16 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
     return output
 
 
-def _row_count(path: Path) -> int:
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except (OSError, ValueError):
-        return 0
-
-
-def _read_causes(results: Path) -> pd.DataFrame:
+def _read_causes(results: Results) -> pd.DataFrame:
     """The stops a Python thread asked for (pause_impact's cause columns, one row per stop:
     engine.analysis.causes.caused_stops): pause_id, start_ns, cause_pid, cause_tid."""
     from engine.analysis.causes import caused_stops
-    from engine.errors import TandemError
-    from engine.store import read_table
 
     columns = ["pause_id", "start_ns", "cause_pid", "cause_tid"]
-    try:
-        frames = [read_table(path) for path in _table_files(results, "pause_impact")]
-    except TandemError:
-        frames = []
-    frames = [f for f in frames if {"caused_by_python", *columns} <= set(f.columns) and len(f)]
-    if not frames:
+    impact = results.table("pause_impact")
+    if not len(impact) or not {"caused_by_python", *columns} <= set(impact.columns):
         return pd.DataFrame({c: pd.Series([], dtype="int64") for c in columns})
-    caused = caused_stops(pd.concat(frames, ignore_index=True))
+    caused = caused_stops(impact)
     caused = caused[caused["cause_pid"].notna() & caused["cause_tid"].notna()]
     return caused[columns].astype(np.int64).sort_values("start_ns", ignore_index=True)
 
