@@ -75,21 +75,32 @@ def process_rows(pid: int, outside: pd.DataFrame | None, python: pd.DataFrame | 
         return None
     rows = rows.sort_values("t_ns", ignore_index=True)
     rows["t_ns"] = rows["t_ns"].astype("int64")
+    at = rows["t_ns"].to_numpy(np.int64)
+    # Every series is computed as an array and the columns set at once: a live run rebuilds
+    # this table every few seconds, and per-column DataFrame copies and merges cost far more
+    # than the arithmetic.
+    columns: dict[str, np.ndarray] = {}
     if python is not None and len(python):
         series = python.rename(columns={"t": "t_ns", "blocks": "py_blocks", "arenas": "py_arenas",
                                         "arena_bytes": "py_arena_bytes", "pymalloc_bytes": "py_pymalloc_bytes",
                                         "tracemalloc": "py_tracemalloc", "tracemalloc_numpy": "py_tracemalloc_numpy"})
         series = series.sort_values("t_ns").astype({"t_ns": "int64"}).drop(columns=["cpu_ns"], errors="ignore")
+        t = series["t_ns"].to_numpy(np.int64)
         for column in series.columns.drop("t_ns"):
-            present = series[["t_ns", column]].dropna()
-            if len(present):
-                rows = _interpolated(rows, present, column)
+            values = pd.to_numeric(series[column], errors="coerce").to_numpy(np.float64)
+            present = ~np.isnan(values)
+            if present.any():
+                columns[column] = _interpolated(at, t[present], values[present])
     if jvm is not None and len(jvm):
-        rows = _with_jvm(rows, jvm)
-        if "large_mappings" in rows and "jvm_heap_start" in rows:
-            rows["jvm_heap_resident"] = [
+        columns.update(_jvm_columns(at, jvm))
+        if "large_mappings" in rows and "jvm_heap_start" in columns:
+            columns["jvm_heap_resident"] = np.array([
                 _resident_within(mappings, start, end) for mappings, start, end
-                in zip(rows["large_mappings"], rows["jvm_heap_start"], rows["jvm_heap_end"])]
+                in zip(rows["large_mappings"], columns["jvm_heap_start"], columns["jvm_heap_end"])], dtype=np.float64)
+    for column in [c for c in columns if c in rows]:
+        rows[column] = columns.pop(column)
+    if columns:
+        rows = pd.concat([rows, pd.DataFrame(columns, index=rows.index)], axis=1)
     rows = rows.drop(columns=["large_mappings", "jvm_heap_start", "jvm_heap_end"], errors="ignore")
     rows.insert(1, "pid", np.int64(pid))
     return rows
@@ -107,51 +118,77 @@ def _resident_within(mappings, start: float, end: float) -> float:
     return total
 
 
-def _as_of(rows: pd.DataFrame, series: pd.DataFrame, tolerance_ns: int | None) -> pd.DataFrame:
-    series = series.sort_values("t_ns").astype({"t_ns": "int64"})
-    return pd.merge_asof(rows, series, on="t_ns", direction="backward", tolerance=tolerance_ns)
+def _as_of(at: np.ndarray, t: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The value of the latest sample at or before each of AT (T sorted), null before the first."""
+    latest = np.searchsorted(t, at, side="right") - 1
+    return np.where(latest >= 0, values[np.maximum(latest, 0)], np.nan)
 
 
-def _interpolated(rows: pd.DataFrame, series: pd.DataFrame, column: str) -> pd.DataFrame:
-    """A periodic series at the rows' times, linear between its samples (JFR's periodic thread
-    runs late on a busy JVM: taking the latest value would lag by a varying amount, and a
-    lag that varies bends a trend); null farther than STALE_NS from any sample."""
-    t = series["t_ns"].to_numpy(np.int64)
-    at = rows["t_ns"].to_numpy(np.int64)
-    values = np.interp(at.astype(np.float64), t.astype(np.float64), series[column].to_numpy(np.float64))
+def _interpolated(at: np.ndarray, t: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A periodic series at the rows' times AT, linear between its samples (T sorted; JFR's
+    periodic thread runs late on a busy JVM: taking the latest value would lag by a varying
+    amount, and a lag that varies bends a trend); null farther than STALE_NS from any sample."""
+    interpolated = np.interp(at.astype(np.float64), t.astype(np.float64), values)
     after = np.clip(np.searchsorted(t, at), 0, len(t) - 1)
     before = np.clip(after - 1, 0, len(t) - 1)
     nearest = np.minimum(np.abs(t[after] - at), np.abs(at - t[before]))
-    rows = rows.copy()
-    rows[column] = np.where(nearest <= STALE_NS, values, np.nan)
-    return rows
+    return np.where(nearest <= STALE_NS, interpolated, np.nan)
 
 
-def _with_jvm(rows: pd.DataFrame, jvm: pd.DataFrame) -> pd.DataFrame:
-    """The JVM's series as columns; the code heaps (one event each) summed into jvm_code_cache,
+def _last_per_time(t: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One sample per time, sorted: the last non-null value given for it (null if none is)."""
+    if not len(t):
+        return t, values
+    order = np.argsort(t, kind="stable")
+    t, values = t[order], values[order]
+    group = np.r_[0, np.cumsum(t[1:] != t[:-1])]
+    position = np.arange(len(t))
+    last = np.full(group[-1] + 1, -1)
+    np.maximum.at(last, group, position)  # the last sample of each time...
+    known = ~np.isnan(values)
+    last_known = np.full(len(last), -1)
+    np.maximum.at(last_known, group[known], position[known])  # ...or its last non-null one
+    pick = np.where(last_known >= 0, last_known, last)
+    return t[pick], values[pick]
+
+
+def _jvm_columns(at: np.ndarray, jvm: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The JVM's series at the rows' times AT; the code heaps (one event each) summed into jvm_code_cache,
     the heap after the latest GC kept apart (jvm_heap_after_gc: the live set and what leaks;
     jvm_heap_after_gc_ns: when that GC ended), G1's unused copy buffers summed since the start
     (jvm_heap_gc_waste: in the heap's used bytes, not in its live set),
     and the most the heap held so far (jvm_heap_peak: before a GC, eden full), which its pages
     were touched for."""
-    heap = jvm[jvm["column"] == "jvm_heap_used"]
-    after = heap[heap["after_gc"]].assign(column="jvm_heap_after_gc")
-    after_at = after.assign(column="jvm_heap_after_gc_ns", value=after["t_ns"].astype("float64"))
-    peak = heap.assign(column="jvm_heap_peak", value=heap["value"].cummax())
-    is_waste = jvm["column"] == "jvm_heap_gc_waste"
-    waste = jvm[is_waste].assign(value=jvm.loc[is_waste, "value"].cumsum())
-    parts = []
-    for column, one in pd.concat([jvm[~is_waste], waste, after, after_at, peak], ignore_index=True).groupby("column", sort=True):
+    names = jvm["column"].to_numpy(object)
+    t_all = jvm["t_ns"].to_numpy(np.int64)
+    values_all = jvm["value"].to_numpy(np.float64)
+    series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for column in np.unique(names.astype(str)):
+        mine = names == column
+        t, values = t_all[mine], values_all[mine]
+        if column == "jvm_heap_gc_waste":
+            values = np.nancumsum(values) + np.where(np.isnan(values), np.nan, 0.0)
+        series[column] = (t, values)
+        if column == "jvm_heap_used":
+            after = jvm["after_gc"].to_numpy(bool)[mine]
+            series["jvm_heap_after_gc"] = (t[after], values[after])
+            series["jvm_heap_after_gc_ns"] = (t[after], t[after].astype(np.float64))
+            series["jvm_heap_peak"] = (t, pd.Series(values).cummax().to_numpy(np.float64))
+    columns: dict[str, np.ndarray] = {}
+    code_cache = []
+    for column in sorted(series):
+        t, values = _last_per_time(*series[column])
+        if not len(t):  # (no collection ended yet: no heap after GC)
+            continue
         at_gc = column in _AT_GC_COLUMNS or column in ("jvm_heap_after_gc", "jvm_heap_after_gc_ns", "jvm_heap_peak",
                                                        "jvm_heap_gc_waste", "jvm_gc_side_tables")
-        values = one.groupby("t_ns", as_index=False)["value"].last().rename(columns={"value": column})
-        rows = _as_of(rows, values, None) if at_gc else _interpolated(rows, values, column)
+        columns[column] = _as_of(at, t, values) if at_gc else _interpolated(at, t, values)
         if column.startswith("jvm_code_cache:"):
-            parts.append(column)
-    if parts:
-        rows["jvm_code_cache"] = rows[parts].sum(axis=1, min_count=1)
-        rows = rows.drop(columns=parts)
-    return rows
+            code_cache.append(column)
+    if code_cache:
+        stacked = np.column_stack([columns.pop(c) for c in code_cache])
+        columns["jvm_code_cache"] = np.where(np.isnan(stacked).all(axis=1), np.nan, np.nansum(stacked, axis=1))
+    return columns
 
 
 def with_buckets(table: pd.DataFrame) -> pd.DataFrame:
