@@ -82,7 +82,7 @@ def _decompressor(path: Path):
     return zstandard.ZstdDecompressor(dict_data=dictionary) if dictionary is not None else zstandard.ZstdDecompressor()
 
 
-def _unzstd(path: Path, dest: Path) -> None:
+def unzstd(path: Path, dest: Path) -> None:
     """Decompress PATH (Zstandard frames, one after another) into DEST a block at a time; a
     stream cut short keeps what it held, with one warning (as gzip), damage is one line."""
     zstandard = _zstandard(path)
@@ -180,7 +180,7 @@ def readable_recordings(paths: list[Path]) -> Iterator[tuple[list[Path], Callabl
     recording; the file is named `<jvm dir>/packed/*.jfr.zst + <the rest>`."""
     for path in paths:
         _check_not_empty(path)
-    compressed = {path: _gunzip for path in paths if is_gzip(path)} | {path: _unzstd for path in paths if is_zstd(path)}
+    compressed = {path: _gunzip for path in paths if is_gzip(path)} | {path: unzstd for path in paths if is_zstd(path)}
     if not compressed:
         yield paths, lambda text: text
         return

@@ -30,8 +30,9 @@ from engine.errors import TandemError
 from engine.ingest.codes import FIRST_ID, read_code_table, resolve
 from engine.ingest.gil import Pairing, SampledRecords, interval_frame, started_threads
 from engine.ring.layout import GIL_RECORD_DTYPE
-from engine.session import (AGENT_ERROR, GIL_CODES, GIL_RING, JVM_DIRS, JVM_JSON, PAUSES_RING, PYTHON_DIRS, RECORDING, REPOSITORY,
-                            THREADS_JSONL, agent_error_line, pid_from_name, process_alive, read_json)
+from engine.session import (AGENT_ERROR, GIL_CODES, GIL_RING, JVM_DIRS, JVM_JSON, KEPT_CHUNKS, PACKED_CHUNK_SUFFIX, PAUSES_RING,
+                            PYTHON_DIRS, RECORDING, REPOSITORY, THREADS_JSONL, agent_error_line, packed_chunks, pid_from_name,
+                            process_alive, read_json)
 
 PAUSE_RING_KINDS = {1: "safepoint", 2: "gc_pause", 3: "gc", 4: "vm_operation"}  # java-agent PauseRing.KIND_*
 SYSTEM_GC_CALL = 5  # a System.gc() call's record (not a pause: docs/ring.md, "Java writer")
@@ -196,54 +197,6 @@ class PauseRingSource(_PauseSource):
             os.close(fd)
         self.names = dict(header.names)
 
-    def _note_split(self, chunk: Path, frame: pd.DataFrame) -> None:
-        unmatched = frame["unmatched"].astype(bool) & (frame["kind"].astype(str) == "safepoint") if len(frame) else []
-        ids = set(frame.loc[unmatched, "safepoint_id"].dropna().astype(int).tolist()) if len(frame) else set()
-        if ids:
-            self._split[chunk] = ids
-        else:
-            self._split.pop(chunk, None)
-
-    def _join_split_chunks(self) -> list[pd.DataFrame]:
-        """The safepoints a chunk left unmatched, read whole from that chunk and the next one
-        (a JFR file may hold several chunks, and jdk.jfr pairs a Begin and End across them), as
-        soon as the next chunk has their End: not at the final read, which for a long session
-        is later than the GIL rows the core keeps for a late pause."""
-        import shutil
-        import tempfile
-
-        frames = []
-        chunks = sorted(self._stamps, key=lambda p: p.name)
-        for chunk, following in zip(chunks, chunks[1:]):
-            ids = self._split.get(chunk)
-            if not ids:
-                continue
-            with tempfile.TemporaryDirectory(prefix="tandem-live-") as tmp:
-                joined = Path(tmp) / chunk.name
-                try:
-                    with open(joined, "wb") as out:
-                        for part in (chunk, following):
-                            with open(part, "rb") as src:
-                                shutil.copyfileobj(src, out)
-                    if (self.directory / JVM_JSON).exists():  # the JVM's pid etc., as for its chunks
-                        shutil.copy(self.directory / JVM_JSON, Path(tmp) / JVM_JSON)
-                except OSError:
-                    continue  # JFR removed a chunk (clean exit): recording.jfr follows
-                frame = self._read(joined)
-            if frame is None:
-                continue
-            whole = frame[(frame["kind"].astype(str) == "safepoint") & ~frame["unmatched"].astype(bool)]
-            found = set(whole["safepoint_id"].dropna().astype(int).tolist()) & ids
-            if found:
-                frame = frame.assign(source=str(chunk))
-                taken = (frame["kind"].astype(str) == "safepoint") & frame["safepoint_id"].isin(list(found)).fillna(False)
-                frames.append(self._new(frame[taken.to_numpy(bool)]))
-            if found == ids:
-                del self._split[chunk]
-            else:
-                self._split[chunk] = ids - found
-        return frames
-
     def take_calls(self) -> pd.DataFrame:
         """The System.gc() calls read since the last take (system_gc_calls columns)."""
         calls, self.calls = self.calls, []
@@ -315,14 +268,14 @@ class RepositorySource(_PauseSource):
 
     def __init__(self, directory: Path):
         super().__init__(directory)
-        self._stamps: dict[Path, tuple[int, int]] = {}
+        self._stamps: dict[str, tuple[str, int, int]] = {}  # chunk name -> (its file now, size, mtime) when read
         self._seen_keys = np.zeros(0, np.int64)  # sorted hashes of the pauses taken: 8 bytes each
         self._offset_ns: int | None = None  # ticks -> CLOCK_MONOTONIC, locked at the first read
         self._final_read = False
         self._last_error: str | None = None
         # chunk -> safepoint ids it left unmatched (Begin there, End in the next chunk: JFR
         # splits the safepoint of a chunk rotation, e.g. JFRCheckpoint, across two chunks)
-        self._split: dict[Path, set[int]] = {}
+        self._split: dict[str, set[int]] = {}
 
     def _read(self, path: Path) -> pd.DataFrame | None:
         from engine.ingest.jfr import read_pauses
@@ -367,7 +320,7 @@ class RepositorySource(_PauseSource):
         self._seen(new)
         return new
 
-    def _note_split(self, chunk: Path, frame: pd.DataFrame) -> None:
+    def _note_split(self, chunk: str, frame: pd.DataFrame) -> None:
         unmatched = frame["unmatched"].astype(bool) & (frame["kind"].astype(str) == "safepoint") if len(frame) else []
         ids = set(frame.loc[unmatched, "safepoint_id"].dropna().astype(int).tolist()) if len(frame) else set()
         if ids:
@@ -375,7 +328,16 @@ class RepositorySource(_PauseSource):
         else:
             self._split.pop(chunk, None)
 
-    def _join_split_chunks(self) -> list[pd.DataFrame]:
+    def _chunks(self) -> dict[str, Path]:
+        """The JVM's chunks by name, wherever each is now: JFR's repository, the agent's links
+        (.chunks/), or packed by the flight recorder's keeper, which moves a finished chunk
+        away while it is followed (the raw file first: a packed chunk is the same, finished)."""
+        chunks = {p.name.removesuffix(PACKED_CHUNK_SUFFIX): p for p in packed_chunks(self.directory)}
+        chunks |= {p.name: p for p in (self.directory / KEPT_CHUNKS).glob("*.jfr")}
+        chunks |= {p.name: p for p in (self.directory / REPOSITORY).rglob("*.jfr")}
+        return dict(sorted(chunks.items()))
+
+    def _join_split_chunks(self, chunks: dict[str, Path]) -> list[pd.DataFrame]:
         """The safepoints a chunk left unmatched, read whole from that chunk and the next one
         (a JFR file may hold several chunks, and jdk.jfr pairs a Begin and End across them), as
         soon as the next chunk has their End: not at the final read, which for a long session
@@ -383,36 +345,41 @@ class RepositorySource(_PauseSource):
         import shutil
         import tempfile
 
+        from engine.ingest.jfr_input import is_zstd, unzstd
+
         frames = []
-        chunks = sorted(self._stamps, key=lambda p: p.name)
-        for chunk, following in zip(chunks, chunks[1:]):
-            ids = self._split.get(chunk)
-            if not ids:
+        names = sorted(self._stamps)
+        for name, following in zip(names, names[1:]):
+            ids = self._split.get(name)
+            if not ids or name not in chunks or following not in chunks:
                 continue
             with tempfile.TemporaryDirectory(prefix="tandem-live-") as tmp:
-                joined = Path(tmp) / chunk.name
+                joined = Path(tmp) / name
                 try:
                     with open(joined, "wb") as out:
-                        for part in (chunk, following):
+                        for part in (chunks[name], chunks[following]):
+                            if is_zstd(part):
+                                unzstd(part, Path(tmp) / "part")
+                                part = Path(tmp) / "part"
                             with open(part, "rb") as src:
                                 shutil.copyfileobj(src, out)
                     if (self.directory / JVM_JSON).exists():  # the JVM's pid etc., as for its chunks
                         shutil.copy(self.directory / JVM_JSON, Path(tmp) / JVM_JSON)
-                except OSError:
-                    continue  # JFR removed a chunk (clean exit): recording.jfr follows
+                except (OSError, TandemError):
+                    continue  # removed meanwhile (clean exit: recording.jfr follows), or packed half-written: next time
                 frame = self._read(joined)
             if frame is None:
                 continue
             whole = frame[(frame["kind"].astype(str) == "safepoint") & ~frame["unmatched"].astype(bool)]
             found = set(whole["safepoint_id"].dropna().astype(int).tolist()) & ids
             if found:
-                frame = frame.assign(source=str(chunk))
+                frame = frame.assign(source=str(chunks[name]))
                 taken = (frame["kind"].astype(str) == "safepoint") & frame["safepoint_id"].isin(list(found)).fillna(False)
                 frames.append(self._new(frame[taken.to_numpy(bool)]))
             if found == ids:
-                del self._split[chunk]
+                del self._split[name]
             else:
-                self._split[chunk] = ids - found
+                self._split[name] = ids - found
         return frames
 
     def poll(self) -> pd.DataFrame:
@@ -428,22 +395,23 @@ class RepositorySource(_PauseSource):
         else:
             if gone:
                 self._stamps.clear()  # the last read of every chunk keeps its unmatched safepoints
-            for chunk in sorted((self.directory / REPOSITORY).rglob("*.jfr"), key=lambda p: p.name):
+            chunks = self._chunks()
+            for name, chunk in chunks.items():
                 try:
                     st = chunk.stat()
                 except OSError:
-                    continue  # JFR removed it (clean exit): recording.jfr follows
-                stamp = (st.st_size, st.st_mtime_ns)
-                if self._stamps.get(chunk) == stamp or st.st_size == 0:
+                    continue  # JFR removed it (clean exit: recording.jfr follows), or the keeper packed it: next time
+                stamp = (str(chunk), st.st_size, st.st_mtime_ns)  # (a chunk packed meanwhile is read once more, finished)
+                if self._stamps.get(name) == stamp or st.st_size == 0:
                     continue
                 frame = self._read(chunk)
                 if frame is not None:
-                    self._stamps[chunk] = stamp
+                    self._stamps[name] = stamp
                     if not gone:
-                        self._note_split(chunk, frame)
+                        self._note_split(name, frame)
                     frames.append(self._new(frame, final=gone))
             if not gone:
-                frames.extend(self._join_split_chunks())
+                frames.extend(self._join_split_chunks(chunks))
             if gone:
                 self._final_read = True
                 if not recording.exists():
@@ -545,13 +513,18 @@ class RingWithRepositorySource(PauseRingSource):
         return None if known is None else known.match(start, end, self.MATCH_NS)
 
     def _remember(self, frame: pd.DataFrame) -> None:
-        sp = frame.loc[frame["kind"].astype(str) == "safepoint", ["start_ns", "end_ns", "name"]]
-        if len(sp):
-            sp = pd.concat([self._safepoints, sp], ignore_index=True) if self._safepoints is not None else sp.reset_index(drop=True)
+        # (plain arrays: this runs at every poll that brings pauses, on the live loop)
+        kinds = frame["kind"].astype(str).to_numpy(object)
+        starts, ends = frame["start_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64)
+        safepoint = kinds == "safepoint"
+        if safepoint.any():
+            sp = pd.DataFrame({"start_ns": starts[safepoint], "end_ns": ends[safepoint],
+                               "name": frame["name"].to_numpy(object)[safepoint]})
+            sp = pd.concat([self._safepoints, sp], ignore_index=True) if self._safepoints is not None else sp
             self._safepoints = sp.iloc[-4096:].reset_index(drop=True)  # recent ones are enough
-        for kind, group in frame.groupby(frame["kind"].astype(str)):
-            self._delivered.setdefault(kind, _Spans()).add(group["start_ns"].to_numpy(np.int64),
-                                                           group["end_ns"].to_numpy(np.int64))
+        for kind in set(kinds.tolist()):
+            mine = kinds == kind
+            self._delivered.setdefault(kind, _Spans()).add(starts[mine], ends[mine])
 
     def _inside_safepoint(self, frame: pd.DataFrame, also: pd.DataFrame | None = None) -> np.ndarray:
         """vm_operation rows lying in a delivered safepoint of the same name: offline folds a VM
