@@ -30,7 +30,7 @@ from engine.live.memory import release_free_memory
 from engine.live.sources import RepositorySource, SessionWatcher
 from engine.live.writer import RollingWriter
 from engine.memory.follow import MemoryFollower
-from engine.session import SESSION_JSON, read_json
+from engine.session import SESSION_JSON, process_alive, read_json
 from engine.spans.live import DUE_AFTER_REPOSITORY_NS, DUE_AFTER_RING_NS
 
 GIL_POLL_S = 0.2
@@ -46,6 +46,8 @@ VIEW_EVERY_S = 1.0
 RETAIN_NS = 30_000_000_000
 # After the command exits, how long to wait for processes it left behind.
 LINGER_S = 5.0
+# ... and, past it, how long a source whose process has exited may still take to read what it left.
+LAST_READ_S = 60.0
 LATEST = 16
 
 
@@ -205,6 +207,13 @@ class LiveRun:
 
     # ---- the loop ----------------------------------------------------------------------------
 
+    def _reading_last(self) -> bool:
+        """A source whose process has exited is still reading what it left (a JVM's
+        recording.jfr takes seconds to read on a loaded machine): its rows are not lost to
+        the linger's end."""
+        return any(not s.done and s.pid and not process_alive(s.pid)
+                   for s in [*self.watcher.gil.values(), *self.watcher.jvm.values()])
+
     def all_done(self) -> bool:
         sources = [*self.watcher.gil.values(), *self.watcher.jvm.values()]
         return all(s.done for s in sources)
@@ -235,7 +244,8 @@ class LiveRun:
                     self.command_done.set()  # the recorder (`tandem record`) has seen its command end
                 if self.command_done.is_set():
                     done_since = done_since or time.monotonic()
-                    if self.all_done() or time.monotonic() - done_since > LINGER_S:
+                    lingered = time.monotonic() - done_since
+                    if self.all_done() or (lingered > LINGER_S and not (self._reading_last() and lingered < LAST_READ_S)):
                         break
                 self.stop.wait(RING_POLL_S if self._rings_only() else GIL_POLL_S)
             self.finish()
