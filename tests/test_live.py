@@ -236,9 +236,10 @@ def _assert_same_causes(live_impact: pd.DataFrame, live_pauses: pd.DataFrame, of
 
     caused = both["caused_by_python"].astype(bool).to_numpy()
     for column in CAUSE_COLUMNS:
-        for live_value, offline_value, named in zip(values(column), values(f"{column}_offline"), caused):
+        for row, (live_value, offline_value, named) in enumerate(zip(values(column), values(f"{column}_offline"), caused)):
             if named:
-                assert live_value == offline_value, column
+                shown = ["kind", "name", "s", "e", *(c for c in CAUSE_COLUMNS for c in (c, f"{c}_offline") if c in both)]
+                assert live_value == offline_value, (column, both.iloc[row][[c for c in shown if c in both]].to_dict())
     missed = both[both["caused_by_python_offline"].astype(bool) & ~caused]
     requester = live_pauses.set_index("pause_id")["requester_os_thread_id"] if "requester_os_thread_id" in live_pauses else None
     if requester is not None:

@@ -27,8 +27,9 @@ from engine.correlate.schema import END, GIL_STATES
 from engine.correlate.stops import stop_ids
 from engine.ingest.gil_stream import ThreadHulls
 
-# Due rows are taken at most this often (a batch costs tens of ms of CPU, whatever its size).
-DUE_EVERY_S = 0.5
+# Due rows are taken at most this often (a batch costs tens of ms of CPU, whatever its size,
+# on the loop that reads the rings).
+DUE_EVERY_S = 1.0
 # Kinds a System.gc() call's thread and frames are never given to (the recording's reader skips them).
 NOT_IN_CALLS = ("compilation", "deoptimization")
 
@@ -178,15 +179,16 @@ class LiveCauses:
         if watermark_ns >= END:
             return
         horizon = watermark_ns - self.retain_ns
-        waiting = set(pd.concat(self.waiting)["pause_id"].tolist()) if self.waiting else set()
+        waiting = np.concatenate([f["pause_id"].to_numpy(np.int64) for f in self.waiting]) if self.waiting else np.zeros(0, np.int64)
         if self.pause_frames:
             pauses = self._pauses()
-            old = (pauses["end_ns"].to_numpy(np.int64) < horizon) & ~pauses["pause_id"].isin(waiting).to_numpy(bool)
+            old = (pauses["end_ns"].to_numpy(np.int64) < horizon) & ~np.isin(pauses["pause_id"].to_numpy(np.int64), waiting)
             if old.any():
                 self.pause_frames = [pauses[~old].reset_index(drop=True)]
-                kept = set(self.pause_frames[0]["pause_id"].tolist())
-                self.overlaps = [f[f["pause_id"].isin(kept)] for f in self.overlaps]
-                self.overlaps = [f for f in self.overlaps if len(f)]
+                if self.overlaps:
+                    overlaps = pd.concat(self.overlaps, ignore_index=True) if len(self.overlaps) > 1 else self.overlaps[0]
+                    kept = np.isin(overlaps["pause_id"].to_numpy(np.int64), self.pause_frames[0]["pause_id"].to_numpy(np.int64))
+                    self.overlaps = [overlaps[kept].reset_index(drop=True)] if kept.any() else []
         if self.gil and int(self.gil[0]["end_ns"].max(initial=horizon)) < horizon:
             self.gil = [self._kept_since(horizon)]
         if self.calls:
