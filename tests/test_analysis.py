@@ -187,6 +187,31 @@ def test_summary_equals_sql_over_pause_impact():
                                        err_msg=column)
 
 
+def test_a_mix_of_inputs_keeps_every_parts_clock_facts(tmp_path):
+    """Two pauses tables given together: the wall-clock one is refused as it is alone, named,
+    whichever comes first (the concatenation kept only the first part's metadata)."""
+    gil = gil_frame([(1, 1, "released", 150, 160)])
+    write_table(gil, tmp_path / "g.parquet")
+    write_table(pauses_frame([(100, 200)]), tmp_path / "mono.parquet")
+    write_table(pauses_frame([(300, 400)]), tmp_path / "wall.parquet",
+                {"clock_domain": "wall", "clock_method": "chunk_header_wall", "boot_id": "boot-W"})
+    tandem = Path(sys.executable).parent / "tandem"
+    for order in (("mono", "wall"), ("wall", "mono"), ("wall",)):
+        args = [a for name in order for a in ("--pauses", str(tmp_path / f"{name}.parquet"))]
+        proc = subprocess.run([str(tandem), "analyze", *args, "--gil", str(tmp_path / "g.parquet"), "-o", str(tmp_path / "out")],
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (order, proc.stderr)
+        assert f"{tmp_path / 'wall.parquet'} is on the wall clock" in proc.stderr, (order, proc.stderr)
+    # Both on the monotonic clock: joined, the facts of both parts in the results' clock.
+    write_table(pauses_frame([(300, 400)]), tmp_path / "mono2.parquet", {"boot_id": "boot-M", "error_ns": 7})
+    proc = subprocess.run([str(tandem), "analyze", "--pauses", str(tmp_path / "mono.parquet"), "--pauses",
+                           str(tmp_path / "mono2.parquet"), "--gil", str(tmp_path / "g.parquet"), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    clock = read_table(tmp_path / "out" / "pauses.parquet").attrs["analysis"]["clock"]["pauses"]
+    assert (clock["domain"], clock["error_ns"], clock["boot_ids"]) == ("monotonic", 7, ["boot-M"]), clock
+
+
 def test_refuses_tables_from_different_clocks_unless_given_an_offset():
     pauses = pauses_frame([(100, 200)])
     gil = gil_frame([(1, 1, "released", 150, 160)])

@@ -39,7 +39,25 @@ def _nested_clock_errors(attrs: dict) -> list[int]:
 
 
 def clock_facts(attrs: dict, source: str) -> ClockFacts:
-    """Read clock facts from either producer's metadata keys (JFR ingest, GIL ingest, or plain keys)."""
+    """Read clock facts from either producer's metadata keys (JFR ingest, GIL ingest, or plain
+    keys). A table made of several inputs carries each one's facts (`clock_parts`, written by
+    engine.ingest.inputs): one off the monotonic clock makes the whole table so, named."""
+    parts = [ClockFacts(**{**part, "boot_ids": tuple(part.get("boot_ids") or ())}) for part in attrs.get("clock_parts") or []]
+    facts = _own_clock_facts(attrs, source)
+    if not parts:
+        return facts
+    off = [f for f in parts if f.domain != MONOTONIC]
+    errors = [f.error_ns for f in (facts, *parts) if f.error_ns is not None]
+    return ClockFacts(
+        source=off[0].source if off else source,
+        domain=off[0].domain if off else facts.domain,
+        method=facts.method,
+        error_ns=max(errors) if errors else None,
+        boot_ids=tuple(sorted({b for f in (facts, *parts) for b in f.boot_ids})),
+    )
+
+
+def _own_clock_facts(attrs: dict, source: str) -> ClockFacts:
     clock = attrs.get("clock") if isinstance(attrs.get("clock"), dict) else {}
     domain = attrs.get("clock_domain") or clock.get("domain") or (attrs.get("clock") if isinstance(attrs.get("clock"), str) else None)
     method = attrs.get("clock_method") or attrs.get("method") or clock.get("method")

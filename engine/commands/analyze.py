@@ -140,17 +140,22 @@ class _progress:
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        console = Console(stderr=True)
+        # (not on a terminal, rich would still write a bare line when it stops: a log gets nothing)
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                  console=Console(stderr=True), transient=True)
+                                  console=console, transient=True) if console.is_terminal else None
         self._what = what
 
     def __enter__(self):
+        if self._progress is None:
+            return lambda rows: None
         self._progress.start()
         task = self._progress.add_task(self._what)
         return lambda rows: self._progress.update(task, description=f"{self._what}: {rows:,} GIL intervals")
 
     def __exit__(self, *exc):
-        self._progress.stop()
+        if self._progress is not None:
+            self._progress.stop()
 
 
 def register(app: typer.Typer) -> None:

@@ -38,15 +38,17 @@ def pauses_from(session: Path | None = None, jfr: Iterable[Path] = (), tables: I
         for source in Session.open(session).jvms:
             recordings.extend(source.recordings)
         names.append(f"{session} (JVMs)")
-    frames = []
+    frames, frame_names = [], []
     if recordings:
         frames.append(read_pauses(recordings))
+        frame_names.append(", ".join(names))
     for table in tables:
         frames.append(read_input_table(table))
         names.append(str(table))
+        frame_names.append(str(table))
     if not frames:
         raise TandemError(f"{session}: no JVM recording in this session" if session else "no pauses given (a SESSION, --jfr or --pauses)")
-    return _concat_pauses(frames), ", ".join(names)
+    return _concat_pauses(frames, frame_names), ", ".join(names)
 
 
 def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[pd.DataFrame, str]:
@@ -62,22 +64,32 @@ def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[p
         names.append(str(path))
     if not frames:
         raise TandemError(f"{session}: no GIL events in this session" if session else "no GIL intervals given (a SESSION or --gil)")
-    return _concat(frames), ", ".join(names)
+    return _concat(frames, names), ", ".join(names)
 
 
-def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+def _clock_parts(frames: list[pd.DataFrame], names: list[str]) -> list[dict]:
+    """Each input's clock facts, kept in the concatenated table's metadata: the clock check
+    refuses a mix with one part off the monotonic clock as it refuses that part alone."""
+    from engine.analysis.clock import clock_facts
+
+    return [clock_facts(frame.attrs, name).as_metadata() for frame, name in zip(frames, names)]
+
+
+def _concat(frames: list[pd.DataFrame], names: list[str]) -> pd.DataFrame:
     if len(frames) == 1:
         return frames[0]
     out = pd.concat(frames, ignore_index=True)
     # Metadata of every part survives as a list of processes/sources; the clock check reads them.
-    out.attrs = {"processes": [p for f in frames for p in f.attrs.get("processes", [f.attrs])]}
+    out.attrs = {"processes": [p for f in frames for p in f.attrs.get("processes", [f.attrs])],
+                 "clock_parts": _clock_parts(frames, names)}
     return out
 
 
-def _concat_pauses(frames: list[pd.DataFrame]) -> pd.DataFrame:
+def _concat_pauses(frames: list[pd.DataFrame], names: list[str]) -> pd.DataFrame:
     if len(frames) == 1:
         return frames[0]
-    attrs = frames[0].attrs
+    sources = [s for f in frames for s in f.attrs.get("sources") or []]  # (each JVM run's facts)
+    attrs = {**frames[0].attrs, **({"sources": sources} if sources else {}), "clock_parts": _clock_parts(frames, names)}
     offset = 0
     renumbered = []
     for frame in frames:  # pause_id must stay unique across the parts
