@@ -99,21 +99,24 @@ def test_a_safepoint_another_thread_asked_for_inside_a_system_gc_call_is_not_the
     main's. Witness: `jfr print` (each operation's caller, each call's span)."""
     (tmp_path / "GcAmongDumps.java").write_text(GC_AMONG_DUMPS)
     subprocess.run([str(JDK17 / "bin" / "javac"), "-d", str(tmp_path), str(tmp_path / "GcAmongDumps.java")], check=True)
-    path = tmp_path / "dumps.jfr"
     settings = workload_dirs(JDK17) / "pauses.jfc"
-    subprocess.run([str(JDK17 / "bin" / "java"), "-XX:+UseG1GC", f"-XX:StartFlightRecording=filename={path},settings={settings}",
-                    "-cp", str(tmp_path), "GcAmongDumps", "60"], check=True, capture_output=True, timeout=120)
-
-    calls = [(iso_instant_ns(e["values"]["startTime"]), iso_duration_ns(e["values"]["duration"]),
-              e["values"]["eventThread"]["osThreadId"]) for e in jfr_print(JDK17, path, ["jdk.SystemGC"])]
-    (main,) = {thread for _, _, thread in calls}
-    dumps_inside = 0
-    for event in jfr_print(JDK17, path, ["jdk.ExecuteVMOperation"]):
-        values = event["values"]
-        start = iso_instant_ns(values["startTime"])
-        if values["operation"] == "ThreadDump" and any(s <= start < s + d for s, d, _ in calls):
-            dumps_inside += 1
-            assert values["caller"]["osThreadId"] != main
+    # (on a machine busy with other work the dumper may not run during main's calls: more calls)
+    for attempt, n_calls in enumerate((60, 240, 960)):
+        path = tmp_path / f"dumps-{attempt}.jfr"
+        subprocess.run([str(JDK17 / "bin" / "java"), "-XX:+UseG1GC", f"-XX:StartFlightRecording=filename={path},settings={settings}",
+                        "-cp", str(tmp_path), "GcAmongDumps", str(n_calls)], check=True, capture_output=True, timeout=240)
+        calls = [(iso_instant_ns(e["values"]["startTime"]), iso_duration_ns(e["values"]["duration"]),
+                  e["values"]["eventThread"]["osThreadId"]) for e in jfr_print(JDK17, path, ["jdk.SystemGC"])]
+        (main,) = {thread for _, _, thread in calls}
+        dumps_inside = 0
+        for event in jfr_print(JDK17, path, ["jdk.ExecuteVMOperation"]):
+            values = event["values"]
+            start = iso_instant_ns(values["startTime"])
+            if values["operation"] == "ThreadDump" and any(s <= start < s + d for s, d, _ in calls):
+                dumps_inside += 1
+                assert values["caller"]["osThreadId"] != main
+        if dumps_inside:
+            break
     assert dumps_inside > 0, "no dump landed inside a System.gc() call: the case was not exercised"
 
     pauses = read_pauses(path)
