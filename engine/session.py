@@ -209,12 +209,16 @@ def jvm_recordings(directory: Path) -> tuple[list[Path], bool]:
     recording = directory / RECORDING
     if recording.is_file() and recording.stat().st_size > 0:  # (links left beside it: a snapshot's, or an exit cut short)
         return _not_in(packed + kept, [recording]) + [recording], True
-    # the repository's chunks and the agent's links, the same chunk once (a link shares its file):
-    # the links reach further back under a keeper (JFR keeps two chunks) or after JFR cleared its
-    # repository on a full disk
-    named = {p.name: p for p in kept} | {p.name: p for p in (directory / REPOSITORY).rglob("*.jfr")}
-    chunks = [named[name] for name in sorted(named)]
+    chunks = list(raw_chunks(directory).values())
     return _not_in(packed, chunks) + chunks, False
+
+
+def raw_chunks(directory: Path) -> dict[str, Path]:
+    """A jvm-<pid>/'s unpacked chunks by name, in the order JFR wrote them: the repository's and
+    the agent's links, the same chunk once (a link shares its file). The links reach further
+    back under a keeper (JFR keeps two chunks) or after JFR cleared its repository on a full disk."""
+    named = {p.name: p for p in (directory / KEPT_CHUNKS).glob("*.jfr")} | {p.name: p for p in (directory / REPOSITORY).rglob("*.jfr")}
+    return dict(sorted(named.items()))
 
 
 def packed_chunks(directory: Path) -> list[Path]:

@@ -67,6 +67,7 @@ def write_session(results: str | os.PathLike, header: dict, root: str | os.PathL
             "session": {**{k: session.description[k] for k in SESSION_FACTS if k in session.description},
                         **identity.as_metadata()}}
     session_id = pa.scalar(identity.session_id, pa.string())
+    stored_tables = Results(results)
     staged: list[tuple[str, Path, Path]] = []
     writers: list[TableWriter] = []
     try:
@@ -79,7 +80,7 @@ def write_session(results: str | os.PathLike, header: dict, root: str | os.PathL
                 row.insert(0, "session_id", pd.Series([identity.session_id], dtype="string"))
                 staged.append((name, write_table(row, staging, {"table": name, **meta}), final))
                 continue
-            stored = Results(results).stored(name)
+            stored = stored_tables.stored(name)
             if not stored:  # (gil.parquet of results that name their GIL files instead)
                 continue
             with pq.ParquetFile(stored[0]) as file:

@@ -30,9 +30,9 @@ from engine.errors import TandemError
 from engine.ingest.codes import FIRST_ID, read_code_table, resolve
 from engine.ingest.gil import Pairing, SampledRecords, interval_frame, started_threads
 from engine.ring.layout import GIL_RECORD_DTYPE
-from engine.session import (AGENT_ERROR, GIL_CODES, GIL_RING, JVM_DIRS, JVM_JSON, KEPT_CHUNKS, PACKED_CHUNK_SUFFIX, PAUSES_RING,
+from engine.session import (AGENT_ERROR, GIL_CODES, GIL_RING, JVM_DIRS, JVM_JSON, PACKED_CHUNK_SUFFIX, PAUSES_RING,
                             PYTHON_DIRS, RECORDING, REPOSITORY, THREADS_JSONL, agent_error_line, packed_chunks, pid_from_name,
-                            process_alive, read_json)
+                            process_alive, raw_chunks, read_json)
 
 PAUSE_RING_KINDS = {1: "safepoint", 2: "gc_pause", 3: "gc", 4: "vm_operation"}  # java-agent PauseRing.KIND_*
 SYSTEM_GC_CALL = 5  # a System.gc() call's record (not a pause: docs/ring.md, "Java writer")
@@ -332,10 +332,8 @@ class RepositorySource(_PauseSource):
         """The JVM's chunks by name, wherever each is now: JFR's repository, the agent's links
         (.chunks/), or packed by the flight recorder's keeper, which moves a finished chunk
         away while it is followed (the raw file first: a packed chunk is the same, finished)."""
-        chunks = {p.name.removesuffix(PACKED_CHUNK_SUFFIX): p for p in packed_chunks(self.directory)}
-        chunks |= {p.name: p for p in (self.directory / KEPT_CHUNKS).glob("*.jfr")}
-        chunks |= {p.name: p for p in (self.directory / REPOSITORY).rglob("*.jfr")}
-        return dict(sorted(chunks.items()))
+        packed = {p.name.removesuffix(PACKED_CHUNK_SUFFIX): p for p in packed_chunks(self.directory)}
+        return dict(sorted((packed | raw_chunks(self.directory)).items()))
 
     def _join_split_chunks(self, chunks: dict[str, Path]) -> list[pd.DataFrame]:
         """The safepoints a chunk left unmatched, read whole from that chunk and the next one
