@@ -196,15 +196,16 @@ def read_json(path: Path, strict: bool = False) -> dict:
         return {}
 
 
-def jvm_recordings(directory: Path) -> tuple[list[Path], bool]:
+def jvm_recordings(directory: Path, packed: bool = True) -> tuple[list[Path], bool]:
     """The JFR files of one jvm-<pid>/ directory, and whether the JVM closed its recording.
 
     Closed: recording.jfr. Killed before closing: the chunks left in its disk repository and
     those the agent kept links to (.chunks/, docs/session.md), in the order JFR wrote them
     (their names are timestamps). Under a flight recorder the chunks packed by the
-    keeper come first, then recording.jfr or the kept and repository chunks not packed yet (a
-    chunk found both packed and raw, packed as the JVM exited, is read once)."""
-    packed = packed_chunks(directory)
+    keeper come first (unless PACKED is false: a reader that followed them already), then
+    recording.jfr or the kept and repository chunks not packed yet (a chunk found both packed
+    and raw, packed as the JVM exited, is read once)."""
+    packed = packed_chunks(directory) if packed else []
     kept = sorted((directory / KEPT_CHUNKS).glob("*.jfr"), key=lambda p: p.name)
     recording = directory / RECORDING
     if recording.is_file() and recording.stat().st_size > 0:  # (links left beside it: a snapshot's, or an exit cut short)

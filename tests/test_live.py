@@ -21,6 +21,7 @@ from engine.live.alerts import Alerts
 from engine.live.writer import RollingWriter
 from engine.results import Results
 from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
+from engine.session import read_json
 from engine.store import read_table
 from test_record_helpers import default_sigint, kill_session_processes
 
@@ -159,14 +160,21 @@ def _live(tmp_path, *command, roll="2s", extra=(), **popen):
     return session, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
-def _assert_same_pauses_and_pairs(live_pauses, live_overlaps, offline_pauses, offline_overlaps) -> int:
+def _assert_same_pauses_and_pairs(live_pauses, live_overlaps, offline_pauses, offline_overlaps, offline_gil) -> int:
     """The same pauses (kind, start, end: offline's already on the live times) and the same
-    overlapping (pause, thread) pairs, at least one; returns how many pairs."""
+    overlapping (pause, thread) pairs, at least one; returns how many pairs.
+
+    One difference is by design (docs/live.md, "Weak points"): a thread that released the
+    GIL and exited without taking it back was released, live, through the pauses final
+    before /proc showed it gone; offline has no interval after its last one."""
     key = lambda frame: set(zip(frame["kind"].astype(str), frame["start_ns"], frame["end_ns"]))  # noqa: E731
     assert key(live_pauses) == key(offline_pauses)
     live_pairs, offline_pairs = _pause_keys(live_pauses, live_overlaps), _pause_keys(offline_pauses, offline_overlaps)
     assert len(offline_pairs) > 0
-    assert live_pairs == offline_pairs
+    last_end = offline_gil.groupby(["pid", "tid"])["end_ns"].max().to_dict()
+    exited_released = {pair for pair in live_pairs - offline_pairs
+                       if pair[5] == "released" and last_end.get((pair[3], pair[4]), 0) <= pair[1]}
+    assert live_pairs - exited_released == offline_pairs
     return len(live_pairs)
 
 
@@ -271,7 +279,13 @@ def test_live_command_equals_offline_analysis(tmp_path):
         # the offline reader's; the two differ by tens of ns. Each offline pause is the live
         # pause of its kind within the source's match tolerance (engine/live/sources.py).
         rebased = _on_ring_alignment(offline.pauses, live_pauses)
-    _assert_same_pauses_and_pairs(live_pauses, live_overlaps, rebased, offline.overlaps)
+    try:
+        _assert_same_pauses_and_pairs(live_pauses, live_overlaps, rebased, offline.overlaps, offline.gil)
+    except AssertionError as failed:  # what the sources and the agent said, for the next reader of a CI log
+        jvm = {d.name: (sorted(str(p.relative_to(d)) for p in d.rglob("*")), read_json(d / "jvm.json"))
+               for d in session.glob("jvm-*")}
+        said = [line for line in err.splitlines() if line.startswith(("jvm-", "py-", "tandem:")) and "ALERT" not in line]
+        raise AssertionError(f"{failed}\nlive said: {said}\nJVM directories: {jvm}") from None
     _assert_same_causes(Results(session / "live").table("pause_impact"), live_pauses, rebased, offline)
     # Alerts: one JSON line per pause over the threshold, as offline sees them.
     alerted = {json.loads(line)["pause_id"] for line in jsonl.read_text().splitlines()}
@@ -709,7 +723,7 @@ def _assert_live_equals_offline(session: Path, out: Path) -> dict:
     assert live_overlaps["pause_id"].isin(live_pauses["pause_id"]).all()
     offline = analyze_session(session)
     rebased = _on_ring_alignment(offline.pauses, live_pauses)
-    pairs = _assert_same_pauses_and_pairs(live_pauses, live_overlaps, rebased, offline.overlaps)
+    pairs = _assert_same_pauses_and_pairs(live_pauses, live_overlaps, rebased, offline.overlaps, offline.gil)
     # pause_impact: one row per pause, the overlap columns as offline's (same pause by its times).
     impact = Results(out).table("pause_impact")
     assert sorted(impact["pause_id"]) == sorted(live_pauses["pause_id"])

@@ -31,7 +31,7 @@ from engine.ingest.codes import FIRST_ID, read_code_table, resolve
 from engine.ingest.gil import Pairing, SampledRecords, interval_frame, started_threads
 from engine.ring.layout import GIL_RECORD_DTYPE
 from engine.session import (AGENT_ERROR, GIL_CODES, GIL_RING, JVM_DIRS, JVM_JSON, PACKED_CHUNK_SUFFIX, PAUSES_RING,
-                            PYTHON_DIRS, RECORDING, REPOSITORY, THREADS_JSONL, agent_error_line, packed_chunks, pid_from_name,
+                            PYTHON_DIRS, RECORDING, REPOSITORY, THREADS_JSONL, agent_error_line, jvm_recordings, packed_chunks, pid_from_name,
                             process_alive, raw_chunks, read_json)
 
 PAUSE_RING_KINDS = {1: "safepoint", 2: "gc_pause", 3: "gc", 4: "vm_operation"}  # java-agent PauseRing.KIND_*
@@ -277,13 +277,13 @@ class RepositorySource(_PauseSource):
         # splits the safepoint of a chunk rotation, e.g. JFRCheckpoint, across two chunks)
         self._split: dict[str, set[int]] = {}
 
-    def _read(self, path: Path) -> pd.DataFrame | None:
+    def _read(self, paths: Path | list[Path]) -> pd.DataFrame | None:
         from engine.ingest.jfr import read_pauses
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # unfinished chunks are expected here
             try:
-                frame = read_pauses([path])
+                frame = read_pauses(paths if isinstance(paths, list) else [paths])
             except TandemError as err:
                 # Typically a chunk JFR has just started and not flushed yet: read it again
                 # later; said only if it is still unreadable once the JVM is gone.
@@ -386,7 +386,9 @@ class RepositorySource(_PauseSource):
         recording = self.directory / RECORDING
         frames = []
         if (state == "closed" or gone) and recording.exists() and recording.stat().st_size > 0:
-            frame = self._read(recording)
+            # What offline reads (links left beside recording.jfr too: an exit cut short), less
+            # the packed chunks, followed already.
+            frame = self._read(jvm_recordings(self.directory, packed=False)[0])
             if frame is not None:
                 frames.append(self._new(frame, final=True))
             self._final_read = True
@@ -488,6 +490,7 @@ class RingWithRepositorySource(PauseRingSource):
     # not carry): rarely, so that its reads (tenths of a second, holding the GIL in part) do
     # not delay the ring's rows.
     REPOSITORY_EVERY_S = 5.0
+    CLOSING_EVERY_S = 0.2
 
     def __init__(self, directory: Path):
         super().__init__(directory)
@@ -544,8 +547,9 @@ class RingWithRepositorySource(PauseRingSource):
 
     def _repository_loop(self) -> None:
         """Re-reads the repository off the live loop (a read takes tenths of a second: the
-        ring's rows must not wait for it)."""
-        while not self.done:
+        ring's rows must not wait for it). Until the repository side is done (its final read
+        delivered): not `self.done`, which poll() sets for a moment when the ring closes."""
+        while True:
             try:
                 frame = self.repository.poll()
                 self._batches.put((frame, self.repository.done))
@@ -555,7 +559,10 @@ class RingWithRepositorySource(PauseRingSource):
                 return
             if self.repository.done:
                 return
-            self._hurry.wait(self.REPOSITORY_EVERY_S)
+            if self._hurry.is_set():  # the JVM is closing: recording.jfr soon, without spinning beside its exit
+                time.sleep(self.CLOSING_EVERY_S)
+            else:
+                self._hurry.wait(self.REPOSITORY_EVERY_S)
 
     def poll(self) -> pd.DataFrame:
         import queue

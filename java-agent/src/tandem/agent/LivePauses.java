@@ -2,7 +2,6 @@ package tandem.agent;
 
 import java.lang.instrument.Instrumentation;
 import java.nio.file.Path;
-import java.time.Duration;
 import java.util.ArrayDeque;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
@@ -84,6 +83,8 @@ final class LivePauses {
     private long unmatched;
     private long pendingDropped;
     private boolean streamEnded;
+    /** The stream's thread has left stream.start(): no callback can run any more. */
+    private boolean dispatchEnded;
     private String streamError;
 
     /** The VM operation run at a safepoint: it names the safepoint's record and gives its requester. */
@@ -232,7 +233,7 @@ final class LivePauses {
         } catch (Throwable t) {
             onStreamError(t);
         } finally {
-            onStreamClosed();
+            onDispatchEnded();
         }
     }
 
@@ -273,6 +274,12 @@ final class LivePauses {
 
     private synchronized void onStreamClosed() {
         streamEnded = true;
+        notifyAll();
+    }
+
+    private synchronized void onDispatchEnded() {
+        streamEnded = true;
+        dispatchEnded = true;
         notifyAll();
     }
 
@@ -476,15 +483,27 @@ final class LivePauses {
         }
         try {
             stream.close();
-            // A loaded machine can keep the stream's thread inside its last dispatch for a while:
-            // what it hands over after the ring is closed is lost to the ring, so wait for it
-            // within the close's own bound (at least 0.5 s).
-            long leftMillis = Math.max(500, (deadline - System.nanoTime()) / 1_000_000L);
-            stream.awaitTermination(Duration.ofMillis(leftMillis));
-        } catch (InterruptedException e) {
-            interrupted = true;
         } catch (Throwable t) {
             // closing a stream JFR already stopped
+        }
+        // close() returns (and runs the onClose actions) while the stream's thread may still be
+        // inside its last dispatch, longer on a loaded machine; what it hands over after the
+        // ring is closed is lost to the ring. So wait for that thread to leave stream.start(),
+        // within the close's own bound (at least 0.5 s). (EventStream.awaitTermination returns
+        // as soon as the stream is closed: no help here.)
+        long until = System.nanoTime() + Math.max(500_000_000L, deadline - System.nanoTime());
+        synchronized (this) {
+            while (!dispatchEnded) {
+                long left = (until - System.nanoTime()) / 1_000_000L;
+                if (left <= 0) {
+                    break;
+                }
+                try {
+                    wait(left);
+                } catch (InterruptedException e) {
+                    interrupted = true;
+                }
+            }
         }
         Map<String, Object> summary = new LinkedHashMap<>();
         synchronized (this) {
@@ -512,6 +531,7 @@ final class LivePauses {
             // monotonicNanos lies inside its sync event's [start, end]: the width bounds the offset error.
             summary.put("clock_error_ns", clockKnown() ? worstChosenWidthNs : null);
             summary.put("end_marker_seen", marker != NULL && lastSyncMono >= marker - 1_000_000L);
+            summary.put("stream_thread_ended", dispatchEnded);
             summary.put("flush_interval_ms", flushMillis > 0 ? flushMillis : null);
             summary.put("flush_interval_problem", flushProblem);
             summary.put("error", streamError);
