@@ -163,8 +163,8 @@ def aligned_pauses(pauses: pd.DataFrame, pauses_source: str | None, gil_attrs: d
     alignment = check_same_clock(pause_clock, gil_clock, offset_ns)
     pauses = check_pauses(pauses, pause_clock.source)
     if offset_ns:
-        pauses["start_ns"] += offset_ns
-        pauses["end_ns"] += offset_ns
+        pauses["start_ns"] = pauses["start_ns"] + offset_ns  # (new columns: the given table's are shared)
+        pauses["end_ns"] = pauses["end_ns"] + offset_ns
     return pauses, pause_clock, gil_clock, alignment
 
 

@@ -145,6 +145,16 @@ def _grow(array: np.ndarray, n: int, fill) -> np.ndarray:
     return out
 
 
+def shared_text(values: pd.Series) -> np.ndarray:
+    """VALUES as a Python object array whose equal strings are one object (8 bytes a row, where
+    astype(object) makes a string object per row: ~60 bytes each, for every pause of a session)."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    table = np.empty(len(uniques) + 1, object)
+    table[:-1] = np.asarray(uniques, dtype=object)
+    table[-1] = values.dtype.na_value if hasattr(values.dtype, "na_value") else None  # (code -1: missing, as astype(object) gives it)
+    return table[codes]
+
+
 def carried_key(table: pa.Table) -> np.ndarray:
     """Per row of TABLE (carried columns), a dense number, equal for rows of equal values: a
     mixed-radix key over each column's dictionary indexes (as given when dictionary-encoded:
@@ -299,10 +309,10 @@ class Correlator:
         pauses = self._new_pauses(pauses)
         if not len(pauses):
             return
-        batch = pauses.reset_index(drop=True).copy()
+        batch = pauses.reset_index(drop=True)  # (its columns are replaced or added below, never written in place)
         for name in ("kind", "name"):  # (plain text: pandas' small-frame work on Arrow strings costs ms a push)
             if name in batch.columns:
-                batch[name] = batch[name].astype(object)
+                batch[name] = shared_text(batch[name])
         batch["_seq"] = np.arange(self._next_seq, self._next_seq + len(batch), dtype=np.int64)
         batch["_came"] = np.int64(self._pushes)
         batch["_jvm"], batch["_at_safepoint"] = jvm_of(batch), at_safepoint_of(batch)  # (read per push: plain arrays)

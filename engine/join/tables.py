@@ -42,7 +42,7 @@ def check_pauses(df: pd.DataFrame, source: str = "pauses table") -> pd.DataFrame
     different rows sharing a pause_id are an error.
     """
     _require_columns(df, PAUSE_COLUMNS, source)
-    out = df.copy()
+    out = df.copy(deep=False)  # (columns are replaced, never written in place: DF's buffers are shared, not copied)
     for column in ("pause_id", "start_ns", "end_ns"):
         out[column] = _int64_column(df, column, source)
     for column in ("kind", "name"):
@@ -55,7 +55,9 @@ def check_pauses(df: pd.DataFrame, source: str = "pauses table") -> pd.DataFrame
         out = out.drop(columns="duration_ns")
     out["duration_ns"] = out["end_ns"] - out["start_ns"]
     _check_interval_order(out, source)
-    out = out.drop_duplicates(ignore_index=True)
+    duplicate = out.duplicated()
+    if duplicate.any():
+        out = out[~duplicate].reset_index(drop=True)
     repeated = out["pause_id"].duplicated()
     if repeated.any():
         raise TandemError(f"{source}: pause_id {int(out['pause_id'][repeated].iloc[0])} names two different pauses")
