@@ -448,6 +448,27 @@ final class LivePauses {
     // ---------------------------------------------------------------- close
 
     /**
+     * Waits, on this object's monitor (the callbacks notify it), until DONE holds or the
+     * System.nanoTime() DEADLINE passes; returns whether it was interrupted meanwhile (JPype
+     * interrupts every thread at shutdown: the bound is kept, not cut short).
+     */
+    private synchronized boolean waitUntil(java.util.function.BooleanSupplier done, long deadline) {
+        boolean interrupted = false;
+        while (!done.getAsBoolean()) {
+            long left = (deadline - System.nanoTime()) / 1_000_000L;
+            if (left <= 0) {
+                break;
+            }
+            try {
+                wait(left);
+            } catch (InterruptedException e) {
+                interrupted = true;
+            }
+        }
+        return interrupted;
+    }
+
+    /**
      * Ends the live output: lets the stream deliver what JFR has buffered (a sync point
      * committed now, waited for at most CLOSE_WAIT_MILLIS: JFR flushes about once a second),
      * closes it, flushes the safepoints whose End never came as unmatched, and marks the
@@ -467,20 +488,9 @@ final class LivePauses {
             // JFR is shutting down: take what the stream has
         }
         long deadline = System.nanoTime() + CLOSE_WAIT_MILLIS * 1_000_000L;
-        boolean interrupted = false;
-        synchronized (this) {
-            while (marker != NULL && !streamEnded && lastSyncMono < marker - 1_000_000L) {
-                long left = (deadline - System.nanoTime()) / 1_000_000L;
-                if (left <= 0) {
-                    break;
-                }
-                try {
-                    wait(left);
-                } catch (InterruptedException e) {
-                    interrupted = true; // JPype interrupts every thread at shutdown: keep the bound
-                }
-            }
-        }
+        long endMarker = marker;
+        boolean interrupted = waitUntil(() -> endMarker == NULL || streamEnded || lastSyncMono >= endMarker - 1_000_000L,
+                deadline);
         try {
             stream.close();
         } catch (Throwable t) {
@@ -491,20 +501,7 @@ final class LivePauses {
         // ring is closed is lost to the ring. So wait for that thread to leave stream.start(),
         // within the close's own bound (at least 0.5 s). (EventStream.awaitTermination returns
         // as soon as the stream is closed: no help here.)
-        long until = System.nanoTime() + Math.max(500_000_000L, deadline - System.nanoTime());
-        synchronized (this) {
-            while (!dispatchEnded) {
-                long left = (until - System.nanoTime()) / 1_000_000L;
-                if (left <= 0) {
-                    break;
-                }
-                try {
-                    wait(left);
-                } catch (InterruptedException e) {
-                    interrupted = true;
-                }
-            }
-        }
+        interrupted |= waitUntil(() -> dispatchEnded, System.nanoTime() + Math.max(500_000_000L, deadline - System.nanoTime()));
         Map<String, Object> summary = new LinkedHashMap<>();
         synchronized (this) {
             for (Map.Entry<Long, long[]> open : new LinkedHashMap<>(openSafepoints).entrySet()) {
