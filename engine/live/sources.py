@@ -277,13 +277,13 @@ class RepositorySource(_PauseSource):
         # splits the safepoint of a chunk rotation, e.g. JFRCheckpoint, across two chunks)
         self._split: dict[str, set[int]] = {}
 
-    def _read(self, paths: Path | list[Path]) -> pd.DataFrame | None:
+    def _read(self, paths: list[Path]) -> pd.DataFrame | None:
         from engine.ingest.jfr import read_pauses
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # unfinished chunks are expected here
             try:
-                frame = read_pauses(paths if isinstance(paths, list) else [paths])
+                frame = read_pauses(paths)
             except TandemError as err:
                 # Typically a chunk JFR has just started and not flushed yet: read it again
                 # later; said only if it is still unreadable once the JVM is gone.
@@ -365,7 +365,7 @@ class RepositorySource(_PauseSource):
                         shutil.copy(self.directory / JVM_JSON, Path(tmp) / JVM_JSON)
                 except (OSError, TandemError):
                     continue  # removed meanwhile (clean exit: recording.jfr follows), or packed half-written: next time
-                frame = self._read(joined)
+                frame = self._read([joined])
             if frame is None:
                 continue
             whole = frame[(frame["kind"].astype(str) == "safepoint") & ~frame["unmatched"].astype(bool)]
@@ -404,7 +404,7 @@ class RepositorySource(_PauseSource):
                 stamp = (str(chunk), st.st_size, st.st_mtime_ns)  # (a chunk packed meanwhile is read once more, finished)
                 if self._stamps.get(name) == stamp or st.st_size == 0:
                     continue
-                frame = self._read(chunk)
+                frame = self._read([chunk])
                 if frame is not None:
                     self._stamps[name] = stamp
                     if not gone:

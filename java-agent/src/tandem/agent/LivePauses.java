@@ -447,6 +447,11 @@ final class LivePauses {
 
     // ---------------------------------------------------------------- close
 
+    /** The stream delivered the sync point committed at MARKER (System.nanoTime()), or a later one. */
+    private boolean sawSyncAfter(long marker) {
+        return lastSyncMono >= marker - 1_000_000L;
+    }
+
     /**
      * Waits, on this object's monitor (the callbacks notify it), until DONE holds or the
      * System.nanoTime() DEADLINE passes; returns whether it was interrupted meanwhile (JPype
@@ -489,8 +494,7 @@ final class LivePauses {
         }
         long deadline = System.nanoTime() + CLOSE_WAIT_MILLIS * 1_000_000L;
         long endMarker = marker;
-        boolean interrupted = waitUntil(() -> endMarker == NULL || streamEnded || lastSyncMono >= endMarker - 1_000_000L,
-                deadline);
+        boolean interrupted = waitUntil(() -> endMarker == NULL || streamEnded || sawSyncAfter(endMarker), deadline);
         try {
             stream.close();
         } catch (Throwable t) {
@@ -527,7 +531,7 @@ final class LivePauses {
             summary.put("clock_sync_samples", syncSamples);
             // monotonicNanos lies inside its sync event's [start, end]: the width bounds the offset error.
             summary.put("clock_error_ns", clockKnown() ? worstChosenWidthNs : null);
-            summary.put("end_marker_seen", marker != NULL && lastSyncMono >= marker - 1_000_000L);
+            summary.put("end_marker_seen", marker != NULL && sawSyncAfter(marker));
             summary.put("stream_thread_ended", dispatchEnded);
             summary.put("flush_interval_ms", flushMillis > 0 ? flushMillis : null);
             summary.put("flush_interval_problem", flushProblem);
