@@ -59,7 +59,8 @@ def _kept_sizes(session: Path) -> dict:
     zstd -3 of the raw bytes, and the hours of history they span; GIL records and releases."""
     import zstandard
 
-    from engine.ingest.jfr_input import packed_chunk_span, readable_recordings
+    from engine.clock.packed import packed_chunk_span
+    from engine.ingest.jfr_input import readable_recordings
     from engine.ingest.segments import packed_span, unpack
     from engine.session import GIL_EVENTS, PACKED_CHUNKS, PACKED_DICTIONARY, PYTHON_DIRS, gil_segments, packed_chunks
 

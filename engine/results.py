@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from engine.correlate.schema import RESULT_TABLES, empty_frame
+from engine.correlate.tables import check_gil
 from engine.errors import TandemError
+from engine.ingest.gil_stream import EventsGil
+from engine.ingest.inputs import gil_from
+from engine.store import read_metadata, read_table
+
 
 ANALYSIS, LIVE, DATASET = "analysis", "live", "dataset"
 BATCH_ROWS = 1 << 16
@@ -58,7 +64,6 @@ class Results:
         """The GIL files a streamed analysis names instead of a gil.parquet of its own."""
         if self.layout != ANALYSIS or (self.path / "gil.parquet").exists() or not (self.path / "summary.parquet").exists():
             return []
-        from engine.store import read_metadata
 
         named = [Path(p) for p in read_metadata(self.path / "summary.parquet").get("analysis", {}).get("gil_table") or []]
         missing = [p for p in named if not p.exists()]
@@ -80,8 +85,6 @@ class Results:
 
     def header(self) -> dict:
         """The analysis header (docs/results.md, "Metadata") of the summary; {} where there is none."""
-        from engine.store import read_metadata
-
         files = self.stored("summary") or self.stored("overlaps")
         return read_metadata(files[-1]).get("analysis", {}) if files else {}
 
@@ -91,7 +94,6 @@ class Results:
 
         for path in self.files(table):
             if path.suffix != ".parquet":  # a probe's events file named by a streamed analysis
-                from engine.ingest.gil_stream import EventsGil
 
                 for block in EventsGil([path]).tables():
                     names = block.column_names if columns is None else [c for c in columns if c in block.column_names]
@@ -118,13 +120,8 @@ class Results:
 
     def table(self, table: str) -> pd.DataFrame:
         """TABLE's rows in one DataFrame (the result table's empty frame when there are none)."""
-        from engine.store import read_table
-
         named = self.named_gil() if table == "gil" and not self.stored("gil") else []
         if named:
-            from engine.ingest.inputs import gil_from
-            from engine.join.tables import check_gil
-
             return check_gil(gil_from(paths=named)[0], ", ".join(map(str, named)))[0]
         frames = [read_table(p) for p in self.stored(table)]
         rows = [f for f in frames if len(f)]
@@ -134,6 +131,4 @@ class Results:
 
 
 def _empty(table: str) -> pd.DataFrame:
-    from engine.correlate.schema import RESULT_TABLES, empty_frame
-
     return empty_frame(table) if table in RESULT_TABLES else pd.DataFrame()

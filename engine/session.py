@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from engine.clock.chunks import scan_chunks
+from engine.clock.packed import PACKED_DICTIONARY, is_zstd, packed_chunk_span
 from engine.errors import TandemError
+
 
 # The names of a session directory (docs/session.md), for every module that reads one. (The GIL
 # probe, engine/probe, spells its own: it runs inside the recorded service and imports nothing.)
@@ -30,9 +33,7 @@ PACKED_SUFFIX = ".packed"
 # ... and packs each finished JFR chunk the agent kept a link to (.chunks/) into
 # jvm-<pid>/packed/<chunk>.zst (one Zstandard frame of the whole chunk), then removes the link.
 PACKED_CHUNKS, PACKED_CHUNK_SUFFIX = "packed", ".zst"
-# The JVM's first finished chunk, packed alone: the Zstandard dictionary (raw content) every
-# packed chunk of that JVM is compressed with (the metadata and constant pools each chunk repeats).
-PACKED_DICTIONARY = "dictionary.jfr.zst"
+# The JVM's first finished chunk, packed alone, is their Zstandard dictionary (PACKED_DICTIONARY).
 _SEGMENT_NAME = re.compile(r"^(?P<base>.+)\.(?P<number>\d{6})(?P<packed>\.packed)?$")
 
 
@@ -233,8 +234,6 @@ def _not_in(chunks: list[Path], recordings: list[Path]) -> list[Path]:
     packed while the JVM wrote its recording at exit, or a snapshot's JFR.dump holds it)."""
     if not chunks:
         return []
-    from engine.clock.chunks import scan_chunks
-    from engine.ingest.jfr_input import is_zstd, packed_chunk_span
 
     def starts(path: Path) -> list[int]:
         if is_zstd(path):

@@ -146,7 +146,8 @@ def test_python_threads_calling_system_gc_are_named_with_their_line_and_java_fra
     from engine.analysis import analyze_session
     import pandas as pd
 
-    from engine.analysis.causes import caused_stops, requester_tids
+    from engine.analysis.causes import requester_tids
+    from engine.correlate.stops import caused_stops
     from engine.report.summary import why_lines
 
     classes = tmp_path / "classes"
@@ -410,7 +411,7 @@ def test_causes_fed_in_many_blocks_equal_one_block_and_the_plain_definitions(see
     from engine.correlate.inputs import gil_rows_from_frame
     from engine.correlate.stops import stop_ids
     from engine.ingest.gil_stream import thread_lifetimes
-    from engine.join import check_gil, check_pauses
+    from engine.correlate.tables import check_gil, check_pauses
 
     pauses, gil = _random_causes_case(seed)
     pauses, gil = check_pauses(pauses), check_gil(gil)[0]

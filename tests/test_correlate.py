@@ -16,7 +16,7 @@ import pytest
 from engine.correlate import END, Correlator, KnownLifetimes
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.errors import TandemError
-from engine.join import check_gil, check_pauses
+from engine.correlate.tables import check_gil, check_pauses
 from test_analysis import random_scenario
 from test_join_witness import adversarial_tables, gil_frame, pauses_frame
 

@@ -135,7 +135,7 @@ def test_perfetto_links_each_caused_stop_to_the_python_slice_that_asked(recorded
     each stop of the world a Python thread asked for has one flow arrow from that thread's
     slice at the request (here: released in the JPype call to System.gc(), named by its line)
     to the stop's pause."""
-    from engine.analysis.causes import caused_stops
+    from engine.correlate.stops import caused_stops
     from engine.report.perfetto import export_perfetto
     from test_perfetto import decode_proto
 

@@ -494,7 +494,7 @@ def test_the_jvm_side_is_packed_within_max_age_and_reads_as_the_raw_chunks(tmp_p
     _same_pauses(read_pauses(files), read_pauses(raw))
     # the snapshot: packed chunks (and the dictionary), finished links, the repository's chunks
     from engine.clock.chunks import scan_chunks
-    from engine.ingest.jfr_input import packed_chunk_span
+    from engine.clock.packed import packed_chunk_span
 
     def starts(path: Path) -> list[int]:
         return [packed_chunk_span(path)[0]] if path.suffix == ".zst" else [c.start_nanos for c in scan_chunks(path).chunks]

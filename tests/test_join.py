@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.join import check_gil, check_pauses, overlap_pairs, overlap_totals
+from engine.correlate.tables import check_gil, check_pauses
+from engine.join import overlap_pairs, overlap_totals
 from test_join_witness import adversarial_tables, canonical, duckdb_overlaps, gil_frame, overlap_frame, pauses_frame
 
 

@@ -14,19 +14,24 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-
 import pyarrow as pa
 
 from engine.analysis.causes import Causes, CodeHits, why_facts, with_causes
-from engine.analysis.clock import check_same_clock, clock_facts
+from engine.analysis.facts import aligned_pauses, result_header
+from engine.analysis.stream import StreamedAnalysis, analyze_streamed
 from engine.correlate import END, RESULT_TABLES, Correlator
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import empty_frame, to_pandas
 from engine.correlate.stops import stop_ids
+from engine.correlate.tables import check_gil
+from engine.ingest.gil import SampledRecords
 from engine.ingest.gil_stream import thread_lifetimes
-from engine.join import check_gil, check_pauses
+from engine.ingest.inputs import gil_from, pauses_from, streamable_gil
+from engine.report.summary import print_summary
+from engine.report.timeline import draw_timeline
+from engine.results import Results
+from engine.store import write_table
 
 
 @dataclass
@@ -49,15 +54,11 @@ class Analysis:
     def summary(self, console=None, show: bool = True) -> pd.DataFrame:
         """Print the summary with its header line (rich) unless show=False; return the summary table."""
         if show:
-            from engine.report.summary import print_summary
-
             print_summary(self.summary_table, self.header, console=console, stops=self.stops)
         return self.summary_table
 
     def timeline(self, start_ns: int | None = None, end_ns: int | None = None, path: str | os.PathLike | None = None):
         """A matplotlib Figure of [start_ns, end_ns) (default: everything); saved as PNG if path is given."""
-        from engine.report.timeline import draw_timeline
-
         return draw_timeline(self, start_ns, end_ns, path)
 
     def worst_window(self, margin: float = 3.0) -> tuple[int, int]:
@@ -73,39 +74,12 @@ class Analysis:
 
     def write(self, out_dir: str | os.PathLike) -> list[Path]:
         """Write every result table as OUT/<name>.parquet, each atomically; existing results are replaced."""
-        from engine.store import write_table
-
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         return [
             write_table(table, out / f"{name}.parquet", {"table": name, "analysis": self.header})
             for name, table in self.tables().items()
         ]
-
-
-def _dropped_events(attrs: dict, key: str = "dropped") -> int:
-    processes = attrs.get("processes")
-    if processes:
-        return int(sum(p.get(key) or 0 for p in processes))
-    return int(attrs.get(key) or 0)
-
-
-def _jfr_lost(attrs: dict) -> dict:
-    """What ingest could not read of the JFR files (docs/pauses.md, "Damage"): bytes, pause
-    events (None when some loss could not be counted) and one line per chunk."""
-    sources = attrs.get("sources") or []
-    damage = [d for s in sources for d in s.get("damage") or []]
-    cut = [s for s in sources if s.get("lost_bytes")]
-    counts = [d.get("lost_pause_events") for d in damage] + [None for _ in cut]
-    return {
-        "bytes": int(sum(d["lost_bytes"] for d in damage) + sum(s["lost_bytes"] for s in cut)),
-        "pause_events": None if None in counts else int(sum(counts)),
-        "pause_events_at_least": int(sum(d.get("lost_pause_events") if d.get("lost_pause_events") is not None
-                                         else d.get("lost_pause_events_at_least") or 0 for d in damage)),
-        "chunks": [f"{s['source']} chunk {d['chunk']}: from byte {d['from_byte']}, {d['lost_bytes']} bytes"
-                   for s in sources for d in s.get("damage") or []]
-                  + [f"{s['source']}: last {s['lost_bytes']} bytes (incomplete chunk)" for s in cut],
-    }
 
 
 def correlate(
@@ -137,7 +111,7 @@ def correlate(
     overlaps = pa.concat_tables([pushed.overlaps, finished.overlaps])
     gil_free = pa.concat_tables([pushed.gil_free, finished.gil_free])
     gil_free = gil_free.sort_by([("pid", "ascending"), ("start_ns", "ascending")])
-    header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, duplicate_gil_rows)
+    header = result_header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, duplicate_gil_rows)
     causes.overlaps(*(overlaps[c].to_numpy() for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
     overlaps = to_pandas(overlaps, "overlaps")
     impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, causes.table())
@@ -154,53 +128,9 @@ def correlate(
     )
 
 
-def aligned_pauses(pauses: pd.DataFrame, pauses_source: str | None, gil_attrs: dict, gil_source: str,
-                   offset_ns: int | None):
-    """The pauses checked (engine.join.check_pauses) and on the GIL side's clock (OFFSET_NS added,
-    else both sides must be on one clock); with both sides' clock facts and how they were aligned."""
-    pause_clock = clock_facts(pauses.attrs, pauses_source or pauses.attrs.get("source") or "pauses table")
-    gil_clock = clock_facts(gil_attrs, gil_source)
-    alignment = check_same_clock(pause_clock, gil_clock, offset_ns)
-    pauses = check_pauses(pauses, pause_clock.source)
-    if offset_ns:
-        pauses["start_ns"] = pauses["start_ns"] + offset_ns  # (new columns: the given table's are shared)
-        pauses["end_ns"] = pauses["end_ns"] + offset_ns
-    return pauses, pause_clock, gil_clock, alignment
-
-
-def _header(core: Correlator, pauses: pd.DataFrame, gil_attrs: dict, pause_clock, gil_clock, alignment: str,
-            offset_ns: int | None, duplicate_gil_rows: int) -> dict:
-    """The facts every result file carries (docs/results.md, "Outputs")."""
-    span_start, span_end = (core.span[0], core.span[1]) if core.span_ns or core.pauses or core.gil_intervals else (0, 0)
-    jvm_pids = pauses["jvm_pid"].dropna().astype(np.int64).unique() if "jvm_pid" in pauses.columns else []
-    return {
-        "span_start_ns": int(span_start),
-        "span_end_ns": int(span_end),
-        "span_ns": int(span_end - span_start),
-        "python_pids": core.python_pids(),
-        "jvm_pids": sorted(int(p) for p in jvm_pids),
-        "pauses": core.pauses,
-        "gil_intervals": core.gil_intervals,
-        "dropped_events": _dropped_events(gil_attrs),
-        "drain_lost_events": _dropped_events(gil_attrs, "drain_lost"),
-        # a flight recorder's GIL window: what its segments keep, what rotation took before it
-        "kept_windows": [{"pid": p.get("pid"), **p["kept_window"]} for p in gil_attrs.get("processes") or []
-                         if p.get("kept_window")],
-        "jfr_lost": _jfr_lost(pauses.attrs),
-        "jvm_unflushed": [s["unflushed"] for s in pauses.attrs.get("sources") or [] if s.get("unflushed")],
-        "duplicate_gil_rows_dropped": int(duplicate_gil_rows),
-        "slack_ns": int(core.slack_ns),
-        "alignment": alignment,
-        "offset_ns": offset_ns,
-        "clock": {"pauses": pause_clock.as_metadata(), "gil": gil_clock.as_metadata()},
-    }
-
-
 def analyze(pauses, gil=None, *, slack_ns: int = 0, offset_ns: int | None = None) -> Analysis:
     """`correlate` from a session directory (`analyze(SESSION)`), or from two tables given as
     DataFrames, Parquet paths, JFR recordings (pauses) or GIL probe files (gil)."""
-    from engine.ingest.inputs import gil_from, pauses_from
-
     if gil is None:
         return analyze_session(pauses, slack_ns=slack_ns, offset_ns=offset_ns)
     pauses_source = gil_source = None
@@ -214,8 +144,6 @@ def analyze(pauses, gil=None, *, slack_ns: int = 0, offset_ns: int | None = None
 
 def analyze_session(session: str | os.PathLike, *, slack_ns: int = 0, offset_ns: int | None = None) -> Analysis:
     """Every JVM recording and every GIL events file of a `tandem record` session, correlated."""
-    from engine.ingest.inputs import gil_from, pauses_from
-
     pauses, pauses_source = pauses_from(session=Path(session))
     gil, gil_source = gil_from(session=Path(session))
     return correlate(pauses, gil, slack_ns=slack_ns, offset_ns=offset_ns, pauses_source=pauses_source, gil_source=gil_source)
@@ -230,10 +158,6 @@ def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = No
     whose files are closed is named by the results instead (docs/results.md, "gil.parquet").
     Returns the summary, the header and the files written
     (engine.analysis.stream.StreamedAnalysis)."""
-    from engine.analysis.stream import StreamedAnalysis, analyze_streamed
-    from engine.ingest.inputs import gil_from, pauses_from, streamable_gil
-    from engine.ingest.gil import SampledRecords
-
     session = Path(session) if session is not None else None
     jfr, gil, pauses = [Path(p) for p in jfr], [Path(p) for p in gil], [Path(p) for p in pauses]
     pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
@@ -253,8 +177,6 @@ def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = No
 def load_results(out_dir: str | os.PathLike) -> Analysis:
     """An Analysis read back from results (engine.results.Results: the -o directory of `tandem
     analyze`, `tandem live`'s parts, or a fleet dataset, whose tables carry session_id)."""
-    from engine.results import Results
-
     results = Results(out_dir)
     tables = {name: results.table(name) if name in ("summary", "stops") else _required(results, name)
               for name in RESULT_TABLES}

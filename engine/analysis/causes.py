@@ -56,8 +56,10 @@ import pyarrow.compute as pc
 from numba import njit
 
 from engine.correlate.inputs import gil_rows_from_frame
-from engine.correlate.kernels import END
+from engine.correlate.kernels import END, code_totals
 from engine.correlate.schema import GIL_STATES
+from engine.correlate.stops import caused_stops
+
 
 CAUSE_COLUMNS = ("caused_by_python", "cause_pid", "cause_tid", "cause_thread", "cause_state", "cause_function",
                  "cause_file", "cause_line", "cause_java_frames", "cause_held_gil", "cause_inferred", "jpype_gc_link")
@@ -84,11 +86,6 @@ JPYPE_PACKAGE = "org.jpype."
 # callback at that collection's end calls System.gc() when the process grew past its high-water mark.
 JPYPE_REFERENCE_WORKER = ("org.jpype.ref.JPypeReferenceNative.wake", "org.jpype.ref.JPypeReferenceQueue.wake",
                           "org.jpype.ref.JPypeReferenceQueue$Worker.run")
-JPYPE_GC_LINK_ADVICE = ("JPype's GC link: after a Python garbage collection that grew the process by its high-water mark "
-                        "(+20 MiB), JPype called System.gc() holding the GIL; every Python thread waited for the Java "
-                        "collection. Make Python garbage less often (reuse buffers, fewer large temporaries) or give the "
-                        "JVM a heap that needs no full collection; JPype has no switch for the link.")
-
 
 def no_causes(n: int) -> dict:
     """CAUSE_COLUMNS of N pauses nobody is known to have asked for."""
@@ -526,8 +523,6 @@ class CodeHits:
         return hits
 
     def add(self, pause_id: np.ndarray, overlap_ns: np.ndarray, near_miss: np.ndarray, code: np.ndarray) -> None:
-        from engine.correlate.kernels import code_totals
-
         keep = ~near_miss
         if self.leaders is not None:
             keep &= np.isin(pause_id, self.leaders)
@@ -569,15 +564,6 @@ def add_code_hits(parts: list[pa.Table]) -> pa.Table:
     return total.rename_columns([{"sum_sum": "sum", "size_sum": "size"}.get(c, c) for c in total.column_names])
 
 
-def caused_stops(impact: pd.DataFrame) -> pd.DataFrame:
-    """The pauses caused by Python, one row per stop of the world (`stop_id`): the stop's own
-    (leading) row when it is caused, else its first caused row. The safepoint, GC pause and
-    collection of one System.gc() are one request."""
-    caused = impact[impact["caused_by_python"].fillna(False).astype(bool)]
-    stop = caused["stop_id"] if "stop_id" in caused.columns else caused["pause_id"]
-    leading = (caused["pause_id"] == stop).to_numpy(bool)
-    order = np.lexsort((np.arange(len(caused)), ~leading, stop.to_numpy(np.int64)))
-    return caused.iloc[order].loc[lambda d: ~stop.iloc[order].duplicated().to_numpy()]
 
 
 def why_facts(impact: pd.DataFrame, hits: pa.Table | None, pauses: pd.DataFrame, stop: np.ndarray, top: int = 5) -> dict:

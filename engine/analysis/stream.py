@@ -21,12 +21,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.analysis.causes import Causes, CodeHits, why_facts, with_causes
+from engine.analysis.facts import aligned_pauses, result_header
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
 from engine.correlate.core import carried_key
-from engine.correlate.stops import stop_ids
 from engine.correlate.schema import RESULT_TABLES, SCHEMAS, core_columns, to_pandas
+from engine.correlate.stops import stop_ids
 from engine.ingest.gil_stream import ParquetGil, rows_frame
+from engine.report.summary import print_summary
 from engine.store import TableWriter, WriterThread, write_table
+
 
 # Blocks read and paired ahead of the core: with one, the core waited for its next block ~0.5 s
 # an hour (the reading thread shares a core with the writer); three absorb that (docs/join.md).
@@ -43,8 +46,6 @@ class StreamedAnalysis:
     stops: pd.DataFrame
 
     def summary(self, console=None) -> pd.DataFrame:
-        from engine.report.summary import print_summary
-
         print_summary(self.summary_table, self.header, console=console, stops=self.stops)
         return self.summary_table
 
@@ -119,8 +120,6 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
                      offset_ns: int | None = None, pauses_source: str | None = None, progress=None) -> StreamedAnalysis:
     """Correlate a pauses table with a streamed GIL side (ParquetGil or EventsGil), writing
     OUT/*.parquet as it goes."""
-    from engine.analysis import _header, aligned_pauses
-
     lifetimes = gil.first_pass()  # (also reads what the GIL files say about their clock)
     pauses, pause_clock, gil_clock, alignment = aligned_pauses(pauses, pauses_source, gil.attrs, gil.source, offset_ns)
     # (pandas deep-copies a frame's attrs in every operation on it: the recordings' facts wait for the header)
@@ -162,7 +161,7 @@ def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack
         emit(core.finish())
         background.drain()
         pauses.attrs = pause_facts
-        header = _header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, core.duplicate_gil_rows)
+        header = result_header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, core.duplicate_gil_rows)
         if not gil.copy:  # (docs/results.md, "gil.parquet"): the results name the GIL files
             header["gil_table"] = gil.references
         summary, stops = core.summary(), core.stops()

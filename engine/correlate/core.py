@@ -61,9 +61,13 @@ import pandas as pd
 import pyarrow as pa
 
 from engine.correlate import kernels
-from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
+from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings, to_pandas
 from engine.correlate.stops import STOP_KEY, at_safepoint_of, jvm_of, leader_rows, order_stops, stop_ids_of
+from engine.correlate.summary import summary_table
 from engine.errors import TandemError
+from engine.join.kernels import is_sorted
+from engine.join.pairs import overlap_pairs, overlap_totals
+
 
 NONE = kernels.NONE
 # Lifetimes: gone (exited): its lifetime ended with its latest interval.
@@ -265,7 +269,7 @@ class Correlator:
 
     def push(self, *, pauses: pd.DataFrame | None = None, gil: GilRows | None = None, open: GilRows | None = None,
              watermark_ns: int) -> Rows:
-        """Add rows of both sides (pauses checked by engine.join.check_pauses, any order) and the
+        """Add rows of both sides (pauses checked by engine.correlate.tables.check_pauses, any order) and the
         GIL intervals open now (`open`, end_ns ignored; see the module's docstring); return the
         rows that became final."""
         watermark_ns = int(watermark_ns)
@@ -461,8 +465,6 @@ class Correlator:
         return len(self._pid_index)
 
     def _add_gil(self, gil: GilRows, *, is_open: bool = False) -> None:
-        from engine.join.kernels import is_sorted
-
         if not len(gil):
             return
         start = np.asarray(gil.start_ns, np.int64)
@@ -667,8 +669,6 @@ class Correlator:
         return self._pause_rows(batch, frontier)
 
     def _pause_rows(self, batch: pd.DataFrame, frontier: int) -> tuple[pa.Table, pa.Table]:
-        from engine.join.pairs import overlap_pairs, overlap_totals
-
         p_start = batch["start_ns"].to_numpy(np.int64)
         p_end = batch["end_ns"].to_numpy(np.int64)
         pair_b, pair_a = overlap_pairs(p_start, p_end, self.r_start, self.r_end, slack_ns=self.slack_ns)
@@ -764,8 +764,6 @@ class Correlator:
 
     def _eager_overlaps(self) -> pa.Table | None:
         """Overlaps rows of pending pauses with closed GIL rows, the later of the two come in this push."""
-        from engine.join.pairs import overlap_pairs
-
         pending = self._pending
         if pending is None or not len(pending):
             return None
@@ -832,8 +830,6 @@ class Correlator:
 
     def _summary_input(self) -> pd.DataFrame:
         """SUMMARY_INPUT of every final pause so far (text as text)."""
-        from engine.correlate.schema import to_pandas
-
         if not self._impact:
             return to_pandas(empty_table("pause_impact").append_column("part_of", pa.array([], pa.string()))
                              .select(list(SUMMARY_INPUT)))
@@ -851,15 +847,11 @@ class Correlator:
 
     def summary(self) -> pd.DataFrame:
         """The summary table over the final pauses so far (docs/results.md, "summary")."""
-        from engine.correlate.summary import summary_table
-
         return summary_table(self._summary_input(), self._affected_by(("kind", "name")), self.span_ns)
 
     def stops(self) -> pd.DataFrame:
         """The stops table over the final pauses so far: one stop of the world counts once, the
         pauses inside it are its detail rows (docs/results.md, "stops"; engine/correlate/stops.py)."""
-        from engine.correlate.summary import summary_table
-
         table = summary_table(self._summary_input(), self._affected_by(STOP_KEY), self.span_ns, by=STOP_KEY)
         table["part_of"] = table["part_of"].replace("", pd.NA)  # ("": a stop's own row, as a group key)
         return order_stops(table)

@@ -1,6 +1,6 @@
 """GIL rows for the core from a checked DataFrame or from Arrow record batches (streamed files).
 
-The table contract and its one-line refusals are engine.join.tables' (docs/results.md,
+The table contract and its one-line refusals are engine.correlate.tables' (docs/results.md,
 "Input tables"); this is the same check done column-wise on Arrow data, without pandas.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from engine.errors import TandemError
 
 
 def gil_rows_from_frame(gil: pd.DataFrame) -> GilRows:
-    """A gil table checked by engine.join.check_gil, as arrays."""
+    """A gil table checked by engine.correlate.tables.check_gil, as arrays."""
     carried = [c for c in GIL_CARRIED_COLUMNS if c in gil.columns]
     return GilRows(gil["pid"].to_numpy(np.int64), gil["tid"].to_numpy(np.int64),
                    (gil["state"].astype("string") == "waiting").to_numpy(bool).astype(np.int8),
@@ -42,7 +42,7 @@ def check_gil_schema(schema: pa.Schema, source: str) -> None:
 
 
 def gil_rows_from_arrow(batch: pa.RecordBatch, source: str, first_row: int = 0) -> GilRows:
-    """One record batch of a gil table, checked as engine.join.check_gil checks a whole table."""
+    """One record batch of a gil table, checked as engine.correlate.tables.check_gil checks a whole table."""
     check_gil_schema(batch.schema, source)
     pid, tid = _int64(batch, "pid", source), _int64(batch, "tid", source)
     start, end = _int64(batch, "start_ns", source), _int64(batch, "end_ns", source)

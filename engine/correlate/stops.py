@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+
 STOP_KEY = ("part_of", "kind", "name")
 
 
@@ -88,3 +89,14 @@ def order_stops(table: pd.DataFrame) -> pd.DataFrame:
                      [2 * rank.get(str(p), len(leads)) + 1 for p in detail["part_of"]]]
     both = pd.concat([leads, detail], ignore_index=True)
     return both.iloc[np.argsort(position, kind="stable")].reset_index(drop=True)
+
+
+def caused_stops(impact: pd.DataFrame) -> pd.DataFrame:
+    """The pauses caused by Python, one row per stop of the world (`stop_id`): the stop's own
+    (leading) row when it is caused, else its first caused row. The safepoint, GC pause and
+    collection of one System.gc() are one request."""
+    caused = impact[impact["caused_by_python"].fillna(False).astype(bool)]
+    stop = caused["stop_id"] if "stop_id" in caused.columns else caused["pause_id"]
+    leading = (caused["pause_id"] == stop).to_numpy(bool)
+    order = np.lexsort((np.arange(len(caused)), ~leading, stop.to_numpy(np.int64)))
+    return caused.iloc[order].loc[lambda d: ~stop.iloc[order].duplicated().to_numpy()]

@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from engine.analysis import analyze_to
+from engine.correlate.schema import RESULT_TABLES
+from engine.probe.private import private_directory
 from engine.results import Results
 from engine.session import Session, SessionIdentity
+from engine.store import TableWriter, write_table
+
 
 SESSIONS_TABLE = "sessions"
 # What of session.json rides in each file's metadata: facts about the run, never the command
@@ -23,8 +28,6 @@ SESSION_FACTS = ("kind", "hostname", "start_monotonic_ns", "start_wall_ns", "end
 
 
 def dataset_tables() -> tuple[str, ...]:
-    from engine.correlate.schema import RESULT_TABLES
-
     return (*RESULT_TABLES, SESSIONS_TABLE)
 
 
@@ -59,7 +62,6 @@ def write_session(results: str | os.PathLike, header: dict, root: str | os.PathL
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from engine.store import TableWriter, write_table
 
     results, root = Path(results), Path(root)
     identity = session.identity()
@@ -109,7 +111,6 @@ def analyze_into(session_path: str | os.PathLike, root: str | os.PathLike, *, sl
     and the dataset file of each table."""
     import shutil
 
-    from engine.analysis import analyze_to
 
     session = Session.open(session_path)
     identity = session.identity()
@@ -129,8 +130,6 @@ def analyze_into(session_path: str | os.PathLike, root: str | os.PathLike, *, sl
 def _private_dirs(directory: Path) -> None:
     """Dataset directories are created 0700, like session directories (no planted link, no
     other user's directory): results name hosts, pids and thread names."""
-    from engine.probe.private import private_directory
-
     missing = []
     while not directory.is_dir():
         missing.append(directory)

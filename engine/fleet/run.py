@@ -14,7 +14,10 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import TandemError
+from engine.errors import TandemError, TandemWarning
+from engine.fleet.dataset import SESSIONS_TABLE, analyze_into
+from engine.session import JVM_DIRS, PYTHON_DIRS, SESSION_JSON
+
 
 # Ray's driver installs Abseil's failure-signal handler over the JVM's own when JPype's JVM
 # already runs in this process (a notebook, the test suite); HotSpot's routine SIGSEGVs
@@ -55,7 +58,6 @@ def analyze_one(source: str, path: str, root: str, slack_ns: int) -> SessionOutc
     """The body of one task (also runnable without Ray): analyze, write, report."""
     import pyarrow.parquet as pq
 
-    from engine.fleet.dataset import SESSIONS_TABLE, analyze_into
 
     started, cpu_started = time.perf_counter(), time.process_time()
     with warnings.catch_warnings(record=True) as caught:
@@ -67,7 +69,6 @@ def analyze_one(source: str, path: str, root: str, slack_ns: int) -> SessionOutc
         except Exception as err:  # a bug or an input nobody foresaw: reported with the session, the rest go on
             return SessionOutcome(source, False, f"{type(err).__name__}: {err}", seconds=time.perf_counter() - started,
                                   worker_pid=os.getpid())
-    from engine.errors import TandemWarning
 
     return SessionOutcome(
         source, True, session_id=identity.session_id, host=identity.host, date=identity.date,
@@ -99,8 +100,6 @@ def find_sessions(sources: list[str]) -> list[str]:
 
 
 def _is_session(path: Path) -> bool:
-    from engine.session import JVM_DIRS, PYTHON_DIRS, SESSION_JSON
-
     return (path / SESSION_JSON).is_file() or any(path.glob(JVM_DIRS)) or any(path.glob(PYTHON_DIRS))
 
 

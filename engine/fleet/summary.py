@@ -15,6 +15,10 @@ from pathlib import Path
 import pandas as pd
 
 from engine.errors import TandemError
+from engine.fleet.run import require
+from engine.report.summary import summary_rich_table
+from engine.store import write_table
+
 
 GROUPINGS = {"all": (), "host": ("host",), "date": ("date",)}
 
@@ -95,16 +99,12 @@ class FleetSummary:
         return {"summary": self.summary, "summary_by_host": self.by_host, "summary_by_date": self.by_date}
 
     def write(self, out: str | os.PathLike) -> list[Path]:
-        from engine.store import write_table
-
         out = Path(out)
         return [write_table(frame, out / f"{name}.parquet", {"table": name, "fleet": self.header})
                 for name, frame in self.tables().items()]
 
 
 def fleet_summary(root: str | os.PathLike, since: str | None = None, host: str | None = None) -> FleetSummary:
-    from engine.fleet.run import require
-
     duckdb = require("duckdb")
     root = Path(root)
     if since:
@@ -185,7 +185,6 @@ def per_group_table(frame: pd.DataFrame, sessions: pd.DataFrame, key: str, title
 def print_fleet_summary(result: FleetSummary, console=None) -> None:
     from rich.console import Console
 
-    from engine.report.summary import summary_rich_table
 
     console = console or Console()
     console.print(header_line(result.header), markup=False, highlight=False)

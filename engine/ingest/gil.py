@@ -27,16 +27,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from numba import njit
 
+from engine.correlate.kernels import DenseNumbers
 from engine.correlate.schema import END, GIL_STATES
 from engine.errors import TandemError
 from engine.ingest.codes import NO_FRAME, UNKNOWN, read_code_table, resolve
 from engine.ingest.segments import SegmentedBlocks, events_blocks
-from engine.session import (GIL_CODES, GIL_EVENTS, GIL_RING, PROBE_JSON, PYTHON_DIRS, THREADS_JSONL, gil_segments,
-                            has_gil_events, read_json)
-from engine.ring.layout import GIL_RECORD_DTYPE, GIL_DROP, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
+from engine.ring.layout import GIL_DROP, GIL_RECORD_DTYPE, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
+from engine.ring.reader import WHOLE_FILE, read_ring
+from engine.session import (GIL_CODES, GIL_EVENTS, GIL_RING, PROBE_JSON, PYTHON_DIRS, THREADS_JSONL, gil_segments, has_gil_events,
+                            read_json)
+
 
 # The probe stamps with clock_gettime(CLOCK_MONOTONIC) itself: no conversion, no error.
 PROBE_CLOCK = {"domain": "monotonic", "method": "clock_gettime(CLOCK_MONOTONIC)", "error_ns": 0}
@@ -177,8 +179,6 @@ def _load(path: Path):
     it was never closed: EventsIntervals) or of a ring file. A ring holds only its last
     `capacity` records (older ones went to the events file): read the events file for a whole
     recording."""
-    from engine.ring.reader import WHOLE_FILE, read_ring
-
     if path.name.endswith(".ring"):
         header, records, missed = read_ring(path)
         return header, records, int(header.dropped), bool(header.closed), None
@@ -197,8 +197,6 @@ def _ring_leftovers(path: Path, mine, next_seq: np.ndarray):
     ring's drop count (it includes drops after the drain's last pass). (None, 0) when the ring
     is missing, from another producer or unreadable: the events file alone is still whole up
     to its last pass."""
-    from engine.ring.reader import read_ring
-
     ring_path = _side_file(path, session_name=GIL_RING, suffix=".ring")
     if not ring_path.exists():
         return None, 0
@@ -419,8 +417,6 @@ class EventsIntervals:
     facts about the process (attrs["processes"])."""
 
     def __init__(self, events_path: Path, block_records: int = 1 << 20):
-        from engine.correlate.kernels import DenseNumbers
-
         self.path = Path(events_path)
         self.block_records = block_records
         first = events_blocks(self.path, block_records)

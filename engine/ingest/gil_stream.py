@@ -19,13 +19,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.correlate import END, GilRows
-from engine.correlate import kernels
+from engine.correlate import END, GilRows, kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow
 from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES, to_pandas
 from engine.errors import TandemError
-from engine.ingest.gil import PROBE_CLOCK
+from engine.ingest.gil import PROBE_CLOCK, EventsIntervals
 from engine.store import TableWriter, copy_table, read_metadata
+
 
 BLOCK_ROWS = 1 << 20
 FIRST_PASS_THREADS = 8
@@ -145,8 +145,6 @@ class EventsGil:
     """The GIL probe's events files (one per process) as one stream of interval blocks."""
 
     def __init__(self, paths: list[Path], block_records: int | None = None, copy: bool = False):
-        from engine.ingest.gil import EventsIntervals
-
         self.files = [EventsIntervals(Path(p), block_records or BLOCK_ROWS) for p in paths]
         self.source = ", ".join(str(p) for p in paths)
         self.references = [str(Path(p).resolve()) for p in paths]

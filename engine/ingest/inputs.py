@@ -13,14 +13,18 @@ from typing import Iterable
 
 import pandas as pd
 
+from engine.clock.facts import clock_facts
 from engine.errors import TandemError
+from engine.ingest.gil import _events_files, read_gil
+from engine.ingest.gil_stream import EventsGil, ParquetGil
+from engine.ingest.jfr import read_pauses
+from engine.session import Session
+from engine.store import read_table
 
 
 def read_input_table(path: str | os.PathLike) -> pd.DataFrame:
     """A pauses or GIL table from a Parquet file; its tandem metadata (if any) becomes df.attrs.
-    Columns are checked later, against the table's role (engine.join.tables), naming this path."""
-    from engine.store import read_table
-
+    Columns are checked later, against the table's role (engine.correlate.tables), naming this path."""
     path = Path(path)
     if not path.is_file():
         raise TandemError(f"{path}: no such file")
@@ -29,12 +33,8 @@ def read_input_table(path: str | os.PathLike) -> pd.DataFrame:
 
 def pauses_from(session: Path | None = None, jfr: Iterable[Path] = (), tables: Iterable[Path] = ()) -> tuple[pd.DataFrame, str]:
     """The pauses table of a session's JVMs, of JFR recordings, or of Parquet tables."""
-    from engine.ingest.jfr import read_pauses
-
     recordings, names = list(jfr), [str(p) for p in jfr]
     if session is not None:
-        from engine.session import Session
-
         for source in Session.open(session).jvms:
             recordings.extend(source.recordings)
         names.append(f"{session} (JVMs)")
@@ -53,8 +53,6 @@ def pauses_from(session: Path | None = None, jfr: Iterable[Path] = (), tables: I
 
 def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[pd.DataFrame, str]:
     """The gil table of a session's interpreters, of probe files, or of Parquet tables."""
-    from engine.ingest.gil import read_gil
-
     frames, names = [], []
     if session is not None:
         frames.append(read_gil(session))
@@ -70,8 +68,6 @@ def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[p
 def _clock_parts(frames: list[pd.DataFrame], names: list[str]) -> list[dict]:
     """Each input's clock facts, kept in the concatenated table's metadata: the clock check
     refuses a mix with one part off the monotonic clock as it refuses that part alone."""
-    from engine.analysis.clock import clock_facts
-
     return [clock_facts(frame.attrs, name).as_metadata() for frame, name in zip(frames, names)]
 
 
@@ -106,9 +102,6 @@ def streamable_gil(session: Path | None, gil: list[Path], copy: bool = False):
     """The GIL side as a stream when it is one Parquet table or only events files (a session's,
     or given as paths); None for what is read whole (rings, several tables). COPY: the results
     hold a gil.parquet of their own instead of naming these files."""
-    from engine.ingest.gil import _events_files
-    from engine.ingest.gil_stream import EventsGil, ParquetGil
-
     if len(gil) == 1 and gil[0].suffix == ".parquet":
         return ParquetGil(gil[0], copy=copy)
     if any(p.suffix in (".parquet", ".ring") for p in gil):

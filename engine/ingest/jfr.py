@@ -8,7 +8,6 @@ CLOCK_MONOTONIC (or the wall clock) by engine.clock.align.
 from __future__ import annotations
 
 import concurrent.futures
-
 import tempfile
 import threading
 import time
@@ -19,11 +18,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engine import jvm
 from engine.clock import align
 from engine.clock.chunks import Chunk, ChunkScan, copy_chunks, scan_chunks, split_runs
 from engine.errors import TandemError, TandemWarning
 from engine.ingest import jfr_chunks, jfr_input
 from engine.session import JVM_JSON, SESSION_JSON, current_boot_id, jvm_directory_of, process_alive, read_json
+
 
 KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
 # The JFR event types each kind comes from (for witnesses such as `jfr print --events`).
@@ -281,8 +282,6 @@ def _read_chunks(scan: ChunkScan, run: list[Chunk], bar: "_Progress", jvm_option
 
 def _reader_event_types(jvm_options: tuple[str, ...]) -> tuple[str, ...]:
     """The event types PauseReader subscribes to: the ones whose delivery the walk checks."""
-    from engine import jvm
-
     jpype = jvm.start_jvm(extra_options=jvm_options)
     return tuple(str(t) for t in jpype.JClass("tandem.ingest.PauseReader").EVENT_TYPES)
 
@@ -320,8 +319,6 @@ def _read_timeout_s(size: int) -> float:
 
 def _run_java_reader(path: Path, java_path: Path, run: list[Chunk], bar: "_Progress", jvm_options: tuple[str, ...] = ()):
     """Runs tandem.ingest.PauseReader on `java_path`, converting Java exceptions to TandemError."""
-    from engine import jvm
-
     jpype = jvm.start_jvm(extra_options=jvm_options)
     reader = jpype.JClass("tandem.ingest.PauseReader")()
     # Every chunk of a run has the same ticks per second (split_runs); with it the reader

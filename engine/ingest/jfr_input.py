@@ -19,10 +19,12 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from engine.clock.packed import is_zstd, zstandard_module, zstd_decompressor
 from engine.errors import TandemError, TandemWarning
+from engine.session import PACKED_CHUNKS
+
 
 GZIP_MAGIC = b"\x1f\x8b"
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _BLOCK = 1 << 20
 
 
@@ -34,60 +36,12 @@ def is_gzip(path: Path) -> bool:
         return False  # the chunk scan says what is wrong with it
 
 
-def is_zstd(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == ZSTD_MAGIC
-    except OSError:
-        return False
-
-
-def _zstandard(path: Path):
-    try:
-        import zstandard
-    except ImportError:
-        raise TandemError(f"{path}: reading Zstandard-compressed JFR needs the zstandard package (pip install zstandard)") from None
-    return zstandard
-
-
-def zstd_dictionary(path: Path):
-    """The dictionary a packed chunk was compressed with: the JVM's packed/dictionary.jfr.zst
-    beside it (docs/session.md, "Flight recorder"), as raw content; None for any other file.
-    (A frame compressed without it decompresses the same with it: it only adds history.)"""
-    from engine.session import PACKED_DICTIONARY
-
-    dictionary = path.with_name(PACKED_DICTIONARY)
-    if path.name == PACKED_DICTIONARY or not dictionary.is_file():
-        return None
-    zstandard = _zstandard(path)
-    try:
-        stamp = dictionary.stat()
-        key = (str(dictionary), stamp.st_ino, stamp.st_mtime_ns)
-        if key not in _DICTIONARIES:
-            with open(dictionary, "rb") as f:
-                content = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read()
-            _DICTIONARIES.clear()  # (one JVM's at a time: chunks are read JVM by JVM)
-            _DICTIONARIES[key] = zstandard.ZstdCompressionDict(content, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-        return _DICTIONARIES[key]
-    except (OSError, zstandard.ZstdError) as err:
-        raise TandemError(f"{dictionary}: the dictionary of the packed chunks beside it cannot be read ({err})") from None
-
-
-_DICTIONARIES: dict = {}
-
-
-def _decompressor(path: Path):
-    zstandard = _zstandard(path)
-    dictionary = zstd_dictionary(path)
-    return zstandard.ZstdDecompressor(dict_data=dictionary) if dictionary is not None else zstandard.ZstdDecompressor()
-
-
 def unzstd(path: Path, dest: Path) -> None:
     """Decompress PATH (Zstandard frames, one after another) into DEST a block at a time; a
     stream cut short keeps what it held, with one warning (as gzip), damage is one line."""
-    zstandard = _zstandard(path)
+    zstandard = zstandard_module(path)
     written, in_frame = 0, False
-    decompressor = _decompressor(path).decompressobj()
+    decompressor = zstd_decompressor(path).decompressobj()
     try:
         with open(path, "rb") as source, open(dest, "wb") as out:
             while block := source.read(_BLOCK):
@@ -99,7 +53,7 @@ def unzstd(path: Path, dest: Path) -> None:
                     block = b""
                     if decompressor.eof:  # a frame ended: what follows is the next one
                         block, in_frame = decompressor.unused_data, False
-                        decompressor = _decompressor(path).decompressobj()
+                        decompressor = zstd_decompressor(path).decompressobj()
     except zstandard.ZstdError as err:
         raise TandemError(f"{path}: Zstandard-compressed, but damaged ({err}) after {written} decompressed bytes") from None
     if in_frame and written:
@@ -107,25 +61,6 @@ def unzstd(path: Path, dest: Path) -> None:
                       TandemWarning, stacklevel=4)
     if written == 0:
         raise TandemError(f"{path}: Zstandard-compressed, but nothing could be decompressed (empty or cut short)")
-
-
-def packed_chunk_span(path: Path) -> tuple[int, int] | None:
-    """(start, end) on the wall clock (ns since the epoch, as the chunk header says) of a
-    Zstandard-compressed chunk, from its first decompressed bytes; None when unreadable."""
-    import struct
-
-    from engine.clock.chunks import HEADER_SIZE, MAGIC
-
-    zstandard = _zstandard(path)
-    try:
-        with open(path, "rb") as f:
-            header = _decompressor(path).stream_reader(f).read(HEADER_SIZE)
-    except (OSError, zstandard.ZstdError, TandemError):  # gone or damaged: the reader says so
-        return None
-    if len(header) < HEADER_SIZE or header[:4] != MAGIC:
-        return None
-    start_nanos, duration_nanos = struct.unpack_from(">qq", header, 32)
-    return start_nanos, start_nanos + duration_nanos
 
 
 def _check_not_empty(path: Path) -> None:
@@ -208,8 +143,6 @@ def readable_recordings(paths: list[Path]) -> Iterator[tuple[list[Path], Callabl
 def _one_file_per_flight_recorder(paths: list[Path], readable: list[Path], tmp: Path, names: dict[str, str]) -> list[Path]:
     """READABLE with each run of one JVM's files that starts with its packed chunks laid end to end
     into one file (NAMES gets its name)."""
-    from engine.session import PACKED_CHUNKS
-
     def jvm_of(path: Path) -> Path | None:
         for parent in path.parents:
             if parent.name.startswith("jvm-"):

@@ -18,6 +18,9 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from engine.memory.series import JVM_POOLS
+from engine.memory.table import BUCKETS
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -92,9 +95,6 @@ _MAJOR = {"G1Old", "G1Full", "ParallelOld", "SerialOld", "PSMarkSweep", "ZGC Maj
 
 def memory_values(snapshot) -> list[tuple[Metric, dict, float]]:
     """The memory gauges of a MemorySnapshot (engine/memory/follow.py): (metric, labels, value)."""
-    from engine.memory.series import JVM_POOLS
-    from engine.memory.table import BUCKETS
-
     if snapshot is None:
         return []
     out = []

@@ -26,13 +26,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engine.clock.packed import is_zstd
 from engine.errors import TandemError
 from engine.ingest.codes import FIRST_ID, read_code_table, resolve
 from engine.ingest.gil import Pairing, SampledRecords, interval_frame, started_threads
-from engine.ring.layout import GIL_RECORD_DTYPE
-from engine.session import (AGENT_ERROR, GIL_CODES, GIL_RING, JVM_DIRS, JVM_JSON, PACKED_CHUNK_SUFFIX, PAUSES_RING,
-                            PYTHON_DIRS, RECORDING, REPOSITORY, THREADS_JSONL, agent_error_line, jvm_recordings, packed_chunks, pid_from_name,
+from engine.ingest.jfr import read_pauses
+from engine.ingest.jfr_input import unzstd
+from engine.ring import RingTailer
+from engine.ring.layout import FILE_KIND_RING, GIL_RECORD_DTYPE
+from engine.ring.reader import _read_header_page  # the reader's own checked header read
+from engine.session import (AGENT_ERROR, GIL_CODES, GIL_RING, JVM_DIRS, JVM_JSON, PACKED_CHUNK_SUFFIX, PAUSES_RING, PYTHON_DIRS,
+                            RECORDING, REPOSITORY, THREADS_JSONL, agent_error_line, jvm_recordings, packed_chunks, pid_from_name,
                             process_alive, raw_chunks, read_json)
+
 
 PAUSE_RING_KINDS = {1: "safepoint", 2: "gc_pause", 3: "gc", 4: "vm_operation"}  # java-agent PauseRing.KIND_*
 SYSTEM_GC_CALL = 5  # a System.gc() call's record (not a pause: docs/ring.md, "Java writer")
@@ -83,8 +89,6 @@ class GilSource:
 
     def poll(self) -> pd.DataFrame:
         """The intervals closed by the records committed since the last poll."""
-        from engine.ring import RingTailer
-
         started = time.monotonic_ns()
         gone = not process_alive(self.pid)
         if self.tailer is None:
@@ -178,7 +182,6 @@ class PauseRingSource(_PauseSource):
     def __init__(self, directory: Path):
         super().__init__(directory)
         self._empty: pd.DataFrame | None = None
-        from engine.ring import RingTailer
 
         self.tailer = RingTailer(directory / PAUSES_RING)
         self.names = dict(self.tailer.header.names)
@@ -187,9 +190,6 @@ class PauseRingSource(_PauseSource):
         self.clock_error_ns = 0  # (System.nanoTime() through the agent's ClockSync: on CLOCK_MONOTONIC)
 
     def _refresh_names(self) -> None:
-        from engine.ring.layout import FILE_KIND_RING
-        from engine.ring.reader import _read_header_page  # the reader's own checked header read
-
         fd = os.open(self.tailer.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             header = _read_header_page(fd, self.tailer.path, os.fstat(fd).st_size, FILE_KIND_RING)
@@ -278,8 +278,6 @@ class RepositorySource(_PauseSource):
         self._split: dict[str, set[int]] = {}
 
     def _read(self, paths: list[Path]) -> pd.DataFrame | None:
-        from engine.ingest.jfr import read_pauses
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # unfinished chunks are expected here
             try:
@@ -342,8 +340,6 @@ class RepositorySource(_PauseSource):
         is later than the GIL rows the core keeps for a late pause."""
         import shutil
         import tempfile
-
-        from engine.ingest.jfr_input import is_zstd, unzstd
 
         frames = []
         names = sorted(self._stamps)

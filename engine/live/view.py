@@ -16,8 +16,10 @@ import time
 import numpy as np
 import pandas as pd
 
+from engine.correlate.stops import stop_ids
 from engine.live.watermark import END
-from engine.report.summary import _duration, memory_lines, summary_rich_table
+from engine.report.summary import _bytes, _duration, memory_lines, requests_hurt_lines, summary_rich_table
+
 
 PLAIN_EVERY_S = 10.0
 LATEST = 8
@@ -62,8 +64,6 @@ def headline(run) -> str:
 
 def requests_hurt(run, final: bool = False) -> list[str]:
     """The requests hurt lines of the spans figured so far (none without a receiver or before a span)."""
-    from engine.report.summary import requests_hurt_lines
-
     requests = run.spans.requests(force=final) if run.spans is not None else None
     return [] if requests is None else requests_hurt_lines(requests)
 
@@ -71,8 +71,6 @@ def requests_hurt(run, final: bool = False) -> list[str]:
 def latest_hits(run) -> pd.DataFrame:
     """The latest final pauses that hit Python, one row per stop of the world (a GC pause or
     collection inside a safepoint among them is left out: engine/correlate/stops.py)."""
-    from engine.correlate.stops import stop_ids
-
     frame = pd.DataFrame(list(run.latest_hits), columns=["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"])
     frame = frame.assign(pause_id=np.arange(len(frame), dtype=np.int64))
     frame = frame[stop_ids(frame) == frame["pause_id"].to_numpy()]  # (a stop's own pause)
@@ -101,8 +99,6 @@ def render(run):
 def memory_view_lines(run) -> list[str]:
     """Per process its RSS and who grew over the latest minutes (as `tandem analyze` prints it),
     once the window holds enough samples for a trend; else its RSS alone."""
-    from engine.report.summary import _bytes
-
     memory = run.memory
     if memory is None:
         return []
@@ -165,8 +161,6 @@ class View:
             self.say(headline(run))
 
     def final(self, run) -> None:
-        from engine.report.summary import summary_rich_table
-
         if self._rich_live is not None:
             if run.spans is not None:
                 run.spans.requests(force=True)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.memory.growth import who_grew
+from engine.memory.table import memory_table
+from engine.store.parquet import write_table
+
+
 MEMORY_TABLE = "memory.parquet"
 
 
 def write_memory(session: Path, out: Path) -> list:
     """Write OUT/memory.parquet from SESSION's memory samples, with who grew in its metadata;
     returns who grew (engine.memory.growth.Growth per process), [] for a session without samples."""
-    from engine.memory.growth import who_grew
-    from engine.memory.table import memory_table
-    from engine.store.parquet import write_table
-
     table, facts = memory_table(session)
     if table.empty:
         return []

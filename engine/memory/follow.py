@@ -23,8 +23,10 @@ import pandas as pd
 
 from engine.errors import TandemError
 from engine.memory.growth import who_grew
+from engine.memory.jvm import read_jvm_memory
 from engine.memory.table import STALE_NS, process_rows, with_buckets
 from engine.session import JVM_DIRS, PROCESS_MEMORY_DIR, PYTHON_DIRS, PYTHON_MEMORY, jvm_recordings, pid_from_name
+
 
 KEEP_S = 600  # the window who grew is fitted on (its second half: the latest five minutes)
 PERIOD_S = 2.0  # (a rebuild of the table costs tens of ms of pandas)
@@ -138,8 +140,6 @@ class MemoryFollower:
             return None
 
     def _read_jvms(self) -> None:
-        from engine.memory.jvm import read_jvm_memory
-
         for directory in sorted(self.session.glob(JVM_DIRS)):
             if directory in self._closed_jvms or not directory.is_dir():
                 continue

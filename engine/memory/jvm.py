@@ -12,8 +12,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engine import jvm
 from engine.clock import align
+from engine.clock.chunks import copy_chunks  # (a copy cut at the last flush, marked finished)
 from engine.clock.chunks import scan_chunks
+from engine.ingest.jfr_input import readable_recordings
+
 
 # event type -> {column: field}; every value in bytes except the counts.
 PERIODIC_FIELDS = {
@@ -62,8 +66,6 @@ def read_jvm_memory(recordings: list[Path], flushed: bool = False, java_version:
     unfinished chunk up to its last flush instead (a running JVM's repository: `tandem live`).
     With G1, jvm_gc_side_tables: its side tables, estimated from the committed heap (JAVA_VERSION:
     the JVM's, jvm.json's java_version)."""
-    from engine.ingest.jfr_input import readable_recordings
-
     with readable_recordings(list(recordings)) as (readable, named):  # (packed chunks decompressed)
         table, facts = _read_jvm_memory(readable, flushed)
         facts["skipped_recordings"] = [named(path) for path in facts["skipped_recordings"]]
@@ -90,7 +92,6 @@ def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFram
         if scan.unfinished is None:
             _read_file(path, rows, sync_ticks, sync_mono)
             continue
-        from engine.clock.chunks import copy_chunks  # (a copy cut at the last flush, marked finished)
 
         with tempfile.TemporaryDirectory(prefix="tandem-memory-") as tmp:
             _read_file(copy_chunks(path, scan.chunks, Path(tmp) / "flushed.jfr"), rows, sync_ticks, sync_mono)
@@ -109,8 +110,6 @@ def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFram
 
 
 def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list) -> None:
-    from engine import jvm
-
     jpype = jvm.start_jvm()
     EventStream = jpype.JClass("jdk.jfr.consumer.EventStream")
     Paths = jpype.JClass("java.nio.file.Path")

@@ -28,7 +28,10 @@ import time
 from pathlib import Path
 
 from engine.errors import TandemError
+from engine.probe.build import build_probe
+from engine.record.summary import unprobed_interpreters
 from engine.session import PROBE_JSON, process_alive, read_json
+
 
 INJECT_SOURCE = Path(__file__).with_name("inject.c")
 GDB_TIMEOUT_S = 60
@@ -310,9 +313,6 @@ engine.probe.stop()
 def start(pid: int, session: Path, cache: Path) -> tuple[Path, str]:
     """Start the probe in PID into SESSION/py-<pid>/; returns that directory once recording, and
     how the probe was injected (a phrase)."""
-    from engine.probe.build import build_probe
-    from engine.record.summary import unprobed_interpreters
-
     root = build_probe(f"/proc/{pid}/exe", cache)
     how, library = run_in(pid, _START.format(root=str(root), session=str(session)), session, cache)
     directory = session / f"py-{pid}"

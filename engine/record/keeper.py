@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.clock.chunks import FILE_STATE_FINISHED, FILE_STATE_OFFSET
+from engine.clock.packed import packed_chunk_span, zstd_dictionary
 from engine.errors import TandemError
 from engine.ingest.segments import pack, packed_span
 from engine.ring.layout import OFFSET_STATE, STATE_CLOSED
 from engine.session import (GIL_EVENTS, JVM_DIRS, KEPT_CHUNKS, PACKED_CHUNK_SUFFIX, PACKED_CHUNKS, PACKED_DICTIONARY,
                             PACKED_SUFFIX, PYTHON_DIRS, gil_segments, packed_chunks)
+
 
 # A segment is closed after this many bytes or this long (whichever first): small enough that
 # the one being written, not yet packed, stays a small part of the budget.
@@ -219,8 +221,6 @@ class Keeper:
 
     def _chunk_start_ns(self, packed: Path) -> int | None:
         """Wall-clock start (ns) of a packed chunk, from its header (read once); None when unreadable."""
-        from engine.ingest.jfr_input import packed_chunk_span
-
         if packed not in self._chunk_starts:
             span = packed_chunk_span(packed)
             self._chunk_starts = {packed: span[0] if span else None}  # (only the oldest is asked, until it goes)
@@ -337,8 +337,6 @@ def _compress(data: bytes, level: int, dictionary=None) -> bytes:
 
 
 def _dictionary(packed: Path):
-    from engine.ingest.jfr_input import zstd_dictionary
-
     return zstd_dictionary(packed)
 
 

@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.errors import TandemError
+from engine.probe.build import hook_environment, interpreters_to_prebuild, prebuild
 from engine.record import session
+
 
 SESSION_VARIABLE = "TANDEM_SESSION"
 MEMORY_VARIABLE = "TANDEM_MEMORY"  # "0": the GIL probe starts no memory sampler (engine/probe/__init__.py)
@@ -79,8 +81,6 @@ def recording_environment(session: Path, jar: Path, options: str, probe: dict[st
     recorder's segment rotation, engine/record/keeper.py); NATIVE_MEMORY: the JVMs track their
     native memory by category (NMT summary: JFR's jdk.NativeMemoryUsage on JDK 20+); MEMORY
     False: the probes sample no memory."""
-    from engine.probe.build import hook_environment
-
     env = hook_environment(os.environ)
     existing = env.get("JAVA_TOOL_OPTIONS")
     if native_memory:
@@ -99,8 +99,6 @@ def prebuild_probes(session: Path, env: dict[str, str], pythons: Sequence[str] =
     """Build the GIL probe now for the interpreters the command will likely run (tandem's,
     `python3` on the command's PATH, PYTHONS from --python); python -> probe directory, or
     why it cannot be probed (also named in SESSION/unprobed/). Others build on first use."""
-    from engine.probe.build import interpreters_to_prebuild, prebuild
-
     for python in pythons:
         if not os.access(python, os.X_OK):
             raise TandemError(f"--python {python}: not an executable file")

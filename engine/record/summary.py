@@ -10,7 +10,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.clock.chunks import scan_chunks
+from engine.clock.packed import is_zstd
+from engine.errors import TandemError
+from engine.ingest.jfr import unflushed
+from engine.ingest.jfr_input import readable_recordings
+from engine.probe.start_hook import UNPROBED_DIR
 from engine.session import JVM_DIRS, JVM_JSON, PROBE_JSON, PYTHON_DIRS, agent_error_line, jvm_recordings, read_json
+
 
 # The event types a user of tandem looks for first; the rest are summed up as "events".
 KEY_EVENTS = {
@@ -65,9 +72,6 @@ def _one_recording(files: list[Path]):
     """FILES as jdk.jfr's tool reads them: a flight recorder's packed chunks decompressed and
     laid end to end with the rest into one file (chunks end to end are a recording), so the
     tool starts once, not once per chunk."""
-    from engine.errors import TandemError
-    from engine.ingest.jfr_input import is_zstd, readable_recordings
-
     if not any(is_zstd(file) for file in files):
         yield files
         return
@@ -125,10 +129,6 @@ def collect(session: Path, jfr_tool: Path | None, status=None) -> list[ProcessCa
 def _unflushed_line(chunk: Path) -> str | None:
     """A JVM still "recording" once its command ended: what it lost after its last JFR flush
     (docs/pauses.md, "Unflushed"), or None while it runs on."""
-    from engine.clock.chunks import scan_chunks
-    from engine.errors import TandemError
-    from engine.ingest.jfr import unflushed
-
     try:
         window = unflushed(scan_chunks(chunk))
     except (OSError, TandemError):  # (never flushed, or gone: the analysis says so)
@@ -138,8 +138,6 @@ def _unflushed_line(chunk: Path) -> str | None:
 
 def unprobed_interpreters(session: Path) -> list[dict]:
     """The interpreters that ran without the GIL probe, with the reason (SESSION/unprobed/)."""
-    from engine.probe.start_hook import UNPROBED_DIR
-
     return [entry for entry in map(read_json, sorted((session / UNPROBED_DIR).glob("*.json"))) if entry]
 
 

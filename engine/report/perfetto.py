@@ -39,7 +39,12 @@ import numpy as np
 import pandas as pd
 
 from engine.correlate.schema import GIL_CARRIED_COLUMNS
+from engine.correlate.stops import caused_stops
+from engine.errors import TandemError
+from engine.memory import MEMORY_TABLE
+from engine.memory.series import process_series
 from engine.results import Results
+
 
 # Pause families in the order their tracks appear under a JVM process.
 JVM_TRACKS = {
@@ -126,8 +131,6 @@ def _read_pauses(results: Results) -> pd.DataFrame:
 
 def _read_memory(results: Results) -> pd.DataFrame:
     """memory.parquet (`tandem analyze`) or its live parts; empty when there is none (no memory capture)."""
-    from engine.memory import MEMORY_TABLE
-
     memory = results.table(MEMORY_TABLE.removesuffix(".parquet"))
     return memory if len(memory) else pd.DataFrame({"t_ns": pd.Series([], dtype="int64"), "pid": pd.Series([], dtype="int64")})
 
@@ -758,8 +761,6 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
     """Write the trace of the results in RESULTS_DIR (`tandem analyze -o`, or `tandem live`'s
     parts) to OUTPUT, atomically. fmt: "proto" or "json"; default by OUTPUT's suffix (.json:
     JSON, else protobuf). progress(done, total): GIL rows read and drawn so far."""
-    from engine.errors import TandemError
-
     output = Path(output)
     fmt = fmt or ("json" if output.suffix.lower() == ".json" else "proto")
     if fmt not in FORMATS:
@@ -794,9 +795,7 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
 
 def _read_causes(results: Results) -> pd.DataFrame:
     """The stops a Python thread asked for (pause_impact's cause columns, one row per stop:
-    engine.analysis.causes.caused_stops): pause_id, start_ns, cause_pid, cause_tid."""
-    from engine.analysis.causes import caused_stops
-
+    engine.correlate.stops.caused_stops): pause_id, start_ns, cause_pid, cause_tid."""
     columns = ["pause_id", "start_ns", "cause_pid", "cause_tid"]
     impact = results.table("pause_impact")
     if not len(impact) or not {"caused_by_python", *columns} <= set(impact.columns):
@@ -827,8 +826,6 @@ def _cause_flows(spill: _ThreadSpill, causes: pd.DataFrame, first_flow: int) -> 
 
 def _draw(writer, pauses: pd.DataFrame, spill: _ThreadSpill, causes: pd.DataFrame, memory: pd.DataFrame,
           advance: Callable[[int], None], spans: pd.DataFrame) -> None:
-    from engine.memory.series import process_series
-
     uuids = iter(range(1, 1 << 62))
     jvm = _jvm_tracks(pauses, lambda: next(uuids))
     placed = {int(pid): track for track, rows in jvm for pid in rows["pause_id"].tolist()}

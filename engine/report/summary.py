@@ -5,6 +5,15 @@ import math
 
 import pandas as pd
 
+from engine.memory.growth import BUCKET_NAMES
+from engine.spans.outputs import hurt_endpoints
+
+
+JPYPE_GC_LINK_ADVICE = ("JPype's GC link: after a Python garbage collection that grew the process by its high-water mark "
+                        "(+20 MiB), JPype called System.gc() holding the GIL; every Python thread waited for the Java "
+                        "collection. Make Python garbage less often (reuse buffers, fewer large temporaries) or give the "
+                        "JVM a heap that needs no full collection; JPype has no switch for the link.")
+
 
 def _duration(ns: float | int | None) -> str:
     if ns is None:
@@ -144,8 +153,6 @@ def _where(fact: dict) -> str:
 def why_lines(why: dict) -> list[str]:
     """Who was hit (the Python code pauses overlapped most) and who caused pauses (Python
     threads that asked the JVM for them), with JPype's GC link named (docs/results.md)."""
-    from engine.analysis.causes import JPYPE_GC_LINK_ADVICE
-
     lines = []
     if why.get("functions_hit"):
         lines.append("Python code hit most (total overlap): " + "; ".join(
@@ -194,8 +201,6 @@ def _set_off_by(collections: list[dict]) -> str:
 def requests_hurt_lines(requests: pd.DataFrame, limit: int = 5) -> list[str]:
     """Requests hurt (requests.parquet, docs/results.md): the endpoints whose slowest 1% lost the
     largest share of their time to stops of the world and GIL waits, with figures."""
-    from engine.spans.outputs import hurt_endpoints
-
     hurt = hurt_endpoints(requests, limit)
     if not len(hurt):
         return [f"requests hurt: none ({len(requests)} endpoint(s); no slowest 1% lost 1% of its time to pauses or GIL waits)"]
@@ -220,8 +225,6 @@ def _bytes(value: float) -> str:
 def memory_lines(growths: list) -> list[str]:
     """Who grew (engine/memory/growth.py): per process its RSS, the trend of its second half
     split by bucket, and the leak-like growth named with its rate, or that there is none."""
-    from engine.memory.growth import BUCKET_NAMES
-
     lines = []
     for g in growths:
         lines.append(f"memory of pid {g.pid} ({g.comm or '?'}): RSS {_bytes(g.rss_first)} -> {_bytes(g.rss_last)} "

@@ -31,7 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import TandemError
+from engine.ring.reader import EventsBlocks  # (the ring reader's numpy setup, only when spans are read)
 from engine.session import GIL_EVENTS, GIL_RING, JVM_DIRS, JVM_JSON, PYTHON_DIRS, SESSION_JSON, read_json
+
 
 UNRECORDED_PAIR_ERROR_NS = 20_000
 MAX_SLEW_PPM = 500  # the kernel's largest NTP frequency correction (adjtimex MAXFREQ)
@@ -91,8 +93,6 @@ def _slew_ns(distance_ns: np.ndarray) -> np.ndarray:
 
 def session_pairs(session: Path) -> tuple[list[ClockPair], dict]:
     """The clock pairs of SESSION's boot, and session.json (its hostname and boot id)."""
-    from engine.ring.reader import EventsBlocks  # (the ring reader's numpy setup, only when spans are read)
-
     session = Path(session)
     description = read_json(session / SESSION_JSON, strict=True)
     boot = description.get("boot_id")

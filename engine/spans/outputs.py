@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 
 from engine.spans.figures import SpanFigures, pids_from_threads
+from engine.store import write_table
+
 
 SPANS_FILE, REQUESTS_FILE = "spans.parquet", "requests.parquet"
 SPAN_RESULT_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "endpoint", "service_name", "pid",
@@ -96,8 +98,6 @@ def write_span_results(out: str | Path, spans: pd.DataFrame, requests: pd.DataFr
 
 def _write(frame: pd.DataFrame, path: Path, metadata: dict) -> Path:
     """engine.store's writer, without pandas' schema metadata (stop_ids is an Arrow list)."""
-    from engine.store import write_table
-
     return write_table(frame, path, metadata, pandas_metadata=False)
 
 

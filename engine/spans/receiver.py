@@ -25,7 +25,10 @@ from pathlib import Path
 import pandas as pd
 
 from engine.errors import TandemError
-from engine.spans.source import BINPB_SUFFIX, SPAN_COLUMNS, _Malformed, _frame, _read_request, spans_of_message
+from engine.probe.span_hook import ENVIRONMENT
+from engine.spans.source import (BINPB_SUFFIX, SPAN_COLUMNS, _frame, _hex_id_fields_as_base64, _Malformed, _read_request,
+                                 spans_of_message)
+
 
 TRACES_PATH = "/v1/traces"
 SESSION_SPANS = "spans.binpb"  # what `tandem live --otlp-receiver` keeps in the session
@@ -39,8 +42,6 @@ def exporter_environment(receiver: "OtlpHttpReceiver", env: dict) -> dict:
     A user who set where traces go (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or OTEL_EXPORTER_OTLP_ENDPOINT
     for every signal) keeps it: then tandem receives nothing. Only the traces' variables: the
     SDK's metrics and logs exporters are not pointed at a receiver that takes traces only."""
-    from engine.probe.span_hook import ENVIRONMENT
-
     if "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in env or "OTEL_EXPORTER_OTLP_ENDPOINT" in env:
         return {ENVIRONMENT: "1"}
     return {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
@@ -148,7 +149,6 @@ class OtlpHttpReceiver:
         if kind == JSON:
             from google.protobuf.json_format import ParseDict
 
-            from engine.spans.source import _hex_id_fields_as_base64
 
             document = json.loads(body)
             rows: dict[str, list] = {column: [] for column in SPAN_COLUMNS}
