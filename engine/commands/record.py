@@ -32,7 +32,7 @@ def record(
 
     from engine import jvm
     from engine.errors import TandemError
-    from engine.record import keeper as keeping, launch, session as sessions, summary
+    from engine.record import keeper as keeping, launch, session as sessions
     from engine.record.memory import ProcessMemorySampler
 
     if settings is not None and not settings.is_file():
@@ -95,6 +95,8 @@ def record(
         console.print(f"tandem: {problem}")
 
     try:
+        from engine.record import summary  # (reads JFR: loaded once the command has run, not before it starts)
+
         with console.status("reading what was captured") as status:
             try:
                 jfr_tool = jvm.jdk_tool("jfr")

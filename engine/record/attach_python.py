@@ -29,7 +29,7 @@ from pathlib import Path
 
 from engine.errors import TandemError
 from engine.probe.build import build_probe
-from engine.record.summary import unprobed_interpreters
+from engine.record.session import unprobed_interpreters
 from engine.session import PROBE_JSON, process_alive, read_json
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from engine.probe.private import private_directory
+from engine.probe.start_hook import UNPROBED_DIR
 from engine.session import SESSION_JSON, current_boot_id, read_json
 
 
@@ -93,3 +94,8 @@ def clock_pair() -> tuple[int, int]:
     wall = time.time_ns()
     after = time.monotonic_ns()
     return before + (after - before) // 2, wall
+
+
+def unprobed_interpreters(session: Path) -> list[dict]:
+    """The interpreters that ran without the GIL probe, with the reason (SESSION/unprobed/)."""
+    return [entry for entry in map(read_json, sorted((session / UNPROBED_DIR).glob("*.json"))) if entry]

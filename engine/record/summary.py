@@ -15,7 +15,7 @@ from engine.clock.packed import is_zstd
 from engine.errors import TandemError
 from engine.ingest.jfr import unflushed
 from engine.ingest.jfr_input import readable_recordings
-from engine.probe.start_hook import UNPROBED_DIR
+from engine.record.session import unprobed_interpreters
 from engine.session import JVM_DIRS, JVM_JSON, PROBE_JSON, PYTHON_DIRS, agent_error_line, jvm_recordings, read_json
 
 
@@ -134,11 +134,6 @@ def _unflushed_line(chunk: Path) -> str | None:
     except (OSError, TandemError):  # (never flushed, or gone: the analysis says so)
         return None
     return window["line"] if window else None
-
-
-def unprobed_interpreters(session: Path) -> list[dict]:
-    """The interpreters that ran without the GIL probe, with the reason (SESSION/unprobed/)."""
-    return [entry for entry in map(read_json, sorted((session / UNPROBED_DIR).glob("*.json"))) if entry]
 
 
 def print_summary(console, session: Path, captures: list[ProcessCapture]) -> None:

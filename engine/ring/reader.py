@@ -23,7 +23,6 @@ from engine.errors import TandemError
 from engine.ring.layout import (CALIB_SLOTS, CALIB_WORDS, CLOCK_TSC, FILE_KIND_EVENTS, FILE_KIND_RING, HEADER_SIZE, LANE_DTYPE,
                                 LOST_MARKER, MAX_POSITION, OFFSET_CALIB_SEQ, OFFSET_CALIB_TABLE, OFFSET_STATE, STATE_CLOSED,
                                 RingHeader, parse_header, records_offset_of)
-from engine.ring.seqcheck import records_continue
 
 
 def _open_checked(path: Path, what: str) -> tuple[int, os.stat_result]:
@@ -270,6 +269,8 @@ class _EventsCheck:
     def chunk(self, slots: np.ndarray, first_row: int) -> int:
         """Check SLOTS (rows from FIRST_ROW); move the records to its front, markers out.
         Returns how many records it kept."""
+        from engine.ring.seqcheck import records_continue  # lazy: numba (0.3 s) only once records are read
+
         records = slots.view(self.record_dtype)
         lane = records["lane"]
         # Fast path, almost every chunk: each record's seq runs on from its lane's previous one
