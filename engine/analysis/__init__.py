@@ -15,18 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
 
-from engine.analysis.causes import Causes, CodeHits, why_facts, with_causes
-from engine.analysis.facts import aligned_pauses, result_header
-from engine.analysis.stream import StreamedAnalysis, analyze_streamed
-from engine.correlate import END, RESULT_TABLES, Correlator
-from engine.correlate.inputs import gil_rows_from_frame
-from engine.correlate.schema import empty_frame, to_pandas
-from engine.correlate.stops import stop_ids
-from engine.correlate.tables import check_gil
+from engine.analysis.stream import MemorySink, StreamedAnalysis, analyze_streamed, drive
+from engine.correlate import RESULT_TABLES
+from engine.correlate.schema import empty_frame
 from engine.ingest.gil import SampledRecords
-from engine.ingest.gil_stream import thread_lifetimes
+from engine.ingest.gil_stream import FrameGil
 from engine.ingest.inputs import gil_from, pauses_from, streamable_gil
 from engine.report.summary import print_summary
 from engine.report.timeline import draw_timeline
@@ -96,36 +90,12 @@ def correlate(
     offset_ns, when given, is added to every pause time to put the pauses on the GIL
     table's clock, and overrides the refusal to join tables from different clocks or boots.
     """
-    pauses, pause_clock, gil_clock, alignment = aligned_pauses(pauses, pauses_source, gil.attrs,
-                                                               gil_source or gil.attrs.get("source") or "gil table", offset_ns)
-    gil, duplicate_gil_rows = check_gil(gil, gil_clock.source)
-
-    core = Correlator(slack_ns, gil_source=gil_clock.source, pauses_source=pause_clock.source)
-    stop = stop_ids(pauses)
-    hits = CodeHits.fed_by(core, pauses, stop)  # the summary's code hit most, as a streamed analysis adds it up
-    rows = gil_rows_from_frame(gil)
-    causes = Causes(pauses, stop, thread_lifetimes(gil))  # (the whole table: one block)
-    causes.push(rows, END, lambda mask: gil[mask])
-    pushed = core.push(pauses=pauses, gil=rows, watermark_ns=END)
-    finished = core.finish()
-    overlaps = pa.concat_tables([pushed.overlaps, finished.overlaps])
-    gil_free = pa.concat_tables([pushed.gil_free, finished.gil_free])
-    gil_free = gil_free.sort_by([("pid", "ascending"), ("start_ns", "ascending")])
-    header = result_header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, duplicate_gil_rows)
-    causes.overlaps(*(overlaps[c].to_numpy() for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
-    overlaps = to_pandas(overlaps, "overlaps")
-    impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, causes.table())
-    header["why"] = why_facts(impact, hits.table(core.carried_table), pauses, stop)
-    return Analysis(
-        pauses=pauses,
-        gil=gil,
-        gil_free=to_pandas(gil_free, "gil_free"),
-        overlaps=overlaps,
-        pause_impact=impact,
-        summary_table=core.summary(),
-        header=header,
-        stops=core.stops(),
-    )
+    gil = FrameGil(gil, gil_source or gil.attrs.get("source") or "gil table")
+    driven = drive(pauses, gil, MemorySink(), slack_ns=slack_ns, offset_ns=offset_ns, pauses_source=pauses_source)
+    tables = driven.out
+    return Analysis(pauses=tables["pauses"], gil=gil.frame, gil_free=tables["gil_free"], overlaps=tables["overlaps"],
+                    pause_impact=tables["pause_impact"], summary_table=tables["summary"], header=driven.header,
+                    stops=tables["stops"])
 
 
 def analyze(pauses, gil=None, *, slack_ns: int = 0, offset_ns: int | None = None) -> Analysis:

@@ -1,5 +1,9 @@
-"""Offline analysis in bounded memory: the correlation core driven over a whole session's GIL
-intervals, block by block, every result table written to Parquet as its rows become final.
+"""The offline driver: a GIL source's blocks through the correlation core into a sink, in bounded
+memory. `tandem analyze`, the fleet's workers and the notebook's `correlate` all run `drive`:
+
+    ParquetGil | EventsGil (files, block by block) -> ParquetSink -> OUT/*.parquet as rows become final
+    FrameGil (a table in memory, one block)          -> MemorySink  -> the result tables as DataFrames
+
 (The core's other driver is `tandem live`, engine/live/runner.py, fed by the live sources.)
 
 The GIL side is a stream of blocks (engine/ingest/gil_stream.py: a Parquet gil table or the
@@ -116,74 +120,166 @@ def carried_numbered(blocks):
         blocks.close()
 
 
-def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack_ns: int = 0,
-                     offset_ns: int | None = None, pauses_source: str | None = None, progress=None) -> StreamedAnalysis:
-    """Correlate a pauses table with a streamed GIL side (ParquetGil or EventsGil), writing
-    OUT/*.parquet as it goes."""
+class ParquetSink:
+    """The result tables into OUT/*.parquet, the streamed ones (overlaps, gil_free, a copied gil)
+    written by a thread of their own as their rows become final."""
+
+    text_as_dictionary = True
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = Path(out)
+        self.writers: dict[str, TableWriter] = {}
+        self.background = None
+
+    def open(self, gil) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.gil = gil
+        self.writers = {"overlaps": TableWriter(self.out / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *gil.carried]),
+                                                text_as_dictionary=True),
+                        "gil_free": TableWriter(self.out / "gil_free.parquet", SCHEMAS["gil_free"])}
+        if gil.copy_schema is not None:
+            self.writers["gil"] = TableWriter(self.out / "gil.parquet", gil.copy_schema, text_as_dictionary=True)
+        self.background = WriterThread()
+
+    def rows(self, rows: Rows) -> None:
+        for name, table in rows.tables().items():
+            if name in self.writers:
+                self.background.write(self.writers[name], table)
+
+    def gil_rows(self, table: pa.Table) -> None:
+        self.background.write(self.writers["gil"], table)
+
+    def drain(self) -> None:
+        self.background.drain()
+
+    def finish(self, header: dict, tables: dict[str, pd.DataFrame]) -> list[Path]:
+        meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
+        paths = [self.writers.pop(name).close(meta(name)) for name in list(self.writers)]
+        if isinstance(self.gil, ParquetGil) and self.gil.copy:
+            paths.append(self.gil.write_copy(self.out / "gil.parquet", meta("gil")))
+        elif not self.gil.copy:
+            (self.out / "gil.parquet").unlink(missing_ok=True)  # (of an earlier run on another input)
+        for name, table in tables.items():
+            paths.append(write_table(table, self.out / f"{name}.parquet", meta(name)))
+        order = {name: i for i, name in enumerate(RESULT_TABLES)}
+        return sorted(paths, key=lambda p: order[p.stem])
+
+    def abort(self) -> None:
+        try:
+            if self.background is not None:
+                self.background.drain()
+        except BaseException:
+            pass
+        for writer in self.writers.values():
+            writer.abort()
+
+    def close(self) -> None:
+        if self.background is not None:
+            self.background.stop()
+
+
+class MemorySink:
+    """The result tables as DataFrames (the notebook's `correlate`): the streamed ones gathered."""
+
+    text_as_dictionary = False  # (text columns as the caller's pandas strings, not categoricals)
+
+    def __init__(self):
+        self.parts: dict[str, list[pa.Table]] = {"overlaps": [], "gil_free": []}
+
+    def open(self, gil) -> None:
+        pass
+
+    def rows(self, rows: Rows) -> None:
+        self.parts["overlaps"].append(rows.overlaps)
+        self.parts["gil_free"].append(rows.gil_free)
+
+    def gil_rows(self, table: pa.Table) -> None:
+        pass  # (the gil table is the caller's, already in memory)
+
+    def drain(self) -> None:
+        pass
+
+    def finish(self, header: dict, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+        gil_free = pa.concat_tables(self.parts["gil_free"]).sort_by([("pid", "ascending"), ("start_ns", "ascending")])
+        return {**tables, "overlaps": to_pandas(pa.concat_tables(self.parts["overlaps"]), "overlaps"),
+                "gil_free": to_pandas(gil_free, "gil_free")}
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Driven:
+    """What one drive made: the header, the summary and stops, and what the sink gave back."""
+
+    header: dict
+    summary_table: pd.DataFrame
+    stops: pd.DataFrame
+    pauses: pd.DataFrame
+    out: object
+
+
+def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int | None = None,
+          pauses_source: str | None = None, progress=None) -> Driven:
+    """Correlate a pauses table with a GIL source (FrameGil, ParquetGil or EventsGil, engine/ingest/
+    gil_stream.py) block by block, the rows given to SINK (ParquetSink, MemorySink) as they become
+    final; causes and the summary's code hits are fed on the way."""
     lifetimes = gil.first_pass()  # (also reads what the GIL files say about their clock)
     pauses, pause_clock, gil_clock, alignment = aligned_pauses(pauses, pauses_source, gil.attrs, gil.source, offset_ns)
     # (pandas deep-copies a frame's attrs in every operation on it: the recordings' facts wait for the header)
     pause_facts, pauses.attrs = pauses.attrs, {}
     core = Correlator(slack_ns, lifetimes=KnownLifetimes(lifetimes), gil_source=gil_clock.source,
-                      pauses_source=pause_clock.source, text_as_dictionary=True)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    writers = {"overlaps": TableWriter(out / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *gil.carried]),
-                                       text_as_dictionary=True),
-               "gil_free": TableWriter(out / "gil_free.parquet", SCHEMAS["gil_free"])}
-    if gil.copy_schema is not None:
-        writers["gil"] = TableWriter(out / "gil.parquet", gil.copy_schema, text_as_dictionary=True)
-    background = WriterThread()
+                      pauses_source=pause_clock.source, text_as_dictionary=sink.text_as_dictionary)
     stop = stop_ids(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
     causes = Causes(pauses, stop, lifetimes)  # who asked for each pause: fed the rows and overlaps as they pass
     hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
 
     def emit(rows: Rows) -> None:
-        for name, table in rows.tables().items():
-            if name in writers:
-                background.write(writers[name], table)
+        sink.rows(rows)
         if rows.overlaps.num_rows:
             causes.overlaps(*(rows.overlaps[c].to_numpy() for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
 
     try:
+        sink.open(gil)
+        blocks = carried_numbered(gil.pushes()) if sink.text_as_dictionary else gil.pushes()
         pending_pauses = pauses[core_columns(pauses)]  # (the core keeps what it reads, not every column)
-        for block in read_ahead(carried_numbered(gil.pushes()), depth=READ_AHEAD_BLOCKS):
+        for block in read_ahead(blocks, depth=READ_AHEAD_BLOCKS):
             rows = block.rows
             emit(core.push(pauses=pending_pauses, gil=rows, watermark_ns=block.watermark_ns))
             pending_pauses = None
             if block.copy is not None:
-                background.write(writers["gil"], block.copy)
+                sink.gil_rows(block.copy)
             causes.push(rows, block.watermark_ns, lambda mask, block=block: rows_frame(block, mask))
             if progress is not None:
                 progress(block.rows_so_far)
         if pending_pauses is not None:
             emit(core.push(pauses=pending_pauses, watermark_ns=END))
         emit(core.finish())
-        background.drain()
+        sink.drain()
         pauses.attrs = pause_facts
-        header = result_header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns, core.duplicate_gil_rows)
+        header = result_header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns,
+                               core.duplicate_gil_rows + gil.duplicate_rows)
         if not gil.copy:  # (docs/results.md, "gil.parquet"): the results name the GIL files
             header["gil_table"] = gil.references
         summary, stops = core.summary(), core.stops()
         impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, causes.table())
         header["why"] = why_facts(impact, hits.table(core.carried_table), pauses, stop)
-        meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
-        paths = [writers.pop(name).close(meta(name)) for name in list(writers)]
-        if isinstance(gil, ParquetGil) and gil.copy:
-            paths.append(gil.write_copy(out / "gil.parquet", meta("gil")))
-        elif not gil.copy:
-            (out / "gil.parquet").unlink(missing_ok=True)  # (of an earlier run on another input)
-        for name, table in (("pause_impact", impact), ("pauses", pauses), ("summary", summary), ("stops", stops)):
-            paths.append(write_table(table, out / f"{name}.parquet", meta(name)))
+        out = sink.finish(header, {"pause_impact": impact, "pauses": pauses, "summary": summary, "stops": stops})
     except BaseException:
-        try:
-            background.drain()
-        except BaseException:
-            pass
-        for writer in writers.values():
-            writer.abort()
+        sink.abort()
         raise
     finally:
-        background.stop()
-    order = {name: i for i, name in enumerate(RESULT_TABLES)}
-    return StreamedAnalysis(summary, header, sorted(paths, key=lambda p: order[p.stem]), stops)
+        sink.close()
+    return Driven(header, summary, stops, pauses, out)
+
+
+def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack_ns: int = 0,
+                     offset_ns: int | None = None, pauses_source: str | None = None, progress=None) -> StreamedAnalysis:
+    """Correlate a pauses table with a streamed GIL side (ParquetGil or EventsGil), writing
+    OUT/*.parquet as it goes."""
+    driven = drive(pauses, gil, ParquetSink(out), slack_ns=slack_ns, offset_ns=offset_ns,
+                   pauses_source=pauses_source, progress=progress)
+    return StreamedAnalysis(driven.summary_table, driven.header, driven.out, driven.stops)

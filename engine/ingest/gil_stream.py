@@ -1,7 +1,7 @@
 """The GIL side of an offline analysis as a stream of blocks for the correlation core
-(engine/analysis/stream.py drives it): a Parquet gil table (`ParquetGil`) or the probe's
+(engine/analysis/stream.py drives it): a Parquet gil table (`ParquetGil`), the probe's
 events files, one per process (`EventsGil`, intervals made block by block by
-engine.ingest.gil.EventsIntervals).
+engine.ingest.gil.EventsIntervals), or a table already in memory (`FrameGil`, one block).
 
 Two passes over it. The first (`first_pass`) learns what the core cannot know from the past
 alone: where each later block starts at the earliest (the watermark after each block) and each
@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.correlate import END, GilRows, kernels
-from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow
+from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow, gil_rows_from_frame
 from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES, to_pandas
+from engine.correlate.tables import check_gil
 from engine.errors import TandemError
 from engine.ingest.gil import PROBE_CLOCK, EventsIntervals
 from engine.store import TableWriter, copy_table, read_metadata
@@ -75,8 +76,30 @@ def _later_minimum(block_min: list[int]) -> np.ndarray:
         np.array([END], np.int64)
 
 
+class FrameGil:
+    """A gil table already in memory (a DataFrame) as one block: the notebook's `correlate`. It is
+    checked (engine.correlate.tables.check_gil) by the first pass; its duplicate rows dropped there."""
+
+    copy, copy_schema, references = True, None, []  # (the table is the caller's: results keep it, name no file)
+
+    def __init__(self, gil: pd.DataFrame, source: str):
+        self.frame, self.source, self.attrs = gil, source, gil.attrs
+        self.carried = [pa.field(c, pa.string()) for c in GIL_CARRIED_COLUMNS if c in gil.columns]
+        self.duplicate_rows = 0
+
+    def first_pass(self) -> pd.DataFrame:
+        self.frame, self.duplicate_rows = check_gil(self.frame, self.source)
+        return thread_lifetimes(self.frame)
+
+    def pushes(self):
+        frame = self.frame
+        yield GilBlock(gil_rows_from_frame(frame), END, len(frame), frame_of=lambda mask: frame[mask])
+
+
 class ParquetGil:
     """A gil table in a Parquet file, read in blocks of BLOCK_ROWS rows."""
+
+    duplicate_rows = 0  # (duplicates are dropped, and counted, by the core as they pass)
 
     def __init__(self, path: Path, copy: bool = False):
         self.path = Path(path)
@@ -143,6 +166,8 @@ class ParquetGil:
 
 class EventsGil:
     """The GIL probe's events files (one per process) as one stream of interval blocks."""
+
+    duplicate_rows = 0  # (duplicates are dropped, and counted, by the core as they pass)
 
     def __init__(self, paths: list[Path], block_records: int | None = None, copy: bool = False):
         self.files = [EventsIntervals(Path(p), block_records or BLOCK_ROWS) for p in paths]
@@ -232,17 +257,21 @@ class EventsGil:
 @dataclass
 class GilBlock:
     """One push's GIL side: the rows, the watermark after them, the rows pushed so far; `copy`:
-    the rows of gil.parquet (when copied); `table_of(mask)`: some rows as read_gil's table."""
+    the rows of gil.parquet (when copied); `table_of(mask)`: some rows as read_gil's table;
+    `frame_of(mask)`: some rows of a table already in memory."""
 
     rows: GilRows
     watermark_ns: int
     rows_so_far: int
     copy: pa.Table | None = None
     table_of: Callable[[np.ndarray | None], pa.Table] | None = None
+    frame_of: Callable[[np.ndarray], pd.DataFrame] | None = None
 
 
 def rows_frame(block: GilBlock, mask: np.ndarray) -> pd.DataFrame:
     """Some rows of a block as a gil-table DataFrame (with thread names and code when known)."""
+    if block.frame_of is not None:
+        return block.frame_of(mask)
     if block.table_of is not None:
         return to_pandas(block.table_of(mask))
     rows = block.rows
