@@ -158,7 +158,10 @@ class ParquetGil:
         """(GilRows, watermark, rows so far) per block."""
         columns = [c for c in (*GIL_COLUMNS, *GIL_CARRIED_COLUMNS) if c in self.file.schema_arrow.names]
         first_row = 0
-        for k, batch in enumerate(self._blocks(columns)):
+        # text read as dictionaries: a file's dictionary pages become the blocks' dictionaries,
+        # not a string per row hashed again (carried_numbered)
+        text = ["state", *(f.name for f in self.carried if pa.types.is_string(f.type) or pa.types.is_large_string(f.type))]
+        for k, batch in enumerate(self._blocks(columns, read_dictionary=text)):
             rows = gil_rows_from_arrow(batch, self.source, first_row)
             first_row += batch.num_rows
             yield GilBlock(rows, int(self._later[k + 1]), first_row)
