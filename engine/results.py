@@ -21,6 +21,7 @@ import pandas as pd
 from engine.correlate.schema import RESULT_TABLES, empty_frame
 from engine.correlate.tables import check_gil
 from engine.errors import TandemError
+from engine.facts import AnalysisFacts
 from engine.ingest.gil_stream import EventsGil
 from engine.ingest.inputs import gil_from
 from engine.store import read_metadata, read_table
@@ -87,6 +88,10 @@ class Results:
         """The analysis header (docs/results.md, "Metadata") of the summary; {} where there is none."""
         files = self.stored("summary") or self.stored("overlaps")
         return read_metadata(files[-1]).get("analysis", {}) if files else {}
+
+    def facts(self) -> AnalysisFacts:
+        """The header as typed facts (engine.facts)."""
+        return AnalysisFacts.from_metadata(self.header())
 
     def batches(self, table: str, columns: tuple[str, ...] | None = None) -> Iterator:
         """TABLE's rows as Arrow record batches, file after file, with the COLUMNS each file has."""

@@ -6,6 +6,8 @@ force, straight from the definitions in docs/results.md, sharing no code with th
 """
 from __future__ import annotations
 
+import json
+
 import subprocess
 import sys
 from pathlib import Path
@@ -261,6 +263,32 @@ def test_write_is_replaced_on_rerun_and_carries_the_alignment(tmp_path):
         assert back.attrs["analysis"]["clock"]["pauses"]["error_ns"] == 1234
         assert back.attrs["analysis"]["slack_ns"] == 7
     pd.testing.assert_frame_equal(read_table(tmp_path / "overlaps.parquet"), second.overlaps, check_dtype=False)
+
+
+def test_the_header_is_typed_facts_that_survive_the_parquet_metadata(tmp_path):
+    """engine.facts: the header written is AnalysisFacts.as_metadata; read back from any result file it
+    gives the same facts, and the same header again; a key another version wrote is kept as it was."""
+    from engine.facts import AnalysisFacts
+    from engine.results import Results
+
+    pauses, gil = random_scenario(3)
+    pauses.attrs = {"sources": [{"source": "a.jfr", "lost_bytes": 10, "runs": [{"clock": {"error_ns": 5}}]},
+                                {"source": "b.jfr", "damage": [{"chunk": 2, "from_byte": 7, "lost_bytes": 3,
+                                                                "lost_pause_events": 4}]}]}
+    gil.attrs = {"processes": [{"pid": 1, "dropped": 2, "drain_lost": 1}, {"pid": 2, "dropped": 3}]}
+    result = correlate(pauses, gil, slack_ns=11)
+    facts = result.facts
+    assert (facts.losses.dropped_events, facts.losses.drain_lost_events) == (5, 1)
+    assert (facts.losses.jfr_lost.bytes, facts.losses.jfr_lost.pause_events) == (13, None)  # (a cut chunk: uncounted)
+    assert facts.losses.jfr_lost.pause_events_at_least == 4 and len(facts.losses.jfr_lost.chunks) == 2
+    assert facts.slack_ns == 11 and facts.clock["pauses"].error_ns == 5 and facts.span_ns == result.header["span_ns"] > 0
+    result.write(tmp_path)
+    back = Results(tmp_path)
+    assert back.facts() == AnalysisFacts.from_metadata(json.loads(json.dumps(result.header, default=list)))
+    assert back.facts().as_metadata() == back.header()
+    newer = {**back.header(), "a_later_key": {"x": 1}}
+    assert AnalysisFacts.from_metadata(newer).as_metadata() == newer
+    assert AnalysisFacts.from_metadata({}).as_metadata()["pauses"] == 0  # (a file without a header)
 
 
 def test_timeline_draws_a_png(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 ENGINE = Path(__file__).resolve().parent.parent / "engine"
 LAZY_ALLOWED = ("commands", "probe", "demo")
 # README.md's folder table, top to bottom: a package imports only from rows above its own.
-LAYERS = [{"errors"}, {"jvm"}, {"probe"}, {"clock"}, {"session"}, {"ring", "store"}, {"join"}, {"correlate"}, {"ingest"},
+LAYERS = [{"errors"}, {"jvm"}, {"probe"}, {"clock"}, {"facts"}, {"session"}, {"ring", "store"}, {"join"}, {"correlate"}, {"ingest"},
           {"results"}, {"memory", "spans"}, {"report"}, {"analysis"}, {"record"}, {"live", "fleet"}, {"commands", "demo"}]
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 from engine.analysis.stream import MemorySink, StreamedAnalysis, analyze_streamed, drive
 from engine.correlate import RESULT_TABLES
 from engine.correlate.schema import empty_frame
+from engine.facts import AnalysisFacts
 from engine.ingest.gil import SampledRecords
 from engine.ingest.gil_stream import FrameGil
 from engine.ingest.inputs import gil_from, pauses_from, streamable_gil
@@ -41,6 +42,11 @@ class Analysis:
     header: dict = field(default_factory=dict)
     stops: pd.DataFrame = field(default_factory=lambda: empty_frame("stops"))
 
+    @property
+    def facts(self) -> AnalysisFacts:
+        """The header as typed facts (engine.facts): span, processes, losses, clocks."""
+        return AnalysisFacts.from_metadata(self.header)
+
     def tables(self) -> dict[str, pd.DataFrame]:
         """The result tables by file stem (summary and stops included)."""
         return {name: getattr(self, "summary_table" if name == "summary" else name) for name in RESULT_TABLES}
@@ -60,7 +66,8 @@ class Analysis:
         pause), padded by `margin` times its duration on each side (at least 5 ms)."""
         impact = self.pause_impact
         if impact.empty:
-            return int(self.header.get("span_start_ns", 0)), int(self.header.get("span_end_ns", 1))
+            facts = self.facts
+            return int(facts.span_start_ns), int(facts.span_end_ns) or 1
         key = "overlap_ns" if int(impact["overlap_ns"].max()) > 0 else "duration_ns"
         worst = impact.loc[impact[key].idxmax()]
         pad = max(int(margin * int(worst["duration_ns"])), 5_000_000)

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.analysis.causes import Causes, CodeHits, why_facts, with_causes
-from engine.analysis.facts import aligned_pauses, result_header
+from engine.analysis.facts import aligned_pauses, analysis_facts
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
 from engine.correlate.core import carried_key
 from engine.correlate.schema import RESULT_TABLES, SCHEMAS, core_columns, to_pandas
@@ -260,13 +260,14 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         emit(core.finish())
         sink.drain()
         pauses.attrs = pause_facts
-        header = result_header(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns,
-                               core.duplicate_gil_rows + gil.duplicate_rows)
-        if not gil.copy:  # (docs/results.md, "gil.parquet"): the results name the GIL files
-            header["gil_table"] = gil.references
         summary, stops = core.summary(), core.stops()
         impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, causes.table())
-        header["why"] = why_facts(impact, hits.table(core.carried_table), pauses, stop)
+        facts = analysis_facts(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns,
+                               core.duplicate_gil_rows + gil.duplicate_rows,
+                               # (docs/results.md, "gil.parquet"): the results name the GIL files
+                               gil_table=None if gil.copy else gil.references,
+                               why=why_facts(impact, hits.table(core.carried_table), pauses, stop))
+        header = facts.as_metadata()
         out = sink.finish(header, {"pause_impact": impact, "pauses": pauses, "summary": summary, "stops": stops})
     except BaseException:
         sink.abort()

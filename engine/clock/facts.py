@@ -24,7 +24,12 @@ class ClockFacts:
     boot_ids: tuple[str, ...]    # boot ids it names (several processes may each name one)
 
     def as_metadata(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "boot_ids": list(self.boot_ids)}  # (as JSON gives it back)
+
+    @classmethod
+    def from_metadata(cls, value: dict) -> "ClockFacts":
+        return cls(value.get("source") or "", value.get("domain") or MONOTONIC, value.get("method") or "assumed",
+                   value.get("error_ns"), tuple(value.get("boot_ids") or ()))
 
 
 def _nested_clock_errors(attrs: dict) -> list[int]:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from engine.analysis import analyze_to
 from engine.correlate.schema import RESULT_TABLES
+from engine.facts import AnalysisFacts
 from engine.probe.private import private_directory
 from engine.results import Results
 from engine.session import Session, SessionIdentity
@@ -36,18 +37,19 @@ def table_path(root: Path, table: str, identity: SessionIdentity) -> Path:
 
 
 def sessions_row(header: dict, identity: SessionIdentity, source: Path) -> pd.DataFrame:
+    facts = AnalysisFacts.from_metadata(header)
     return pd.DataFrame([{
         "source": str(source),
         "boot_id": identity.boot_id,
         "start_wall_ns": identity.start_wall_ns,
-        "span_start_ns": int(header.get("span_start_ns", 0)),
-        "span_end_ns": int(header.get("span_end_ns", 0)),
-        "span_ns": int(header.get("span_ns", 0)),
-        "pauses": int(header.get("pauses", 0)),
-        "gil_intervals": int(header.get("gil_intervals", 0)),
-        "dropped_events": int(header.get("dropped_events", 0)),
-        "python_processes": len(header.get("python_pids", [])),
-        "jvm_processes": len(header.get("jvm_pids", [])),
+        "span_start_ns": int(facts.span_start_ns),
+        "span_end_ns": int(facts.span_end_ns),
+        "span_ns": int(facts.span_ns),
+        "pauses": int(facts.pauses),
+        "gil_intervals": int(facts.gil_intervals),
+        "dropped_events": int(facts.losses.dropped_events),
+        "python_processes": len(facts.python_pids),
+        "jvm_processes": len(facts.jvm_pids),
     }]).astype({"source": "string", "boot_id": "string"})
 
 

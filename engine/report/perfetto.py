@@ -768,8 +768,8 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
     results = Results(results_dir)
     for name in ("pauses", "gil", "overlaps"):
         results.require(name)
-    header = results.header()
-    total = results.rows("gil") or int(header.get("gil_intervals") or 0)
+    facts = results.facts()
+    total = results.rows("gil") or facts.gil_intervals
     done = 0
 
     def advance(rows: int) -> None:
@@ -785,7 +785,8 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
         spill = _ThreadSpill(Path(spill_dir))
         spill.add_gil(results, advance)
         spill.add_overlaps(results)
-        metadata = {"results": str(results.path), "clock_errors": header.get("clock")}
+        metadata = {"results": str(results.path),
+                    "clock_errors": {side: clock.as_metadata() for side, clock in facts.clock.items()} or None}
         writer = _ProtoWriter(out, metadata) if fmt == "proto" else _JsonWriter(out, metadata)
         _draw(writer, pauses, spill, _read_causes(results), _read_memory(results), advance=advance, spans=_read_spans(results))
         writer.close()

@@ -5,6 +5,7 @@ import math
 
 import pandas as pd
 
+from engine.facts import AnalysisFacts, JfrLost
 from engine.memory.growth import BUCKET_NAMES
 from engine.spans.outputs import hurt_endpoints
 
@@ -26,27 +27,27 @@ def _duration(ns: float | int | None) -> str:
 
 def header_line(header: dict) -> str:
     """Recording span, processes, dropped events and clock error in one line."""
-    span_s = header.get("span_ns", 0) / 1e9
-    clocks = header.get("clock", {})
-    errors = ", ".join(f"{side} ±{_duration(facts.get('error_ns'))} ({facts.get('method')})" for side, facts in clocks.items())
-    python = ", ".join(map(str, header.get("python_pids", []))) or "none"
-    jvms = ", ".join(map(str, header.get("jvm_pids", []))) or "unknown"
-    slack = f"; near misses within {_duration(header['slack_ns'])}" if header.get("slack_ns") else ""
-    if header.get("offset_ns") is not None:
-        slack += f"; pauses shifted by {header['offset_ns']} ns (explicit offset, clocks not checked)"
-    drain_lost = f" (+{header['drain_lost_events']} not written: events file)" if header.get("drain_lost_events") else ""
+    facts = AnalysisFacts.from_metadata(header)
+    losses = facts.losses
+    errors = ", ".join(f"{side} ±{_duration(clock.error_ns)} ({clock.method})" for side, clock in facts.clock.items())
+    python = ", ".join(map(str, facts.python_pids)) or "none"
+    jvms = ", ".join(map(str, facts.jvm_pids)) or "unknown"
+    slack = f"; near misses within {_duration(facts.slack_ns)}" if facts.slack_ns else ""
+    if facts.offset_ns is not None:
+        slack += f"; pauses shifted by {facts.offset_ns} ns (explicit offset, clocks not checked)"
+    drain_lost = f" (+{losses.drain_lost_events} not written: events file)" if losses.drain_lost_events else ""
     return (
-        f"span {span_s:.3f} s; Python pids {python}; JVM pids {jvms}; "
-        f"{header.get('pauses', 0)} pauses, {header.get('gil_intervals', 0)} GIL intervals; "
-        f"dropped events {header.get('dropped_events', 0)}{drain_lost}; {_jfr_lost(header.get('jfr_lost'))}"
-        f"{_kept_windows(header.get('kept_windows'))}clock error: {errors or 'unknown'}{slack}"
+        f"span {facts.span_ns / 1e9:.3f} s; Python pids {python}; JVM pids {jvms}; "
+        f"{facts.pauses} pauses, {facts.gil_intervals} GIL intervals; "
+        f"dropped events {losses.dropped_events}{drain_lost}; {_jfr_lost(losses.jfr_lost)}"
+        f"{_kept_windows(losses.kept_windows)}clock error: {errors or 'unknown'}{slack}"
     )
 
 
-def _kept_windows(windows: list | None) -> str:
+def _kept_windows(windows) -> str:
     """What a flight recorder kept of each process's GIL events, and what it rotated out before."""
     parts = []
-    for w in windows or []:
+    for w in windows:
         kept_s = (w["last_ns"] - w["first_ns"]) / 1e9 if w.get("first_ns") is not None else 0.0
         before = f", {w['rotated_out_events']} earlier events rotated out" if w.get("rotated_out_events") else ""
         parts.append(f"pid {w['pid']} keeps the last {kept_s:.1f} s of GIL events (segments {w['first_segment']}-"
@@ -54,14 +55,14 @@ def _kept_windows(windows: list | None) -> str:
     return f"flight recorder: {'; '.join(parts)}; " if parts else ""
 
 
-def _jfr_lost(lost: dict | None) -> str:
-    if not lost or not lost.get("bytes"):
+def _jfr_lost(lost: JfrLost) -> str:
+    if not lost.bytes:
         return ""
-    if lost.get("pause_events") is not None:
-        events = str(lost["pause_events"])
+    if lost.pause_events is not None:
+        events = str(lost.pause_events)
     else:
-        events = f"at least {lost['pause_events_at_least']}" if lost.get("pause_events_at_least") else "uncounted"
-    return f"JFR not read: {lost['bytes']} bytes, pause events lost {events} ({'; '.join(lost['chunks'])}); "
+        events = f"at least {lost.pause_events_at_least}" if lost.pause_events_at_least else "uncounted"
+    return f"JFR not read: {lost.bytes} bytes, pause events lost {events} ({'; '.join(lost.chunks)}); "
 
 
 def _cell(value) -> str:
