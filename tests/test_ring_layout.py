@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = (ROOT / "docs" / "ring.md").read_text()
 RING_C = (ROOT / "engine" / "probe" / "ring.c").read_text()
 PAUSE_RING_JAVA = (ROOT / "java-agent" / "src" / "tandem" / "agent" / "PauseRing.java").read_text()
+# the record kinds: one numbering for the ring and the offline reader
+PAUSE_KINDS_JAVA = (ROOT / "java-agent" / "src" / "tandem" / "jfr" / "PauseKinds.java").read_text()
 
 
 def section(heading: str) -> str:
@@ -145,7 +147,9 @@ def test_java_pause_writer_follows_the_spec():
         {field: LANE[field] for field in ("head", "tail", "dropped")}
     record = {name.lower(): offset for name, offset in java_constants("REC_OFF_").items()}
     assert record == {field: PAUSE_RECORD[field] for field in record} and set(record) == set(PAUSE_RECORD)
-    kinds = {name: value for name, value in java_constants("KIND_").items()}
-    assert kinds == {name.upper().replace(" ", "_"): value for name, value in PAUSE_KINDS.items()}
+    codes = {name: int(value) for name, value in re.findall(r"static final int (\w+) = (\d+);", PAUSE_KINDS_JAVA)}
+    kinds = dict(re.findall(r"static final int KIND_(\w+) = PauseKinds\.(\w+);", PAUSE_RING_JAVA))
+    assert {name: codes[kind] for name, kind in kinds.items()} == \
+        {name.upper().replace(" ", "_"): value for name, value in PAUSE_KINDS.items()}
     # the writer uses its names, not numbers: no literal offset is added to a record's position
     assert not re.search(r"\bat \+ \d", PAUSE_RING_JAVA)

@@ -32,13 +32,13 @@ def pauses(
 def _print_summary(console, table, target: Path) -> None:
     from rich.table import Table
 
-    from engine.ingest.jfr import KINDS
+    from engine.correlate.schema import PAUSE_KINDS
 
     meta = table.attrs
     summary = Table(title=f"{len(table)} intervals -> {target}")
     for column in ("kind", "count", "total ms", "p50 ms", "p99 ms", "max ms"):
         summary.add_column(column, justify="left" if column == "kind" else "right")
-    for kind in KINDS:
+    for kind in PAUSE_KINDS:
         durations = table.loc[table["kind"] == kind, "duration_ns"]
         if durations.empty:
             continue

@@ -26,7 +26,6 @@ from engine.ingest import jfr_chunks, jfr_input
 from engine.session import JVM_JSON, SESSION_JSON, current_boot_id, jvm_directory_of, process_alive, read_json
 
 
-KINDS = ("safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization")
 # The JFR event types each kind comes from (for witnesses such as `jfr print --events`).
 PAUSE_EVENT_TYPES = (
     "jdk.SafepointBegin", "jdk.SafepointEnd", "jdk.ExecuteVMOperation", "jdk.GCPhasePause",
@@ -417,7 +416,7 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
     requester = _longs(reader.requesterOsThreadId())
 
     columns = {
-        "kind": (_ints(reader.kind()), list(KINDS)),
+        "kind": (_ints(reader.kind()), [str(name) for name in reader.KINDS]),  # (tandem.jfr.PauseKinds)
         "name": (_ints(reader.name()), dictionary),
         "start_ns": start_ns,
         "end_ns": start_ns + duration_ns,

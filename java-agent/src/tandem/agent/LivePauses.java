@@ -3,13 +3,13 @@ package tandem.agent;
 import java.lang.instrument.Instrumentation;
 import java.nio.file.Path;
 import java.util.ArrayDeque;
-import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Set;
 import java.util.function.Consumer;
 import jdk.jfr.consumer.RecordedEvent;
 import jdk.jfr.consumer.RecordingStream;
+import tandem.jfr.SafepointMatcher;
 
 import static tandem.jfr.EventFields.longField;
 import static tandem.jfr.EventFields.osThreadId;
@@ -75,9 +75,9 @@ final class LivePauses {
     private long worstChosenWidthNs;
     private long lastSyncMono = NULL;
 
-    // ---- matching ----
-    private final LinkedHashMap<Long, long[]> openSafepoints = new LinkedHashMap<>(); // id -> {start, beginEnd, tid}
-    private final LinkedHashMap<Long, Operation> safepointOperations = new LinkedHashMap<>();
+    // ---- matching (tandem.jfr.SafepointMatcher, as the offline reader matches) ----
+    private final SafepointMatcher<long[], Operation> safepoints =
+            SafepointMatcher.streaming(new SafepointRecords(), MAX_OPEN_SAFEPOINTS); // Begin: {start, beginEnd, tid}
     private final ArrayDeque<Object[]> pending = new ArrayDeque<>(); // before the clock is known
     private long orphanEnds;
     private long unmatched;
@@ -284,27 +284,38 @@ final class LivePauses {
     }
 
     private void onSafepointBegin(RecordedEvent e) {
-        long id = longField(e, "safepointId");
         long start = e.getLong("startTime");
-        openSafepoints.put(id, new long[] {start, start + e.getLong("duration"), osThreadId(e)});
-        if (openSafepoints.size() > MAX_OPEN_SAFEPOINTS) { // Ends that never come: keep memory bounded
-            Iterator<Map.Entry<Long, long[]>> eldest = openSafepoints.entrySet().iterator();
-            Map.Entry<Long, long[]> entry = eldest.next();
-            eldest.remove();
-            emitUnmatched(entry.getKey(), entry.getValue());
-        }
+        safepoints.begin(longField(e, "safepointId"), new long[] {start, start + e.getLong("duration"), osThreadId(e)});
     }
 
     private void onSafepointEnd(RecordedEvent e) {
-        long id = longField(e, "safepointId");
-        Operation operation = safepointOperations.remove(id);
-        long[] begin = openSafepoints.remove(id);
-        if (begin == null) {
-            orphanEnds++; // the stream started mid-safepoint
-            return;
+        safepoints.end(longField(e, "safepointId"), e.getLong("startTime") + e.getLong("duration"));
+    }
+
+    /** Safepoint records from what the matcher found (every callback runs under this object's monitor). */
+    private final class SafepointRecords implements SafepointMatcher.Listener<long[], Operation> {
+        @Override
+        public void matched(long id, long[] begin, long endTicks, Operation operation) {
+            emitSafepoint(id, begin[0], endTicks, begin[2], operation, 0);
         }
-        long end = e.getLong("startTime") + e.getLong("duration");
-        emitSafepoint(id, begin[0], end, begin[2], operation, 0);
+
+        @Override
+        public void unmatched(long id, long[] begin, Operation operation) {
+            unmatched++;
+            emitSafepoint(id, begin[0], begin[1], begin[2], operation, PauseRing.AUX_UNMATCHED);
+        }
+
+        /**
+         * Left out: the stream started inside this safepoint, whose Begin the disk recording (which
+         * started first) holds, so offline has the safepoint and live would have a second row.
+         */
+        @Override
+        public void operationWithoutBegin(long id, Operation operation) {}
+
+        @Override
+        public void endWithoutBegin(long id) {
+            orphanEnds++; // the stream started mid-safepoint
+        }
     }
 
     private void onVmOperation(RecordedEvent e) {
@@ -312,10 +323,7 @@ final class LivePauses {
         String operation = stringField(e, "operation");
         long requester = callerOsThreadId(e);
         if (e.hasField("safepoint") && e.getBoolean("safepoint")) {
-            // Names the safepoint row; its End comes after it (the stream is ordered by commit).
-            if (openSafepoints.containsKey(id)) {
-                safepointOperations.put(id, new Operation(operation, requester));
-            }
+            safepoints.operation(id, new Operation(operation, requester)); // names the safepoint's record
             return;
         }
         long start = e.getLong("startTime");
@@ -440,11 +448,6 @@ final class LivePauses {
         }
     }
 
-    private void emitUnmatched(long id, long[] begin) {
-        unmatched++;
-        emitSafepoint(id, begin[0], begin[1], begin[2], safepointOperations.remove(id), PauseRing.AUX_UNMATCHED);
-    }
-
     // ---------------------------------------------------------------- close
 
     /** The stream delivered the sync point committed at MARKER (System.nanoTime()), or a later one. */
@@ -508,10 +511,7 @@ final class LivePauses {
         interrupted |= waitUntil(() -> dispatchEnded, System.nanoTime() + Math.max(500_000_000L, deadline - System.nanoTime()));
         Map<String, Object> summary = new LinkedHashMap<>();
         synchronized (this) {
-            for (Map.Entry<Long, long[]> open : new LinkedHashMap<>(openSafepoints).entrySet()) {
-                emitUnmatched(open.getKey(), open.getValue());
-            }
-            openSafepoints.clear();
+            safepoints.finish(); // the Begins whose End never came, as unmatched
             while (!pending.isEmpty()) { // no clock ever: these cannot be placed on CLOCK_MONOTONIC
                 pending.removeFirst();
                 pendingDropped++;

@@ -14,6 +14,7 @@ import java.nio.file.attribute.PosixFilePermissions;
 import java.time.Instant;
 import java.util.HashMap;
 import java.util.Map;
+import tandem.jfr.PauseKinds;
 
 /**
  * The writer of a JVM pause ring: the shared-memory ring of docs/ring.md (version 2), record
@@ -33,12 +34,13 @@ import java.util.Map;
  * already closed, or the caller gave up on them, see {@link #drop}).
  */
 final class PauseRing {
-    static final int KIND_SAFEPOINT = 1;
-    static final int KIND_GC_PAUSE = 2;
-    static final int KIND_GC = 3;
-    static final int KIND_VM_OPERATION = 4;
+    // Record kinds: tandem.jfr.PauseKinds, the offline reader's numbering too.
+    static final int KIND_SAFEPOINT = PauseKinds.SAFEPOINT;
+    static final int KIND_GC_PAUSE = PauseKinds.GC_PAUSE;
+    static final int KIND_GC = PauseKinds.GC;
+    static final int KIND_VM_OPERATION = PauseKinds.VM_OPERATION;
     /** Not a pause: a System.gc() call (jdk.SystemGC), which a reader matches to the pauses inside it. */
-    static final int KIND_SYSTEM_GC_CALL = 5;
+    static final int KIND_SYSTEM_GC_CALL = PauseKinds.SYSTEM_GC_CALL;
     /** aux bit: a safepoint whose End never came; end_ns is the end of its Begin (a lower bound). */
     static final long AUX_UNMATCHED = 1;
 

@@ -20,6 +20,8 @@ import jdk.jfr.consumer.RecordedEvent;
 import jdk.jfr.consumer.RecordedMethod;
 import jdk.jfr.consumer.RecordedObject;
 import jdk.jfr.consumer.RecordedThread;
+import tandem.jfr.PauseKinds;
+import tandem.jfr.SafepointMatcher;
 
 import static tandem.jfr.EventFields.longField;
 import static tandem.jfr.EventFields.systemGcCallFrames;
@@ -41,23 +43,23 @@ import static tandem.jfr.EventFields.stringField;
  * it ({@link Fields}), {@code getDuration(name)} looks the field's {@code @Timespan} up on
  * every call (a new annotation proxy each time; see {@link #durationNanos}), and
  * {@code getThread().getOSThreadId()} scans the thread's fields on every call (remembered per
- * thread object, see {@link ThreadIds}). Matching state lives in primitive hash maps (no boxed
- * Long keys).
+ * thread object, see {@link ThreadIds}). Safepoints are matched as the live stream matches them
+ * ({@link SafepointMatcher}); GC names and causes are joined by gcId in a primitive hash map.
  */
 public final class PauseReader {
     /** Marks a null in the long columns (no real id, tick or count takes this value). */
     public static final long NULL = tandem.jfr.EventFields.NULL;
 
-    public static final int KIND_SAFEPOINT = 0;
-    public static final int KIND_GC_PAUSE = 1;
-    public static final int KIND_GC = 2;
-    public static final int KIND_VM_OPERATION = 3;
-    public static final int KIND_COMPILATION = 4;
-    public static final int KIND_DEOPTIMIZATION = 5;
+    public static final int KIND_SAFEPOINT = PauseKinds.SAFEPOINT;
+    public static final int KIND_GC_PAUSE = PauseKinds.GC_PAUSE;
+    public static final int KIND_GC = PauseKinds.GC;
+    public static final int KIND_VM_OPERATION = PauseKinds.VM_OPERATION;
+    public static final int KIND_COMPILATION = PauseKinds.COMPILATION;
+    public static final int KIND_DEOPTIMIZATION = PauseKinds.DEOPTIMIZATION;
     /** The cause JFR gives a collection System.gc() asked for (HotSpot's GCCause::_java_lang_system_gc). */
     static final String SYSTEM_GC_CAUSE = "System.gc()";
     /** Names of the kind codes, indexed by code. */
-    public static final String[] KINDS = {"safepoint", "gc_pause", "gc", "vm_operation", "compilation", "deoptimization"};
+    public static final String[] KINDS = PauseKinds.NAMES;
 
     /** The event name of tandem's clock-sync event (docs/session.md) and its one field. */
     public static final String CLOCK_SYNC = "tandem.ClockSync";
@@ -90,13 +92,13 @@ public final class PauseReader {
     private long jvmStartMillis = NULL;
     private int fastTimeEnabled = -1;
 
-    // ---- matching state: filled in any order, resolved in finish() ----
-    private final LongMap safepointRowById = new LongMap();
-    private final LongMap safepointEndTicksById = new LongMap();
-    private final LongMap safepointOperationById = new LongMap();
-    /** safepointId to the OS thread id of the thread that asked for its VM operation. */
-    private final LongMap safepointRequesterById = new LongMap();
-    private final List<long[]> safepointOperationsWithoutBegin = new ArrayList<>();
+    // ---- matching, resolved in finish(): safepoints by the rules the live stream matches them
+    // with (tandem.jfr.SafepointMatcher), GC names and causes by gcId ----
+    /** A VM operation run at a safepoint: its safepoint, its name's code, its requester, its own times and thread. */
+    private record Operation(long id, int name, long requester, long start, long end, long thread) {}
+    private final SafepointMatcher<Integer, Operation> safepoints = SafepointMatcher.whole(new SafepointRows());
+    /** Operations at a safepoint whose Begin is not recorded: rows of their own, added in finish(). */
+    private final List<Operation> safepointOperationsWithoutBegin = new ArrayList<>();
     /** gcId to the collection's name code (high 32 bits) and cause code (low 32 bits). */
     private final LongMap collectionNameAndCauseByGcId = new LongMap();
     private int orphanSafepointEnds;
@@ -182,7 +184,8 @@ public final class PauseReader {
             if (aborted) {
                 return;
             }
-            // Matching is order-independent (finish() resolves it), so skip the JDK's sort.
+            // No JDK sort: safepoints (SafepointMatcher.whole), GC names and causes are matched
+            // whatever the order, in finish().
             stream.setOrdered(false);
             subscribe(stream, "jdk.SafepointBegin", this::onSafepointBegin);
             subscribe(stream, "jdk.SafepointEnd", this::onSafepointEnd);
@@ -259,7 +262,7 @@ public final class PauseReader {
         // Unmatched until its End is seen (the recording may stop mid-pause).
         rows.unmatched.set(row, 1);
         if (id != NULL) {
-            safepointRowById.put(id, row);
+            safepoints.begin(id, row);
         }
         progress(start);
     }
@@ -268,7 +271,36 @@ public final class PauseReader {
         Fields f = safepointEndFields.of(e);
         long id = f.longField(e, 0);
         if (id != NULL) {
-            safepointEndTicksById.put(id, f.start(e) + f.duration(e));
+            safepoints.end(id, f.start(e) + f.duration(e));
+        }
+    }
+
+    /** A safepoint row (added at its Begin) completed by what the matcher found for it. */
+    private final class SafepointRows implements SafepointMatcher.Listener<Integer, Operation> {
+        @Override
+        public void matched(long id, Integer row, long endTicks, Operation operation) {
+            rows.endTicks.set(row, endTicks);
+            rows.unmatched.set(row, 0);
+            unmatched(id, row, operation);
+        }
+
+        @Override
+        public void unmatched(long id, Integer row, Operation operation) {
+            if (operation != null) {
+                rows.operation.set(row, operation.name());
+                rows.name.set(row, operation.name());
+                rows.requesterOsThreadId.set(row, operation.requester());
+            }
+        }
+
+        @Override
+        public void operationWithoutBegin(long id, Operation operation) {
+            safepointOperationsWithoutBegin.add(operation);
+        }
+
+        @Override
+        public void endWithoutBegin(long id) {
+            orphanSafepointEnds++;
         }
     }
 
@@ -281,20 +313,14 @@ public final class PauseReader {
         // the VM thread that ran it).
         long requester = f.has(3) ? callers.of(f.value(e, 3)) : NULL;
         if (atSafepoint) {
-            // Part of a safepoint row; kept aside in case that safepoint's Begin is not recorded.
-            if (id != NULL) {
-                safepointOperationById.put(id, operation);
-                if (requester != NULL) {
-                    safepointRequesterById.put(id, requester);
-                }
-                if (safepointRowById.find(id) >= 0) {
-                    // Its Begin is already read (the VM thread commits the Begin first, so it
-                    // usually is): finish() would drop this entry anyway; skip reading it.
-                    return;
-                }
-            }
+            // Names its safepoint's row, or is a row of its own if that safepoint's Begin is not recorded.
             long start = f.start(e);
-            safepointOperationsWithoutBegin.add(new long[] {id, start, start + f.duration(e), osThreadId(e, f), operation, requester});
+            Operation atSafepointOperation = new Operation(id, operation, requester, start, start + f.duration(e), osThreadId(e, f));
+            if (id != NULL) {
+                safepoints.operation(id, atSafepointOperation);
+            } else {
+                safepointOperationsWithoutBegin.add(atSafepointOperation);
+            }
             return;
         }
         long start = f.start(e);
@@ -411,28 +437,12 @@ public final class PauseReader {
 
     // ---------------------------------------------------------------- matching
 
-    /** Resolves what needed events seen in any order: safepoint ends, operations, GC names. */
+    /** Resolves what needed events seen in any order (GC names and causes) and the safepoints left open. */
     private void finish() {
+        safepoints.finish();
         for (int row = 0; row < rows.size; row++) {
             int kind = rows.kind.get(row);
-            if (kind == KIND_SAFEPOINT) {
-                long id = rows.safepointId.get(row);
-                int end = safepointEndTicksById.find(id);
-                if (end >= 0 && safepointEndTicksById.take(end)) {
-                    rows.endTicks.set(row, safepointEndTicksById.value(end));
-                    rows.unmatched.set(row, 0);
-                }
-                int operation = safepointOperationById.find(id);
-                if (operation >= 0) {
-                    int code = (int) safepointOperationById.value(operation);
-                    rows.operation.set(row, code);
-                    rows.name.set(row, code);
-                }
-                int requester = safepointRequesterById.find(id);
-                if (requester >= 0) {
-                    rows.requesterOsThreadId.set(row, safepointRequesterById.value(requester));
-                }
-            } else if (kind == KIND_GC_PAUSE) {
+            if (kind == KIND_GC_PAUSE) {
                 int collection = collectionNameAndCauseByGcId.find(rows.gcId.get(row));
                 if (collection >= 0) {
                     long nameAndCause = collectionNameAndCauseByGcId.value(collection);
@@ -441,19 +451,15 @@ public final class PauseReader {
                 }
             }
         }
-        orphanSafepointEnds = safepointEndTicksById.untaken();
         // A VM operation at a safepoint whose Begin was not recorded (e.g. default.jfc keeps
         // Begins only above 10 ms) is still a real stop-the-world interval: keep it.
-        for (long[] op : safepointOperationsWithoutBegin) {
-            if (op[0] != NULL && safepointRowById.find(op[0]) >= 0) {
-                continue;
-            }
-            int row = rows.add(KIND_VM_OPERATION, op[1], op[2], op[3]);
-            rows.safepointId.set(row, op[0]);
-            rows.name.set(row, (int) op[4]);
-            rows.operation.set(row, (int) op[4]);
+        for (Operation op : safepointOperationsWithoutBegin) {
+            int row = rows.add(KIND_VM_OPERATION, op.start(), op.end(), op.thread());
+            rows.safepointId.set(row, op.id());
+            rows.name.set(row, op.name());
+            rows.operation.set(row, op.name());
             rows.atSafepoint.set(row, 1);
-            rows.requesterOsThreadId.set(row, op[5]);
+            rows.requesterOsThreadId.set(row, op.requester());
         }
         safepointOperationsWithoutBegin.clear();
         attachSystemGcCalls();
@@ -863,17 +869,14 @@ public final class PauseReader {
 
     // ---------------------------------------------------------------- a long-keyed map
 
-    /**
-     * long keys to long values, open addressing; last put wins. Each entry can be taken once
-     * ({@link #take}), which is how finish() counts SafepointEnds without their Begin.
-     */
+    /** long keys to long values, open addressing; last put wins. */
     private static final class LongMap {
         private long[] keys = new long[1 << 14];
         private long[] values = new long[1 << 14];
-        private byte[] state = new byte[1 << 14];  // 0 empty, 1 present, 2 present and taken
+        private byte[] state = new byte[1 << 14];  // 0 empty, 1 present
         private int size;
 
-        // Keys are JFR's safepoint and GC ids: counters, so neighbouring keys go to
+        // Keys are JFR's GC ids: counters, so neighbouring keys go to
         // neighbouring slots (no collisions, cache-friendly); high bits folded in.
         private static int hash(long key, int mask) {
             int h = (int) (key ^ (key >>> 32));
@@ -911,26 +914,6 @@ public final class PauseReader {
         }
 
         long value(int slot) { return values[slot]; }
-
-        /** Marks the entry at {@code slot} taken; false if it already was. */
-        boolean take(int slot) {
-            if (state[slot] != 1) {
-                return false;
-            }
-            state[slot] = 2;
-            return true;
-        }
-
-        /** Entries never taken. */
-        int untaken() {
-            int n = 0;
-            for (byte s : state) {
-                if (s == 1) {
-                    n++;
-                }
-            }
-            return n;
-        }
 
         private void grow() {
             long[] oldKeys = keys;
