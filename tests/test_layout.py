@@ -43,12 +43,13 @@ def _modules():
     for path in sorted(ENGINE.rglob("*.py")):
         relative = path.relative_to(ENGINE.parent)
         package = relative.parts[1] if len(relative.parts) > 2 else relative.stem
-        yield path, package, ast.parse(path.read_text(), str(path))
+        text = path.read_text()
+        yield path, package, ast.parse(text, str(path)), text.splitlines()
 
 
 def test_no_two_packages_import_each_other():
     edges: dict[str, set[str]] = {}
-    for _path, package, tree in _modules():
+    for _path, package, tree, _lines in _modules():
         for _node, name, _lazy in _engine_imports(tree):
             target = _package(name)
             if target and target != package:
@@ -72,17 +73,17 @@ def test_no_two_packages_import_each_other():
 def test_each_package_imports_only_from_the_layers_above_it():
     layer = {package: i for i, packages in enumerate(LAYERS) for package in packages}
     upward = sorted({f"{path.relative_to(ENGINE.parent)}:{node.lineno} ({package}) imports {name}"
-                     for path, package, tree in _modules() if package in layer
+                     for path, package, tree, _lines in _modules() if package in layer
                      for node, name, _lazy in _engine_imports(tree)
                      if _package(name) in layer and _package(name) != package and layer[_package(name)] >= layer[package]})
-    unplaced = sorted({package for _path, package, _tree in _modules()} - set(layer) - {"__init__", "__main__"})
+    unplaced = sorted({package for _path, package, _tree, _lines in _modules()} - set(layer) - {"__init__", "__main__"})
     assert not unplaced, f"packages missing from LAYERS (and README.md's folder table): {unplaced}"
     assert not upward, "imports from a layer not above:\n" + "\n".join(upward)
 
 
 def test_engine_modules_are_imported_at_the_top_of_modules():
     lazy = [f"{path.relative_to(ENGINE.parent)}:{node.lineno} imports {name} inside a function"
-            for path, package, tree in _modules() if package not in LAZY_ALLOWED
+            for path, package, tree, lines in _modules() if package not in LAZY_ALLOWED
             for node, name, in_function in _engine_imports(tree)
-            if in_function and "# lazy:" not in path.read_text().splitlines()[node.lineno - 1]]
+            if in_function and "# lazy:" not in lines[node.lineno - 1]]
     assert not lazy, "\n".join(lazy)

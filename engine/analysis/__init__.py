@@ -66,8 +66,7 @@ class Analysis:
         pause), padded by `margin` times its duration on each side (at least 5 ms)."""
         impact = self.pause_impact
         if impact.empty:
-            facts = self.facts
-            return int(facts.span_start_ns), int(facts.span_end_ns) or 1
+            return int(self.header.get("span_start_ns", 0)), int(self.header.get("span_end_ns", 1))
         key = "overlap_ns" if int(impact["overlap_ns"].max()) > 0 else "duration_ns"
         worst = impact.loc[impact[key].idxmax()]
         pad = max(int(margin * int(worst["duration_ns"])), 5_000_000)

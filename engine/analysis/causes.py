@@ -87,6 +87,7 @@ JPYPE_PACKAGE = "org.jpype."
 JPYPE_REFERENCE_WORKER = ("org.jpype.ref.JPypeReferenceNative.wake", "org.jpype.ref.JPypeReferenceQueue.wake",
                           "org.jpype.ref.JPypeReferenceQueue$Worker.run")
 
+
 def no_causes(n: int) -> dict:
     """CAUSE_COLUMNS of N pauses nobody is known to have asked for."""
     # (from arrays, not from lists of NA: 0.3 s less on 200 k pauses)

@@ -32,7 +32,7 @@ from engine.correlate.schema import RESULT_TABLES, SCHEMAS, core_columns, to_pan
 from engine.correlate.stops import stop_ids
 from engine.ingest.gil_stream import ParquetGil, rows_frame
 from engine.report.summary import print_summary
-from engine.store import TableWriter, WriterThread, write_table
+from engine.store import TableWriter, WriterThread, is_text, write_table
 
 
 # Blocks read and paired ahead of the core: with one, the core waited for its next block ~0.5 s
@@ -113,7 +113,7 @@ def carried_numbered(blocks):
                 yield block
                 continue
             for i, field in enumerate(carried.schema):
-                if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+                if is_text(field.type):
                     carried = carried.set_column(i, field.name, pc.dictionary_encode(carried.column(i)))
             yield replace(block, rows=replace(block.rows, carried=carried, carried_key=carried_key(carried)))
     finally:
@@ -218,7 +218,6 @@ class Driven:
     header: dict
     summary_table: pd.DataFrame
     stops: pd.DataFrame
-    pauses: pd.DataFrame
     out: object
 
 
@@ -244,6 +243,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
 
     try:
         sink.open(gil)
+        # (numbering makes the carried text dictionaries: only for a sink that takes text so)
         blocks = carried_numbered(gil.pushes()) if sink.text_as_dictionary else gil.pushes()
         pending_pauses = pauses[core_columns(pauses)]  # (the core keeps what it reads, not every column)
         for block in read_ahead(blocks, depth=READ_AHEAD_BLOCKS):
@@ -274,7 +274,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         raise
     finally:
         sink.close()
-    return Driven(header, summary, stops, pauses, out)
+    return Driven(header, summary, stops, out)
 
 
 def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack_ns: int = 0,

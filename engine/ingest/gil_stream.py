@@ -25,7 +25,7 @@ from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES
 from engine.correlate.tables import check_gil
 from engine.errors import TandemError
 from engine.ingest.gil import PROBE_CLOCK, EventsIntervals
-from engine.store import TableWriter, copy_table, read_metadata
+from engine.store import TableWriter, copy_table, is_text, read_metadata
 
 
 BLOCK_ROWS = 1 << 20
@@ -84,7 +84,8 @@ class FrameGil:
 
     def __init__(self, gil: pd.DataFrame, source: str):
         self.frame, self.source, self.attrs = gil, source, gil.attrs
-        self.carried = [pa.field(c, pa.string()) for c in GIL_CARRIED_COLUMNS if c in gil.columns]
+        carried = [c for c in GIL_CARRIED_COLUMNS if c in gil.columns]
+        self.carried = list(pa.Schema.from_pandas(gil[carried], preserve_index=False)) if carried else []
         self.duplicate_rows = 0
 
     def first_pass(self) -> pd.DataFrame:
@@ -160,7 +161,7 @@ class ParquetGil:
         first_row = 0
         # text read as dictionaries: a file's dictionary pages become the blocks' dictionaries,
         # not a string per row hashed again (carried_numbered)
-        text = ["state", *(f.name for f in self.carried if pa.types.is_string(f.type) or pa.types.is_large_string(f.type))]
+        text = ["state", *(f.name for f in self.carried if is_text(f.type))]
         for k, batch in enumerate(self._blocks(columns, read_dictionary=text)):
             rows = gil_rows_from_arrow(batch, self.source, first_row)
             first_row += batch.num_rows

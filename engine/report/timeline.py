@@ -37,9 +37,9 @@ def draw_timeline(analysis, start_ns: int | None = None, end_ns: int | None = No
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    facts = analysis.facts
-    start_ns = int(facts.span_start_ns if start_ns is None else start_ns)
-    end_ns = int((facts.span_end_ns if facts.span_end_ns > start_ns else start_ns + 1) if end_ns is None else end_ns)
+    header = analysis.header
+    start_ns = int(header.get("span_start_ns", 0) if start_ns is None else start_ns)
+    end_ns = int(header.get("span_end_ns", start_ns + 1) if end_ns is None else end_ns)
     if end_ns <= start_ns:
         raise ValueError(f"empty window: start_ns {start_ns} >= end_ns {end_ns}")
 

@@ -147,13 +147,13 @@ class TableWriter:
         # (a schema copied from an input table may carry the input's own `tandem` metadata)
         schema = schema.with_metadata({k: v for k, v in (schema.metadata or {}).items() if k != METADATA_KEY})
         if text_as_dictionary:
-            schema = pa.schema([f.with_type(pa.dictionary(pa.int32(), pa.string())) if _is_text(f.type) else f
+            schema = pa.schema([f.with_type(pa.dictionary(pa.int32(), pa.string())) if is_text(f.type) else f
                                 for f in schema], metadata=schema.metadata)
         self.schema = schema
         self._coerce = text_as_dictionary
         # Dictionary pages for text columns only: for int64 columns of times and ids, building the
         # dictionaries cost more than the rest of the write and saved little (bench/bench_join.py).
-        text = [f.name for f in schema if _is_text(f.type) or pa.types.is_dictionary(f.type)]
+        text = [f.name for f in schema if is_text(f.type) or pa.types.is_dictionary(f.type)]
         # Integers (times in ns, ids, counts) delta-encoded: a time column rises by small steps,
         # so its pages are half of PLAIN's after LZ4 and written in half the time (gil_free).
         integers = {f.name: "DELTA_BINARY_PACKED" for f in schema if pa.types.is_integer(f.type)}
@@ -186,7 +186,8 @@ class TableWriter:
             Path(self._tmp).unlink(missing_ok=True)
 
 
-def _is_text(arrow_type) -> bool:
+def is_text(arrow_type) -> bool:
+    """An Arrow text type (pandas gives pyarrow large_string)."""
     import pyarrow as pa
 
     return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)

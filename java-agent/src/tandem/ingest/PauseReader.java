@@ -281,11 +281,16 @@ public final class PauseReader {
         public void matched(long id, Integer row, long endTicks, Operation operation) {
             rows.endTicks.set(row, endTicks);
             rows.unmatched.set(row, 0);
-            unmatched(id, row, operation);
+            named(row, operation);
         }
 
         @Override
         public void unmatched(long id, Integer row, Operation operation) {
+            named(row, operation); // (the row stays as its Begin made it: unmatched)
+        }
+
+        /** The row named by the operation run at its safepoint, which also gives its requester. */
+        private void named(int row, Operation operation) {
             if (operation != null) {
                 rows.operation.set(row, operation.name());
                 rows.name.set(row, operation.name());
