@@ -30,9 +30,9 @@ def lifetimes_of(gil: pd.DataFrame) -> KnownLifetimes:
                                                                               end_ns=("end_ns", "max")))
 
 
-def run(pauses, gil, slack_ns, edges=None, pauses_first=False, lifetimes=None, eager_pairs=False):
+def run(pauses, gil, slack_ns, edges=None, pauses_first=False, lifetimes=None, eager_pairs=False, jvm_tids=()):
     """Emitted rows per table (concatenated over pushes), and the summary."""
-    core = Correlator(slack_ns, lifetimes=lifetimes, eager_pairs=eager_pairs)
+    core = Correlator(slack_ns, lifetimes=lifetimes, eager_pairs=eager_pairs, jvm_tids=jvm_tids)
     pushes = []
     if edges is None:
         pushes.append(core.push(pauses=pauses, gil=gil_rows_from_frame(gil), watermark_ns=END))
@@ -84,16 +84,19 @@ def test_one_push_equals_many_pushes_on_the_adversarial_tables(seed, slack_ns):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_one_push_equals_many_pushes_with_amplification(seed):
-    """Pauses naming JVM threads go in first (which threads are the JVM's is known from all of them)."""
+    """Which threads are the JVM's is known from all the pauses: they go in first, or in time
+    order with their JVM threads named up front (jvm_tids, as `tandem analyze`'s driver does)."""
     pauses, gil = random_scenario(seed)
     pauses, (gil, _) = check_pauses(pauses), check_gil(gil)
     rng = np.random.default_rng(seed)
     one, _ = run(pauses, gil, 10)
     one_sorted, _ = run(pauses, gil, 10, eager_pairs=True)
+    jvm_tids = pauses["os_thread_id"].dropna().astype("int64").tolist()
     for lifetimes in (None, lifetimes_of(gil)):
         edges = random_edges(rng, 0, 600, int(rng.integers(1, 30)))
         assert_same(one, run(pauses, gil, 10, edges, pauses_first=True, lifetimes=lifetimes)[0])
         assert_same(one_sorted, run(pauses, gil, 10, edges, pauses_first=True, lifetimes=lifetimes, eager_pairs=True)[0])
+        assert_same(one, run(pauses, gil, 10, edges, lifetimes=lifetimes, jvm_tids=jvm_tids)[0])
 
 
 def test_known_lifetimes_let_rows_out_before_the_end():

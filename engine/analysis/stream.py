@@ -9,8 +9,10 @@ memory. `tandem analyze`, the fleet's workers and the notebook's `correlate` all
 The GIL side is a stream of blocks (engine/ingest/gil_stream.py: a Parquet gil table or the
 probe's events files): a first pass learns each block's watermark and each thread's lifetime;
 the second pushes the blocks, read and paired by a thread of its own up to READ_AHEAD_BLOCKS
-blocks ahead of the core (`read_ahead`). Pauses (a few per second of recording) stay in
-memory. Peak memory is about one block per process, the blocks read ahead, and the intervals a
+blocks ahead of the core (`read_ahead`). The pauses table (a few rows per second of recording)
+stays in memory; the core is given its pauses in start order, those starting before each
+push's watermark (`PausesInTime`), so it holds only the pauses not final yet. Peak memory is
+the pauses table, about one block per process, the blocks read ahead, and the intervals a
 pause still in progress may pair with. The GIL intervals are copied to OUT/gil.parquet as
 they are pushed, unless the results name the GIL files instead (docs/results.md, "gil.parquet").
 """
@@ -20,6 +22,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -211,6 +214,35 @@ class MemorySink:
         pass
 
 
+class PausesInTime:
+    """A pauses table handed to the core in start order, each push the pauses starting before its
+    watermark: the core holds only the pauses not final yet, not the whole session's."""
+
+    def __init__(self, pauses: pd.DataFrame):
+        self.pauses = pauses
+        starts = pauses["start_ns"].to_numpy(np.int64)
+        self.order = np.argsort(starts, kind="stable")  # (equal starts keep the table's order)
+        self.starts = starts[self.order]
+        self.given = 0
+
+    def before(self, watermark_ns: int) -> pd.DataFrame | None:
+        upto = int(np.searchsorted(self.starts, watermark_ns, "left")) if watermark_ns < END else len(self.starts)
+        if upto <= self.given:
+            return None
+        rows, self.given = self.order[self.given:upto], upto
+        return self.pauses.iloc[rows]
+
+    def left(self) -> bool:
+        return self.given < len(self.starts)
+
+
+def jvm_threads(pauses: pd.DataFrame) -> list[int]:
+    """Every JVM thread a pause names (os_thread_id)."""
+    if "os_thread_id" not in pauses.columns:
+        return []
+    return pauses["os_thread_id"].dropna().unique().astype(np.int64).tolist()
+
+
 @dataclass
 class Driven:
     """What one drive made: the header, the summary and stops, and what the sink gave back."""
@@ -231,7 +263,8 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
     # (pandas deep-copies a frame's attrs in every operation on it: the recordings' facts wait for the header)
     pause_facts, pauses.attrs = pauses.attrs, {}
     core = Correlator(slack_ns, lifetimes=KnownLifetimes(lifetimes), gil_source=gil_clock.source,
-                      pauses_source=pause_clock.source, text_as_dictionary=sink.text_as_dictionary)
+                      pauses_source=pause_clock.source, text_as_dictionary=sink.text_as_dictionary,
+                      jvm_tids=jvm_threads(pauses))
     stop = stop_ids(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
     causes = Causes(pauses, stop, lifetimes)  # who asked for each pause: fed the rows and overlaps as they pass
     hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
@@ -245,18 +278,17 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         sink.open(gil)
         # (numbering makes the carried text dictionaries: only for a sink that takes text so)
         blocks = carried_numbered(gil.pushes()) if sink.text_as_dictionary else gil.pushes()
-        pending_pauses = pauses[core_columns(pauses)]  # (the core keeps what it reads, not every column)
+        coming = PausesInTime(pauses[core_columns(pauses)])  # (the core keeps what it reads, not every column)
         for block in read_ahead(blocks, depth=READ_AHEAD_BLOCKS):
             rows = block.rows
-            emit(core.push(pauses=pending_pauses, gil=rows, watermark_ns=block.watermark_ns))
-            pending_pauses = None
+            emit(core.push(pauses=coming.before(block.watermark_ns), gil=rows, watermark_ns=block.watermark_ns))
             if block.copy is not None:
                 sink.gil_rows(block.copy)
             causes.push(rows, block.watermark_ns, lambda mask, block=block: rows_frame(block, mask))
             if progress is not None:
                 progress(block.rows_so_far)
-        if pending_pauses is not None:
-            emit(core.push(pauses=pending_pauses, watermark_ns=END))
+        if coming.left():
+            emit(core.push(pauses=coming.before(END), watermark_ns=END))
         emit(core.finish())
         sink.drain()
         pauses.attrs = pause_facts

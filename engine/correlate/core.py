@@ -178,7 +178,7 @@ def carried_key(table: pa.Table) -> np.ndarray:
 class Correlator:
     def __init__(self, slack_ns: int = 0, *, lifetimes: Lifetimes | None = None, gil_source: str = "gil table",
                  pauses_source: str = "pauses table", retain_ns: int = 0, keep_impact: bool = True,
-                 eager_pairs: bool = False, text_as_dictionary: bool = False):
+                 eager_pairs: bool = False, text_as_dictionary: bool = False, jvm_tids=()):
         if slack_ns < 0:
             raise ValueError(f"slack_ns must be >= 0, got {slack_ns}")
         self.slack_ns = int(slack_ns)
@@ -247,7 +247,9 @@ class Correlator:
         self._seen_ids, self._seen_in = np.zeros(0, np.int64), np.zeros(0, np.int64)
         self._seen_batches: dict[int, tuple[pd.DataFrame, int]] = {}
         self._next_seq = 0
-        self.jvm_tids: set[int] = set()
+        # Threads that are the JVM's (a pause's os_thread_id): a driver that knows them before their
+        # pauses come (offline: the whole pauses table) names them, so early pauses see them too.
+        self.jvm_tids: set[int] = {int(t) for t in jvm_tids}
         # Summary: every final pause_impact row (a few per second of JVM pauses) and the distinct
         # (part_of, kind, name, thread) with an exact overlap.
         self._impact: list[pa.Table] = []
