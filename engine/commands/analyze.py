@@ -59,8 +59,8 @@ def analyze(
     if reference_gil and (copy_gil or dataset is not None):
         raise TandemError("--reference-gil cannot go with --copy-gil or --dataset (a fleet dataset holds the GIL rows)")
     slack_ns = parse_duration_ns(slack)
-    _tune_allocators()
-    with _progress("correlating") as advance:
+    trim_heap = _tune_allocators()
+    with _progress("correlating", each=trim_heap) as advance:
         if out is None:
             from engine.fleet.dataset import analyze_into
 
@@ -110,33 +110,51 @@ def _received_spans(session: Path | None) -> Path | None:
     return path if path is not None and path.is_file() and path.stat().st_size > 0 else None
 
 
-def _tune_allocators() -> None:
+# Free bytes glibc's heap may hold before they are given back (below).
+FREE_HEAP_LIMIT = 256 << 20
+
+
+def _tune_allocators():
     """Have glibc's malloc keep the streamed blocks' freed arrays (up to 32 MB each) for the next
     block instead of unmapping them and faulting fresh pages in: this process is tandem's own
-    (docs/join.md, "malloc"); and Arrow allocate from jemalloc, where the wheel has it (a lower
-    peak than its default mimalloc on long sessions, as fast)."""
+    (docs/join.md, "Allocators"); and Arrow allocate from jemalloc, where the wheel has it (a lower
+    peak than its default mimalloc on long sessions, as fast). Returns what to call after each
+    block: the heap's free pages given back once they pass FREE_HEAP_LIMIT (freed arrays kept
+    between long-lived ones pile up over a long session; a block's worth is well under it)."""
     import ctypes
     import ctypes.util
 
+    class MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (malloc.h)
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    trim = lambda: None  # noqa: E731
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3
         libc.mallopt(m_mmap_threshold, 32 << 20)
         libc.mallopt(m_trim_threshold, 1 << 30)
     except (OSError, AttributeError):  # (not glibc: its defaults stand)
-        pass
+        libc = None
+    if libc is not None and hasattr(libc, "mallinfo2"):  # (glibc 2.33 and later)
+        libc.mallinfo2.restype = MallInfo2
+
+        def trim() -> None:
+            if libc.mallinfo2().fordblks > FREE_HEAP_LIMIT:
+                libc.malloc_trim(0)
     import pyarrow as pa
 
     try:
         pa.set_memory_pool(pa.jemalloc_memory_pool())
     except (NotImplementedError, AttributeError):
         pass
+    return trim
 
 
 class _progress:
-    """A rich progress line on stderr (GIL rows correlated so far), gone when done."""
+    """A rich progress line on stderr (GIL rows correlated so far), gone when done; EACH is called at every step."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, each=lambda: None):
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -145,13 +163,18 @@ class _progress:
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                                   console=console, transient=True) if console.is_terminal else None
         self._what = what
+        self._each = each  # (called at each step too)
 
     def __enter__(self):
         if self._progress is None:
-            return lambda rows: None
+            return lambda rows: self._each()
         self._progress.start()
         task = self._progress.add_task(self._what)
-        return lambda rows: self._progress.update(task, description=f"{self._what}: {rows:,} GIL intervals")
+
+        def advance(rows: int) -> None:
+            self._progress.update(task, description=f"{self._what}: {rows:,} GIL intervals")
+            self._each()
+        return advance
 
     def __exit__(self, *exc):
         if self._progress is not None:
