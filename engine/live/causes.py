@@ -27,9 +27,9 @@ from engine.correlate.schema import END, GIL_STATES
 from engine.correlate.stops import stop_ids
 from engine.ingest.gil_stream import ThreadHulls
 
-# Due rows are taken at most this often (a batch costs tens of ms of CPU, whatever its size,
-# on the loop that reads the rings).
-DUE_EVERY_S = 1.0
+# Due rows are taken at most this often (a batch costs ~10-60 ms of the loop's CPU, mostly
+# fixed: more often costs CPU, less often adds up to this much to a pause_impact row's latency).
+DUE_EVERY_S = 0.25
 # Kinds a System.gc() call's thread and frames are never given to (the recording's reader skips them).
 NOT_IN_CALLS = ("compilation", "deoptimization")
 
