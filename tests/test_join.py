@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from engine.correlate.tables import check_gil, check_pauses
 from engine.join import overlap_pairs, overlap_totals
+from engine.join.kernels import is_sorted_by
 from test_join_witness import adversarial_tables, canonical, duckdb_overlaps, gil_frame, overlap_frame, pauses_frame
 
 
@@ -154,3 +155,14 @@ def test_long_and_nested_intervals_at_scale_equal_duckdb():
     ours = overlap_frame(pauses, gil, slack_ns=1_000)
     assert len(ours) > 100_000
     pd.testing.assert_frame_equal(canonical(ours), canonical(duckdb_overlaps(pauses, gil, 1_000)))
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-5, 5)), max_size=40))
+def test_is_sorted_by_says_whether_lexsort_would_move_anything(pairs):
+    major = np.array([p[0] for p in pairs], np.int64)
+    minor = np.array([p[1] for p in pairs], np.int64)
+    order = np.lexsort((minor, major))
+    in_order = bool((major[order] == major).all() and (minor[order] == minor).all())
+    assert is_sorted_by(major, minor) == in_order
+    ordered = (major[order], minor[order])
+    assert is_sorted_by(*ordered)

@@ -65,7 +65,7 @@ from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, em
 from engine.correlate.stops import STOP_KEY, at_safepoint_of, jvm_of, leader_rows, order_stops, stop_ids_of
 from engine.correlate.summary import summary_table
 from engine.errors import TandemError
-from engine.join.kernels import is_sorted
+from engine.join.kernels import is_sorted, is_sorted_by
 from engine.join.pairs import overlap_pairs, overlap_totals
 
 
@@ -645,16 +645,22 @@ class Correlator:
             np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids], self.p_close_start[:npids],
             self.p_close_end[:npids], out_pid[n0:], out_start[n0:], out_end[n0:])
         self._swept = frontier
+        # (the sweep mostly emits them in order already: a check costs a pass, a sort ten)
         pidx, start, end = out_pid[:n], out_start[:n], out_end[:n]
-        order = np.lexsort((start, pidx))
-        pidx, start, end = pidx[order], start[order], end[order]
+        if not is_sorted_by(pidx, start):
+            order = np.lexsort((start, pidx))
+            pidx, start, end = pidx[order], start[order], end[order]
         self.f_pidx = np.concatenate([self.f_pidx, pidx])
         self.f_start = np.concatenate([self.f_start, start])
         self.f_end = np.concatenate([self.f_end, end])
         pid = self.p_pid[pidx]
-        order = np.lexsort((start, pid))
-        return pa.table({"pid": pid[order], "start_ns": start[order], "end_ns": end[order],
-                         "duration_ns": (end - start)[order]}, schema=SCHEMAS["gil_free"])
+        if is_sorted_by(pid, start):  # (copies: the table must not hold the sweep's larger buffers)
+            pid, start, end = pid, start.copy(), end.copy()
+        else:
+            order = np.lexsort((start, pid))
+            pid, start, end = pid[order], start[order], end[order]
+        return pa.table({"pid": pid, "start_ns": start, "end_ns": end, "duration_ns": end - start},
+                        schema=SCHEMAS["gil_free"])
 
     def _finalize_pauses(self, frontier: int, final: bool) -> tuple[pa.Table, pa.Table]:
         pending = self._pending

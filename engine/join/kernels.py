@@ -28,6 +28,15 @@ def is_sorted(values: np.ndarray) -> bool:
     return _sorted_from(values, 0, np.iinfo(np.int64).min)
 
 
+@njit(cache=True, nogil=True)
+def is_sorted_by(major: np.ndarray, minor: np.ndarray) -> bool:
+    """True when the pairs (major, minor) never decrease: the order np.lexsort((minor, major)) gives."""
+    for i in range(1, major.size):
+        if major[i] < major[i - 1] or (major[i] == major[i - 1] and minor[i] < minor[i - 1]):
+            return False
+    return True
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _sorted_from(values, first, previous) -> bool:
     """True when values[first:] never decrease and values[first] >= previous."""
