@@ -333,6 +333,7 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rss_seen: list[tuple[float, int]] = []  # (monotonic s, VmRSS bytes), read here every 0.1 s
     heap_totals: set[int] = set()
+    heap_read_from = [None]  # (monotonic s: when jcmd's first reading began)
     heap_read_until = [0.0]  # (monotonic s: when jcmd's last reading began)
     max_heap: list[int] = []  # MaxHeapSize (jcmd VM.flags)
     scrapes: list[tuple[float, int, dict]] = []
@@ -362,6 +363,7 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
             totals = [int(k) * 1024 for k in re.findall(r"heap\s+total (\d+)K", out)]
             if totals:
                 heap_totals.update(totals)
+                heap_read_from[0] = began if heap_read_from[0] is None else heap_read_from[0]
                 heap_read_until[0] = began
             time.sleep(0.5)
 
@@ -405,16 +407,19 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
         checked += 1
     assert checked >= 5, f"{checked} scrapes with the process's memory"
     # (jcmd attaches in about a second, seconds on a loaded machine: it misses some of the heap's
-    # sizes while it grows, shrinks after a full collection and grows again, and those after its
-    # last reading; the scrapes before that are held to it: some equal to its readings, none
-    # below its smallest or above the largest heap the JVM may commit)
-    committed = [v for at, _, values in scrapes for k, v in values.items()
+    # sizes while it grows, shrinks after a full collection and grows again, those before its
+    # first reading and those after its last; the scrapes of its readings' time are held to it:
+    # some equal to its readings, none above the largest heap the JVM may commit, and none below
+    # its smallest once the exported value (read every few seconds: LAG_S) is of that time)
+    committed = [(at, v) for at, _, values in scrapes for k, v in values.items()
                  if k == ("jvm_memory_committed_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))
                  and at <= heap_read_until[0]]
     assert committed and heap_totals, (committed, heap_totals)
     assert max_heap, "jcmd VM.flags named no MaxHeapSize"
-    assert set(committed) & heap_totals and min(heap_totals) <= min(committed) and max(committed) <= max_heap[0], \
-        (sorted(set(committed)), sorted(heap_totals), max_heap)
+    sizes = sorted({v for _, v in committed})
+    assert set(sizes) & heap_totals and max(sizes) <= max_heap[0], (sizes, sorted(heap_totals), max_heap)
+    since_read = [v for at, v in committed if at >= heap_read_from[0] + LAG_S]
+    assert not since_read or min(heap_totals) <= min(since_read), (sorted(set(since_read)), sorted(heap_totals))
     used = [v for _, _, values in scrapes for k, v in values.items()
             if k == ("jvm_memory_used_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))]
     assert used and all(0 < u <= max(heap_totals) for u in used)
