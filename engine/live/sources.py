@@ -287,6 +287,10 @@ class RepositorySource(_PauseSource):
                 # later; said only if it is still unreadable once the JVM is gone.
                 self._last_error = str(err)
                 return None
+            except FileNotFoundError:
+                # Removed between the listing and the read: the JVM's exit (recording.jfr
+                # follows) or the keeper packing it; the next poll finds it where it went.
+                return None
         runs = [run for source in frame.attrs.get("sources", []) for run in source.get("runs", [])]
         clock = runs[-1]["clock"] if runs else {}
         offset = clock.get("offset_ns") if clock.get("method") == "clock_sync" and clock.get("slope") is None else None
