@@ -336,6 +336,9 @@ class Causes:
         self.last_start, self.last_end = np.full(t, -END, np.int64), np.full(t, -END, np.int64)
         self.first_pid, self.first_name = np.zeros(t, np.int64), np.full(t, None, object)
         self.rows_seen = 0
+        # One object per distinct code value: each block's frame makes its text anew, and the
+        # queries keep theirs to the end (a few hundred sites among hundreds of thousands of queries).
+        self._values: dict = {}
 
     def push(self, rows, watermark_ns: int, frame_of) -> None:
         """One block of GIL rows (GilRows; later blocks start at or after WATERMARK_NS).
@@ -360,11 +363,11 @@ class Causes:
             mask[row[found]] = True
         taken = np.flatnonzero(mask)
         frame = frame_of(mask)
-        column = lambda name: (frame[name].to_numpy(object) if name in frame.columns  # noqa: E731
+        column = lambda name: (self._shared(frame[name].to_numpy(object)) if name in frame.columns  # noqa: E731
                                else np.full(len(frame), None, object))
         codes = [column(c) for c in ("function", "file", "line")]
         at = np.searchsorted(taken, self.in_row[found_in])
-        self.in_state[found_in] = frame["state"].astype(str).to_numpy(object)[at]
+        self.in_state[found_in] = self._shared(frame["state"].astype(str).to_numpy(object)[at])
         for mine, values in zip(self.in_code, codes):
             mine[found_in] = values[at]
         at = np.searchsorted(taken, self.after_row[found_after])
@@ -374,6 +377,10 @@ class Causes:
         self.first_pid[found_first] = frame["pid"].to_numpy(np.int64)[at]
         self.first_name[found_first] = column("thread_name")[at]
         self.in_row[found_in] = self.after_row[found_after] = self.first_row[found_first] = -1
+
+    def _shared(self, values: np.ndarray) -> np.ndarray:
+        known = self._values
+        return np.array([known.setdefault(v, v) for v in values.tolist()], object) if values.size else values
 
     def _dense(self, tid: np.ndarray) -> np.ndarray:
         """Per row, its thread's index in self.threads; -1 for a thread no query asks about."""
