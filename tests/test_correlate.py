@@ -15,6 +15,7 @@ import pytest
 
 from engine.correlate import END, Correlator, KnownLifetimes
 from engine.correlate.inputs import gil_rows_from_frame
+from engine.correlate.stops import jvm_threads
 from engine.errors import TandemError
 from engine.correlate.tables import check_gil, check_pauses
 from test_analysis import random_scenario
@@ -91,7 +92,7 @@ def test_one_push_equals_many_pushes_with_amplification(seed):
     rng = np.random.default_rng(seed)
     one, _ = run(pauses, gil, 10)
     one_sorted, _ = run(pauses, gil, 10, eager_pairs=True)
-    jvm_tids = pauses["os_thread_id"].dropna().astype("int64").tolist()
+    jvm_tids = jvm_threads(pauses)
     for lifetimes in (None, lifetimes_of(gil)):
         edges = random_edges(rng, 0, 600, int(rng.integers(1, 30)))
         assert_same(one, run(pauses, gil, 10, edges, pauses_first=True, lifetimes=lifetimes)[0])

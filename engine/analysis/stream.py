@@ -32,7 +32,7 @@ from engine.analysis.facts import aligned_pauses, analysis_facts
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
 from engine.correlate.core import carried_key
 from engine.correlate.schema import RESULT_TABLES, SCHEMAS, core_columns, to_pandas
-from engine.correlate.stops import stop_ids
+from engine.correlate.stops import jvm_threads, stop_ids
 from engine.ingest.gil_stream import ParquetGil, rows_frame
 from engine.report.summary import print_summary
 from engine.store import TableWriter, WriterThread, is_text, write_table
@@ -234,13 +234,6 @@ class PausesInTime:
 
     def left(self) -> bool:
         return self.given < len(self.starts)
-
-
-def jvm_threads(pauses: pd.DataFrame) -> list[int]:
-    """Every JVM thread a pause names (os_thread_id)."""
-    if "os_thread_id" not in pauses.columns:
-        return []
-    return pauses["os_thread_id"].dropna().unique().astype(np.int64).tolist()
 
 
 @dataclass

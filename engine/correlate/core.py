@@ -62,7 +62,7 @@ import pyarrow as pa
 
 from engine.correlate import kernels
 from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings, to_pandas
-from engine.correlate.stops import STOP_KEY, at_safepoint_of, jvm_of, leader_rows, order_stops, stop_ids_of
+from engine.correlate.stops import STOP_KEY, at_safepoint_of, jvm_of, jvm_threads, leader_rows, order_stops, stop_ids_of
 from engine.correlate.summary import summary_table
 from engine.errors import TandemError
 from engine.join.kernels import is_sorted, is_sorted_by
@@ -324,8 +324,7 @@ class Correlator:
         batch["_jvm"], batch["_at_safepoint"] = jvm_of(batch), at_safepoint_of(batch)  # (read per push: plain arrays)
         self._next_seq += len(batch)
         self.pauses += len(batch)
-        if "os_thread_id" in batch.columns:
-            self.jvm_tids.update(int(t) for t in batch["os_thread_id"].dropna().unique())
+        self.jvm_tids.update(jvm_threads(batch))
         self.span = [min(self.span[0], int(batch["start_ns"].min())), max(self.span[1], int(batch["end_ns"].max()))]
         pending = batch if self._pending is None else pd.concat([self._pending, batch], ignore_index=True)
         self._pending = pending.sort_values(["start_ns", "_seq"], ignore_index=True)
@@ -655,7 +654,7 @@ class Correlator:
         self.f_end = np.concatenate([self.f_end, end])
         pid = self.p_pid[pidx]
         if is_sorted_by(pid, start):  # (copies: the table must not hold the sweep's larger buffers)
-            pid, start, end = pid, start.copy(), end.copy()
+            start, end = start.copy(), end.copy()
         else:
             order = np.lexsort((start, pid))
             pid, start, end = pid[order], start[order], end[order]

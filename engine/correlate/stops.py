@@ -25,6 +25,14 @@ def jvm_of(pauses: pd.DataFrame) -> np.ndarray:
     return pauses["jvm_pid"].astype("Int64").fillna(-1).to_numpy(np.int64)
 
 
+def jvm_threads(pauses: pd.DataFrame) -> list[int]:
+    """Every JVM thread the pauses name (their os_thread_id): whose holding the GIL amplifies a
+    whole-VM pause."""
+    if "os_thread_id" not in pauses.columns:
+        return []
+    return pauses["os_thread_id"].dropna().unique().astype(np.int64).tolist()
+
+
 def _inside(leaders: np.ndarray, rows: np.ndarray, start: np.ndarray, end: np.ndarray, jvm: np.ndarray) -> np.ndarray:
     """Per row index: the leader index whose span holds it (same JVM), else -1."""
     out = np.full(rows.size, -1, np.int64)
