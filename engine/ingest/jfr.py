@@ -54,6 +54,14 @@ def read_pauses(
     path_list = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     if not path_list:
         raise TandemError("no recording given")
+    try:
+        return _read_named(path_list, progress, jvm_options)
+    except FileNotFoundError as err:  # (there when listed, removed while read: a JVM's exit moves its chunks)
+        raise TandemError(f"{err.filename}: removed while it was being read") from None
+
+
+def _read_named(path_list: list[Path], progress, jvm_options: tuple[str, ...]) -> pd.DataFrame:
+    """read_pauses of PATH_LIST, gzip inside or not (what is said names the user's files)."""
     with jfr_input.readable_recordings(path_list) as (readable, named):
         if readable == path_list:
             return _read_pauses(readable, progress, jvm_options)

@@ -283,13 +283,10 @@ class RepositorySource(_PauseSource):
             try:
                 frame = read_pauses(paths)
             except TandemError as err:
-                # Typically a chunk JFR has just started and not flushed yet: read it again
-                # later; said only if it is still unreadable once the JVM is gone.
+                # Typically a chunk JFR has just started and not flushed yet, or one removed
+                # while read (the JVM's exit, the keeper packing it): read it again later (where
+                # it went); said only if it is still unreadable once the JVM is gone.
                 self._last_error = str(err)
-                return None
-            except FileNotFoundError:
-                # Removed between the listing and the read: the JVM's exit (recording.jfr
-                # follows) or the keeper packing it; the next poll finds it where it went.
                 return None
         runs = [run for source in frame.attrs.get("sources", []) for run in source.get("runs", [])]
         clock = runs[-1]["clock"] if runs else {}
