@@ -55,3 +55,19 @@ def tsc_usable() -> bool:
     except (OSError, StopIteration):
         return False
     return {"constant_tsc", "nonstop_tsc"} <= set(flags) and source == "tsc"
+
+
+@pytest.fixture
+def removed_after_scan(monkeypatch):
+    """Each recording read_pauses is given removed right after its chunk scan: a file there when
+    listed and gone while read (a JVM's exit moves its chunks to recording.jfr)."""
+    import engine.ingest.jfr as jfr
+
+    scan = jfr.scan_chunks
+
+    def scanned_then_removed(path, *args, **kwargs):
+        out = scan(path, *args, **kwargs)
+        Path(path).unlink()
+        return out
+
+    monkeypatch.setattr(jfr, "scan_chunks", scanned_then_removed)

@@ -140,23 +140,13 @@ def test_fields_by_position_equal_fields_by_name(source, recordings):
 # ---------------------------------------------------------------- third-party recordings
 
 
-def test_a_recording_removed_while_read_is_one_error_naming_it(tmp_path, monkeypatch):
+def test_a_recording_removed_while_read_is_one_error_naming_it(tmp_path, removed_after_scan):
     """A file there when listed and gone while read (a JVM's exit moves its chunks) is refused
     as any unreadable file is, in one line naming it, not with an OSError."""
     import shutil
 
-    import engine.ingest.jfr as jfr
-
     path = tmp_path / "chunk.jfr"
     shutil.copy(SHARED_RECORDINGS / "full_gc_cms.jfr", path)
-    scan = jfr.scan_chunks
-
-    def scanned_then_removed(p, *args, **kwargs):
-        out = scan(p, *args, **kwargs)
-        Path(p).unlink()
-        return out
-
-    monkeypatch.setattr(jfr, "scan_chunks", scanned_then_removed)
     with pytest.raises(TandemError, match=f"{path}: removed while it was being read"):
         read_pauses(path)
 

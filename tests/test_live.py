@@ -522,13 +522,12 @@ def test_a_safepoint_split_across_two_chunks_comes_while_the_jvm_runs(tmp_path):
         assert int(by_id.loc[sid, "polled"]) < closed_ns, f"safepoint {sid} came only at the final read"
 
 
-def test_a_chunk_removed_as_it_is_read_is_read_again_later(tmp_path, monkeypatch):
+def test_a_chunk_removed_as_it_is_read_is_read_again_later(tmp_path, removed_after_scan):
     """At the JVM's exit its chunks leave .chunks/ for recording.jfr: a chunk listed, then gone
     while it is read, is neither the source's problem nor its end (CI saw the repository side
     give up there, and live miss the pauses only the repository has)."""
     import shutil
 
-    import engine.ingest.jfr as jfr
     from conftest import SHARED_RECORDINGS
     from engine.live.sources import RepositorySource
 
@@ -536,14 +535,6 @@ def test_a_chunk_removed_as_it_is_read_is_read_again_later(tmp_path, monkeypatch
     (jvm / ".chunks").mkdir(parents=True)
     shutil.copy(SHARED_RECORDINGS / "full_gc_cms.jfr", jvm / ".chunks" / "2026_01_01_00_00_00.jfr")
     (jvm / "jvm.json").write_text(json.dumps({"pid": os.getpid(), "state": "running"}))
-    scan = jfr.scan_chunks
-
-    def scanned_then_removed(path, *args, **kwargs):
-        out = scan(path, *args, **kwargs)
-        Path(path).unlink()
-        return out
-
-    monkeypatch.setattr(jfr, "scan_chunks", scanned_then_removed)
     source = RepositorySource(jvm)
     frame = source.poll()
     assert len(frame) == 0 and source.problem is None and not source.done
