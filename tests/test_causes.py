@@ -499,3 +499,46 @@ def test_a_holding_thread_is_placed_at_its_next_release_only_when_it_came_at_onc
     assert (row["cause_function"] if pd.notna(row["cause_function"]) else None) == site
     line, = [line for line in why_lines(analysis.header["why"]) if line.startswith("caused by Python")]
     assert ("at f (p.py:2)" in line) if site else ("at <site unknown>" in line), line
+
+
+def test_live_causes_come_when_due_and_equal_offline(monkeypatch):
+    """tandem live's causes (engine/live/causes.py): a pause no Python thread asked for reads no
+    GIL row and is due as soon as it is final; one a Python thread asked for waits until the
+    watermark is the site window past its end (its holder is placed at its next release). Each
+    row, when due, equals `tandem analyze`'s of the same rows."""
+    import numpy as np
+    import pandas as pd
+
+    import engine.live.causes as live_causes
+    from engine.analysis import correlate
+    from engine.analysis.causes import CAUSE_COLUMNS, SITE_WINDOW_NS
+    from test_join_witness import gil_frame, pauses_frame
+
+    monkeypatch.setattr(live_causes, "DUE_EVERY_S", 0.0)
+    b = 100_000_000
+    pauses = pauses_frame([(b + 100, b + 200), (b + 300, b + 400)], kinds=["safepoint"] * 2).assign(
+        requester_os_thread_id=pd.array([None, 2], dtype="Int64"), jvm_pid=pd.array([9, 9], dtype="Int64"))
+    end = b + 400
+    rows = [(7, 2, "released", 0, b), (7, 3, "released", b + 50, end + 10), (7, 2, "released", end + 30_000_000, end + 30_000_005)]
+    gil = gil_frame(rows).assign(code=np.array([1, 0, 2], np.uint64), thread_name=pd.array(["main", "w", "main"], dtype="string"))
+    names = pd.DataFrame({"function": pd.array(["g", "f"], dtype="string"), "file": pd.array(["p.py"] * 2, dtype="string"),
+                          "line": pd.array([1, 2], dtype="Int64")}, index=[1, 2])
+    code_names = lambda pid, codes: names.reindex(codes.astype(np.int64)).reset_index(drop=True)  # noqa: E731
+    offline = correlate(pauses, gil.drop(columns="code").assign(
+        function=pd.array(["g", None, "f"], dtype="string"), file=pd.array(["p.py", None, "p.py"], dtype="string"),
+        line=pd.array([1, None, 2], dtype="Int64"))).pause_impact.set_index("pause_id")
+    assert offline.loc[101, "caused_by_python"] and offline.loc[101, "cause_function"] == "f"
+
+    live = live_causes.LiveCauses(30_000_000_000, code_names, lambda pid, tid: True)
+    impact = pauses[["pause_id", "kind", "name", "start_ns", "end_ns"]]
+    live.add(pauses, gil.iloc[:2], None, None, impact)  # both final; thread 2's next release not read yet
+    first = live.due(end + 1, lambda: live_causes.GilRows.empty())
+    assert first["pause_id"].tolist() == [100]
+    assert live.next_due_ns() == end + SITE_WINDOW_NS
+    assert live.due(end + SITE_WINDOW_NS - 1, lambda: live_causes.GilRows.empty()) is None
+    live.add(None, gil.iloc[2:], None, None, None)
+    second = live.due(end + SITE_WINDOW_NS, lambda: live_causes.GilRows.empty())
+    assert second["pause_id"].tolist() == [101]
+    for row in (first, second):
+        got = row.set_index("pause_id")[list(CAUSE_COLUMNS)]
+        pd.testing.assert_frame_equal(got, offline.loc[got.index, list(CAUSE_COLUMNS)], check_dtype=False)

@@ -2,10 +2,11 @@
 pauses as they become due, so that live pause_impact rows carry the cause columns (and
 stop_id) `tandem analyze` gives them.
 
-A pause's causes are due once the watermark is SITE_WINDOW_NS past its end (a thread that
-held the GIL at the pause is placed at its next release within that window); its
-pause_impact row waits until then. Kept for it, as the core keeps rows for late pauses: the
-pauses, GIL rows and System.gc() calls of the last `retain_ns`, and the overlaps rows of
+A pause whose stop a Python thread asked for, or whose requester may be inferred, is due once
+the watermark is SITE_WINDOW_NS past its end (a thread that held the GIL at the pause is
+placed at its next release within that window); any other pause (nearly all) reads no GIL
+row and is due as soon as the core made it final. Its pause_impact row waits until then.
+Kept for it, as the core keeps rows for late pauses: the pauses, GIL rows and System.gc() calls of the last `retain_ns`, and the overlaps rows of
 those pauses. Each due batch is one `Causes` over the kept pauses (a stop's rows count
 together: the requester of its safepoint, its collection's cause), fed the kept GIL rows as
 one block with the intervals open now. What the pause ring does not carry is filled in as
@@ -27,9 +28,9 @@ from engine.correlate.schema import END, GIL_STATES
 from engine.correlate.stops import stop_ids
 from engine.ingest.gil_stream import ThreadHulls
 
-# Due rows are taken at most this often (a batch costs ~10-60 ms of the loop's CPU, mostly
+# Due rows are taken at most this often (a batch costs ~5-50 ms of the loop's CPU, mostly
 # fixed: more often costs CPU, less often adds up to this much to a pause_impact row's latency).
-DUE_EVERY_S = 0.25
+DUE_EVERY_S = 0.1
 # Kinds a System.gc() call's thread and frames are never given to (the recording's reader skips them).
 NOT_IN_CALLS = ("compilation", "deoptimization")
 
@@ -48,6 +49,8 @@ class LiveCauses:
         self.overlaps: list[pd.DataFrame] = []
         self.waiting: list[pd.DataFrame] = []  # pause_impact rows whose causes are not due yet
         self.last_due = 0.0
+        self.added = False     # rows came since the last batch
+        self.recheck_ns = END  # the watermark at which a row waiting for its site window is due
 
     def add(self, pauses: pd.DataFrame | None, gil: pd.DataFrame | None, overlaps: pd.DataFrame | None,
             calls: pd.DataFrame | None, impact: pd.DataFrame | None) -> None:
@@ -66,6 +69,7 @@ class LiveCauses:
         for kept, frame in ((self.calls, calls), (self.waiting, impact)):
             if frame is not None and len(frame):
                 kept.append(frame)
+        self.added |= impact is not None and len(impact) > 0
 
     def due(self, watermark_ns: int, open_rows) -> pd.DataFrame | None:
         """The waiting pause_impact rows whose causes are due at WATERMARK_NS (END: all), with
@@ -74,41 +78,65 @@ class LiveCauses:
         if not self.waiting:
             return None
         final = watermark_ns >= END
-        if not final and time.monotonic() - self.last_due < DUE_EVERY_S:
+        if not final and (time.monotonic() - self.last_due < DUE_EVERY_S
+                          or (not self.added and watermark_ns < self.recheck_ns)):
             return None
+        self.added = False
         impact = pd.concat(self.waiting, ignore_index=True) if len(self.waiting) > 1 else self.waiting[0]
-        ready = (impact["end_ns"].to_numpy(np.int64) + SITE_WINDOW_NS <= watermark_ns) | final
+        ends = impact["end_ns"].to_numpy(np.int64)
+        pauses, stop, reads_gil = self._pauses_of(impact)
+        ready = (ends + SITE_WINDOW_NS <= watermark_ns) | final
+        ids = pauses["pause_id"].to_numpy(np.int64)
+        if not ready.all():  # (the rows of pauses that read no GIL row are due now)
+            ready |= ~np.isin(impact["pause_id"].to_numpy(np.int64), ids[reads_gil]) & (ends <= watermark_ns)
+        # (the rows left wait for the site window: nothing changes for them before it)
+        self.recheck_ns = int((ends[~ready]).min()) + SITE_WINDOW_NS if not ready.all() else END
         if not ready.any():
             self.waiting = [impact]
             return None
         self.last_due = time.monotonic()
-        out = with_causes(impact[ready], *self._causes(impact[ready], watermark_ns, open_rows()))
+        reads_gil &= np.isin(ids, impact["pause_id"].to_numpy(np.int64)[ready])
+        causes = (self._causes(pauses, stop, reads_gil, watermark_ns, open_rows) if reads_gil.any()
+                  else pd.DataFrame(no_causes(len(pauses))))
+        out = with_causes(impact[ready], pauses, stop, causes)
         self.waiting = [impact[~ready]] if not ready.all() else []
         self._trim(watermark_ns)
         return out
 
-    def _causes(self, due: pd.DataFrame, watermark_ns: int, open_rows: GilRows):
-        """Causes over the kept pauses overlapping the due ones' span (their stops' rows and
-        collections), fed the GIL rows from just before those pauses on, and each thread's
-        last row before that (its name, and that the thread was there)."""
+    def next_due_ns(self) -> int | None:
+        """The latest watermark at which a waiting row is due (its pause may read GIL rows up to
+        SITE_WINDOW_NS past its end): the loop pushes once real time minus the watermark's lag
+        passes it."""
+        return self.recheck_ns if self.waiting and self.recheck_ns < END else None
+
+    def _pauses_of(self, impact: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+        """The kept pauses overlapping the span of IMPACT's (their stops' rows and collections),
+        with what the recording's reader fills in, their stop ids, and per pause whether its
+        causes read GIL rows: its stop was asked for by a Python thread, or its requester may
+        be inferred."""
         kept = self._pauses()
         starts, ends = kept["start_ns"].to_numpy(np.int64), kept["end_ns"].to_numpy(np.int64)
-        lo, hi = int(due["start_ns"].min()), int(due["end_ns"].max())
+        lo, hi = int(impact["start_ns"].min()), int(impact["end_ns"].max())
         pauses = kept[(ends >= lo) & (starts <= hi)].reset_index(drop=True)
         pauses = with_system_gc_calls(with_collection_causes(pauses), self._calls(lo, hi))
         stop = stop_ids(pauses)
-        # (most batches: no requester is a Python thread and nothing is to be inferred)
         named = requester_tids(pauses).to_numpy(np.int64, na_value=-1)
-        if not (np.isin(named, list(self.python_tids)).any() or inference_candidates(pauses, stop).any()):
-            return pauses, stop, pd.DataFrame(no_causes(len(pauses)))
-        gil = self._gil(int(pauses["start_ns"].min()) - CALL_WINDOW_NS, watermark_ns, open_rows)
+        asks = np.isin(named, np.fromiter(self.python_tids, np.int64, len(self.python_tids)))
+        reads_gil = np.isin(stop, stop[asks]) | inference_candidates(pauses, stop)
+        return pauses, stop, reads_gil
+
+    def _causes(self, pauses: pd.DataFrame, stop: np.ndarray, reads_gil: np.ndarray, watermark_ns: int, open_rows):
+        """Causes over PAUSES, fed the GIL rows from just before those that read them on, and
+        each thread's last row before that (its name, and that the thread was there)."""
+        gil = self._gil(int(pauses["start_ns"].to_numpy(np.int64)[reads_gil].min()) - CALL_WINDOW_NS, watermark_ns,
+                        open_rows())
         causes = Causes(pauses, stop, self._lifetimes(gil, watermark_ns))
         causes.push(gil_rows_from_frame(gil), min(int(watermark_ns), END), lambda mask: self._named(gil[mask]))
         if self.overlaps:
             overlaps = pd.concat(self.overlaps, ignore_index=True)
             overlaps = overlaps[overlaps["pause_id"].isin(pauses["pause_id"])]
             causes.overlaps(*(overlaps[c].to_numpy() for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
-        return pauses, stop, causes.table()
+        return causes.table()
 
     def _lifetimes(self, gil: pd.DataFrame, watermark_ns: int) -> pd.DataFrame:
         """pid, tid, start_ns, end_ns: each thread's hull of rows; a thread alive now (/proc)

@@ -105,12 +105,14 @@ class LiveRun:
         return bool(self.watcher.jvm) and all(s.how != RepositorySource.how for s in self.watcher.jvm.values())
 
     def _final_due(self, now: float) -> bool:
-        """A pending pause the watermark passes now (its rows are due at the next push)."""
+        """A pending pause the watermark passes now (its rows are due at the next push), or a
+        waiting pause_impact row whose causes it makes due."""
         ends = self.core.pending_ends()
-        if not ends.size:
-            return False
-        first_end = int(ends.min())
-        return time.monotonic_ns() - wm.LAG_NS > first_end + self.core.slack_ns
+        due = [int(ends.min()) + self.core.slack_ns] if ends.size else []
+        causes = self.causes.next_due_ns()
+        if causes is not None:
+            due.append(causes)
+        return bool(due) and time.monotonic_ns() - wm.LAG_NS > min(due)
 
     def step(self, *, final: bool = False) -> None:
         """One turn of the loop: the pause sources are polled every RING_POLL_S with pause rings
@@ -123,6 +125,7 @@ class LiveRun:
         rings = self._rings_only()
         pauses = self._poll_jvm() if final or rings or began - self._last_jvm_poll >= JVM_POLL_S else empty_frame("pauses")
         if not (final or len(pauses) or began - self._last_gil_poll >= GIL_POLL_S or self._final_due(began)):
+            self._emit_causes()  # (rows that waited for a causes batch)
             return
         self._last_gil_poll = time.monotonic()
         # /proc before the rings: a thread gone in the snapshot has all its events in this read.
@@ -158,27 +161,36 @@ class LiveRun:
 
     def _emit(self, rows: Rows, pauses: pd.DataFrame, gil: pd.DataFrame) -> None:
         """Rows that came out to the current part, the alerts and the view, with the pauses and
-        GIL intervals read in this step. arrived_ns, when a row was handed over: of a pause, with
-        its first overlaps rows (pause end to it: the latency the bench measures); of a
-        pause_impact row, when its pause became final."""
+        GIL intervals read in this step; pause_impact rows once their causes are due
+        (_emit_causes). arrived_ns, when a pause's row was handed over with its first overlaps
+        rows (pause end to it: the latency the bench measures)."""
         now = np.int64(time.monotonic_ns())
         # (an empty table is left out: converting it costs more than the rows of a step)
         tables = {name: to_pandas(table, name) if table.num_rows else None for name, table in rows.tables().items()}
         impact, overlaps, free = tables["pause_impact"], tables["overlaps"], tables["gil_free"]
         calls, self._calls = (pd.concat(self._calls, ignore_index=True) if self._calls else None), []
         self.causes.add(pauses, gil, overlaps, calls, impact)
-        impact = self.causes.due(self.watermark_ns, self._open_now)
         gil = gil.drop(columns="code", errors="ignore")  # (the parts' gil table has no code columns)
         if len(pauses):
             pauses = pauses.assign(arrived_ns=now)
-        if impact is not None:
-            impact = impact.assign(arrived_ns=now)
         self.overlap_rows += 0 if overlaps is None else len(overlaps)
-        self.writer.add(pauses, gil, overlaps, pause_impact=impact, gil_free=free, spans=self._figured_spans(pauses, gil))
-        self.alerts.check(impact, overlaps)
-        if impact is not None:
-            hits = impact[impact["hit_python"].to_numpy(bool)]
-            self.latest_hits.extend(hits[["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"]].to_dict("records"))
+        self.writer.add(pauses, gil, overlaps, gil_free=free, spans=self._figured_spans(pauses, gil))
+        self.alerts.check(None, overlaps)
+        self._emit_causes()
+
+    def _emit_causes(self) -> None:
+        """The pause_impact rows whose causes are due, with them, to the part, the alerts and
+        the view (arrived_ns: when the row was handed over, complete)."""
+        if self.watermark_ns is None:
+            return
+        impact = self.causes.due(self.watermark_ns, self._open_now)
+        if impact is None:
+            return
+        impact = impact.assign(arrived_ns=np.int64(time.monotonic_ns()))
+        self.writer.add(None, None, None, pause_impact=impact)
+        self.alerts.check(impact, None)
+        hits = impact[impact["hit_python"].to_numpy(bool)]
+        self.latest_hits.extend(hits[["kind", "name", "start_ns", "end_ns", "duration_ns", "overlap_ns"]].to_dict("records"))
 
     def _code_names(self, pid: int, codes: np.ndarray) -> pd.DataFrame | None:
         source = next((s for s in self.watcher.gil.values() if s.pid == pid), None)
