@@ -104,15 +104,26 @@ class LiveRun:
     def _rings_only(self) -> bool:
         return bool(self.watcher.jvm) and all(s.how != RepositorySource.how for s in self.watcher.jvm.values())
 
-    def _final_due(self, now: float) -> bool:
-        """A pending pause the watermark passes now (its rows are due at the next push), or a
-        waiting pause_impact row whose causes it makes due."""
+    def _next_due_ns(self) -> int | None:
+        """When (CLOCK_MONOTONIC) the watermark will pass the first pending pause (its rows are
+        due at the next push) or a waiting pause_impact row's site window; None: nothing waits."""
         ends = self.core.pending_ends()
         due = [int(ends.min()) + self.core.slack_ns] if ends.size else []
         causes = self.causes.next_due_ns()
         if causes is not None:
             due.append(causes)
-        return bool(due) and time.monotonic_ns() - wm.LAG_NS > min(due)
+        return min(due) + wm.LAG_NS if due else None
+
+    def _final_due(self, now: float) -> bool:
+        due = self._next_due_ns()
+        return due is not None and time.monotonic_ns() > due
+
+    def _wait_s(self) -> float:
+        """Until the next turn: a poll period, or less when a pending row falls due before it
+        (one already due was pushed for in this turn: the watermark may be held back)."""
+        poll = RING_POLL_S if self._rings_only() else GIL_POLL_S
+        due, now = self._next_due_ns(), time.monotonic_ns()
+        return poll if due is None or due <= now else min(poll, (due - now) / 1e9)
 
     def step(self, *, final: bool = False) -> None:
         """One turn of the loop: the pause sources are polled every RING_POLL_S with pause rings
@@ -259,7 +270,7 @@ class LiveRun:
                     lingered = time.monotonic() - done_since
                     if self.all_done() or (lingered > LINGER_S and not (self._reading_last() and lingered < LAST_READ_S)):
                         break
-                self.stop.wait(RING_POLL_S if self._rings_only() else GIL_POLL_S)
+                self.stop.wait(self._wait_s())
             self.finish()
         except BaseException as err:  # reported by the caller (the loop may run in a thread)
             self.error = err
