@@ -194,14 +194,6 @@ def _in_order(dense, start, threads: int) -> bool:
     return True
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _among(values, value) -> bool:
-    for v in values:
-        if v == value:
-            return True
-    return False
-
-
 @njit(cache=True, nogil=True)
 def _cause_rows(order, dense, pid, state, start, end, q_hi, q_s, done, in_start, in_row, after_start, after_row,
                 later_start, first_start, first_row, last_start, last_end, c_pids, c_start, c_pid, c_end, c_veto,
@@ -213,6 +205,12 @@ def _cause_rows(order, dense, pid, state, start, end, q_hi, q_s, done, in_start,
     (c_*: sorted by its stop's start) a released row of its process from WINDOW before that
     start to the pause's end (c_veto). Rows found in this block are given by block row (*_row);
     queries whose answers no later row can change (they start at or after WATERMARK) are done."""
+    def candidate_pid(value) -> bool:  # (a closure: an array passed per row costs two atomic operations)
+        for v in c_pids:
+            if v == value:
+                return True
+        return False
+
     threads = q_hi.size
     walk_later, walk_after = done.copy(), done.copy()
     walk_call = np.full(threads, -1, np.int64)
@@ -220,7 +218,7 @@ def _cause_rows(order, dense, pid, state, start, end, q_hi, q_s, done, in_start,
     for k in range(order.size):
         r = order[k]
         d, a, b = dense[r], start[r], end[r]
-        if n_calls and state[r] == 0 and _among(c_pids, pid[r]):
+        if n_calls and state[r] == 0 and candidate_pid(pid[r]):
             if d >= 0 and walk_call[d] >= 0:
                 j = walk_call[d]
                 while j < n_calls and c_start[j] < a:

@@ -631,18 +631,12 @@ class Correlator:
         self._vanished = []
         size = 2 * (i1 - i0) + 2 * npids + 2 * (holders_gone.size + vanished.size) + 1
         out_pid, out_start, out_end = np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size, np.int64)
-        n0 = 0
-        if holders_gone.size or vanished.size:
-            n0 = kernels.end_lives(holders_gone.astype(np.int64), vanished, self._swept, self.t_pidx[:nt], self.t_run[:nt],
-                                   self.t_open_row[:nt], self.t_alive[:nt], self.p_holding[:npids], self.p_alive[:npids],
-                                   self.p_in_span[:npids], np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids],
-                                   self.p_close_start[:npids], self.p_close_end[:npids], out_pid, out_start, out_end)
-        n = n0 + kernels.sweep_gil_free(
+        n = kernels.sweep_gil_free(
             self.t_pidx[:nt], self.r_tidx, self.r_start, self.r_end, i0, i1, frontier, ptr, order.astype(np.int64),
             self.t_run[:nt], self.t_reach[:nt], self.t_reach_closed[:nt], self.t_open_row[:nt], self.t_seen_end[:nt],
             self.t_dead[:nt], self.t_alive[:nt], self.p_holding[:npids], self.p_alive[:npids], self.p_in_span[:npids],
             np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids], self.p_close_start[:npids],
-            self.p_close_end[:npids], out_pid[n0:], out_start[n0:], out_end[n0:])
+            self.p_close_end[:npids], out_pid, out_start, out_end, holders_gone.astype(np.int64), vanished, self._swept)
         self._swept = frontier
         # (the sweep mostly emits them in order already: a check costs a pass, a sort ten)
         pidx, start, end = out_pid[:n], out_start[:n], out_end[:n]

@@ -95,81 +95,11 @@ def duplicate_rows(start, end, tidx, state, is_new) -> np.ndarray:
     return dup
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _open_free(p, t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out):
-    """pid p becomes free at t: rejoin a segment closed at t, else emit the closed one and start anew."""
-    if close_end[p] == t:
-        free_since[p] = close_start[p]
-        close_end[p] = NONE
-    else:
-        n_out = _emit_closed(p, close_start, close_end, out_pid, out_start, out_end, n_out)
-        free_since[p] = t
-    return n_out
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _emit_closed(p, close_start, close_end, out_pid, out_start, out_end, n_out):
-    """Emits pid p's closed free segment, if it has one, and forgets it."""
-    if close_end[p] != NONE:
-        out_pid[n_out] = p
-        out_start[n_out] = close_start[p]
-        out_end[n_out] = close_end[p]
-        n_out += 1
-        close_end[p] = NONE
-    return n_out
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _close_free(p, t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out):
-    """pid p stops being free at t: the segment is held back until it cannot rejoin (touching ones join)."""
-    if free_since[p] != NONE:
-        if free_since[p] < t:
-            n_out = _emit_closed(p, close_start, close_end, out_pid, out_start, out_end, n_out)
-            close_start[p] = free_since[p]
-            close_end[p] = t
-        free_since[p] = NONE
-    return n_out
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _sift_up(heap, pos, key, base, i):
-    th = heap[base + i]
-    while i > 0:
-        parent = (i - 1) >> 1
-        up = heap[base + parent]
-        if key[up] <= key[th]:
-            break
-        heap[base + i] = up
-        pos[up] = base + i
-        i = parent
-    heap[base + i] = th
-    pos[th] = base + i
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _sift_down(heap, pos, key, base, size, i):
-    th = heap[base + i]
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and key[heap[base + child + 1]] < key[heap[base + child]]:
-            child += 1
-        down = heap[base + child]
-        if key[th] <= key[down]:
-            break
-        heap[base + i] = down
-        pos[down] = base + i
-        i = child
-    heap[base + i] = th
-    pos[th] = base + i
-
-
 @njit(cache=True, nogil=True)
 def sweep_gil_free(t_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads_ptr, pid_threads,
                    t_run, t_reach, t_reach_closed, t_open_row, t_seen_end, t_dead, t_alive,
                    p_holding, p_alive, p_in_span, p_span_end, free_since, close_start, close_end,
-                   out_pid, out_start, out_end) -> int:
+                   out_pid, out_start, out_end, holders_gone, released_gone, gone_at) -> int:
     """Advance the per-process holder count over rows i0..i1 (sorted by start, all before frontier;
     row i's thread r_tidx[i], its process t_pidx[r_tidx[i]]),
     then over every run end before frontier; write the gil_free segments that became final.
@@ -183,15 +113,99 @@ def sweep_gil_free(t_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
     number of segments written. A process's running threads are kept in a min-heap on their
     runs' ends (in the process's slots of pid_threads), built anew each call from t_run.
 
-    One loop: the rows, then one step per process at the frontier; each step first applies, in
-    time order, the ends of the process's runs before it. (Written out once in this loop, not
-    as a function called per row: numba counts references of every array passed at each call,
-    which cost ~100 ns a row here.)
+    First, threads found gone at GONE_AT (a live driver learns it late, from /proc):
+    HOLDERS_GONE were counted as holding the GIL since their run ended, RELEASED_GONE were in a
+    run held open by an interval that will never close; both stop being alive then. Then one
+    loop: the rows, then one step per process at the frontier; each step first applies, in time
+    order, the ends of the process's runs before it.
+
+    The helpers are closures over the arrays, not functions they are passed to: numba counts
+    references of every array passed at each call, even inlined (two atomic operations an
+    array, several calls a row: half of this kernel's time).
     """
     n_pids = p_holding.size
     heap = np.empty(pid_threads.size, np.int64)
     heap_size = np.zeros(n_pids, np.int64)
     pos = np.full(t_run.size, -1, np.int64)
+
+    def emit_closed(p, n_out):  # p's closed free segment, if it has one, out and forgotten
+        if close_end[p] != NONE:
+            out_pid[n_out] = p
+            out_start[n_out] = close_start[p]
+            out_end[n_out] = close_end[p]
+            n_out += 1
+            close_end[p] = NONE
+        return n_out
+
+    def open_free(p, t, n_out):  # p becomes free at t: rejoin a segment closed at t, else start anew
+        if close_end[p] == t:
+            free_since[p] = close_start[p]
+            close_end[p] = NONE
+        else:
+            n_out = emit_closed(p, n_out)
+            free_since[p] = t
+        return n_out
+
+    def close_free(p, t, n_out):  # p stops being free at t: held back until it cannot rejoin
+        if free_since[p] != NONE:
+            if free_since[p] < t:
+                n_out = emit_closed(p, n_out)
+                close_start[p] = free_since[p]
+                close_end[p] = t
+            free_since[p] = NONE
+        return n_out
+
+    def sift_up(base, i):
+        th = heap[base + i]
+        while i > 0:
+            parent = (i - 1) >> 1
+            up = heap[base + parent]
+            if t_reach[up] <= t_reach[th]:
+                break
+            heap[base + i] = up
+            pos[up] = base + i
+            i = parent
+        heap[base + i] = th
+        pos[th] = base + i
+
+    def sift_down(base, size, i):
+        th = heap[base + i]
+        while True:
+            child = 2 * i + 1
+            if child >= size:
+                break
+            if child + 1 < size and t_reach[heap[base + child + 1]] < t_reach[heap[base + child]]:
+                child += 1
+            down = heap[base + child]
+            if t_reach[th] <= t_reach[down]:
+                break
+            heap[base + i] = down
+            pos[down] = base + i
+            i = child
+        heap[base + i] = th
+        pos[th] = base + i
+
+    n_out = 0
+    for k in range(holders_gone.size + released_gone.size):
+        th = holders_gone[k] if k < holders_gone.size else released_gone[k - holders_gone.size]
+        p = t_pidx[th]
+        if k < holders_gone.size:
+            if not t_alive[th] or t_run[th]:
+                continue
+            p_holding[p] -= 1
+            if p_holding[p] == 0 and p_in_span[p]:
+                n_out = open_free(p, gone_at, n_out)
+        else:
+            if not (t_run[th] and t_open_row[th]):
+                continue
+            t_run[th] = False
+            t_open_row[th] = False
+        t_alive[th] = False
+        p_alive[p] -= 1
+        if p_alive[p] == 0 and gone_at >= p_span_end[p] and p_in_span[p]:
+            n_out = close_free(p, gone_at, n_out)
+            p_in_span[p] = False
+
     for p in range(n_pids):
         base = pid_threads_ptr[p]
         for k in range(base, pid_threads_ptr[p + 1]):
@@ -199,8 +213,7 @@ def sweep_gil_free(t_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
             if t_run[th]:
                 heap[base + heap_size[p]] = th
                 heap_size[p] += 1
-                _sift_up(heap, pos, t_reach, base, heap_size[p] - 1)
-    n_out = 0
+                sift_up(base, heap_size[p] - 1)
     for i in range(i0, i1 + n_pids):
         if i < i1:
             s = r_start[i]
@@ -222,21 +235,21 @@ def sweep_gil_free(t_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
             pos[best] = -1
             if heap_size[p] > 0:
                 heap[base] = heap[base + heap_size[p]]
-                _sift_down(heap, pos, t_reach, base, heap_size[p], 0)
+                sift_down(base, heap_size[p], 0)
             t_run[best] = False
             if t_seen_end[best] == best_t and t_dead[best]:
                 # Its last interval ended: the thread's inferred lifetime ends here (it did not hold).
                 t_alive[best] = False
                 p_alive[p] -= 1
                 if p_alive[p] == 0 and best_t >= p_span_end[p]:
-                    n_out = _close_free(p, best_t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+                    n_out = close_free(p, best_t, n_out)
                     p_in_span[p] = False
             else:
                 p_holding[p] += 1
                 if p_holding[p] == 1:
-                    n_out = _close_free(p, best_t, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+                    n_out = close_free(p, best_t, n_out)
         if th < 0:
-            n_out = _emit_closed(p, close_start, close_end, out_pid, out_start, out_end, n_out)
+            n_out = emit_closed(p, n_out)
             continue
         is_open = e >= END
         if t_run[th]:  # touching or overlapping its current run: the run goes on
@@ -245,7 +258,7 @@ def sweep_gil_free(t_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
             elif e > t_reach_closed[th]:
                 t_reach_closed[th] = e
             t_reach[th] = END if t_open_row[th] else t_reach_closed[th]
-            _sift_down(heap, pos, t_reach, base, heap_size[p], pos[th] - base)  # its end only moves later
+            sift_down(base, heap_size[p], pos[th] - base)  # its end only moves later
             continue
         t_run[th] = True
         t_open_row[th] = is_open
@@ -253,47 +266,18 @@ def sweep_gil_free(t_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
         t_reach[th] = END if is_open else e
         heap[base + heap_size[p]] = th
         heap_size[p] += 1
-        _sift_up(heap, pos, t_reach, base, heap_size[p] - 1)
+        sift_up(base, heap_size[p] - 1)
         if not t_alive[th]:
             t_alive[th] = True
             p_alive[p] += 1
             if not p_in_span[p]:
                 p_in_span[p] = True
                 if p_holding[p] == 0:
-                    n_out = _open_free(p, s, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
+                    n_out = open_free(p, s, n_out)
         else:
             p_holding[p] -= 1
             if p_holding[p] == 0:
-                n_out = _open_free(p, s, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
-    return n_out
-
-
-@njit(cache=True, nogil=True)
-def end_lives(holders, released, at, t_pidx, t_run, t_open_row, t_alive, p_holding, p_alive, p_in_span, p_span_end,
-              free_since, close_start, close_end, out_pid, out_start, out_end) -> int:
-    """Threads found gone at `at` (a live driver learns it late, from /proc): HOLDERS were counted as
-    holding the GIL since their run ended, RELEASED were in a run held open by an interval that will
-    never close. Both stop being alive at `at`; returns the number of gil_free segments written."""
-    n_out = 0
-    for k in range(holders.size + released.size):
-        th = holders[k] if k < holders.size else released[k - holders.size]
-        p = t_pidx[th]
-        if k < holders.size:
-            if not t_alive[th] or t_run[th]:
-                continue
-            p_holding[p] -= 1
-            if p_holding[p] == 0 and p_in_span[p]:
-                n_out = _open_free(p, at, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
-        else:
-            if not (t_run[th] and t_open_row[th]):
-                continue
-            t_run[th] = False
-            t_open_row[th] = False
-        t_alive[th] = False
-        p_alive[p] -= 1
-        if p_alive[p] == 0 and at >= p_span_end[p] and p_in_span[p]:
-            n_out = _close_free(p, at, free_since, close_start, close_end, out_pid, out_start, out_end, n_out)
-            p_in_span[p] = False
+                n_out = open_free(p, s, n_out)
     return n_out
 
 
