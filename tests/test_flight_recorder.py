@@ -502,7 +502,10 @@ def test_the_jvm_side_is_packed_within_max_age_and_reads_as_the_raw_chunks(tmp_p
     (snap_jvm,) = (tmp_path / "snap").glob("jvm-*")
     snap_files, _closed = jvm_recordings(snap_jvm)
     snap_starts = sorted(start for file in snap_files for start in starts(file))
-    assert len(snap_starts) >= 3 and len(set(snap_starts)) == len(snap_starts)  # (each chunk once)
+    # (each chunk once; packed ones and JFR's current one: how many packed ones are still within
+    # --max-age when the dump runs depends on how long it takes to start)
+    assert len(snap_starts) >= 2 and len(set(snap_starts)) == len(snap_starts)
+    assert any(f.suffix == ".zst" for f in snap_files) and any(f.suffix == ".jfr" for f in snap_files), snap_files
     witness_chunks = {starts(p)[0]: p for p in witness.glob("*.jfr")}
     expected = sorted(start for start in witness_chunks if snap_starts[0] <= start <= snap_starts[-1])
     assert snap_starts == expected
