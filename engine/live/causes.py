@@ -83,19 +83,19 @@ class LiveCauses:
             return None
         self.added = False
         impact = pd.concat(self.waiting, ignore_index=True) if len(self.waiting) > 1 else self.waiting[0]
-        ends = impact["end_ns"].to_numpy(np.int64)
+        ends, wanted = impact["end_ns"].to_numpy(np.int64), impact["pause_id"].to_numpy(np.int64)
         pauses, stop, reads_gil = self._pauses_of(impact)
         ready = (ends + SITE_WINDOW_NS <= watermark_ns) | final
         ids = pauses["pause_id"].to_numpy(np.int64)
         if not ready.all():  # (the rows of pauses that read no GIL row are due now)
-            ready |= ~np.isin(impact["pause_id"].to_numpy(np.int64), ids[reads_gil]) & (ends <= watermark_ns)
+            ready |= ~np.isin(wanted, ids[reads_gil]) & (ends <= watermark_ns)
         # (the rows left wait for the site window: nothing changes for them before it)
         self.recheck_ns = int((ends[~ready]).min()) + SITE_WINDOW_NS if not ready.all() else END
         if not ready.any():
             self.waiting = [impact]
             return None
         self.last_due = time.monotonic()
-        reads_gil &= np.isin(ids, impact["pause_id"].to_numpy(np.int64)[ready])
+        reads_gil &= np.isin(ids, wanted[ready])
         causes = (self._causes(pauses, stop, reads_gil, watermark_ns, open_rows) if reads_gil.any()
                   else pd.DataFrame(no_causes(len(pauses))))
         out = with_causes(impact[ready], pauses, stop, causes)
@@ -104,9 +104,9 @@ class LiveCauses:
         return out
 
     def next_due_ns(self) -> int | None:
-        """The latest watermark at which a waiting row is due (its pause may read GIL rows up to
-        SITE_WINDOW_NS past its end): the loop pushes once real time minus the watermark's lag
-        passes it."""
+        """The watermark at which the first row left waiting for its site window is due (its
+        pause reads GIL rows up to SITE_WINDOW_NS past its end): the loop pushes once real time
+        minus the watermark's lag passes it."""
         return self.recheck_ns if self.waiting and self.recheck_ns < END else None
 
     def _pauses_of(self, impact: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
