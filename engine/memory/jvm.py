@@ -1,8 +1,9 @@
 """The JVM's memory events of a JFR recording (PauseEvents.java selects them), on CLOCK_MONOTONIC.
 
-Read through jdk.jfr in tandem's own JVM (engine.jvm), one handler per event type, so the
-parser skips every other event; ticks go to CLOCK_MONOTONIC with the recording's
-tandem.ClockSync events (engine.clock.align, as the pauses do).
+Read through jdk.jfr in tandem's own JVM (engine.jvm) by tandem.ingest.MemoryReader, one
+handler per event type, so the parser skips every other event, and whole columns back in one
+call; ticks go to CLOCK_MONOTONIC with the recording's tandem.ClockSync events
+(engine.clock.align, as the pauses do).
 """
 from __future__ import annotations
 
@@ -33,14 +34,8 @@ AT_GC_FIELDS = {
                           "jvm_heap_start": "heapSpace.start", "jvm_heap_end": "heapSpace.reservedEnd"},
     "jdk.MetaspaceSummary": {"jvm_metaspace_used": "metaspace.used", "jvm_metaspace_committed": "metaspace.committed"},
 }
-# G1's copying into the old generation: PLABs given out (allocated) less what the copied objects
-# used. The unused tails stay in the heap's used bytes but hold no live object; summed over the
-# GCs into jvm_heap_gc_waste (engine/memory/table.py).
-G1_OLD_EVACUATION = "jdk.G1EvacuationOldStatistics"
-CODE_CACHE = "jdk.CodeCacheStatistics"  # one event per code heap: summed into jvm_code_cache
-NMT_CATEGORIES = ("jdk.NativeMemoryUsage", "tandem.NativeMemoryUsage")  # one event per NMT category: jvm_nmt_<category>
-CLOCK_SYNC = "tandem.ClockSync"
-GC_CONFIGURATION = "jdk.GCConfiguration"  # which collector: G1's side tables grow with its heap (g1_side_tables_share)
+# The event types whose rows are computed rather than read from one field (G1's old-generation
+# copying waste, the code heaps, NMT's categories, which collector) are tandem.ingest.MemoryReader's.
 
 
 def nmt_column(category: str) -> str:
@@ -78,7 +73,7 @@ def read_jvm_memory(recordings: list[Path], flushed: bool = False, java_version:
 
 
 def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFrame, dict]:
-    rows: list[tuple] = []
+    rows: list[tuple] = []  # per file: (ticks, column, value, after_gc) arrays
     sync_ticks: list[int] = []
     sync_mono: list[int] = []
     skipped = []
@@ -101,60 +96,31 @@ def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFram
         return pd.DataFrame({"t_ns": pd.Series(dtype="int64"), "column": pd.Series(dtype="string"),
                              "value": pd.Series(dtype="float64"), "after_gc": pd.Series(dtype="bool")}), facts
     alignment = align.fit_clock_sync(np.array(sync_ticks), np.array(sync_mono), tps)
-    ticks, column, value, after_gc = zip(*rows)
-    table = pd.DataFrame({"t_ns": align.ticks_to_domain_ns(np.array(ticks, dtype=np.int64), [], alignment),
-                          "column": pd.array(column, dtype="string"), "value": np.array(value, dtype=np.float64),
-                          "after_gc": np.array(after_gc, dtype=bool)})
+    ticks, column, value, after_gc = (np.concatenate(part) for part in zip(*rows))
+    table = pd.DataFrame({"t_ns": align.ticks_to_domain_ns(ticks, [], alignment),
+                          "column": pd.array(column, dtype="string"), "value": value, "after_gc": after_gc})
     facts["clock"] = alignment.as_metadata()
     return table.sort_values("t_ns", kind="stable", ignore_index=True), facts
 
 
 def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list) -> None:
+    """PATH's memory events through tandem.ingest.MemoryReader (one Java call: the GIL is free
+    while it reads), appended to ROWS as (ticks, column, value, after_gc) columns."""
     jpype = jvm.start_jvm()
-    EventStream = jpype.JClass("jdk.jfr.consumer.EventStream")
-    Paths = jpype.JClass("java.nio.file.Path")
-
-    def fields_of(mapping: dict, at_gc: bool):
-        def handle(event) -> None:
-            ticks = int(event.getLong("startTime"))
-            after = at_gc and str(event.getString("when")) == "After GC"
+    reader = jpype.JClass("tandem.ingest.MemoryReader")()
+    for fields, at_gc in ((PERIODIC_FIELDS, False), (AT_GC_FIELDS, True)):
+        for event_type, mapping in fields.items():
             for column, name in mapping.items():
-                if event.hasField(name):
-                    rows.append((ticks, column, float(event.getLong(name)), after))
-        return handle
-
-    def code_cache(event) -> None:
-        reserved = int(event.getLong("reservedTopAddress")) - int(event.getLong("startAddress"))
-        rows.append((int(event.getLong("startTime")), "jvm_code_cache:" + str(event.getString("codeBlobType")),
-                     float(reserved - int(event.getLong("unallocatedCapacity"))), False))
-
-    def nmt(event) -> None:
-        rows.append((int(event.getLong("startTime")), nmt_column(str(event.getString("type"))),
-                     float(event.getLong("committed")), False))
-
-    def old_evacuation(event) -> None:
-        stats = event.getValue("statistics")
-        rows.append((int(event.getLong("startTime")), "jvm_heap_gc_waste",
-                     float(int(stats.getLong("allocated")) - int(stats.getLong("used"))), True))
-
-    def gc_configuration(event) -> None:
-        if str(event.getString("youngCollector")) == "G1New":
-            rows.append((int(event.getLong("startTime")), "jvm_g1", 1.0, False))
-
-    def clock_sync(event) -> None:
-        sync_ticks.append(int(event.getLong("startTime")))
-        sync_mono.append(int(event.getLong("monotonicNanos")))
-
-    handlers = {CODE_CACHE: code_cache, CLOCK_SYNC: clock_sync, G1_OLD_EVACUATION: old_evacuation,
-                GC_CONFIGURATION: gc_configuration}
-    handlers.update({name: nmt for name in NMT_CATEGORIES})
-    handlers.update({name: fields_of(mapping, False) for name, mapping in PERIODIC_FIELDS.items()})
-    handlers.update({name: fields_of(mapping, True) for name, mapping in AT_GC_FIELDS.items()})
-    stream = EventStream.openFile(Paths.of(str(path)))
+                reader.field(event_type, column, name, at_gc)
     try:
-        for name, handler in handlers.items():
-            stream.onEvent(name, jpype.JProxy("java.util.function.Consumer", dict={"accept": handler}))
-        stream.start()  # reads the whole file in this thread, calling the handlers
+        reader.readFile(str(path))
     finally:
-        stream.close()
-        jpype.java.lang.Thread.detach()
+        jpype.java.lang.Thread.detach()  # (JPype attached this thread and would keep it attached)
+    prefix = str(reader.NMT_PREFIX)
+    names = np.array([nmt_column(n[len(prefix):]) if n.startswith(prefix) else n
+                      for n in map(str, reader.columnNames())], dtype=object)
+    if len(names):
+        rows.append((np.asarray(reader.ticks(), np.int64), names[np.asarray(reader.columns(), np.int64)],
+                     np.asarray(reader.values(), np.float64), np.asarray(reader.afterGc(), bool)))
+    sync_ticks.extend(np.asarray(reader.syncTicks(), np.int64).tolist())
+    sync_mono.extend(np.asarray(reader.syncMono(), np.int64).tolist())
