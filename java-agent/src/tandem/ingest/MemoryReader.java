@@ -28,9 +28,14 @@ public final class MemoryReader {
     /** One NMT category's committed bytes per event, column {@code NMT_PREFIX + category}. */
     public static final String[] NMT_CATEGORIES = {"jdk.NativeMemoryUsage", "tandem.NativeMemoryUsage"};
     public static final String NMT_PREFIX = "nmt:";
-    /** G1's copying into the old generation: PLABs given out less what the copied objects used. */
+    /**
+     * G1's copying into the old generation: PLABs given out less what the copied objects used,
+     * column {@code jvm_heap_gc_waste}. The unused tails stay in the heap's used bytes but hold
+     * no live object (summed over the GCs by engine/memory/table.py).
+     */
     public static final String G1_OLD_EVACUATION = "jdk.G1EvacuationOldStatistics";
-    /** Which collector: a row {@code jvm_g1 = 1} when it is G1. */
+    /** Which collector: a row {@code jvm_g1 = 1} when it is G1, whose side tables grow with its
+     * committed heap (engine/memory/jvm.py estimates them). */
     public static final String GC_CONFIGURATION = "jdk.GCConfiguration";
     public static final String CLOCK_SYNC = "tandem.ClockSync";
 
