@@ -44,6 +44,9 @@ VIEW_EVERY_S = 1.0
 # deoptimization; it comes a re-read (5 s) plus a flush late, more on a loaded machine) still
 # finds every GIL row offline pairs it with. 30 s of a busy producer's intervals is ~100k rows.
 RETAIN_NS = 30_000_000_000
+# A full cyclic collection after this many collections of the middle generation (Python's
+# default: 10); see run().
+FULL_GC_EVERY = 100
 # After the command exits, how long to wait for processes it left behind.
 LINGER_S = 5.0
 # ... and, past it, how long a source whose process has exited may still take to read what it left.
@@ -252,6 +255,11 @@ class LiveRun:
         warm_up_causes()
         gc.collect()
         gc.freeze()
+        # What the loop makes and keeps (the GIL archive, the kept pauses, pandas' caches) still
+        # makes each full collection cost 60-160 ms with the GIL held; at Python's default one
+        # ran every ~2 s, and the pause_impact rows due meanwhile waited (their p99 tail).
+        young, middle, _ = gc.get_threshold()
+        gc.set_threshold(young, middle, FULL_GC_EVERY)
         self.memory.start()
         try:
             while not self.stop.is_set():
