@@ -401,6 +401,11 @@ def _equals_offline(session: Path) -> tuple[bool, int, int, int]:
     (equal, offline pairs, pairs only live has, pairs only offline has)."""
     from engine.analysis import analyze_session
     from engine.results import Results
+
+    # (the tests import their helpers from tests/, which pytest puts on the path)
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.append(tests)
     from tests.test_live import _on_ring_alignment, _pause_keys
 
     live_pauses, live_overlaps = Results(session / "live").table("pauses"), Results(session / "live").table("overlaps")
