@@ -121,6 +121,6 @@ def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list) -> Non
                       for n in map(str, reader.columnNames())], dtype=object)
     if len(names):
         rows.append((np.asarray(reader.ticks(), np.int64), names[np.asarray(reader.columns(), np.int64)],
-                     np.asarray(reader.values(), np.float64), np.asarray(reader.afterGc(), bool)))
+                     np.asarray(reader.values(), np.int64).astype(np.float64), np.asarray(reader.afterGc(), np.int32) != 0))
     sync_ticks.extend(np.asarray(reader.syncTicks(), np.int64).tolist())
-    sync_mono.extend(np.asarray(reader.syncMono(), np.int64).tolist())
+    sync_mono.extend(np.asarray(reader.syncMonotonicNanos(), np.int64).tolist())

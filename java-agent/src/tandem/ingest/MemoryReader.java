@@ -3,7 +3,6 @@ package tandem.ingest;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -37,21 +36,18 @@ public final class MemoryReader {
     /** Which collector: a row {@code jvm_g1 = 1} when it is G1, whose side tables grow with its
      * committed heap (engine/memory/jvm.py estimates them). */
     public static final String GC_CONFIGURATION = "jdk.GCConfiguration";
-    public static final String CLOCK_SYNC = "tandem.ClockSync";
 
     private final Map<String, List<String[]>> fields = new HashMap<>();  // type -> {column, field}
     private final Map<String, Boolean> atGc = new HashMap<>();
 
-    private final Map<String, Integer> columnCodes = new HashMap<>();
-    private final List<String> columnNames = new ArrayList<>();
-    private long[] ticks = new long[1024];
-    private int[] columns = new int[1024];
-    private double[] values = new double[1024];
-    private boolean[] afterGc = new boolean[1024];
-    private int size;
-    private long[] syncTicks = new long[64];
-    private long[] syncMono = new long[64];
-    private int syncSize;
+    // ---- the result: one row per value, columns as whole arrays; clock-sync samples ----
+    private final Dictionary columnNames = new Dictionary();
+    private final LongList ticks = new LongList();
+    private final IntList columns = new IntList(-1);
+    private final LongList values = new LongList();  // (every value is a long field or a difference of two)
+    private final IntList afterGc = new IntList(0);
+    private final LongList syncTicks = new LongList();
+    private final LongList syncMonotonicNanos = new LongList();
 
     /** Event TYPE's FIELD (a dotted path for a nested one) makes rows of COLUMN; AT_GC: the type
      * has a "when" field, Before GC or After GC. */
@@ -74,7 +70,7 @@ public final class MemoryReader {
             }
             stream.onEvent(G1_OLD_EVACUATION, this::oldEvacuation);
             stream.onEvent(GC_CONFIGURATION, this::gcConfiguration);
-            stream.onEvent(CLOCK_SYNC, this::clockSync);
+            stream.onEvent(PauseReader.CLOCK_SYNC, this::clockSync);
             stream.start();  // (in this thread, calling the handlers)
         }
     }
@@ -111,62 +107,26 @@ public final class MemoryReader {
     }
 
     private void clockSync(RecordedEvent event) {
-        if (syncSize == syncTicks.length) {
-            syncTicks = Arrays.copyOf(syncTicks, 2 * syncSize);
-            syncMono = Arrays.copyOf(syncMono, 2 * syncSize);
-        }
-        syncTicks[syncSize] = event.getLong("startTime");
-        syncMono[syncSize++] = event.getLong("monotonicNanos");
+        syncTicks.add(event.getLong("startTime"));
+        syncMonotonicNanos.add(event.getLong(PauseReader.CLOCK_SYNC_FIELD));
     }
 
-    private void add(long at, String column, double value, boolean after) {
-        if (size == ticks.length) {
-            int grown = 2 * size;
-            ticks = Arrays.copyOf(ticks, grown);
-            columns = Arrays.copyOf(columns, grown);
-            values = Arrays.copyOf(values, grown);
-            afterGc = Arrays.copyOf(afterGc, grown);
-        }
-        Integer code = columnCodes.get(column);
-        if (code == null) {
-            code = columnNames.size();
-            columnCodes.put(column, code);
-            columnNames.add(column);
-        }
-        ticks[size] = at;
-        columns[size] = code;
-        values[size] = value;
-        afterGc[size++] = after;
+    private void add(long at, String column, long value, boolean after) {
+        ticks.add(at);
+        columns.add(columnNames.code(column));
+        values.add(value);
+        afterGc.add(after ? 1 : 0);
     }
 
     // ---- the result, taken by Python once the read is done ----
 
-    public long[] ticks() {
-        return Arrays.copyOf(ticks, size);
-    }
-
+    public long[] ticks() { return ticks.toArray(); }
     /** Each row's column, an index into {@link #columnNames}. */
-    public int[] columns() {
-        return Arrays.copyOf(columns, size);
-    }
-
-    public String[] columnNames() {
-        return columnNames.toArray(new String[0]);
-    }
-
-    public double[] values() {
-        return Arrays.copyOf(values, size);
-    }
-
-    public boolean[] afterGc() {
-        return Arrays.copyOf(afterGc, size);
-    }
-
-    public long[] syncTicks() {
-        return Arrays.copyOf(syncTicks, syncSize);
-    }
-
-    public long[] syncMono() {
-        return Arrays.copyOf(syncMono, syncSize);
-    }
+    public int[] columns() { return columns.toArray(); }
+    public String[] columnNames() { return columnNames.toArray(); }
+    public long[] values() { return values.toArray(); }
+    /** 1: the row is of an event taken after a GC. */
+    public int[] afterGc() { return afterGc.toArray(); }
+    public long[] syncTicks() { return syncTicks.toArray(); }
+    public long[] syncMonotonicNanos() { return syncMonotonicNanos.toArray(); }
 }
