@@ -10,6 +10,7 @@ import json
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -343,14 +344,32 @@ def test_read_ahead_hands_over_every_item_in_order_then_the_producers_error_and_
         finally:
             closed.set()
 
-    assert list(read_ahead(blocks(50), depth=2)) == list(range(50))
+    assert list(read_ahead(blocks(50), budget=2)) == list(range(50))
+    # by size: an item bigger than the budget still passes, alone
+    assert list(read_ahead(blocks(50), budget=10, size=lambda i: 1 + 7 * (i % 3))) == list(range(50))
+    made = []
+
+    def counted():
+        for i in range(100):
+            made.append(i)
+            yield i
+
+    ahead = read_ahead(counted(), budget=10, size=lambda i: 4)
+    assert next(ahead) == 0
+    # two of size 4 queued (8 <= 10), a third made and waiting for room, the one taken: four made
+    deadline = time.monotonic() + 5
+    while len(made) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert len(made) == 4
+    ahead.close()
     got = []
     with pytest.raises(TandemError, match="block 7: damaged"):
         for item in read_ahead(blocks(50, fail_at=7)):
             got.append(item)
     assert got == list(range(7))
     closed.clear()
-    ahead = read_ahead(blocks(10**9), depth=2)
+    ahead = read_ahead(blocks(10**9), budget=2)
     assert next(ahead) == 0
     ahead.close()  # the consumer leaves early: the producer stops and closes its generator
     assert closed.wait(5)

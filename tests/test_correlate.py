@@ -441,3 +441,18 @@ def test_a_pause_pushed_again_counts_once_and_a_reused_pause_id_is_an_error():
         core.push(pauses=changed, watermark_ns=70)
     with pytest.raises(TandemError, match="names two different pauses"):
         Correlator().push(pauses=pd.concat([pauses.iloc[:1], changed], ignore_index=True), watermark_ns=0)
+
+
+def test_the_pauses_check_drops_a_row_recorded_twice_and_refuses_one_id_on_two_pauses():
+    """A row repeated on every column is one pause recorded twice (dropped, the first kept, the
+    table's order otherwise unchanged); two different rows with one pause_id are an error."""
+    pauses = pauses_frame([(100, 200), (300, 400), (500, 600)])
+    pauses["cause"] = pd.array(["a", None, "c"], dtype="string")  # (a missing value equals a missing value)
+    twice = pd.concat([pauses, pauses.iloc[[1, 0]]], ignore_index=True)
+    checked = check_pauses(twice, "t.parquet")
+    assert checked["pause_id"].tolist() == pauses["pause_id"].tolist()
+    assert checked["cause"].isna().tolist() == [False, True, False] and checked["cause"].dropna().tolist() == ["a", "c"]
+    assert checked.index.tolist() == [0, 1, 2]
+    other = pauses.iloc[[2]].assign(cause="x")
+    with pytest.raises(TandemError, match=r"t.parquet: pause_id \d+ names two different pauses"):
+        check_pauses(pd.concat([pauses, other], ignore_index=True), "t.parquet")

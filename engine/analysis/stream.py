@@ -8,8 +8,8 @@ memory. `tandem analyze`, the fleet's workers and the notebook's `correlate` all
 
 The GIL side is a stream of blocks (engine/ingest/gil_stream.py: a Parquet gil table or the
 probe's events files): a first pass learns each block's watermark and each thread's lifetime;
-the second pushes the blocks, read and paired by a thread of its own up to READ_AHEAD_BLOCKS
-blocks ahead of the core (`read_ahead`). The pauses table (a few rows per second of recording)
+the second pushes the blocks, read and paired by a thread of its own up to READ_AHEAD_BYTES
+ahead of the core (`read_ahead`). The pauses table (a few rows per second of recording)
 stays in memory; the core is given its pauses in start order, those starting before each
 push's watermark (`PausesInTime`), so it holds only the pauses not final yet. Peak memory is
 the pauses table, about one block per process, the blocks read ahead, and the intervals a
@@ -38,9 +38,11 @@ from engine.report.summary import print_summary
 from engine.store import TableWriter, WriterThread, is_text, write_table
 
 
-# Blocks read and paired ahead of the core: with one, the core waited for its next block ~0.5 s
-# an hour (the reading thread shares a core with the writer); three absorb that (docs/join.md).
-READ_AHEAD_BLOCKS = 3
+# Bytes of blocks read and paired ahead of the core: with one block ahead the core waited for
+# the next ~0.5 s an hour (the reading thread shares a core with the writer); two absorb most of
+# that (docs/join.md). Bounded in bytes, not blocks: a long session's peak is these blocks, and
+# a million rows take 36 MB plain, ~57 MB carrying code, ~71 MB with their copy for gil.parquet.
+READ_AHEAD_BYTES = 160 << 20
 
 
 @dataclass
@@ -57,34 +59,39 @@ class StreamedAnalysis:
         return self.summary_table
 
 
-def read_ahead(items, depth: int = 1):
-    """The items of an iterator, made by a thread of their own up to DEPTH items ahead: the next
-    GIL block is read and paired (I/O, numba and Arrow, which release the GIL) while the core
-    takes the current one. The producer's error is raised here, after the items before it."""
-    import queue
+def read_ahead(items, budget: int = 1, size=lambda item: 1):
+    """The items of an iterator, made by a thread of their own ahead of the consumer, as many as
+    fit in BUDGET (by SIZE of each; one at least): the next GIL block is read and paired (I/O,
+    numba and Arrow, which release the GIL) while the core takes the current one. The producer's
+    error is raised here, after the items before it."""
+    import collections
     import threading
 
-    ready: queue.Queue = queue.Queue(maxsize=depth)
+    ready: collections.deque = collections.deque()  # (item, error, its size)
+    queued = [0]  # (the size of the items in READY)
+    changed = threading.Condition()
     stop = threading.Event()
     done = object()
 
-    def hand_over(item) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
+    def hand_over(item, err=None, cost: int = 0) -> bool:
+        with changed:
+            while ready and queued[0] + cost > budget and not stop.is_set():
+                changed.wait()
+            if stop.is_set():
+                return False
+            ready.append((item, err, cost))
+            queued[0] += cost
+            changed.notify_all()
+        return True
 
     def produce() -> None:
         try:
             for item in items:
-                if not hand_over((item, None)):
+                if not hand_over(item, cost=size(item)):
                     return
-            hand_over((done, None))
+            hand_over(done)
         except BaseException as err:  # (raised in the consumer)
-            hand_over((done, err))
+            hand_over(done, err)
         finally:
             close = getattr(items, "close", None)  # (a generator left early: its files closed now)
             if close is not None:
@@ -94,15 +101,31 @@ def read_ahead(items, depth: int = 1):
     thread.start()
     try:
         while True:
-            item, err = ready.get()
+            with changed:
+                while not ready:
+                    changed.wait()
+                item, err, cost = ready.popleft()
+                queued[0] -= cost
+                changed.notify_all()
             if item is done:
                 if err is not None:
                     raise err
                 return
             yield item
     finally:
-        stop.set()
+        with changed:
+            stop.set()
+            changed.notify_all()
         thread.join()
+
+
+def block_bytes(block) -> int:
+    """The memory a GilBlock's arrays and tables hold (read_ahead's SIZE)."""
+    rows = block.rows
+    arrays = (rows.pid, rows.tid, rows.state, rows.start_ns, rows.end_ns, rows.carried_key)
+    tables = (rows.carried, block.copy)
+    return (sum(a.nbytes for a in arrays if a is not None)
+            + sum(t.nbytes for t in tables if t is not None))
 
 
 def carried_numbered(blocks):
@@ -272,7 +295,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         # (numbering makes the carried text dictionaries: only for a sink that takes text so)
         blocks = carried_numbered(gil.pushes()) if sink.text_as_dictionary else gil.pushes()
         coming = PausesInTime(pauses[core_columns(pauses)])  # (the core keeps what it reads, not every column)
-        for block in read_ahead(blocks, depth=READ_AHEAD_BLOCKS):
+        for block in read_ahead(blocks, budget=READ_AHEAD_BYTES, size=block_bytes):
             rows = block.rows
             emit(core.push(pauses=coming.before(block.watermark_ns), gil=rows, watermark_ns=block.watermark_ns))
             if block.copy is not None:

@@ -55,9 +55,12 @@ def check_pauses(df: pd.DataFrame, source: str = "pauses table") -> pd.DataFrame
         out = out.drop(columns="duration_ns")
     out["duration_ns"] = out["end_ns"] - out["start_ns"]
     _check_interval_order(out, source)
-    duplicate = out.duplicated()
-    if duplicate.any():
-        out = out[~duplicate].reset_index(drop=True)
+    # (a row repeated whole repeats its pause_id: only rows of a repeated id are compared whole,
+    # hashing every column of a long session's table held ~180 MB for nothing)
+    shared_id = out["pause_id"].duplicated(keep=False).to_numpy(bool)
+    if shared_id.any():
+        duplicate = out[shared_id].duplicated()
+        out = out.drop(index=duplicate.index[duplicate.to_numpy(bool)]).reset_index(drop=True)
     repeated = out["pause_id"].duplicated()
     if repeated.any():
         raise TandemError(f"{source}: pause_id {int(out['pause_id'][repeated].iloc[0])} names two different pauses")
