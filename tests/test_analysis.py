@@ -356,9 +356,14 @@ def test_read_ahead_hands_over_every_item_in_order_then_the_producers_error_and_
 
     ahead = read_ahead(counted(), budget=10, size=lambda i: 4)
     assert next(ahead) == 0
-    # two of size 4 queued (8 <= 10), a third made and waiting for room, the one taken: four made
+    # the one taken and two of size 4 queued (8 <= 10): a third is not begun (12 > 10)
     deadline = time.monotonic() + 5
-    while len(made) < 4 and time.monotonic() < deadline:
+    while len(made) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert len(made) == 3
+    assert next(ahead) == 1
+    while len(made) < 4 and time.monotonic() < deadline:  # room for one more
         time.sleep(0.01)
     time.sleep(0.2)
     assert len(made) == 4

@@ -139,11 +139,15 @@ def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = No
     pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
     streamable = streamable_gil(session if not gil else None, gil, copy=not reference_gil)
     if streamable is not None:
+        # handed over, not passed: a long session's table is not held here while the drive runs
+        # (the drive keeps only the columns it reads)
+        table, pauses_df = [pauses_df], None
         try:
-            return analyze_streamed(out, pauses_df, streamable, slack_ns=slack_ns, offset_ns=offset_ns,
+            return analyze_streamed(out, table.pop, streamable, slack_ns=slack_ns, offset_ns=offset_ns,
                                     pauses_source=pauses_source, progress=progress)
-        except SampledRecords:
-            pass  # a sampling-backend recording is read whole, below
+        except SampledRecords:  # a sampling-backend recording is read whole, below
+            # (the first pass finds it, before the table is taken)
+            pauses_df = table.pop() if table else pauses_from(session if not (jfr or pauses) else None, jfr, pauses)[0]
     gil_df, gil_source = gil_from(session if not gil else None, gil)
     result = correlate(pauses_df, gil_df, slack_ns=slack_ns, offset_ns=offset_ns,
                        pauses_source=pauses_source, gil_source=gil_source)

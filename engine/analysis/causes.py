@@ -63,6 +63,9 @@ from engine.correlate.stops import caused_stops
 
 CAUSE_COLUMNS = ("caused_by_python", "cause_pid", "cause_tid", "cause_thread", "cause_state", "cause_function",
                  "cause_file", "cause_line", "cause_java_frames", "cause_held_gil", "cause_inferred", "jpype_gc_link")
+# The pauses table's columns causes and the summary's facts read, when present, beyond the
+# core's (engine.correlate.schema.core_columns).
+CAUSE_INPUT_COLUMNS = ("requester_os_thread_id", "system_gc_os_thread_id", "system_gc_frames", "asked_by_tandem", "cause")
 SYSTEM_GC = "System.gc()"
 # A Python thread calling System.gc() through a JPype method releases the GIL for the call and
 # the stop of the world begins tens of microseconds to a millisecond later (measured on the

@@ -27,11 +27,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.analysis.causes import Causes, CodeHits, why_facts, with_causes
+from engine.analysis.causes import CAUSE_INPUT_COLUMNS, Causes, CodeHits, why_facts, with_causes
 from engine.analysis.facts import aligned_pauses, analysis_facts
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
 from engine.correlate.core import carried_key
-from engine.correlate.schema import RESULT_TABLES, SCHEMAS, core_columns, to_pandas
+from engine.correlate.schema import PAUSE_COLUMNS, PAUSE_FACT_COLUMNS, RESULT_TABLES, SCHEMAS, core_columns, to_pandas
 from engine.correlate.stops import jvm_threads, stop_ids
 from engine.ingest.gil_stream import ParquetGil, rows_frame
 from engine.report.summary import print_summary
@@ -43,6 +43,11 @@ from engine.store import TableWriter, WriterThread, is_text, write_table
 # that (docs/join.md). Bounded in bytes, not blocks: a long session's peak is these blocks, and
 # a million rows take 36 MB plain, ~57 MB carrying code, ~71 MB with their copy for gil.parquet.
 READ_AHEAD_BYTES = 160 << 20
+
+
+# The pauses table's columns the analysis reads once it is checked (the core, the stops, causes,
+# the summary's facts); the others go to pauses.parquet only.
+ANALYSIS_PAUSE_COLUMNS = (*PAUSE_COLUMNS, *PAUSE_FACT_COLUMNS, *CAUSE_INPUT_COLUMNS)
 
 
 @dataclass
@@ -62,8 +67,9 @@ class StreamedAnalysis:
 def read_ahead(items, budget: int = 1, size=lambda item: 1):
     """The items of an iterator, made by a thread of their own ahead of the consumer, as many as
     fit in BUDGET (by SIZE of each; one at least): the next GIL block is read and paired (I/O,
-    numba and Arrow, which release the GIL) while the core takes the current one. The producer's
-    error is raised here, after the items before it."""
+    numba and Arrow, which release the GIL) while the core takes the current one. The next item
+    is begun only once one more of the last one's size would fit (an item made and waiting for
+    room would be one more alive). The producer's error is raised here, after the items before it."""
     import collections
     import threading
 
@@ -73,22 +79,28 @@ def read_ahead(items, budget: int = 1, size=lambda item: 1):
     stop = threading.Event()
     done = object()
 
-    def hand_over(item, err=None, cost: int = 0) -> bool:
+    def room_for(cost: int) -> bool:
         with changed:
             while ready and queued[0] + cost > budget and not stop.is_set():
                 changed.wait()
-            if stop.is_set():
-                return False
+            return not stop.is_set()
+
+    def hand_over(item, err=None, cost: int = 0) -> None:
+        with changed:
             ready.append((item, err, cost))
             queued[0] += cost
             changed.notify_all()
-        return True
 
     def produce() -> None:
         try:
-            for item in items:
-                if not hand_over(item, cost=size(item)):
-                    return
+            last = 0
+            iterator = iter(items)
+            while room_for(last):
+                item = next(iterator, done)
+                if item is done:
+                    break
+                last = size(item)
+                hand_over(item, cost=last)
             hand_over(done)
         except BaseException as err:  # (raised in the consumer)
             hand_over(done, err)
@@ -167,6 +179,17 @@ class ParquetSink:
             self.writers["gil"] = TableWriter(self.out / "gil.parquet", gil.copy_schema, text_as_dictionary=True)
         self.background = WriterThread()
 
+    def pauses(self, pauses: pd.DataFrame, facts: dict) -> pd.DataFrame:
+        """The checked pauses table into OUT/pauses.parquet now (its metadata at `finish`); only
+        the columns the analysis reads stay in memory (a long session's table is ~270 bytes a
+        pause, half of it text and counts only the file holds)."""
+        with_facts = pauses.copy(deep=False)
+        with_facts.attrs = facts  # (what write_table of the table would store of them)
+        table = pa.Table.from_pandas(with_facts, preserve_index=False)
+        self.writers["pauses"] = TableWriter(self.out / "pauses.parquet", table.schema)
+        self.background.write(self.writers["pauses"], table)
+        return pauses[[c for c in pauses.columns if c in ANALYSIS_PAUSE_COLUMNS]]
+
     def rows(self, rows: Rows) -> None:
         for name, table in rows.tables().items():
             if name in self.writers:
@@ -215,6 +238,10 @@ class MemorySink:
     def open(self, gil) -> None:
         pass
 
+    def pauses(self, pauses: pd.DataFrame, facts: dict) -> pd.DataFrame:
+        self.whole_pauses = pauses  # (the caller's table comes back whole)
+        return pauses
+
     def rows(self, rows: Rows) -> None:
         self.parts["overlaps"].append(rows.overlaps)
         self.parts["gil_free"].append(rows.gil_free)
@@ -227,7 +254,7 @@ class MemorySink:
 
     def finish(self, header: dict, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
         gil_free = pa.concat_tables(self.parts["gil_free"]).sort_by([("pid", "ascending"), ("start_ns", "ascending")])
-        return {**tables, "overlaps": to_pandas(pa.concat_tables(self.parts["overlaps"]), "overlaps"),
+        return {**tables, "pauses": self.whole_pauses, "overlaps": to_pandas(pa.concat_tables(self.parts["overlaps"]), "overlaps"),
                 "gil_free": to_pandas(gil_free, "gil_free")}
 
     def abort(self) -> None:
@@ -273,17 +300,15 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
           pauses_source: str | None = None, progress=None) -> Driven:
     """Correlate a pauses table with a GIL source (FrameGil, ParquetGil or EventsGil, engine/ingest/
     gil_stream.py) block by block, the rows given to SINK (ParquetSink, MemorySink) as they become
-    final; causes and the summary's code hits are fed on the way."""
+    final; causes and the summary's code hits are fed on the way. PAUSES: the table, or a function
+    handing it over once the GIL side's first pass is done (the drive then holds the only
+    reference, and keeps only the columns it reads: ParquetSink.pauses)."""
     lifetimes = gil.first_pass()  # (also reads what the GIL files say about their clock)
+    if callable(pauses):
+        pauses = pauses()
     pauses, pause_clock, gil_clock, alignment = aligned_pauses(pauses, pauses_source, gil.attrs, gil.source, offset_ns)
     # (pandas deep-copies a frame's attrs in every operation on it: the recordings' facts wait for the header)
     pause_facts, pauses.attrs = pauses.attrs, {}
-    core = Correlator(slack_ns, lifetimes=KnownLifetimes(lifetimes), gil_source=gil_clock.source,
-                      pauses_source=pause_clock.source, text_as_dictionary=sink.text_as_dictionary,
-                      jvm_tids=jvm_threads(pauses))
-    stop = stop_ids(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
-    causes = Causes(pauses, stop, lifetimes)  # who asked for each pause: fed the rows and overlaps as they pass
-    hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
 
     def emit(rows: Rows) -> None:
         sink.rows(rows)
@@ -292,6 +317,13 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
 
     try:
         sink.open(gil)
+        pauses = sink.pauses(pauses, pause_facts)  # (written now: what the analysis reads is kept)
+        core = Correlator(slack_ns, lifetimes=KnownLifetimes(lifetimes), gil_source=gil_clock.source,
+                          pauses_source=pause_clock.source, text_as_dictionary=sink.text_as_dictionary,
+                          jvm_tids=jvm_threads(pauses))
+        stop = stop_ids(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
+        causes = Causes(pauses, stop, lifetimes)  # who asked for each pause: fed the rows and overlaps as they pass
+        hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
         # (numbering makes the carried text dictionaries: only for a sink that takes text so)
         blocks = carried_numbered(gil.pushes()) if sink.text_as_dictionary else gil.pushes()
         coming = PausesInTime(pauses[core_columns(pauses)])  # (the core keeps what it reads, not every column)
@@ -316,7 +348,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
                                gil_table=None if gil.copy else gil.references,
                                why=why_facts(impact, hits.table(core.carried_table), pauses, stop))
         header = facts.as_metadata()
-        out = sink.finish(header, {"pause_impact": impact, "pauses": pauses, "summary": summary, "stops": stops})
+        out = sink.finish(header, {"pause_impact": impact, "summary": summary, "stops": stops})
     except BaseException:
         sink.abort()
         raise
@@ -325,10 +357,10 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
     return Driven(header, summary, stops, out)
 
 
-def analyze_streamed(out: str | os.PathLike, pauses: pd.DataFrame, gil, *, slack_ns: int = 0,
+def analyze_streamed(out: str | os.PathLike, pauses, gil, *, slack_ns: int = 0,
                      offset_ns: int | None = None, pauses_source: str | None = None, progress=None) -> StreamedAnalysis:
-    """Correlate a pauses table with a streamed GIL side (ParquetGil or EventsGil), writing
-    OUT/*.parquet as it goes."""
+    """Correlate a pauses table (or a function handing it over: `drive`) with a streamed GIL side
+    (ParquetGil or EventsGil), writing OUT/*.parquet as it goes."""
     driven = drive(pauses, gil, ParquetSink(out), slack_ns=slack_ns, offset_ns=offset_ns,
                    pauses_source=pauses_source, progress=progress)
     return StreamedAnalysis(driven.summary_table, driven.header, driven.out, driven.stops)
