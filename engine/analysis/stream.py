@@ -9,11 +9,12 @@ memory. `tandem analyze`, the fleet's workers and the notebook's `correlate` all
 The GIL side is a stream of blocks (engine/ingest/gil_stream.py: a Parquet gil table or the
 probe's events files): a first pass learns each block's watermark and each thread's lifetime;
 the second pushes the blocks, read and paired by a thread of its own up to READ_AHEAD_BYTES
-ahead of the core (`read_ahead`). The pauses table (a few rows per second of recording)
-stays in memory; the core is given its pauses in start order, those starting before each
-push's watermark (`PausesInTime`), so it holds only the pauses not final yet. Peak memory is
-the pauses table, about one block per process, the blocks read ahead, and the intervals a
-pause still in progress may pair with. The GIL intervals are copied to OUT/gil.parquet as
+ahead of the core (`read_ahead`). The pauses table (a few rows per second of recording) is
+written to OUT/pauses.parquet as the drive starts; the columns the analysis reads stay in
+memory. The core is given its pauses in start order, those starting before each push's
+watermark (`PausesInTime`), so it holds only the pauses not final yet. Peak memory is those
+columns, causes' per-query state, about one block per process, the blocks read ahead, and the
+intervals a pause still in progress may pair with. The GIL intervals are copied to OUT/gil.parquet as
 they are pushed, unless the results name the GIL files instead (docs/results.md, "gil.parquet").
 """
 from __future__ import annotations
