@@ -19,7 +19,9 @@ they are pushed, unless the results name the GIL files instead (docs/results.md,
 """
 from __future__ import annotations
 
+import collections
 import os
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -71,9 +73,6 @@ def read_ahead(items, budget: int = 1, size=lambda item: 1):
     numba and Arrow, which release the GIL) while the core takes the current one. The next item
     is begun only once one more of the last one's size would fit (an item made and waiting for
     room would be one more alive). The producer's error is raised here, after the items before it."""
-    import collections
-    import threading
-
     ready: collections.deque = collections.deque()  # (item, error, its size)
     queued = [0]  # (the size of the items in READY)
     changed = threading.Condition()
