@@ -216,13 +216,13 @@ def test_python_threads_calling_system_gc_are_named_with_their_line_and_java_fra
                    if cause["thread"] in line_of)
 
 
-def _inference_case(jvm_pid: int, main_state: str | None, main_from: int = 0):
+def _inference_tables(jvm_pid: int, main_state: str | None, main_from: int = 0):
     """A System.gc() collection (B+100 to B+200, B = 100 ms) of JVM JVM_PID that JFR names no
     requester for; Python process 7: the churner (tid 2) holds the GIL through it, the main
-    thread (tid 1) is in MAIN_STATE from MAIN_FROM through it (None: it holds the GIL too)."""
+    thread (tid 1) is in MAIN_STATE from MAIN_FROM through it (None: it holds the GIL too).
+    The pauses table and the gil table."""
     import pandas as pd
 
-    from engine.analysis import correlate
     from test_join_witness import gil_frame, pauses_frame
 
     b = 100_000_000
@@ -236,7 +236,51 @@ def _inference_case(jvm_pid: int, main_state: str | None, main_from: int = 0):
     gil = gil_frame(rows).assign(function=pd.array(["f"] * len(rows), dtype="string"),
                                  file=pd.array(["prog.py"] * len(rows), dtype="string"),
                                  line=pd.array(list(range(len(rows))), dtype="Int64"))
-    return correlate(pauses, gil).pause_impact.iloc[0]
+    return pauses, gil
+
+
+def _inference_case(jvm_pid: int, main_state: str | None, main_from: int = 0):
+    """_inference_tables correlated: the collection's pause_impact row."""
+    from engine.analysis import correlate
+
+    return correlate(*_inference_tables(jvm_pid, main_state, main_from)).pause_impact.iloc[0]
+
+
+def test_tandem_analyze_keeping_the_pause_columns_it_reads_finds_the_causes_of_the_whole_table(tmp_path):
+    """`tandem analyze` writes the pauses table as it starts and keeps only the columns the
+    analysis reads (engine.analysis.stream.ANALYSIS_PAUSE_COLUMNS); the notebook's correlate keeps
+    the whole table. Their results are the same, causes included: an inferred requester (cause,
+    jvm_pid), a named one, tandem's own pause, a System.gc() call's frames."""
+    import pandas as pd
+
+    from engine.analysis import correlate, load_results
+    from engine.analysis.stream import analyze_streamed
+    from engine.ingest.gil_stream import ParquetGil
+    from engine.store import write_table
+
+    pauses, gil = _inference_tables(7, "released")
+    b = 100_000_000
+    more = pauses.iloc[[0, 0, 0]].assign(pause_id=[101, 102, 103], start_ns=[b + 205, b + 215, b + 225],
+                                         end_ns=[b + 210, b + 220, b + 230], kind="safepoint", name="op")
+    pauses = pd.concat([pauses, more], ignore_index=True)
+    pauses["cause"] = pd.array(["System.gc()", None, None, None], dtype="string")
+    pauses["requester_os_thread_id"] = pd.array([None, 1, 2, None], dtype="Int64")
+    pauses["asked_by_tandem"] = [False, False, True, False]
+    pauses["system_gc_os_thread_id"] = pd.array([None, None, None, 1], dtype="Int64")
+    pauses["system_gc_frames"] = pd.array([None, None, None, "java.lang.Runtime.gc; java.lang.System.gc; org.x.Y.z"],
+                                          dtype="string")
+    pauses["source"] = pd.array(["recording.jfr"] * 4, dtype="string")  # (columns no stage reads)
+    pauses["total_threads"] = pd.array([10, 11, 12, 13], dtype="Int64")
+    write_table(gil, tmp_path / "g.parquet", {"source": "test"})
+    analyze_streamed(tmp_path / "out", pauses, ParquetGil(tmp_path / "g.parquet"))
+    whole = correlate(pauses, gil)
+    streamed = load_results(tmp_path / "out")
+    impact = whole.pause_impact.set_index("pause_id")
+    assert impact.loc[100, "cause_inferred"] and impact.loc[101, "cause_tid"] == 1
+    assert not impact.loc[102, "caused_by_python"] and impact.loc[103, "cause_java_frames"].endswith("org.x.Y.z")
+    for name in ("pause_impact", "pauses", "overlaps", "stops", "summary"):
+        pd.testing.assert_frame_equal(streamed.tables()[name], whole.tables()[name], check_dtype=False, obj=name)
+    assert streamed.header["why"] == whole.header["why"]
 
 
 def test_a_requester_jfr_does_not_name_is_inferred_from_the_one_thread_holding_the_gil():

@@ -178,7 +178,8 @@ def test_more_than_a_thousand_new_threads_in_one_push():
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("block_rows", [7, 64, 1 << 20])
 def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch, seed, block_rows):
-    """`tandem analyze --gil G.parquet` streams G in blocks; every table equals the in-memory analysis."""
+    """`tandem analyze --gil G.parquet` streams G in blocks; every table equals the in-memory analysis
+    (which keeps the whole pauses table, where the streamed one keeps the columns it reads)."""
     import os
 
     from engine.analysis import correlate, load_results
@@ -192,6 +193,17 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
     if seed == 3:  # the code of each release, carried into overlaps
         gil["function"] = pd.array([f"f{i % 7}" for i in range(len(gil))], dtype="string")
         gil["line"] = pd.array([None if i % 4 == 0 else i % 11 for i in range(len(gil))], dtype="Int64")
+    if seed == 2:  # the columns of a JVM recording: causes read some (requesters, System.gc()), none read others
+        n, tids = len(pauses), gil["tid"].unique()
+        pauses["jvm_pid"] = pd.array([7 if i % 4 else None for i in range(n)], dtype="Int64")
+        pauses["cause"] = pd.array(["System.gc()" if i % 2 else "G1 Evacuation Pause" for i in range(n)], dtype="string")
+        pauses["requester_os_thread_id"] = pd.array([int(tids[i % len(tids)]) if i % 3 == 0 else None for i in range(n)],
+                                                    dtype="Int64")
+        pauses["system_gc_frames"] = pd.array(["java.lang.Runtime.gc; java.lang.System.gc" if i % 5 == 1 else None
+                                               for i in range(n)], dtype="string")
+        pauses["asked_by_tandem"] = [i % 6 == 1 for i in range(n)]
+        pauses["source"] = pd.array(["recording.jfr"] * n, dtype="string")
+        pauses["total_threads"] = pd.array(list(range(n)), dtype="Int64")
     write_table(gil, tmp_path / "g.parquet", {"source": "test"})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", block_rows)
     old_mask = os.umask(0o027)
