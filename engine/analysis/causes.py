@@ -330,16 +330,16 @@ class Causes:
         q = order.size
         self.in_start, self.after_start, self.later_start = (np.full(q, END, np.int64) for _ in range(3))
         self.in_row, self.after_row = np.full(q, -1, np.int64), np.full(q, -1, np.int64)
-        self.in_state, self.in_code = np.full(q, None, object), [np.full(q, None, object) for _ in range(3)]
-        self.after_code = [np.full(q, None, object) for _ in range(3)]
+        # the state and code (function, file, line) found, as numbers of self._states / self._sites
+        # (a few hundred distinct among hundreds of thousands of queries; 0: none found)
+        self.in_state, self.in_site, self.after_site = (np.zeros(q, np.int32) for _ in range(3))
         t = self.threads.size
         self.first_start, self.first_row = np.full(t, END, np.int64), np.full(t, -1, np.int64)
         self.last_start, self.last_end = np.full(t, -END, np.int64), np.full(t, -END, np.int64)
         self.first_pid, self.first_name = np.zeros(t, np.int64), np.full(t, None, object)
         self.rows_seen = 0
-        # One object per distinct code value: each block's frame makes its text anew, and the
-        # queries keep theirs to the end (a few hundred sites among hundreds of thousands of queries).
-        self._values: dict = {}
+        self._states: dict = {None: 0}
+        self._sites: dict = {(None, None, None): 0}
 
     def push(self, rows, watermark_ns: int, frame_of) -> None:
         """One block of GIL rows (GilRows; later blocks start at or after WATERMARK_NS).
@@ -364,24 +364,18 @@ class Causes:
             mask[row[found]] = True
         taken = np.flatnonzero(mask)
         frame = frame_of(mask)
-        column = lambda name: (self._shared(frame[name].to_numpy(object)) if name in frame.columns  # noqa: E731
+        column = lambda name: (frame[name].to_numpy(object) if name in frame.columns  # noqa: E731
                                else np.full(len(frame), None, object))
-        codes = [column(c) for c in ("function", "file", "line")]
+        sites = _numbered(self._sites, zip(*(column(c).tolist() for c in ("function", "file", "line"))))
         at = np.searchsorted(taken, self.in_row[found_in])
-        self.in_state[found_in] = self._shared(frame["state"].astype(str).to_numpy(object)[at])
-        for mine, values in zip(self.in_code, codes):
-            mine[found_in] = values[at]
+        self.in_state[found_in] = _numbered(self._states, frame["state"].astype(str).to_numpy(object)[at].tolist())
+        self.in_site[found_in] = sites[at]
         at = np.searchsorted(taken, self.after_row[found_after])
-        for mine, values in zip(self.after_code, codes):
-            mine[found_after] = values[at]
+        self.after_site[found_after] = sites[at]
         at = np.searchsorted(taken, self.first_row[found_first])
         self.first_pid[found_first] = frame["pid"].to_numpy(np.int64)[at]
         self.first_name[found_first] = column("thread_name")[at]
         self.in_row[found_in] = self.after_row[found_after] = self.first_row[found_first] = -1
-
-    def _shared(self, values: np.ndarray) -> np.ndarray:
-        known = self._values
-        return np.array([known.setdefault(v, v) for v in values.tolist()], object) if values.size else values
 
     def _dense(self, tid: np.ndarray) -> np.ndarray:
         """Per row, its thread's index in self.threads; -1 for a thread no query asks about."""
@@ -441,13 +435,16 @@ class Causes:
         out["cause_pid"][pause] = self.first_pid[d]
         out["cause_tid"][pause] = self.q_tid[q]
         out["cause_thread"][pause] = pd.array(self.first_name[d], dtype="string")
-        out["cause_state"][pause] = pd.array(np.where(inside, self.in_state[q], "holding"), dtype="string")
+        states = np.array(list(self._states), object)  # (dicts keep their order: number -> value)
+        out["cause_state"][pause] = pd.array(np.where(inside, states[self.in_state[q]], "holding"), dtype="string")
         # a holding thread's site: that of its next release when it came within SITE_WINDOW_NS of
         # the pause's end (else unknown: code from long after is not where it was)
         near = inside | (self.after_start[q] - e <= SITE_WINDOW_NS)
-        for name, held_at, next_at in zip(("function", "file", "line"), self.in_code, self.after_code):
-            values = np.where(inside, held_at[q], np.where(near, next_at[q], None))
-            out[f"cause_{name}"][pause] = pd.array(values, dtype="Int64" if name == "line" else "string")
+        site = np.where(inside, self.in_site[q], np.where(near, self.after_site[q], 0))
+        codes = np.empty((len(self._sites), 3), object)
+        codes[:] = list(self._sites)
+        for k, name in enumerate(("function", "file", "line")):
+            out[f"cause_{name}"][pause] = pd.array(codes[site, k], dtype="Int64" if name == "line" else "string")
         frames = (self.pauses["system_gc_frames"].astype("string") if "system_gc_frames" in self.pauses.columns
                   else None)
         if frames is not None:
@@ -488,6 +485,11 @@ def warm_up() -> None:
     causes = Causes(pauses, pauses["pause_id"].to_numpy(np.int64), pd.DataFrame(columns=["pid", "tid", "start_ns", "end_ns"]))
     causes.push(gil_rows_from_frame(gil), END, lambda mask: gil[mask])
     causes.table()
+
+
+def _numbered(known: dict, values) -> np.ndarray:
+    """Per value, its number in KNOWN (value -> number, numbered as first seen; new ones added)."""
+    return np.fromiter((known.setdefault(v, len(known)) for v in values), np.int32)
 
 
 def _alive_threads(pauses: pd.DataFrame, candidates: np.ndarray, lifetimes: pd.DataFrame):
