@@ -136,7 +136,8 @@ def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = No
     (engine.analysis.stream.StreamedAnalysis)."""
     session = Path(session) if session is not None else None
     jfr, gil, pauses = [Path(p) for p in jfr], [Path(p) for p in gil], [Path(p) for p in pauses]
-    pauses_df, pauses_source = pauses_from(session if not (jfr or pauses) else None, jfr, pauses)
+    pauses_session = session if not (jfr or pauses) else None  # (the session's JVMs, unless given apart)
+    pauses_df, pauses_source = pauses_from(pauses_session, jfr, pauses)
     streamable = streamable_gil(session if not gil else None, gil, copy=not reference_gil)
     if streamable is not None:
         # handed over, not passed: a long session's table is not held here while the drive runs
@@ -147,7 +148,7 @@ def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = No
                                     pauses_source=pauses_source, progress=progress)
         except SampledRecords:  # a sampling-backend recording is read whole, below
             # (the first pass finds it, before the table is taken)
-            pauses_df = table.pop() if table else pauses_from(session if not (jfr or pauses) else None, jfr, pauses)[0]
+            pauses_df = table.pop() if table else pauses_from(pauses_session, jfr, pauses)[0]
     gil_df, gil_source = gil_from(session if not gil else None, gil)
     result = correlate(pauses_df, gil_df, slack_ns=slack_ns, offset_ns=offset_ns,
                        pauses_source=pauses_source, gil_source=gil_source)
