@@ -586,3 +586,33 @@ def test_live_causes_come_when_due_and_equal_offline(monkeypatch):
     for row in (first, second):
         got = row.set_index("pause_id")[list(CAUSE_COLUMNS)]
         pd.testing.assert_frame_equal(got, offline.loc[got.index, list(CAUSE_COLUMNS)], check_dtype=False)
+
+
+def test_live_causes_keep_the_gil_rows_of_their_window_and_each_threads_last(monkeypatch):
+    """tandem live's causes keep the GIL rows of the last retain_ns behind the watermark (made
+    one chunk again once the oldest has passed it: up to twice that) and each thread's last row
+    (its name, that it was there), however long the run: 20 s of rows in 0.1 s polls, a pause
+    each, retained 1 s."""
+    import numpy as np
+    import pandas as pd
+
+    import engine.live.causes as live_causes
+    from test_join_witness import gil_frame, pauses_frame
+
+    monkeypatch.setattr(live_causes, "DUE_EVERY_S", 0.0)
+    retain, step = 1_000_000_000, 100_000_000
+    live = live_causes.LiveCauses(retain, lambda pid, codes: None, lambda pid, tid: True)
+    for i in range(200):
+        t = i * step
+        threads = (2, 3) if i >= 5 else (2, 3, 4)  # thread 4 releases the GIL in the first polls only
+        gil = gil_frame([(7, tid, "released", t + tid, t + step // 2) for tid in threads]).assign(
+            code=np.zeros(len(threads), np.uint64), thread_name=pd.array([f"t{tid}" for tid in threads], dtype="string"))
+        pause = pauses_frame([(t + 10, t + 20)], kinds=["safepoint"]).assign(pause_id=np.int64(i), jvm_pid=pd.array([9], dtype="Int64"))
+        live.add(pause, gil, None, None, pause[["pause_id", "kind", "name", "start_ns", "end_ns"]])
+        due = live.due(t + step, lambda: live_causes.GilRows.empty())
+        assert due is not None and due["pause_id"].tolist() == [i]
+    kept = {name: np.concatenate([chunk[name] for chunk in live.gil]) for name in ("tid", "end_ns")}
+    watermark = 200 * step
+    recent = kept["end_ns"] >= watermark - 2 * retain
+    assert recent.sum() <= 2 * (2 * retain // step) and set(kept["tid"][recent].tolist()) == {2, 3}
+    assert kept["tid"][~recent].tolist() == [4] and kept["end_ns"][~recent].tolist() == [4 * step + step // 2]

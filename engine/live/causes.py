@@ -217,7 +217,8 @@ class LiveCauses:
                     overlaps = pd.concat(self.overlaps, ignore_index=True) if len(self.overlaps) > 1 else self.overlaps[0]
                     kept = np.isin(overlaps["pause_id"].to_numpy(np.int64), self.pause_frames[0]["pause_id"].to_numpy(np.int64))
                     self.overlaps = [overlaps[kept].reset_index(drop=True)] if kept.any() else []
-        if self.gil and int(self.gil[0]["end_ns"].max(initial=horizon)) < horizon:
+        # (the oldest chunk first: once it ends before the horizon, the chunks are made one again)
+        if self.gil and self.gil[0]["end_ns"].size and int(self.gil[0]["end_ns"].max()) < horizon:
             self.gil = [self._kept_since(horizon)]
         if self.calls:
             calls = self._calls(horizon, END)
@@ -237,8 +238,10 @@ def _gil_arrays(gil: pd.DataFrame) -> dict[str, np.ndarray]:
     state = (state.cat.codes.to_numpy(np.int8) if isinstance(state.dtype, pd.CategoricalDtype)
              else pd.Categorical(state.astype(str), categories=list(GIL_STATES)).codes.astype(np.int8))
     code = gil["code"].to_numpy(np.uint64) if "code" in gil.columns else np.zeros(len(gil), np.uint64)
-    return {"pid": gil["pid"].to_numpy(np.int64), "tid": gil["tid"].to_numpy(np.int64), "state": state,
-            "start_ns": gil["start_ns"].to_numpy(np.int64), "end_ns": gil["end_ns"].to_numpy(np.int64), "code": code}
+    # (copies: a column's view would keep the frame's whole block, every column, while it is kept)
+    return {"pid": gil["pid"].to_numpy(np.int64, copy=True), "tid": gil["tid"].to_numpy(np.int64, copy=True), "state": state,
+            "start_ns": gil["start_ns"].to_numpy(np.int64, copy=True), "end_ns": gil["end_ns"].to_numpy(np.int64, copy=True),
+            "code": code}
 
 
 def with_collection_causes(pauses: pd.DataFrame) -> pd.DataFrame:
