@@ -52,7 +52,9 @@ class MemoryFollower:
         self.jvm_every_s = jvm_every_s
         self._offsets: dict[Path, int] = {}
         self._samples: dict[Path, collections.deque] = {}  # a samples file -> its latest rows
-        self._chunks: dict[Path, tuple[tuple[int, int], pd.DataFrame]] = {}  # JFR file -> (size, mtime), its events
+        # JFR file -> (size, mtime), its JVM's pid, its events (JvmEvents: a window's worth is
+        # kept and rebuilt from every PERIOD_S, so as arrays, not as a frame of text)
+        self._chunks: dict[Path, tuple[tuple[int, int], int, JvmEvents]] = {}
         self._closed_jvms: set[Path] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -162,12 +164,12 @@ class MemoryFollower:
                 except TandemError:
                     continue  # a chunk JFR has just started, not flushed yet: next time
                 with self._lock:
-                    self._chunks[path] = (stamp, events.assign(pid=pid_from_name(directory.name)))
+                    self._chunks[path] = (stamp, pid_from_name(directory.name), JvmEvents.of(events))
         cutoff = time.monotonic_ns() - self.keep_ns - STALE_NS
         with self._lock:
-            for path, (stamp, events) in list(self._chunks.items()):
-                if len(events) and int(events["t_ns"].max()) < cutoff:
-                    self._chunks[path] = (stamp, events.iloc[:0])  # (read, and older than the window)
+            for path, (stamp, pid, events) in list(self._chunks.items()):
+                if len(events) and int(events.t_ns.max()) < cutoff:
+                    self._chunks[path] = (stamp, pid, JvmEvents.of(None))  # (read, and older than the window)
 
     # ---- the table ---------------------------------------------------------------------------
 
@@ -182,10 +184,8 @@ class MemoryFollower:
             else:
                 python[pid_from_name(path.parent.name)] = frame
         with self._lock:
-            events = [e for _, e in self._chunks.values() if len(e)]
-        jvm = pd.concat(events, ignore_index=True) if events else None
-        jvms = {int(pid): rows.drop(columns="pid").sort_values("t_ns", kind="stable", ignore_index=True)
-                for pid, rows in jvm.groupby("pid")} if jvm is not None else {}
+            chunks = [(pid, events) for _, pid, events in self._chunks.values() if len(events)]
+        jvms = {pid: JvmEvents.frame([e for p, e in chunks if p == pid]) for pid in sorted({p for p, _ in chunks})}
         parts = [process_rows(pid, outside.get(pid), python.get(pid), jvms.get(pid))
                  for pid in sorted(set(outside) | set(python) | set(jvms))]
         parts = [p for p in parts if p is not None and len(p)]
@@ -197,3 +197,35 @@ class MemoryFollower:
             last = rows.sort_values("t_ns").iloc[-1]
             latest[int(pid)] = {k: v for k, v in last.items() if not (isinstance(v, float) and np.isnan(v))}
         return MemorySnapshot(latest, who_grew(table), table)
+
+
+@dataclass
+class JvmEvents:
+    """One JFR file's memory events (read_jvm_memory's long table) as arrays: its column names
+    numbered (a few dozen names among a window's hundreds of thousands of events)."""
+
+    t_ns: np.ndarray
+    name: np.ndarray  # (int16: the number of each event's column in NAMES)
+    names: np.ndarray
+    value: np.ndarray
+    after_gc: np.ndarray
+
+    @classmethod
+    def of(cls, table: pd.DataFrame | None) -> "JvmEvents":
+        if table is None or not len(table):
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.int16), np.zeros(0, object), np.zeros(0), np.zeros(0, bool))
+        name, names = pd.factorize(table["column"].to_numpy(object))
+        return cls(table["t_ns"].to_numpy(np.int64, copy=True), name.astype(np.int16), np.asarray(names, object),
+                   table["value"].to_numpy(np.float64, copy=True), table["after_gc"].to_numpy(bool, copy=True))
+
+    def __len__(self) -> int:
+        return len(self.t_ns)
+
+    @staticmethod
+    def frame(parts: list["JvmEvents"]) -> pd.DataFrame:
+        """PARTS as one long table (t_ns, column, value, after_gc) in time order, as process_rows reads it."""
+        t = np.concatenate([p.t_ns for p in parts])
+        order = np.argsort(t, kind="stable")
+        return pd.DataFrame({"t_ns": t[order], "column": np.concatenate([p.names[p.name] for p in parts])[order],
+                             "value": np.concatenate([p.value for p in parts])[order],
+                             "after_gc": np.concatenate([p.after_gc for p in parts])[order]})

@@ -159,12 +159,12 @@ def _jvm_columns(at: np.ndarray, jvm: pd.DataFrame) -> dict[str, np.ndarray]:
     (jvm_heap_gc_waste: in the heap's used bytes, not in its live set),
     and the most the heap held so far (jvm_heap_peak: before a GC, eden full), which its pages
     were touched for."""
-    names = jvm["column"].to_numpy(object)
+    names, columns_named = pd.factorize(jvm["column"].to_numpy(object))  # (numbers compared, not text)
     t_all = jvm["t_ns"].to_numpy(np.int64)
     values_all = jvm["value"].to_numpy(np.float64)
     series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for column in np.unique(names.astype(str)):
-        mine = names == column
+    for number, column in enumerate(map(str, columns_named)):
+        mine = names == number
         t, values = t_all[mine], values_all[mine]
         if column == "jvm_heap_gc_waste":
             values = np.nancumsum(values) + np.where(np.isnan(values), np.nan, 0.0)
