@@ -239,9 +239,8 @@ def _gil_arrays(gil: pd.DataFrame) -> dict[str, np.ndarray]:
              else pd.Categorical(state.astype(str), categories=list(GIL_STATES)).codes.astype(np.int8))
     code = gil["code"].to_numpy(np.uint64) if "code" in gil.columns else np.zeros(len(gil), np.uint64)
     # (copies: a column's view would keep the frame's whole block, every column, while it is kept)
-    return {"pid": gil["pid"].to_numpy(np.int64, copy=True), "tid": gil["tid"].to_numpy(np.int64, copy=True), "state": state,
-            "start_ns": gil["start_ns"].to_numpy(np.int64, copy=True), "end_ns": gil["end_ns"].to_numpy(np.int64, copy=True),
-            "code": code}
+    columns = {name: gil[name].to_numpy(np.int64, copy=True) for name in ("pid", "tid", "start_ns", "end_ns")}
+    return {**columns, "state": state, "code": code}
 
 
 def with_collection_causes(pauses: pd.DataFrame) -> pd.DataFrame:
