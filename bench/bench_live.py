@@ -274,6 +274,8 @@ def run_once(ring: bool, seconds: float, workdir: Path, workload: tuple[str, ...
         # tandem live's last headline (engine/live/view.py): late rows, and late pauses older
         # than the join's GIL archive, which may miss pairs.
         "headline": next((line for line in reversed(err.splitlines()) if line.startswith("tandem live: ")), ""),
+        # the most a GIL event was committed after the poll that could have read it (the GIL margin covers it)
+        "commit_lag": (re.findall(r"GIL commit lag ([0-9.]+ \S+)", " ".join(err.split())) or ["?"])[-1],
         # tandem live's last words on its metrics' cost (the console may have wrapped the line)
         "metrics_cost": " ".join(err.split()).rpartition("tandem: metrics: ")[2].split("tandem:")[0],
         "spans_sent": sent[0], "span_lat": _span_latency(session) if otlp_port is not None else np.zeros(0),
@@ -447,8 +449,9 @@ def main(console) -> list[Row]:
                         p(a["lat_settled"], 99), anchor99, "s", "report", True))
         rows.append(Row("live", "pause end -> live row p50, pause ring vs ring commit p50",
                         p(a["lat"], 50), p(a["anchor"], 50), "s", "report", True))
-        rows.append(Row("live", "pause end -> pause_impact row (final) p99, pause ring vs the watermark's lag",
-                        p(a["final"], 99), wm.LAG_NS / 1e9, "s", "report", True))
+        rows.append(Row("live", f"pause end -> pause_impact row (final, causes live) p99, pause ring vs the watermark's lag "
+                                f"(GIL commit lag seen {a['commit_lag']})",
+                        p(a["final"], 99), wm.LAG_NS / 1e9, "s", f"<= {BAR_P99_S} s", p(a["final"], 99) <= BAR_P99_S))
         if before is not None:
             rows.append(Row("live", "pause end -> live row p99, before (repository) vs JFR flush floor 1 s",
                             p(before["lat"], 99), 1.0, "s", f"<= {BAR_P99_S} s", p(before["lat"], 99) <= BAR_P99_S))

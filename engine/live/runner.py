@@ -66,6 +66,7 @@ class LiveRun:
         self.alerts = alerts or Alerts(None)
         self.view = view
         self.watermark_ns: int | None = None
+        self._held_until_ns: int | None = None  # a young frameless release holds W until then (engine/live/watermark.py)
         self.follow_recorder = follow_recorder  # `tandem live SESSION`: stop once the session's recorder has finished
         self.stop = threading.Event()        # Ctrl-C / SIGTERM: flush and stop now
         self.command_done = threading.Event()  # `live -- cmd`: the command has exited
@@ -115,7 +116,11 @@ class LiveRun:
         causes = self.causes.next_due_ns()
         if causes is not None:
             due.append(causes)
-        return min(due) + wm.LAG_NS if due else None
+        if not due:
+            return None
+        # (while a young frameless release holds W, it moves when the release closes, seen at the
+        # regular GIL polls, or once it is confirmed)
+        return max(min(due) + wm.LAG_NS, self._held_until_ns or 0)
 
     def _final_due(self, now: float) -> bool:
         due = self._next_due_ns()
@@ -134,19 +139,24 @@ class LiveRun:
         pause is due, or every GIL_POLL_S; then one push to the core."""
         began = time.monotonic()
         if final or began - self._last_scan >= SCAN_EVERY_S:
-            self._last_scan = began
-            self.watcher.scan()
+            self._scan(began)
         rings = self._rings_only()
         pauses = self._poll_jvm() if final or rings or began - self._last_jvm_poll >= JVM_POLL_S else empty_frame("pauses")
         if not (final or len(pauses) or began - self._last_gil_poll >= GIL_POLL_S or self._final_due(began)):
             self._emit_causes()  # (rows that waited for a causes batch)
             return
         self._last_gil_poll = time.monotonic()
+        if self._last_scan < began:
+            self._scan(self._last_gil_poll)  # (the watermark is bounded by the last scan: a fresh one)
         # /proc before the rings: a thread gone in the snapshot has all its events in this read.
         self.lifetimes.snapshot([s.pid for s in self.watcher.gil.values() if s.pid])
         gil = self._poll_gil()
         self._push(pauses, gil, final)
         self.step_seconds.append(time.monotonic() - began)
+
+    def _scan(self, now: float) -> None:
+        self._last_scan = now
+        self.watcher.scan()
 
     def _open_intervals(self) -> GilRows:
         """The GIL intervals open now, of threads alive (one that exited while released leaves no interval)."""
@@ -162,11 +172,15 @@ class LiveRun:
         return self._open_intervals() if self.watermark_ns < END else GilRows.empty()
 
     def _push(self, pauses: pd.DataFrame, gil: pd.DataFrame, final: bool) -> None:
-        w = max(wm.watermark(self.watcher.gil.values()), self.core.watermark_ns)
+        opened = None if final else self._open_intervals()
+        frameless = None if final else np.array([(b, h) for s in self.watcher.gil.values() if not s.done
+                                                 for p, t, b, h in s.open_frameless() if self.lifetimes.alive(p, t)],
+                                                np.int64).reshape(-1, 2)
+        w, self._held_until_ns = wm.watermark(self.watcher.gil.values(), self.watcher.scanned_ns, frameless)
         # (the parts get every column of the pauses)
         rows = self.core.push(pauses=pauses[core_columns(pauses)] if len(pauses) else None,
                               gil=gil_rows_from_frame(gil[list(GIL_COLUMNS)]) if len(gil) else None,
-                              open=None if final else self._open_intervals(), watermark_ns=w)
+                              open=opened, watermark_ns=max(w, self.core.watermark_ns))
         self.watermark_ns = self.core.watermark_ns
         self._emit(rows, pauses, gil)
         if final:

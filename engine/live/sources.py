@@ -69,6 +69,8 @@ class GilSource:
         self.done = False
         self.problem: str | None = None
         self.frontier_ns: int | None = None
+        self.commit_lag_ns = 0  # the most an event read was stamped before the poll that could first have read it
+        self._latest_end: dict[int, int] = {}  # tid -> the end of its latest interval
         self._names_size = -1
         self._codes: dict | None = None
 
@@ -97,6 +99,7 @@ class GilSource:
                 if gone:
                     self.done = True
                     self.problem = "exited before its ring appeared"
+                self.frontier_ns = started  # (its stamps come after its ring is made)
                 return self._intervals(np.zeros(0, GIL_RECORD_DTYPE))
             self.tailer = RingTailer(ring)
         missed_before = self.tailer.missed
@@ -107,6 +110,13 @@ class GilSource:
             self.pairing.forget()
         self._thread_names()
         out = self._intervals(records)
+        if len(out):  # each thread's latest interval end: where a frameless release's holding stretch began
+            tids, at = np.unique(out["tid"].to_numpy(np.int64), return_inverse=True)
+            ends = np.full(tids.size, np.iinfo(np.int64).min)
+            np.maximum.at(ends, at, out["end_ns"].to_numpy(np.int64))
+            self._latest_end.update(zip(tids.tolist(), ends.tolist()))
+        if len(records) and self.frontier_ns is not None:
+            self.commit_lag_ns = max(self.commit_lag_ns, self.frontier_ns - int(records["mono_ns"].min()))
         self.frontier_ns = started
         if gone:
             self.done = True
@@ -141,6 +151,13 @@ class GilSource:
         """(pid, tid, state, start_ns) of each interval open now (its closing event not read yet)."""
         tid, state, start = self.pairing.open_intervals()
         return [(self.pid or 0, t, s, b) for t, s, b in zip(tid.tolist(), state.tolist(), start.tolist())]
+
+    def open_frameless(self) -> list[tuple[int, int, int, int]]:
+        """(pid, tid, start_ns, held_since_ns) of each open release made with no Python frame,
+        held_since_ns: when the thread last took the GIL before it (its latest interval's end;
+        the release itself when none) (engine/live/watermark.py)."""
+        tid, start = self.pairing.open_frameless()
+        return [(self.pid or 0, t, b, min(b, self._latest_end.get(t, b))) for t, b in zip(tid.tolist(), start.tolist())]
 
     def status(self) -> dict:
         t = self.tailer
@@ -674,8 +691,10 @@ class SessionWatcher:
         self.gil: dict[Path, GilSource] = {}
         self.jvm: dict[Path, _PauseSource] = {}
         self.events: list[str] = []  # human-readable discoveries and exits, for the view
+        self.scanned_ns: int | None = None  # when the last scan began (the watermark's bound for processes not found yet)
 
     def scan(self) -> None:
+        self.scanned_ns = time.monotonic_ns()
         for directory in sorted(self.session.glob(PYTHON_DIRS)):
             if directory.is_dir() and directory not in self.gil:
                 self.gil[directory] = GilSource(directory)

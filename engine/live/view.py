@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from engine.correlate.stops import stop_ids
-from engine.live.watermark import END
+from engine.live.watermark import END, GIL_MARGIN_NS
 from engine.report.summary import _bytes, _duration, memory_lines, requests_hurt_lines, summary_rich_table
 
 
@@ -57,9 +57,12 @@ def headline(run) -> str:
     if run.spans is not None and (run.spans.received or run.spans.refused):
         refused = f", {run.spans.refused} refused" if run.spans.refused else ""
         spans = f", spans {run.spans.received} received / {run.spans.figured} figured{refused}"
+    # (the most a GIL event came after the poll that could have read it: the watermark's GIL margin covers it)
+    commit_lag = max((s.commit_lag_ns for s in list(run.watcher.gil.values())), default=0)
     return (f"tandem live: {core.pauses} pauses ({len(core.pending_ends())} not final yet), {core.gil_intervals} GIL intervals, "
             f"{run.overlap_rows} overlaps{spans}; {lag}; late rows {core.late_gil_rows} GIL / "
-            f"{core.late_pauses} pauses{beyond}; parts written {len(run.writer.parts_written)}")
+            f"{core.late_pauses} pauses{beyond}; GIL commit lag {_duration(commit_lag)} (margin {_duration(GIL_MARGIN_NS)}); "
+            f"parts written {len(run.writer.parts_written)}")
 
 
 def requests_hurt(run, final: bool = False) -> list[str]:
