@@ -25,6 +25,9 @@ PYTHON_DIRS, JVM_DIRS = "py-*", "jvm-*"  # one directory per process: py-<pid>, 
 GIL_EVENTS, GIL_RING, GIL_CODES, PROBE_JSON, THREADS_JSONL = "gil.events", "gil.ring", "gil.codes", "probe.json", "threads.jsonl"
 JVM_JSON, RECORDING, REPOSITORY, KEPT_CHUNKS = "jvm.json", "recording.jfr", "repository", ".chunks"
 PAUSES_RING, AGENT_ERROR = "pauses.ring", "agent-error.txt"
+# The Python threads the probe starts inside a recorded service (engine/probe/memory.py's
+# sampler): tandem's own, never a cause of the service's pauses.
+PROBE_THREAD_NAMES = ("tandem-memory",)
 # Memory samples: SESSION/memory/<pid>.jsonl from outside (tandem record), py-<pid>/memory.jsonl from inside CPython.
 PROCESS_MEMORY_DIR, PYTHON_MEMORY = "memory", "memory.jsonl"
 # The flight recorder's GIL segments (docs/ring.md, "Segments"): gil.events.000000, ...; the

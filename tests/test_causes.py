@@ -295,6 +295,29 @@ def test_a_requester_jfr_does_not_name_is_inferred_from_the_one_thread_holding_t
         assert not row["caused_by_python"] and not row["cause_inferred"] and row.isna()["cause_tid"]
 
 
+def test_tandems_own_thread_holding_through_a_pause_is_never_its_inferred_requester():
+    """The probe's memory sampler (a thread of the service's process) may run through a
+    collection; it asks for none, so it neither is inferred nor keeps the one holder from being."""
+    import pandas as pd
+
+    from engine.analysis import correlate
+    from test_join_witness import gil_frame
+
+    b = 100_000_000
+    pauses, gil = _inference_tables(7, "released")
+    sampler = gil_frame([(7, 3, "released", 0, b + 40), (7, 3, "released", b + 270, b + 280)]).assign(
+        function=pd.array(["sample"] * 2, dtype="string"), file=pd.array(["memory.py"] * 2, dtype="string"),
+        line=pd.array([1, 2], dtype="Int64"))
+    gil = pd.concat([gil, sampler], ignore_index=True)
+    gil["thread_name"] = pd.array(gil["tid"].map({1: "MainThread", 2: "churner", 3: "tandem-memory"}), dtype="string")
+    row = correlate(pauses, gil).pause_impact.iloc[0]
+    assert row["cause_inferred"] and row["cause_tid"] == 2 and row["cause_thread"] == "churner"
+    # the sampler the only thread holding: nothing is inferred
+    churner_waits = gil_frame([(7, 2, "waiting", b + 50, b + 250)]).assign(thread_name=pd.array(["churner"], dtype="string"))
+    row = correlate(pauses, pd.concat([gil, churner_waits], ignore_index=True)).pause_impact.iloc[0]
+    assert not row["cause_inferred"] and row.isna()["cause_tid"]
+
+
 def test_code_hits_added_up_by_code_equal_code_hits_of_every_part():
     """CodeHits (what a streamed analysis keeps: totals per carried code, fed part by part as
     the core makes overlaps rows) against code_hits of each part's text, added up: the same

@@ -847,7 +847,8 @@ def test_take_request_is_stamped_when_the_take_starts_to_wait(python, method, tm
     waited = waiter[(waiter.state == "waiting") & (waiter.start_ns >= b["before"]) & (waiter.end_ns <= b["after"])]
     assert len(slept) == 1 and len(waited) == 1, waiter
     sleep_ns = int(slept.end_ns.iloc[0] - slept.start_ns.iloc[0])
-    assert 10 * MS <= sleep_ns <= 10 * MS + 5 * MS, sleep_ns      # the sleep, not the 100 ms hold
+    # the sleep (10 ms, more on a loaded machine), not the 100 ms hold
+    assert 10 * MS <= sleep_ns < 50 * MS, sleep_ns
     assert waited.start_ns.iloc[0] == slept.end_ns.iloc[0]
     assert waited.end_ns.iloc[0] >= out["spun"] - 1 * MS           # until the spinner let go
     assert int(waited.end_ns.iloc[0] - waited.start_ns.iloc[0]) >= 50 * MS

@@ -33,7 +33,7 @@ When JFR names no requester of a System.gc() pause (JDK 17 names no thread attac
 JNI: its jdk.SystemGC event has no thread, the VM operation no caller) and the JVM runs inside a Python process
 (JPype: the pause's jvm_pid is a Python pid of the session), the requester is *inferred*
 (`cause_inferred`): the one Python thread of that process alive through the pause that held
-the GIL through it. A thread that calls System.gc() through JNI stays in the call for the
+the GIL through it (tandem's own threads in it, the probe's memory sampler, are never named). A thread that calls System.gc() through JNI stays in the call for the
 whole collection; a thread running Python code in the same process runs on through a
 collection too, so the inference can name a bystander when a Java thread asked; with two or
 more such threads, or none, nothing is inferred; nor when a thread of the process released
@@ -58,6 +58,7 @@ from numba import njit
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.kernels import END, code_totals
 from engine.correlate.schema import GIL_STATES
+from engine.session import PROBE_THREAD_NAMES
 from engine.correlate.stops import caused_stops
 
 
@@ -404,6 +405,9 @@ class Causes:
         candidate's process alive through it that no interval of overlapped, unless a thread of
         that process went into a Java call just before the stop and was in it to the end."""
         holding = ~self.busy[self.pair_query]
+        # (tandem's own threads in the service ask for no collection: a pause they ran through is not theirs)
+        own = np.array([isinstance(name, str) and name in PROBE_THREAD_NAMES for name in self.first_name.tolist()], bool)
+        holding &= ~own[np.searchsorted(self.threads, self.q_tid[self.pair_query])]
         count = np.bincount(self.pair_pause[holding], minlength=self.n)
         out = np.full(self.n, -1, np.int64)
         one = holding & (count[self.pair_pause] == 1)
