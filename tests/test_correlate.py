@@ -232,6 +232,33 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
         pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
 
 
+def test_a_parquet_tables_first_pass_over_row_groups_side_by_side_equals_one_pass(tmp_path, monkeypatch):
+    """ParquetGil's first pass reads its row groups side by side: each thread's lifetime (a thread
+    in several groups, one with only empty intervals) and each block's later minimum are those
+    of the whole table read in order."""
+    import pyarrow as pa
+
+    from engine.ingest import gil_stream
+    from engine.store import TableWriter
+
+    _, gil = random_scenario(5)
+    gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)
+    gil.loc[len(gil) // 2, ["start_ns", "end_ns"]] = [int(gil.start_ns.iloc[len(gil) // 2])] * 2  # (an empty one)
+    monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 2)
+    table = pa.Table.from_pandas(gil[["pid", "tid", "state", "start_ns", "end_ns"]], preserve_index=False)
+    writer = TableWriter(tmp_path / "g.parquet", table.schema)
+    for at in range(0, table.num_rows, 5):  # (row groups of 5 rows: blocks of 2, 2, 1)
+        writer.write(table.slice(at, 5))
+    source = gil_stream.ParquetGil(writer.close({"table": "gil"}))
+    assert source.file.metadata.num_row_groups > 3
+    lifetimes = source.first_pass().sort_values(["pid", "tid"], ignore_index=True)
+    whole = gil_stream.thread_lifetimes(gil).sort_values(["pid", "tid"], ignore_index=True)
+    pd.testing.assert_frame_equal(lifetimes, whole)
+    block_min = [int(b.column("start_ns").to_numpy().min()) for b in source._blocks(["start_ns"])]
+    later = np.minimum.accumulate(np.array(block_min[::-1]))[::-1]
+    assert source._later.tolist() == [*later.tolist(), END]
+
+
 def test_overlaps_carry_the_code_of_their_gil_interval():
     """Columns of schema.GIL_CARRIED_COLUMNS go from each GIL row into its overlaps rows, through any windows."""
     pauses, gil = adversarial_tables(3)

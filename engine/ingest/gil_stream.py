@@ -10,6 +10,8 @@ blocks, from the processes' files in the order their intervals start.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -125,8 +127,11 @@ class ParquetGil:
         column is read as a dictionary (state) but not otherwise, so the first pass (times only)
         and the pushes would cut the file into different blocks."""
         for group in range(self.file.metadata.num_row_groups):
-            reader = pq.ParquetFile(self.path, metadata=self.file.metadata, read_dictionary=list(read_dictionary))
-            yield from reader.iter_batches(batch_size=BLOCK_ROWS, row_groups=[group], columns=columns)
+            yield from self._group_blocks(group, columns, read_dictionary)
+
+    def _group_blocks(self, group: int, columns=None, read_dictionary=("state",)):
+        reader = pq.ParquetFile(self.path, metadata=self.file.metadata, read_dictionary=list(read_dictionary))
+        yield from reader.iter_batches(batch_size=BLOCK_ROWS, row_groups=[group], columns=columns)
 
     def write_copy(self, path: Path, meta: dict) -> Path:
         """The table as it is, every column, into PATH (atomically): its pages copied as they are,
@@ -147,13 +152,21 @@ class ParquetGil:
 
     def first_pass(self) -> pd.DataFrame:
         """Each thread's lifetime (pid, tid, start_ns, end_ns); the watermarks for `pushes`."""
-        block_min, hulls = [], ThreadHulls()
-        for batch in self._blocks(list(TIME_COLUMNS)):
-            pid, tid, start, end = (_int64(batch, c, self.source) for c in TIME_COLUMNS)
-            block_min.append(int(start.min()) if start.size else END)
-            hulls.add(pid, tid, start, end)
-        self._later = _later_minimum(block_min)
-        return _lifetimes([hulls.table()])
+
+        def one_group(group: int) -> tuple[list[int], pd.DataFrame]:
+            block_min, hulls = [], ThreadHulls()
+            for batch in self._group_blocks(group, list(TIME_COLUMNS)):
+                pid, tid, start, end = (_int64(batch, c, self.source) for c in TIME_COLUMNS)
+                block_min.append(int(start.min()) if start.size else END)
+                hulls.add(pid, tid, start, end)
+            return block_min, hulls.table()
+
+        # Row groups side by side (decoding and the hulls release the GIL), as EventsGil's files.
+        groups = self.file.metadata.num_row_groups
+        with ThreadPoolExecutor(max_workers=min(groups, os.cpu_count() or 1, FIRST_PASS_THREADS) or 1) as pool:
+            done = list(pool.map(one_group, range(groups)))
+        self._later = _later_minimum([m for block_min, _ in done for m in block_min])
+        return _lifetimes([hulls for _, hulls in done])
 
     def pushes(self):
         """(GilRows, watermark, rows so far) per block."""
@@ -189,8 +202,6 @@ class EventsGil:
         self.attrs: dict = {}
 
     def first_pass(self) -> pd.DataFrame:
-        from concurrent.futures import ThreadPoolExecutor
-
         def one_file(f):
             block_min, tid, lo, hi = f.bounds()  # (the blocks paired, their rows not made)
             return _later_minimum(block_min), pd.DataFrame({"key": f.pid << 32 | tid, "start_ns": lo, "end_ns": hi})
