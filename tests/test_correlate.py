@@ -213,6 +213,7 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
         os.umask(old_mask)
     expected = correlate(pauses, read_table(tmp_path / "g.parquet"), slack_ns=5, gil_source=str(tmp_path / "g.parquet"))
     assert not (tmp_path / "out" / "gil.parquet").exists()  # not copied: the header names it
+    assert all(p.suffix == ".parquet" for p in (tmp_path / "out").iterdir())  # (pause_impact's rows on their way: gone)
     if seed == 3:  # unless asked: then it is the table as given
         stream.analyze_streamed(tmp_path / "copied", pauses, gil_stream.ParquetGil(tmp_path / "g.parquet", copy=True), slack_ns=5)
         pd.testing.assert_frame_equal(read_table(tmp_path / "copied" / "gil.parquet"), read_table(tmp_path / "g.parquet"))
@@ -417,7 +418,7 @@ def test_an_open_interval_pairs_exactly_while_open_and_its_closed_row_replaces_i
 
     pauses = check_pauses(pauses_frame([(100, 200), (600, 700)]))
     lifetimes = _Told()
-    core = Correlator(lifetimes=lifetimes, retain_ns=1_000, keep_impact=True)
+    core = Correlator(lifetimes=lifetimes, retain_ns=1_000)
     open_rows = GilRows(np.array([1, 1]), np.array([1, 2]), np.array([0, 0], np.int8), np.array([0, 250]), np.array([0, 250]))
     first = core.push(pauses=pauses, open=open_rows, watermark_ns=300)
     assert first.overlaps.to_pylist() == [dict(pause_id=100, pid=1, tid=1, state="released", start_ns=100, end_ns=200,

@@ -689,7 +689,7 @@ def test_the_core_driven_as_live_equals_offline(seed, slack):
         if row.kind != "safepoint" and len(inside):
             p_arrive[i] = max(p_arrive[i], p_arrive[inside.index].max())
     lifetimes = _ProcLike(last_end)
-    core = Correlator(slack, lifetimes=lifetimes, retain_ns=20_000, keep_impact=False)
+    core = Correlator(slack, lifetimes=lifetimes, retain_ns=20_000)
     builders = {p: _Builder(p) for p in (11, 12)}
     rows, gil_all = [], []
     now = 0

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from engine.analysis.causes import CAUSE_INPUT_COLUMNS, Causes, CodeHits, why_facts, with_causes
 from engine.analysis.facts import aligned_pauses, analysis_facts
@@ -46,6 +47,8 @@ from engine.store import TableWriter, WriterThread, is_text, write_table
 # that (docs/join.md). Bounded in bytes, not blocks: a long session's peak is these blocks, and
 # a million rows take 36 MB plain, ~57 MB carrying code, ~71 MB with their copy for gil.parquet.
 READ_AHEAD_BYTES = 160 << 20
+# OUT's file of pause_impact rows waiting for their causes (ParquetSink.pause_impact)
+IMPACT_ROWS = ".pause_impact-rows"
 
 
 # The pauses table's columns the analysis reads once it is checked (the core, the stops, causes,
@@ -167,6 +170,7 @@ class ParquetSink:
     def __init__(self, out: str | os.PathLike):
         self.out = Path(out)
         self.writers: dict[str, TableWriter] = {}
+        self.impact_rows: TableWriter | None = None
         self.background = None
 
     def open(self, gil) -> None:
@@ -177,6 +181,9 @@ class ParquetSink:
                         "gil_free": TableWriter(self.out / "gil_free.parquet", SCHEMAS["gil_free"])}
         if gil.copy_schema is not None:
             self.writers["gil"] = TableWriter(self.out / "gil.parquet", gil.copy_schema, text_as_dictionary=True)
+        # pause_impact's rows wait on disk for the causes, known at the end (not in a file ending .parquet:
+        # a reader of OUT never takes it for a result)
+        self.impact_rows = TableWriter(self.out / IMPACT_ROWS, SCHEMAS["pause_impact"])
         self.background = WriterThread()
 
     def pauses(self, pauses: pd.DataFrame, facts: dict) -> pd.DataFrame:
@@ -194,12 +201,21 @@ class ParquetSink:
         for name, table in rows.tables().items():
             if name in self.writers:
                 self.background.write(self.writers[name], table)
+        self.background.write(self.impact_rows, rows.pause_impact)
 
     def gil_rows(self, table: pa.Table) -> None:
         self.background.write(self.writers["gil"], table)
 
     def drain(self) -> None:
         self.background.drain()
+
+    def pause_impact(self) -> pa.Table:
+        """Every pause_impact row given, in the order given (call after `drain`)."""
+        path, self.impact_rows = self.impact_rows.close({}), None
+        try:
+            return pq.read_table(path)
+        finally:
+            path.unlink()
 
     def finish(self, header: dict, tables: dict[str, pd.DataFrame]) -> list[Path]:
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
@@ -219,7 +235,7 @@ class ParquetSink:
                 self.background.drain()
         except BaseException:
             pass
-        for writer in self.writers.values():
+        for writer in [*self.writers.values(), *([self.impact_rows] if self.impact_rows is not None else [])]:
             writer.abort()
 
     def close(self) -> None:
@@ -233,7 +249,7 @@ class MemorySink:
     text_as_dictionary = False  # (text columns as the caller's pandas strings, not categoricals)
 
     def __init__(self):
-        self.parts: dict[str, list[pa.Table]] = {"overlaps": [], "gil_free": []}
+        self.parts: dict[str, list[pa.Table]] = {"overlaps": [], "gil_free": [], "pause_impact": []}
 
     def open(self, gil) -> None:
         pass
@@ -245,12 +261,16 @@ class MemorySink:
     def rows(self, rows: Rows) -> None:
         self.parts["overlaps"].append(rows.overlaps)
         self.parts["gil_free"].append(rows.gil_free)
+        self.parts["pause_impact"].append(rows.pause_impact)
 
     def gil_rows(self, table: pa.Table) -> None:
         pass  # (the gil table is the caller's, already in memory)
 
     def drain(self) -> None:
         pass
+
+    def pause_impact(self) -> pa.Table:
+        return pa.concat_tables([SCHEMAS["pause_impact"].empty_table(), *self.parts.pop("pause_impact")])
 
     def finish(self, header: dict, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
         gil_free = pa.concat_tables(self.parts["gil_free"]).sort_by([("pid", "ascending"), ("start_ns", "ascending")])
@@ -318,6 +338,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
     try:
         sink.open(gil)
         pauses = sink.pauses(pauses, pause_facts)  # (written now: what the analysis reads is kept)
+        # (pause_impact's rows go to the sink as they become final: the core keeps the summary's input only)
         core = Correlator(slack_ns, lifetimes=KnownLifetimes(lifetimes), gil_source=gil_clock.source,
                           pauses_source=pause_clock.source, text_as_dictionary=sink.text_as_dictionary,
                           jvm_tids=jvm_threads(pauses))
@@ -341,7 +362,8 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         sink.drain()
         pauses.attrs = pause_facts
         summary, stops = core.summary(), core.stops()
-        impact = with_causes(to_pandas(core.pause_impact(), "pause_impact"), pauses, stop, causes.table())
+        # (in the order the pauses were pushed: by start, PausesInTime)
+        impact = with_causes(to_pandas(sink.pause_impact(), "pause_impact"), pauses, stop, causes.table())
         facts = analysis_facts(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns,
                                core.duplicate_gil_rows + gil.duplicate_rows,
                                # (docs/results.md, "gil.parquet"): the results name the GIL files

@@ -177,13 +177,12 @@ def carried_key(table: pa.Table) -> np.ndarray:
 
 class Correlator:
     def __init__(self, slack_ns: int = 0, *, lifetimes: Lifetimes | None = None, gil_source: str = "gil table",
-                 pauses_source: str = "pauses table", retain_ns: int = 0, keep_impact: bool = True,
+                 pauses_source: str = "pauses table", retain_ns: int = 0,
                  eager_pairs: bool = False, text_as_dictionary: bool = False, jvm_tids=()):
         if slack_ns < 0:
             raise ValueError(f"slack_ns must be >= 0, got {slack_ns}")
         self.slack_ns = int(slack_ns)
         self.retain_ns = int(retain_ns)  # > 0: late rows accepted (see the module's docstring)
-        self.keep_impact = keep_impact   # False: pause_impact() is not available, summary() is
         self.eager_pairs = eager_pairs    # overlaps rows with closed intervals at once (see the module's docstring)
         # overlaps rows' text (state, carried text) dictionary-encoded, not made per row: for a
         # driver writing them with TableWriter(text_as_dictionary=True)
@@ -250,8 +249,9 @@ class Correlator:
         # Threads that are the JVM's (a pause's os_thread_id): a driver that knows them before their
         # pauses come (offline: the whole pauses table) names them, so early pauses see them too.
         self.jvm_tids: set[int] = {int(t) for t in jvm_tids}
-        # Summary: every final pause_impact row (a few per second of JVM pauses) and the distinct
-        # (part_of, kind, name, thread) with an exact overlap.
+        # Summary: what it reads of every final pause_impact row (a few per second of JVM pauses;
+        # the rows themselves go out in Rows) and the distinct (part_of, kind, name, thread) with
+        # an exact overlap.
         self._impact: list[pa.Table] = []
         self._stop_keys: dict[tuple[str, str, str], int] = {}  # (part_of, kind, name) -> number
         self._affected = np.zeros((0, 0), np.bool_)  # [number, thread index]: an exact overlap
@@ -710,15 +710,12 @@ class Correlator:
         }, schema=SCHEMAS["pause_impact"])
         part_of = self._part_of(batch)
         with_stop = impact.append_column("part_of", pa.array(part_of, pa.string()))
-        if self.keep_impact:
-            self._impact.append(with_stop.append_column("_seq", pa.array(batch["_seq"].to_numpy(np.int64))))
-        else:  # what summary() reads, the text as dictionaries (a few bytes a pause over a long run)
-            kept = with_stop.select(list(SUMMARY_INPUT))
-            for name in ("kind", "name", "part_of"):
-                kept = kept.set_column(kept.schema.get_field_index(name), name, pa.compute.dictionary_encode(kept[name]))
-            self._impact.append(kept)
-            if len(self._impact) > 256:
-                self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
+        kept = with_stop.select(list(SUMMARY_INPUT))  # (the text as dictionaries: a few bytes a pause over a long run)
+        for name in ("kind", "name", "part_of"):
+            kept = kept.set_column(kept.schema.get_field_index(name), name, pa.compute.dictionary_encode(kept[name]))
+        self._impact.append(kept)
+        if len(self._impact) > 256:
+            self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
         exact = np.flatnonzero(~near_miss)
         if exact.size:
             stop_key = np.array([self._stop_keys.setdefault(key, len(self._stop_keys)) for key in
@@ -819,16 +816,6 @@ class Correlator:
     def span_ns(self) -> int:
         return max(0, self.span[1] - self.span[0]) if self.span[1] > NONE else 0
 
-    def pause_impact(self) -> pa.Table:
-        """Every final pause_impact row so far, in the order the pauses were pushed."""
-        if not self.keep_impact:
-            raise ValueError("this Correlator keeps only the summary's input (keep_impact=False)")
-        if not self._impact:
-            return empty_table("pause_impact")
-        table = pa.concat_tables(self._impact)
-        self._impact = [table]
-        return table.take(pa.compute.sort_indices(table, [("_seq", "ascending")])).drop_columns(["_seq", "part_of"])
-
     def _summary_input(self) -> pd.DataFrame:
         """SUMMARY_INPUT of every final pause so far (text as text)."""
         if not self._impact:
@@ -875,7 +862,7 @@ def warm_up() -> None:
 
     pauses = pd.DataFrame({"pause_id": [0, 1], "kind": ["safepoint", "gc"], "name": ["warm-up", "warm-up"],
                            "start_ns": [100, 110], "end_ns": [200, 150]})
-    core = Correlator(5, lifetimes=Alive(), retain_ns=1_000, keep_impact=False, eager_pairs=True)
+    core = Correlator(5, lifetimes=Alive(), retain_ns=1_000, eager_pairs=True)
     core.push(pauses=pauses, gil=GilRows(np.array([1, 1]), np.array([1, 2]), np.array([0, 1], np.int8),
                                          np.array([50, 120]), np.array([150, 300])),
               open=GilRows(np.array([1]), np.array([3]), np.array([0], np.int8), np.array([60]), np.array([60])),

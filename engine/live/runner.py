@@ -60,7 +60,7 @@ class LiveRun:
         self.session = Path(session)
         self.watcher = SessionWatcher(self.session)
         self.lifetimes = ProcLifetimes()
-        self.core = Correlator(slack_ns, lifetimes=self.lifetimes, retain_ns=RETAIN_NS, keep_impact=False, eager_pairs=True,
+        self.core = Correlator(slack_ns, lifetimes=self.lifetimes, retain_ns=RETAIN_NS, eager_pairs=True,
                                gil_source=f"{self.session}: GIL rings", pauses_source=f"{self.session}: pauses")
         self.writer = RollingWriter(out, roll_ns, {"session": str(self.session), "slack_ns": int(slack_ns)})
         self.alerts = alerts or Alerts(None)
