@@ -16,6 +16,7 @@ from pathlib import Path
 from engine.clock.chunks import scan_chunks
 from engine.clock.packed import PACKED_DICTIONARY, is_zstd, packed_chunk_span
 from engine.errors import TandemError
+from engine.probe.memory import THREAD_NAME as MEMORY_THREAD_NAME
 
 
 # The names of a session directory (docs/session.md), for every module that reads one. (The GIL
@@ -27,7 +28,7 @@ JVM_JSON, RECORDING, REPOSITORY, KEPT_CHUNKS = "jvm.json", "recording.jfr", "rep
 PAUSES_RING, AGENT_ERROR = "pauses.ring", "agent-error.txt"
 # The Python threads the probe starts inside a recorded service (engine/probe/memory.py's
 # sampler): tandem's own, never a cause of the service's pauses.
-PROBE_THREAD_NAMES = ("tandem-memory",)
+PROBE_THREAD_NAMES = (MEMORY_THREAD_NAME,)
 # Memory samples: SESSION/memory/<pid>.jsonl from outside (tandem record), py-<pid>/memory.jsonl from inside CPython.
 PROCESS_MEMORY_DIR, PYTHON_MEMORY = "memory", "memory.jsonl"
 # The flight recorder's GIL segments (docs/ring.md, "Segments"): gil.events.000000, ...; the

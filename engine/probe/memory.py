@@ -31,6 +31,7 @@ import threading
 import time
 
 FILE_NAME = "memory.jsonl"
+THREAD_NAME = "tandem-memory"  # (tandem's own thread in the service: engine.session.PROBE_THREAD_NAMES)
 PERIOD_S = 1.0
 NUMPY_DOMAIN = 389047  # numpy's NPY_TRACE_DOMAIN: its data buffers in tracemalloc
 NUMPY_PERIOD_S = 10.0
@@ -51,7 +52,7 @@ def start(directory: str, period_s: float = PERIOD_S) -> None:
     _started_in_pid = os.getpid()
     _stopping, _sampler = threading.Event(), None  # (a forked child's own)
     _thread = threading.Thread(target=_sample_forever, args=(os.path.join(directory, FILE_NAME), period_s, _stopping),
-                               name="tandem-memory", daemon=True)
+                               name=THREAD_NAME, daemon=True)
     _thread.start()
     atexit.register(_end)
 
