@@ -170,7 +170,6 @@ class ParquetSink:
     def __init__(self, out: str | os.PathLike):
         self.out = Path(out)
         self.writers: dict[str, TableWriter] = {}
-        self.impact_rows: TableWriter | None = None
         self.background = None
 
     def open(self, gil) -> None:
@@ -182,8 +181,8 @@ class ParquetSink:
         if gil.copy_schema is not None:
             self.writers["gil"] = TableWriter(self.out / "gil.parquet", gil.copy_schema, text_as_dictionary=True)
         # pause_impact's rows wait on disk for the causes, known at the end (not in a file ending .parquet:
-        # a reader of OUT never takes it for a result)
-        self.impact_rows = TableWriter(self.out / IMPACT_ROWS, SCHEMAS["pause_impact"])
+        # a reader of OUT never takes it for a result; `pause_impact` takes it out of the writers)
+        self.writers["pause_impact"] = TableWriter(self.out / IMPACT_ROWS, SCHEMAS["pause_impact"])
         self.background = WriterThread()
 
     def pauses(self, pauses: pd.DataFrame, facts: dict) -> pd.DataFrame:
@@ -201,7 +200,6 @@ class ParquetSink:
         for name, table in rows.tables().items():
             if name in self.writers:
                 self.background.write(self.writers[name], table)
-        self.background.write(self.impact_rows, rows.pause_impact)
 
     def gil_rows(self, table: pa.Table) -> None:
         self.background.write(self.writers["gil"], table)
@@ -211,7 +209,7 @@ class ParquetSink:
 
     def pause_impact(self) -> pa.Table:
         """Every pause_impact row given, in the order given (call after `drain`)."""
-        path, self.impact_rows = self.impact_rows.close({}), None
+        path = self.writers.pop("pause_impact").close({})
         try:
             return pq.read_table(path)
         finally:
@@ -235,7 +233,7 @@ class ParquetSink:
                 self.background.drain()
         except BaseException:
             pass
-        for writer in [*self.writers.values(), *([self.impact_rows] if self.impact_rows is not None else [])]:
+        for writer in self.writers.values():
             writer.abort()
 
     def close(self) -> None:
