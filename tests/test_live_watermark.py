@@ -25,7 +25,7 @@ def test_the_watermark_trails_the_oldest_of_the_last_scan_and_the_last_polls_by_
     assert watermark(_sources(), None, now_ns=15 * S) == (15 * S - GIL_MARGIN_NS, None)
 
 
-def test_a_young_frameless_release_holds_the_watermark_where_its_thread_last_took_the_gil():
+def test_a_young_open_release_holds_the_watermark_where_its_thread_last_took_the_gil():
     poll = 20 * S
     # (release start, when its thread last took the GIL before it)
     young, older_young, old = (poll - S // 2, poll - S // 2 - 5_000), (poll - 3 * S // 4, poll - S), (poll - 2 * S, poll - 3 * S)
@@ -37,20 +37,3 @@ def test_a_young_frameless_release_holds_the_watermark_where_its_thread_last_too
     # a thread that took the GIL after the margin's bound holds nothing back
     recent = (poll - GIL_MARGIN_NS // 2, poll - GIL_MARGIN_NS // 3)
     assert watermark(_sources(poll), poll, np.array([recent], np.int64)) == (poll - GIL_MARGIN_NS, None)
-
-
-def test_the_open_releases_made_with_no_python_frame_are_those_that_may_never_close():
-    from engine.ingest.codes import FIRST_ID, NO_FRAME
-    from engine.ingest.gil import Pairing, as_records
-    from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
-
-    pairing = Pairing()
-    # thread 1 leaves Python (no frame); 2 releases in Python code; 3 left without a frame and
-    # asks for the GIL back; 4 left without a frame and came back
-    events = [(10, 1, GIL_TAKE_ACQUIRED, 0), (20, 1, GIL_DROP, NO_FRAME), (11, 2, GIL_TAKE_ACQUIRED, 0),
-              (21, 2, GIL_DROP, FIRST_ID), (12, 3, GIL_DROP, NO_FRAME), (22, 3, GIL_TAKE_REQUEST, 0),
-              (13, 4, GIL_DROP, NO_FRAME), (23, 4, GIL_TAKE_ACQUIRED, 0)]
-    t, tid, kind, aux = (np.array(c) for c in zip(*events))
-    pairing.intervals(as_records(t, tid, kind, aux.astype(np.uint64)))
-    tids, starts = pairing.open_frameless()
-    assert (tids.tolist(), starts.tolist()) == ([1], [20])

@@ -404,14 +404,6 @@ class Pairing:
         open_ = released | waiting
         return self.slot_tid[:n][open_], waiting[open_].astype(np.int8), self.last_t[:n][open_]
 
-    def open_frameless(self) -> tuple[np.ndarray, np.ndarray]:
-        """(tid, start_ns) of each open release made with no Python frame (its DROP's code is
-        NO_FRAME): the one kind that may never close while its thread lives on (a thread
-        ending, or leaving Python for good)."""
-        n = int(self.n_slots[0])
-        frameless = (self.last_k[:n] == GIL_DROP) & ((self.last_drop[:n] & np.uint64(0xFFFFFFFF)) == np.uint64(NO_FRAME))
-        return self.slot_tid[:n][frameless], self.last_t[:n][frameless]
-
     def forget(self) -> None:
         """No thread has a last event any more (after a gap in the stream): the next events start
         new pairs, as at the start of a stream."""

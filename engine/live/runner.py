@@ -66,7 +66,7 @@ class LiveRun:
         self.alerts = alerts or Alerts(None)
         self.view = view
         self.watermark_ns: int | None = None
-        self._held_until_ns: int | None = None  # a young frameless release holds W until then (engine/live/watermark.py)
+        self._held_until_ns: int | None = None  # a young open release holds W until then (engine/live/watermark.py)
         self.follow_recorder = follow_recorder  # `tandem live SESSION`: stop once the session's recorder has finished
         self.stop = threading.Event()        # Ctrl-C / SIGTERM: flush and stop now
         self.command_done = threading.Event()  # `live -- cmd`: the command has exited
@@ -118,7 +118,7 @@ class LiveRun:
             due.append(causes)
         if not due:
             return None
-        # (while a young frameless release holds W, it moves when the release closes, seen at the
+        # (while a young open release holds W, it moves when the release closes, seen at the
         # regular GIL polls, or once it is confirmed)
         return max(min(due) + wm.LAG_NS, self._held_until_ns or 0)
 
@@ -173,10 +173,10 @@ class LiveRun:
 
     def _push(self, pauses: pd.DataFrame, gil: pd.DataFrame, final: bool) -> None:
         opened = None if final else self._open_intervals()
-        frameless = None if final else np.array([(b, h) for s in self.watcher.gil.values() if not s.done
-                                                 for p, t, b, h in s.open_frameless() if self.lifetimes.alive(p, t)],
-                                                np.int64).reshape(-1, 2)
-        w, self._held_until_ns = wm.watermark(self.watcher.gil.values(), self.watcher.scanned_ns, frameless)
+        releases = None if final else np.array([(b, h) for s in self.watcher.gil.values() if not s.done
+                                                for p, t, b, h in s.open_releases() if self.lifetimes.alive(p, t)],
+                                               np.int64).reshape(-1, 2)
+        w, self._held_until_ns = wm.watermark(self.watcher.gil.values(), self.watcher.scanned_ns, releases)
         # (the parts get every column of the pauses)
         rows = self.core.push(pauses=pauses[core_columns(pauses)] if len(pauses) else None,
                               gil=gil_rows_from_frame(gil[list(GIL_COLUMNS)]) if len(gil) else None,

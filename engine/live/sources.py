@@ -110,7 +110,7 @@ class GilSource:
             self.pairing.forget()
         self._thread_names()
         out = self._intervals(records)
-        if len(out):  # each thread's latest interval end: where a frameless release's holding stretch began
+        if len(out):  # each thread's latest interval end: where an open release's holding stretch began
             tids, at = np.unique(out["tid"].to_numpy(np.int64), return_inverse=True)
             ends = np.full(tids.size, np.iinfo(np.int64).min)
             np.maximum.at(ends, at, out["end_ns"].to_numpy(np.int64))
@@ -152,12 +152,13 @@ class GilSource:
         tid, state, start = self.pairing.open_intervals()
         return [(self.pid or 0, t, s, b) for t, s, b in zip(tid.tolist(), state.tolist(), start.tolist())]
 
-    def open_frameless(self) -> list[tuple[int, int, int, int]]:
-        """(pid, tid, start_ns, held_since_ns) of each open release made with no Python frame,
-        held_since_ns: when the thread last took the GIL before it (its latest interval's end;
-        the release itself when none) (engine/live/watermark.py)."""
-        tid, start = self.pairing.open_frameless()
-        return [(self.pid or 0, t, b, min(b, self._latest_end.get(t, b))) for t, b in zip(tid.tolist(), start.tolist())]
+    def open_releases(self) -> list[tuple[int, int, int, int]]:
+        """(pid, tid, start_ns, held_since_ns) of each release open now, held_since_ns: when the
+        thread last took the GIL before it (its latest interval's end; the release itself when
+        none) (engine/live/watermark.py)."""
+        tid, state, start = self.pairing.open_intervals()
+        return [(self.pid or 0, t, b, min(b, self._latest_end.get(t, b)))
+                for t, s, b in zip(tid.tolist(), state.tolist(), start.tolist()) if s == 0]
 
     def status(self) -> dict:
         t = self.tailer

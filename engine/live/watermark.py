@@ -3,22 +3,22 @@
     base = min(the start of the last scan for new processes,
                per Python process still running: the start of its last poll)
     W    = min(base - GIL_MARGIN,
-               for each release open now, made with no Python frame, that began less than
-               OPEN_CONFIRM before base: when its thread last took the GIL before it)
+               for each release open now that began less than OPEN_CONFIRM before base:
+               when its thread last took the GIL before it)
 
 A process's stamps all come after its `py-<pid>` directory exists (the probe makes it, then its
 ring, then hooks the GIL), so one not listed by a scan stamps nothing before that scan began.
 An event is stamped before it is committed (a thread preempted in between commits late): the
 margin covers that; each source keeps the largest such lag it saw (`commit_lag_ns`, in the
 headline). Intervals still open (a thread released or waiting) are told to the core at each
-push (engine/correlate/core.py, `open`), so they do not hold W back, but for one kind: a
-release made with no Python frame (a thread ending, a thread leaving Python) may never close
-while its OS thread lives on, and offline has no interval for a release that never closes.
-Offline, a thread's lifetime ends with its latest interval (docs/results.md, "gil_free"), so
-the stretch it held the GIL before such a release counts only if the release closes. While the
-release is younger than OPEN_CONFIRM, W stays where that stretch began: a thread gone by then
-ends, live as offline, with its latest interval; one that lives on past it is taken as alive
-(holding, then released), which offline has only if it takes the GIL again.
+push (engine/correlate/core.py, `open`), but a release may never close: a thread ending, a
+thread leaving Python for good, a daemon thread asleep when its process exits. Offline has no
+interval for such a release, and a thread's lifetime ends with its latest interval
+(docs/results.md, "gil_free"), so the stretch it held the GIL before the release counts only if
+the release closes. While a release is younger than OPEN_CONFIRM, W stays where that stretch
+began: a thread gone by then ends, live as offline, with its latest interval; one that lives on
+past it is taken as alive (holding, then released), which offline has only if it takes the GIL
+again.
 
 Pauses do not bound W: one that arrives after W passed it (JFR delivers 0.1 to 1.3 s after a
 pause's end; repository-only pauses seconds later) is a late row the core accepts, finding the
@@ -38,21 +38,21 @@ from engine.correlate.schema import END
 # the largest lag seen is in the headline and the bench.
 GIL_MARGIN_NS = 250_000_000
 OPEN_CONFIRM_NS = 1_000_000_000
-LAG_NS = GIL_MARGIN_NS  # how far W trails the last poll, but while a young frameless release holds it
+LAG_NS = GIL_MARGIN_NS  # how far W trails the last poll, but while a young open release holds it
 
 
-def watermark(gil_sources, scanned_ns: int | None, frameless: np.ndarray | None = None,
+def watermark(gil_sources, scanned_ns: int | None, releases: np.ndarray | None = None,
               now_ns: int | None = None) -> tuple[int, int | None]:
     """W for the sources' last polls and the last scan (SCANNED_NS, None: none yet: now), held by
-    the young ones among FRAMELESS (rows: the start of a release open now made with no Python
-    frame, and when its thread last took the GIL before it); and when the release holding it is
-    confirmed (a poll begun then lets W past it), None: none holds it."""
+    the young ones among RELEASES (rows: the start of a release open now, and when its thread
+    last took the GIL before it); and when the release holding it is confirmed (a poll begun
+    then lets W past it), None: none holds it."""
     now = time.monotonic_ns() if now_ns is None else now_ns
     base = min([now if scanned_ns is None else scanned_ns,
                 *(now if s.frontier_ns is None else s.frontier_ns for s in gil_sources if not s.done)])
     w = base - GIL_MARGIN_NS
-    if frameless is not None and len(frameless):
-        young = frameless[frameless[:, 0] > base - OPEN_CONFIRM_NS]
+    if releases is not None and len(releases):
+        young = releases[releases[:, 0] > base - OPEN_CONFIRM_NS]
         if young.size and int(young[:, 1].min()) < w:
             first = int(np.argmin(young[:, 1]))
             return int(young[first, 1]), int(young[first, 0]) + OPEN_CONFIRM_NS
