@@ -161,6 +161,17 @@ def carried_numbered(blocks):
         blocks.close()
 
 
+def causes_fed(blocks, causes: Causes):
+    """The blocks, each given to CAUSES on its way (Causes.push reads the rows alone; what the
+    core makes reaches it through Causes.overlaps, whose state is apart)."""
+    try:
+        for block in blocks:
+            causes.push(block.rows, block.watermark_ns, lambda mask, block=block: rows_frame(block, mask))
+            yield block
+    finally:
+        blocks.close()
+
+
 class ParquetSink:
     """The result tables into OUT/*.parquet, the streamed ones (overlaps, gil_free, a copied gil)
     written by a thread of their own as their rows become final."""
@@ -345,13 +356,13 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
         # (numbering makes the carried text dictionaries: only for a sink that takes text so)
         blocks = carried_numbered(gil.pushes()) if sink.text_as_dictionary else gil.pushes()
+        blocks = causes_fed(blocks, causes)  # (in the reading thread: the core's thread is the busier)
         coming = PausesInTime(pauses[core_columns(pauses)])  # (the core keeps what it reads, not every column)
         for block in read_ahead(blocks, budget=READ_AHEAD_BYTES, size=block_bytes):
             rows = block.rows
             emit(core.push(pauses=coming.before(block.watermark_ns), gil=rows, watermark_ns=block.watermark_ns))
             if block.copy is not None:
                 sink.gil_rows(block.copy)
-            causes.push(rows, block.watermark_ns, lambda mask, block=block: rows_frame(block, mask))
             if progress is not None:
                 progress(block.rows_so_far)
         if coming.left():
