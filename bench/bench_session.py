@@ -9,7 +9,8 @@ in the hour: 70% of releases are followed by a wait for the GIL); a pauses table
 pairs of the same 60 minutes from a Parquet copy of the intervals, in the same run; peak RSS
 is the kernel's count for each process; each figure is the best of three runs, the commands
 alternating, after the files written are synced. The hour runs twice: as users run it (OUT gets
-gil.parquet, 50 M rows written) and with --reference-gil (OUT names the events files). TANDEM_BENCH_SESSION_MINUTES=6 shrinks the long
+gil.parquet, 50 M rows written) and with --reference-gil (OUT names the events files). The same hour from MANY_PROCESSES
+processes at the same total rate runs once more beside it (best of two). TANDEM_BENCH_SESSION_MINUTES=6 shrinks the long
 session (the short one is a sixth of it) for quick checks.
 
 The real shape beside it: the demo service (engine/demo/workload.py: JPype with its GC link,
@@ -34,6 +35,7 @@ from bench import Row
 from bench.bench_join import DUCKDB_OVERLAPS, io_floor, run_measured
 
 PROCESSES = 3
+MANY_PROCESSES = 12
 DEMO_SECONDS = 30
 THREADS = 16
 INTERVALS_PER_S = 14_000  # all processes together: 50.4 M intervals an hour
@@ -103,7 +105,8 @@ def write_events_file(path: Path, pid: int, lanes: list[tuple[int, np.ndarray, n
         records.tofile(f)
 
 
-def write_session(directory: Path, minutes: float, seed: int = 7, parquet_copy: bool = False) -> tuple[Path, Path, int]:
+def write_session(directory: Path, minutes: float, seed: int = 7, parquet_copy: bool = False,
+                  processes: int = PROCESSES) -> tuple[Path, Path, int]:
     """SESSION/py-<pid>/gil.events for each process and P.parquet; returns (session, pauses, intervals)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -111,14 +114,14 @@ def write_session(directory: Path, minutes: float, seed: int = 7, parquet_copy: 
     rng = np.random.default_rng(seed)
     span = int(minutes * 60e9)
     t0 = 10**12
-    session = directory / f"session-{minutes:g}min"
+    session = directory / f"session-{minutes:g}min" if processes == PROCESSES else directory / f"session-{minutes:g}min-{processes}p"
     total = 0
     copy = None
-    for p in range(PROCESSES):
+    for p in range(processes):
         pid = 100_000 + p
         lanes, intervals = [], []
         for t in range(THREADS):
-            releases = int(INTERVALS_PER_S * minutes * 60 / PROCESSES / THREADS / 1.7)
+            releases = int(INTERVALS_PER_S * minutes * 60 / processes / THREADS / 1.7)
             mono, kind, made = thread_events(rng, t0 + int(rng.integers(0, 10**8)), span, releases)
             lanes.append((pid + 1 + t, mono, kind))
             intervals.append((pid + 1 + t, *made))
@@ -303,13 +306,24 @@ def synthetic(console) -> list[Row]:
             runs["named"].append(run_measured(tandem(long_session, long_pauses, "--reference-gil")))
         (long_s, long_gib), (short_s, short_gib), (duck_s, duck_gib), (named_s, named_gib) = (
             min(runs[k]) for k in ("long", "short", "duckdb", "named"))
+        # The same hour's rate from MANY_PROCESSES processes (a host of many Python workers): the
+        # cost of a session should not grow with how many processes share its intervals.
+        many_session, _, n_many = write_session(tmp, minutes, seed=9, processes=MANY_PROCESSES)
+        os.sync()
+        many_s, many_gib = min(run_measured(tandem(many_session, long_pauses)) for _ in range(2))
     rate, named_rate = n_long / long_s, n_long / named_s
     console.print(f"{minutes:g} min, {n_long / 1e6:.1f} M intervals: tandem {long_s:.1f} s ({rate / 1e6:.2f} M intervals/s), "
                   f"peak RSS {long_gib:.2f} GiB; with --reference-gil {named_s:.1f} s ({named_rate / 1e6:.2f} M intervals/s), "
                   f"{named_gib:.2f} GiB; {minutes / 6:g} min: {short_s:.1f} s, {short_gib:.2f} GiB; "
                   f"DuckDB overlaps only: {duck_s:.1f} s, {duck_gib:.2f} GiB")
     label = f"{minutes:g}-min session, {n_long / 1e6:.0f} M intervals"
+    many_rate = n_many / many_s
+    console.print(f"{minutes:g} min from {MANY_PROCESSES} processes, {n_many / 1e6:.1f} M intervals: {many_s:.1f} s "
+                  f"({many_rate / 1e6:.2f} M intervals/s), peak RSS {many_gib:.2f} GiB")
     return [
+        Row("session", f"intervals/s, {MANY_PROCESSES} processes vs {PROCESSES} ({label}; anchor: {PROCESSES})", many_rate, rate,
+            "intervals/s", "-", None),
+        Row("session", f"peak RSS, {MANY_PROCESSES} processes vs {PROCESSES} ({label})", many_gib, long_gib, "GiB", "-", None),
         Row("session", f"tandem analyze SESSION ({label}) vs DuckDB overlaps only", long_s, duck_s, "s", "<= 1/2.5x",
             long_s * 2.5 <= duck_s),
         Row("session", f"intervals/s ({label}; anchor: the bar)", rate, 7e6, "intervals/s", ">= 7 M/s", rate >= 7e6),

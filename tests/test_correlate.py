@@ -392,6 +392,62 @@ def test_a_streamed_session_equals_the_whole_table_analysis(tmp_path):
                                       read_table(tmp_path / "out" / f"{name}.parquet"), obj=name)
 
 
+@pytest.mark.parametrize("runs", [0, 1, 2, 7, 40])
+def test_merge_order_is_a_stable_sort_by_start_pid_tid(runs):
+    """kernels.merge_order against numpy's lexsort, on runs with many equal keys (and empty runs)."""
+    from engine.correlate.kernels import merge_order
+
+    rng = np.random.default_rng(runs)
+    parts = []
+    for _ in range(runs):
+        n = int(rng.integers(0, 300))
+        start, pid, tid = rng.integers(0, 50, n), rng.integers(0, 3, n), rng.integers(0, 3, n)
+        order = np.lexsort((tid, pid, start))
+        parts.append((start[order], pid[order], tid[order]))
+    start, pid, tid = (np.concatenate([p[k] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+                       for k in range(3))
+    bounds = np.cumsum([0, *(p[0].size for p in parts)]).astype(np.int64)
+    assert np.array_equal(merge_order(start, pid, tid, bounds), np.lexsort((np.arange(start.size), tid, pid, start)))
+
+
+def test_processes_running_at_once_are_pushed_merged_in_start_order(tmp_path):
+    """Three probed processes at once (their intervals interleave in time), streamed in blocks of
+    500 records (engine/ingest/gil_stream.py, EventsGil.pushes: rows wait across many reads and
+    are merged once): every table equals read_gil + correlate's, and the copied gil.parquet is
+    in (start, pid, tid) order."""
+    import subprocess
+    import sys
+
+    from engine.analysis import correlate
+    from engine.analysis.stream import analyze_streamed
+    from engine.ingest.gil_stream import EventsGil
+    from engine.ingest.inputs import gil_from
+    from engine.store import read_table
+
+    files = [tmp_path / f"p{i}.events" for i in range(3)]
+    running = [subprocess.Popen([sys.executable, "-c", PROBED, str(f)]) for f in files]
+    assert [p.wait(timeout=120) for p in running] == [0, 0, 0]
+    gil, _ = gil_from(paths=files)
+    spans = gil.groupby("pid").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    assert spans.lo.max() < spans.hi.min(), "the processes did not run at the same time"
+    rng = np.random.default_rng(2)
+    starts = np.sort(rng.integers(int(gil.start_ns.min()), int(gil.end_ns.max()), 200))
+    pauses = pauses_frame([(s, s + int(rng.integers(0, 2_000_000))) for s in starts])
+    expected = correlate(pauses, gil, slack_ns=20_000)
+    analyze_streamed(tmp_path / "out", pauses, EventsGil(files, block_records=500, copy=True), slack_ns=20_000)
+    for name in ("overlaps", "pause_impact", "summary", "stops"):
+        pd.testing.assert_frame_equal(read_table(tmp_path / "out" / f"{name}.parquet"),
+                                      getattr(expected, "summary_table" if name == "summary" else name),
+                                      check_dtype=False, obj=name)
+    key = ["pid", "start_ns"]
+    pd.testing.assert_frame_equal(read_table(tmp_path / "out" / "gil_free.parquet").sort_values(key, ignore_index=True),
+                                  expected.gil_free.sort_values(key, ignore_index=True), check_dtype=False)
+    back = read_table(tmp_path / "out" / "gil.parquet")
+    order = ["start_ns", "pid", "tid"]
+    pd.testing.assert_frame_equal(back, expected.gil.astype({"state": "string"}).sort_values(order, kind="stable", ignore_index=True),
+                                  check_dtype=False)
+
+
 class _Told:
     """Lifetimes a test sets by hand: threads in `gone` (and their processes) have exited, the others live on."""
 

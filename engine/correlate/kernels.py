@@ -52,6 +52,64 @@ def merge_rows(o_start, o_end, o_tidx, o_state, o_carried, o_came, start, end, t
 
 
 @njit(cache=True, nogil=True)
+def merge_order(start, pid, tid, bounds) -> np.ndarray:
+    """The order that merges sorted runs into one run sorted by (start, pid, tid): the arrays
+    hold the runs one after the other, run r at bounds[r]:bounds[r + 1], each sorted so; rows
+    equal in all three keep the runs' order (a stable sort, in O(n log runs)). A heap of each
+    run's next row, its top replaced by that run's next row at each step."""
+    order = np.empty(start.size, np.int64)
+    heap_start, run = np.empty(bounds.size, np.int64), np.empty(bounds.size, np.int64)  # (next start, run)
+    at = bounds[:-1].copy()
+    n = 0
+    for r in range(bounds.size - 1):
+        if at[r] < bounds[r + 1]:
+            heap_start[n], run[n] = start[at[r]], r
+            n += 1
+    for i in range(n // 2 - 1, -1, -1):
+        _sift_down(heap_start, run, n, i, pid, tid, at)
+    for out in range(start.size):
+        r = run[0]
+        order[out] = at[r]
+        at[r] += 1
+        if at[r] < bounds[r + 1]:
+            heap_start[0] = start[at[r]]
+        else:
+            n -= 1
+            heap_start[0], run[0] = heap_start[n], run[n]
+        _sift_down(heap_start, run, n, 0, pid, tid, at)
+    return order
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tie_before(r1, r2, pid, tid, at) -> bool:
+    """Of two runs whose next rows start together, whether R1's comes first (by pid, tid, run)."""
+    a, b = at[r1], at[r2]
+    if pid[a] != pid[b]:
+        return pid[a] < pid[b]
+    if tid[a] != tid[b]:
+        return tid[a] < tid[b]
+    return r1 < r2
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sift_down(key, run, n, i, pid, tid, at) -> None:
+    k, r = key[i], run[i]
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and (key[child + 1] < key[child] or (
+                key[child + 1] == key[child] and _tie_before(run[child + 1], run[child], pid, tid, at))):
+            child += 1
+        if key[child] < k or (key[child] == k and _tie_before(run[child], r, pid, tid, at)):
+            key[i], run[i] = key[child], run[child]
+            i = child
+        else:
+            break
+    key[i], run[i] = k, r
+
+
+@njit(cache=True, nogil=True)
 def keep_before(keep, start, end, tidx, state, carried, came) -> int:
     """Moves the rows i < keep.size where KEEP is true, in order, up against row keep.size;
     returns the first row kept (the rows from there on are the ones to keep)."""

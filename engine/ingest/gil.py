@@ -425,8 +425,8 @@ class EventsIntervals:
         self.segmented = isinstance(first, SegmentedBlocks)
         self.pid = int(self.header.producer_pid)
         self.meta = _description(self.path)
-        # code_columns' state: the file's codes numbered as they come, and their names
-        self._code_numbers, self._code_names, self._code_table = DenseNumbers(), None, None
+        # code_numbers' state: the file's codes numbered as they come, and the names they have
+        self._code_numbers, self._code_table = DenseNumbers(), None
         self.process: dict = {}
 
     def blocks(self):
@@ -466,29 +466,18 @@ class EventsIntervals:
             self._names = _thread_names(self.path, self.meta)
         return self._names
 
-    def code_columns(self, code: np.ndarray):
-        """Per row a dense number of its code (the file's codes numbered as they come), and
-        function, file, line of each row's code as Arrow arrays (dictionary-encoded text)."""
-        import pyarrow as pa
-
+    def code_numbers(self, code: np.ndarray) -> tuple[np.ndarray, pd.DataFrame | None]:
+        """Per row a dense number of its code (the file's codes numbered as they come), and the
+        names (function, file, line) of the codes numbered for the first time, in number order
+        (None: no new code)."""
         numbers, new = self._code_numbers.number(np.asarray(code, np.uint64).view(np.int64))
-        if new.size:  # (names of the codes seen so far, resolved once each)
-            if self._code_table is None:  # (read when the first code is named: _load names none)
-                codes_path = _side_file(self.path, session_name=GIL_CODES, suffix=".codes")
-                self._recorded = codes_path.exists()
-                self._code_table = read_code_table(codes_path) if self._recorded else {}
-            names = resolve(new.view(np.uint64), self._code_table, recorded=self._recorded)
-            self._code_names = names if self._code_names is None else pd.concat([self._code_names, names], ignore_index=True)
-            self._function = pa.array(self._code_names["function"].astype(object), pa.string())
-            self._file = pa.array(self._code_names["file"].astype(object), pa.string())
-            self._line = self._code_names["line"].fillna(0).to_numpy(np.int64), self._code_names["line"].isna().to_numpy(bool)
-        index = pa.array(numbers.astype(np.int32))
-        line, no_line = self._line
-        return numbers, {
-            "function": pa.DictionaryArray.from_arrays(index, self._function, safe=False),
-            "file": pa.DictionaryArray.from_arrays(index, self._file, safe=False),
-            "line": pa.array(line[numbers], pa.int64(), mask=no_line[numbers]),
-        }
+        if not new.size:
+            return numbers, None
+        if self._code_table is None:  # (read when the first code is named: _load names none)
+            codes_path = _side_file(self.path, session_name=GIL_CODES, suffix=".codes")
+            self._recorded = codes_path.exists()
+            self._code_table = read_code_table(codes_path) if self._recorded else {}
+        return numbers, resolve(new.view(np.uint64), self._code_table, recorded=self._recorded)
 
 
 def read_gil(path: str | os.PathLike) -> pd.DataFrame:

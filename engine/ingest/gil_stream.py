@@ -31,6 +31,7 @@ from engine.store import TableWriter, copy_table, is_text, read_metadata
 
 
 BLOCK_ROWS = 1 << 20
+MIN_FILE_BLOCK = 1 << 16  # records of a block of one process's events file, with many processes
 FIRST_PASS_THREADS = 8
 TIME_COLUMNS = ("pid", "tid", "start_ns", "end_ns")
 
@@ -187,7 +188,11 @@ class EventsGil:
     duplicate_rows = 0  # (duplicates are dropped, and counted, by the core as they pass)
 
     def __init__(self, paths: list[Path], block_records: int | None = None, copy: bool = False):
-        self.files = [EventsIntervals(Path(p), block_records or BLOCK_ROWS) for p in paths]
+        # (a block of each file in memory at once, about BLOCK_ROWS records together: `pushes`)
+        block_records = block_records or max(BLOCK_ROWS // max(len(paths), 1), MIN_FILE_BLOCK)
+        self.files = [EventsIntervals(Path(p), block_records) for p in paths]
+        self.push_rows = min(BLOCK_ROWS, block_records * max(len(paths), 1))  # (rows of a push, once that many are final)
+        self._names_of: dict[int, dict[int, str]] = {}  # pid -> tid -> thread name
         self.source = ", ".join(str(p) for p in paths)
         self.references = [str(Path(p).resolve()) for p in paths]
         self.carried = [pa.field("function", pa.string()), pa.field("file", pa.string()), pa.field("line", pa.int64())]
@@ -200,6 +205,7 @@ class EventsGil:
         self.copy = copy or not all(f.header.closed and not f.segmented for f in self.files)
         self.copy_schema = self.schema if self.copy else None
         self.attrs: dict = {}
+        self.codes = ProcessCodes(len(self.files))  # (kept with the files: they number their codes once)
 
     def first_pass(self) -> pd.DataFrame:
         def one_file(f):
@@ -220,53 +226,135 @@ class EventsGil:
         return _lifetimes(bounds)
 
     def pushes(self):
-        """Blocks of all processes, always from the process whose remaining intervals start
-        earliest; the watermark is the earliest start of anything not pushed yet."""
+        """Blocks of every process's rows merged in start order. The files' blocks are read one
+        at a time, always from the process whose remaining intervals start earliest; the rows
+        read that start before the watermark (the earliest start of anything not read yet) are
+        final in order, and once `push_rows` of them are (or the files end) they are pushed, the
+        others wait. The core takes rows already in start order: not a process's block to merge
+        into what it holds of every other process, a cost that grew with their number. A file's
+        block is BLOCK_ROWS records over the number of files, so what waits stays about one
+        block, however many processes. `copy`: the rows pushed, as read_gil's table."""
         streams = [f.blocks() for f in self.files]
         position = [0] * len(self.files)
+        waiting: list[GilRows] = []
         rows_so_far = 0
+        watermark = END
         while True:
             left = [j for j, (later, k) in enumerate(zip(self._later, position)) if k < len(later) - 1]
-            if not left:
+            if left:
+                i = min(left, key=lambda j: self._later[j][position[j]])
+                read = self._rows(i, *next(streams[i]))
+                position[i] += 1
+                waiting.append(read)
+                rows_so_far += len(read)
+                watermark = int(min(later[k] for later, k in zip(self._later, position)))
+                if sum(int(np.searchsorted(r.start_ns, watermark, "left")) for r in waiting) < self.push_rows:
+                    continue
+            elif not waiting:
                 return
-            i = min(left, key=lambda j: self._later[j][position[j]])
-            tid, state, start, end, code = next(streams[i])
-            position[i] += 1
-            f = self.files[i]
-            watermark = min(later[k] for later, k in zip(self._later, position))
-            rows_so_far += start.size
-            rows = self._rows(f, tid, state, start, end, code)
-            table_of = lambda mask, f=f, rows=rows: self._table(f, rows, mask)  # noqa: E731
-            yield GilBlock(rows, int(watermark), rows_so_far, table_of(None) if self.copy else None, table_of)
+            rows, waiting = _before(waiting, watermark, self.codes)
+            yield GilBlock(rows, watermark, rows_so_far, self._table(rows) if self.copy else None,
+                           lambda mask, rows=rows: self._table(rows, mask))
 
     def tables(self):
         """read_gil's table of each file in turn, block by block (each thread's rows in start
         order): what reads results that name these files instead of a gil.parquet."""
-        for f in self.files:
+        for i, f in enumerate(self.files):
             for block in f.blocks():
-                yield self._table(f, self._rows(f, *block))
+                yield self._table(self._rows(i, *block))
 
-    @staticmethod
-    def _rows(f, tid, state, start, end, code) -> GilRows:
-        key, carried = f.code_columns(code)
-        return GilRows(np.full(tid.size, f.pid, np.int64), tid, state, start, end, pa.table(carried), key)
+    def _rows(self, i: int, tid, state, start, end, code) -> GilRows:
+        """A block of file I as GilRows whose carried_key numbers its code among every file's
+        (the code columns are made from it where wanted)."""
+        key = self.codes.number(i, *self.files[i].code_numbers(code))
+        return GilRows(np.full(tid.size, self.files[i].pid, np.int64), tid, state, start, end, None, key)
 
-    def _table(self, f, rows: GilRows, mask: np.ndarray | None = None) -> pa.Table:
-        """Rows of read_gil's table (thread names from the process's files), text
+    def _table(self, rows: GilRows, mask: np.ndarray | None = None) -> pa.Table:
+        """Rows of read_gil's table (thread names from their process's files), text
         dictionary-encoded (TableWriter's text_as_dictionary); only the MASK's rows if given."""
         keep = slice(None) if mask is None else mask
-        tid = rows.tid[keep]
-        names = f.thread_names()
-        inverse, tids = pd.factorize(tid)  # (a hash: a sort of a million rows costs 10x more)
-        thread_name = pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32)),
-                                                     pa.array([names.get(int(t)) for t in tids], pa.string()))
+        pid, tid = rows.pid[keep], rows.tid[keep]
+        inverse, threads = pd.factorize(pid << 32 | tid)  # (a hash: a sort of a million rows costs 10x more)
+        names = [self._thread_names(t >> 32).get(t & 0xFFFFFFFF) for t in threads.tolist()]
+        thread_name = pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32)), pa.array(names, pa.string()))
         state = pa.DictionaryArray.from_arrays(pa.array(rows.state[keep].astype(np.int32)),
                                                pa.array(GIL_STATES, pa.string()))
-        carried = rows.carried if mask is None else rows.carried.filter(pa.array(mask))
-        columns = {"pid": rows.pid[keep], "tid": tid, "thread_name": thread_name, "state": state,
+        carried = (self.codes.columns(rows.carried_key[keep]) if rows.carried is None
+                   else rows.carried if mask is None else rows.carried.filter(pa.array(mask)))
+        columns = {"pid": pid, "tid": tid, "thread_name": thread_name, "state": state,
                    "start_ns": rows.start_ns[keep], "end_ns": rows.end_ns[keep],
                    **{c: carried.column(c) for c in carried.column_names}}
         return pa.table({field.name: columns[field.name] for field in self.schema})
+
+    def _thread_names(self, pid: int) -> dict[int, str]:
+        """tid -> name in the files of process PID (one file, but for a pid used again)."""
+        if pid not in self._names_of:
+            self._names_of[pid] = {}
+            for f in reversed(self.files):  # (the first file's name of a tid wins, as read_gil's)
+                if f.pid == pid:
+                    self._names_of[pid].update(f.thread_names())
+        return self._names_of[pid]
+
+
+def _before(runs: list[GilRows], watermark: int, codes: "ProcessCodes") -> tuple[GilRows, list[GilRows]]:
+    """The rows of RUNS (each sorted by start, then pid, tid) that start before WATERMARK, merged
+    in that order (rows equal in it: the earlier run's first), and what is left of the runs. A
+    run left with less than half its arrays is copied out of them (each row copied a few times
+    at most): a block read is not kept whole for its last rows."""
+    cuts = [int(np.searchsorted(r.start_ns, watermark, "left")) for r in runs]
+    names = ("pid", "tid", "state", "start_ns", "end_ns", "carried_key")
+    parts = [[getattr(r, n)[:cut] for n in names] for r, cut in zip(runs, cuts) if cut]
+    left = []
+    for r, cut in zip(runs, cuts):
+        if cut < len(r):
+            rest = [getattr(r, n)[cut:] for n in names]
+            if 2 * (len(r) - cut) < (r.start_ns.base if r.start_ns.base is not None else r.start_ns).size:
+                rest = [a.copy() for a in rest]
+            left.append(GilRows(*rest[:5], None, rest[5]))
+    if not parts:
+        arrays = [getattr(GilRows.empty(), n) for n in names[:5]] + [np.zeros(0, np.int64)]
+    elif len(parts) == 1:
+        arrays = parts[0]
+    else:
+        arrays = [np.concatenate(column) for column in zip(*parts)]
+        order = kernels.merge_order(arrays[3], arrays[0], arrays[1], np.cumsum([0, *(p[3].size for p in parts)]).astype(np.int64))
+        arrays = [a[order] for a in arrays]
+    return GilRows(*arrays[:5], codes.columns(arrays[5]), arrays[5]), left
+
+
+class ProcessCodes:
+    """The code of GIL rows from several processes' files as one set of dense numbers (each file
+    numbers its own: EventsIntervals.code_numbers), and the code columns of rows from them:
+    function and file dictionary-encoded over every code named so far, a code with no name a
+    null index (Parquet takes no null in a dictionary; the writer would mend it row by row)."""
+
+    def __init__(self, files: int):
+        self.of_file = [np.zeros(0, np.int64) for _ in range(files)]  # a file's numbers -> these
+        self._named(pd.DataFrame({"function": pd.array([], "string"), "file": pd.array([], "string"),
+                                  "line": pd.array([], "Int64")}))
+
+    def number(self, file: int, numbers: np.ndarray, new_names: pd.DataFrame | None) -> np.ndarray:
+        if new_names is not None and len(new_names):
+            n = len(self.names)
+            self.of_file[file] = np.concatenate([self.of_file[file], np.arange(n, n + len(new_names), dtype=np.int64)])
+            self._named(pd.concat([self.names, new_names], ignore_index=True))
+        return self.of_file[file][numbers]
+
+    def _named(self, names: pd.DataFrame) -> None:
+        self.names = names
+        self._text = {}
+        for c in ("function", "file"):
+            unnamed = names[c].isna().to_numpy(bool)
+            self._text[c] = pa.array(names[c].astype(object).where(~unnamed, ""), pa.string()), unnamed
+        self._line = names["line"].fillna(0).to_numpy(np.int64), names["line"].isna().to_numpy(bool)
+
+    def columns(self, numbers: np.ndarray) -> pa.Table:
+        index = numbers.astype(np.int32)
+        line, no_line = self._line
+        return pa.table({**{c: pa.DictionaryArray.from_arrays(pa.array(index, mask=unnamed[numbers] if unnamed.any() else None),
+                                                              text, safe=False)
+                            for c, (text, unnamed) in self._text.items()},
+                         "line": pa.array(line[numbers], pa.int64(), mask=no_line[numbers])})
 
 
 @dataclass
