@@ -191,7 +191,8 @@ class EventsGil:
         # (a block of each file in memory at once, about BLOCK_ROWS records together: `pushes`)
         block_records = block_records or max(BLOCK_ROWS // max(len(paths), 1), MIN_FILE_BLOCK)
         self.files = [EventsIntervals(Path(p), block_records) for p in paths]
-        self.push_rows = min(BLOCK_ROWS, block_records * max(len(paths), 1))  # (rows of a push, once that many are final)
+        # (rows of a push, once that many are final: about a block's, ~1.7 records an interval)
+        self.push_rows = min(BLOCK_ROWS, block_records * max(len(paths), 1)) // 2
         self._names_of: dict[int, dict[int, str]] = {}  # pid -> tid -> thread name
         self.source = ", ".join(str(p) for p in paths)
         self.references = [str(Path(p).resolve()) for p in paths]
@@ -316,9 +317,15 @@ def _before(runs: list[GilRows], watermark: int, codes: "ProcessCodes") -> tuple
     elif len(parts) == 1:
         arrays = parts[0]
     else:
-        arrays = [np.concatenate(column) for column in zip(*parts)]
-        order = kernels.merge_order(arrays[3], arrays[0], arrays[1], np.cumsum([0, *(p[3].size for p in parts)]).astype(np.int64))
-        arrays = [a[order] for a in arrays]
+        # Only the rows up to the other runs' last start need merging: the run reaching furthest
+        # goes on alone after them (one process: its last block past the few rows left of the one before).
+        last = [int(p[3][-1]) for p in parts]
+        furthest = int(np.argmax(last))
+        cut = int(np.searchsorted(parts[furthest][3], max(last[:furthest] + last[furthest + 1:]), "right"))
+        heads = [p if k != furthest else [a[:cut] for a in p] for k, p in enumerate(parts)]
+        merged = [np.concatenate(column) for column in zip(*heads)]
+        order = kernels.merge_order(merged[3], merged[0], merged[1], np.cumsum([0, *(h[3].size for h in heads)]).astype(np.int64))
+        arrays = [np.concatenate([a[order], tail[cut:]]) for a, tail in zip(merged, parts[furthest])]
     return GilRows(*arrays[:5], codes.columns(arrays[5]), arrays[5]), left
 
 
