@@ -288,10 +288,12 @@ class EventsGil:
         return pa.table({field.name: columns[field.name] for field in self.schema})
 
     def _thread_names(self, pid: int) -> dict[int, str]:
-        """tid -> name in the files of process PID (one file, but for a pid used again)."""
+        """tid -> name in the files of process PID (one file, but for a pid used again: the rows of
+        one push no longer say which file they came from, so a tid named in two files takes the
+        first file's name)."""
         if pid not in self._names_of:
             self._names_of[pid] = {}
-            for f in reversed(self.files):  # (the first file's name of a tid wins, as read_gil's)
+            for f in reversed(self.files):  # (the first file's name of a tid wins)
                 if f.pid == pid:
                     self._names_of[pid].update(f.thread_names())
         return self._names_of[pid]
