@@ -224,7 +224,7 @@ def test_notebook_runs_top_to_bottom(recorded):
     nb = nbformat.read(notebook, as_version=4)
     os.environ["TANDEM_RESULTS"] = str(root / "out")
     try:
-        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}}).execute()
+        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", coalesce_streams=True, resources={"metadata": {"path": str(notebook.parent)}}).execute()
     finally:
         del os.environ["TANDEM_RESULTS"]
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
