@@ -66,7 +66,8 @@ CAUSE_COLUMNS = ("caused_by_python", "cause_pid", "cause_tid", "cause_thread", "
                  "cause_file", "cause_line", "cause_java_frames", "cause_held_gil", "cause_inferred", "jpype_gc_link")
 # The pauses table's columns causes and the summary's facts read, when present, beyond the
 # core's (engine.correlate.schema.core_columns).
-CAUSE_INPUT_COLUMNS = ("requester_os_thread_id", "system_gc_os_thread_id", "system_gc_frames", "asked_by_tandem", "cause")
+REQUESTER_COLUMNS = ("requester_os_thread_id", "system_gc_os_thread_id")
+CAUSE_INPUT_COLUMNS = (*REQUESTER_COLUMNS, "system_gc_frames", "asked_by_tandem", "cause")
 SYSTEM_GC = "System.gc()"
 # A Python thread calling System.gc() through a JPype method releases the GIL for the call and
 # the stop of the world begins tens of microseconds to a millisecond later (measured on the
@@ -285,17 +286,20 @@ class Causes:
 
     def __init__(self, pauses: pd.DataFrame, stop: np.ndarray, lifetimes: pd.DataFrame):
         n = len(pauses)
-        self.pauses, self.n = pauses, n
-        self.named = requester_tids(pauses)
+        self.n = n
+        self.system_gc = _system_gc_pauses(pauses)
+        # (what `table` reads of the pauses: the requesters' columns are read here only)
+        self.pauses = pauses[[c for c in ("end_ns", "system_gc_frames") if c in pauses.columns]]
+        requester = requester_tids(pauses)
         starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
-        named = np.flatnonzero(self.named.notna().to_numpy(bool))
+        named = np.flatnonzero(requester.notna().to_numpy(bool))
         candidates = np.flatnonzero(inference_candidates(pauses, stop)) if len(lifetimes) else np.zeros(0, np.int64)
         pair_pause, pair_tid = _alive_threads(pauses, candidates, lifetimes)
         q_pause = np.r_[named, pair_pause].astype(np.int64)
-        q_tid = np.r_[self.named.to_numpy(np.int64, na_value=0)[named], pair_tid].astype(np.int64)
+        q_tid = np.r_[requester.to_numpy(np.int64, na_value=0)[named], pair_tid].astype(np.int64)
+        del requester
         order = np.lexsort((starts[q_pause], q_tid))
-        self.q_pause, self.q_tid = q_pause[order], q_tid[order]
-        self.q_s, self.q_e = starts[self.q_pause], ends[self.q_pause]
+        self.q_tid, self.q_s = q_tid[order], starts[q_pause[order]]
         self.threads = np.unique(self.q_tid)
         self.lookup = None  # thread index by tid, as an array when tids are small (Linux: up to 2^22)
         if self.threads.size and 0 <= self.threads[0] and self.threads[-1] < 1 << 23:
@@ -305,7 +309,7 @@ class Causes:
         self.done = np.searchsorted(self.q_tid, self.threads, "left").astype(np.int64)
         query_of = np.empty(order.size, np.int64)
         query_of[order] = np.arange(order.size)
-        self.named_query = np.full(n, -1, np.int64)
+        self.named_query = np.full(n, -1, np.int32)
         self.named_query[named] = query_of[:named.size]
         # (pause, thread) -> query, for the candidates: their threads' overlaps and the one holder
         pair_query = query_of[named.size:]
@@ -314,11 +318,10 @@ class Causes:
         self.pair_key, self.pair_query = pair_key[by_key], pair_query[by_key]
         self.pair_pause = pair_pause[by_key]
         self.busy = np.zeros(order.size, bool)
-        self.is_candidate = np.zeros(n, bool)
-        self.is_candidate[candidates] = True
-        pause_id = pauses["pause_id"].to_numpy(np.int64)
-        self.id_order = np.argsort(pause_id, kind="stable")
-        self.sorted_ids = pause_id[self.id_order]
+        # the candidates' pause ids, sorted, and their rows: what an overlaps row is looked up in
+        candidate_ids = pauses["pause_id"].to_numpy(np.int64)[candidates]
+        by_id = np.argsort(candidate_ids, kind="stable")
+        self.candidate_ids, self.candidate_rows = candidate_ids[by_id], candidates[by_id]
         # the candidates by the start of their stop, for the Java-call window
         stop_start = pd.Series(starts).groupby(stop).transform("min").to_numpy(np.int64) if n else starts
         by_start = candidates[np.argsort(stop_start[candidates], kind="stable")]
@@ -330,7 +333,7 @@ class Causes:
         # per query: the first interval holding s, the first starting at or after s, the first start after s
         q = order.size
         self.in_start, self.after_start, self.later_start = (np.full(q, END, np.int64) for _ in range(3))
-        self.in_row, self.after_row = np.full(q, -1, np.int64), np.full(q, -1, np.int64)
+        self.in_row, self.after_row = np.full(q, -1, np.int32), np.full(q, -1, np.int32)  # (rows of one block)
         # the state and code (function, file, line) found, as numbers of self._states / self._sites
         # (a few hundred distinct among hundreds of thousands of queries; 0: none found)
         self.in_state, self.in_site, self.after_site = (np.zeros(q, np.int32) for _ in range(3))
@@ -391,11 +394,9 @@ class Causes:
             return
         exact = ~near_miss & (overlap_ns > 0)
         pause_id, tid = pause_id[exact], tid[exact]
-        at = np.searchsorted(self.sorted_ids, pause_id).clip(0, max(self.n - 1, 0))
-        known = self.sorted_ids[at] == pause_id
-        index = self.id_order[at[known]]
-        mine = self.is_candidate[index]
-        key = (index[mine] << 32) | tid[known][mine]
+        at = np.searchsorted(self.candidate_ids, pause_id).clip(0, max(self.candidate_ids.size - 1, 0))
+        known = self.candidate_ids[at] == pause_id if self.candidate_ids.size else np.zeros(pause_id.size, bool)
+        key = (self.candidate_rows[at[known]].astype(np.int64) << 32) | tid[known]
         at = np.searchsorted(self.pair_key, key).clip(0, self.pair_key.size - 1)
         hit = self.pair_key[at] == key
         self.busy[self.pair_query[at[hit]]] = True
@@ -428,7 +429,7 @@ class Causes:
         pause = np.flatnonzero(query >= 0)
         q = query[pause]
         d = np.searchsorted(self.threads, self.q_tid[q])
-        s, e = self.q_s[q], self.q_e[q]
+        s, e = self.q_s[q], self.pauses["end_ns"].to_numpy(np.int64)[pause]
         # the tid is this thread's at the time: not before its first interval, not after its last
         ok = (self.first_start[d] <= s) & (self.last_end[d] >= s)
         pause, q, d, s, e = pause[ok], q[ok], d[ok], s[ok], e[ok]
@@ -459,7 +460,7 @@ class Causes:
         outside_jpype = _caller_outside_jpype(frames) if frames is not None else np.zeros(n, bool)
         out["cause_inferred"] &= caused
         frames_known = frames.notna().to_numpy(bool) if frames is not None else np.zeros(n, bool)
-        out["jpype_gc_link"] = (caused & held & _system_gc_pauses(self.pauses) & ~outside_jpype
+        out["jpype_gc_link"] = (caused & held & self.system_gc & ~outside_jpype
                                 & (~out["cause_inferred"] | frames_known))
         return pd.DataFrame(out)
 

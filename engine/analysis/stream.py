@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.analysis.causes import CAUSE_INPUT_COLUMNS, Causes, CodeHits, why_facts, with_causes
+from engine.analysis.causes import CAUSE_INPUT_COLUMNS, REQUESTER_COLUMNS, Causes, CodeHits, why_facts, with_causes
 from engine.analysis.facts import aligned_pauses, analysis_facts
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
 from engine.correlate.core import carried_key
@@ -198,14 +198,17 @@ class ParquetSink:
 
     def pauses(self, pauses: pd.DataFrame, facts: dict) -> pd.DataFrame:
         """The checked pauses table into OUT/pauses.parquet now (its metadata at `finish`); only
-        the columns the analysis reads stay in memory (a long session's table is ~270 bytes a
-        pause, half of it text and counts only the file holds)."""
+        the columns the analysis reads stay in memory, their text as categories (a long session's
+        table is ~270 bytes a pause, half of it text and counts only the file holds; its kinds,
+        names and causes are a few dozen strings)."""
         with_facts = pauses.copy(deep=False)
         with_facts.attrs = facts  # (what write_table of the table would store of them)
         table = pa.Table.from_pandas(with_facts, preserve_index=False)
         self.writers["pauses"] = TableWriter(self.out / "pauses.parquet", table.schema)
-        self.background.write(self.writers["pauses"], table)
-        return pauses[[c for c in pauses.columns if c in ANALYSIS_PAUSE_COLUMNS]]
+        # (here, not in the writer thread: the whole table is gone before the GIL blocks fill memory)
+        self.writers["pauses"].write(table)
+        kept = pauses[[c for c in pauses.columns if c in ANALYSIS_PAUSE_COLUMNS]]
+        return kept.assign(**{c: kept[c].astype("category") for c in kept.columns if isinstance(kept[c].dtype, pd.StringDtype)})
 
     def rows(self, rows: Rows) -> None:
         for name, table in rows.tables().items():
@@ -300,15 +303,17 @@ class PausesInTime:
     def __init__(self, pauses: pd.DataFrame):
         self.pauses = pauses
         starts = pauses["start_ns"].to_numpy(np.int64)
-        self.order = np.argsort(starts, kind="stable")  # (equal starts keep the table's order)
-        self.starts = starts[self.order]
+        in_order = bool((starts[1:] >= starts[:-1]).all())
+        self.order = None if in_order else np.argsort(starts, kind="stable")  # (equal starts keep the table's order)
+        self.starts = starts if in_order else starts[self.order]
         self.given = 0
 
     def before(self, watermark_ns: int) -> pd.DataFrame | None:
         upto = int(np.searchsorted(self.starts, watermark_ns, "left")) if watermark_ns < END else len(self.starts)
         if upto <= self.given:
             return None
-        rows, self.given = self.order[self.given:upto], upto
+        rows = slice(self.given, upto) if self.order is None else self.order[self.given:upto]
+        self.given = upto
         return self.pauses.iloc[rows]
 
     def left(self) -> bool:
@@ -353,6 +358,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
                           jvm_tids=jvm_threads(pauses))
         stop = stop_ids(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
         causes = Causes(pauses, stop, lifetimes)  # who asked for each pause: fed the rows and overlaps as they pass
+        pauses = pauses.drop(columns=list(REQUESTER_COLUMNS), errors="ignore")  # (read by Causes only, and now)
         hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
         # (numbering makes the carried text dictionaries: only for a sink that takes text so)
         blocks = carried_numbered(gil.pushes()) if sink.text_as_dictionary else gil.pushes()
