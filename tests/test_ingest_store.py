@@ -89,3 +89,23 @@ def test_copy_table_copies_the_pages_and_writes_its_own_metadata(tmp_path):
     with pytest.raises(ValueError, match=r"nested\.parquet: its footer cannot be remade: [^\n]*$"):
         copy_table(nested, tmp_path / "out" / "nested.parquet", {})
     assert [p.name for p in copy.parent.iterdir()] == ["gil.parquet"]
+
+
+def test_a_table_copy_begun_then_aborted_leaves_no_file(tmp_path):
+    """TableCopy (the pages of a gil.parquet input copied while analyze correlates): aborted,
+    neither the result nor its temporary is left; closed, the file is in place with the
+    metadata given at close."""
+    import pyarrow as pa
+
+    from engine.store import TableCopy, TableWriter
+
+    source = TableWriter(tmp_path / "in.parquet", pa.schema([("start_ns", pa.int64())]))
+    source.write(pa.table({"start_ns": list(range(1000))}))
+    source = source.close({"table": "gil"})
+    out = tmp_path / "out"
+    TableCopy(source, out / "gil.parquet").abort()
+    assert list(out.iterdir()) == []
+    copy = TableCopy(source, out / "gil.parquet")  # (closed later, with the metadata known then)
+    assert copy.close({"table": "gil", "analysis": {"n": 2}}) == out / "gil.parquet"
+    assert read_table(out / "gil.parquet").attrs == {"table": "gil", "analysis": {"n": 2}}
+    assert [p.name for p in out.iterdir()] == ["gil.parquet"]

@@ -181,7 +181,7 @@ class ParquetSink:
     def __init__(self, out: str | os.PathLike):
         self.out = Path(out)
         self.writers: dict[str, TableWriter] = {}
-        self.background = None
+        self.background = self.gil = None
 
     def open(self, gil) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -191,6 +191,8 @@ class ParquetSink:
                         "gil_free": TableWriter(self.out / "gil_free.parquet", SCHEMAS["gil_free"])}
         if gil.copy_schema is not None:
             self.writers["gil"] = TableWriter(self.out / "gil.parquet", gil.copy_schema, text_as_dictionary=True)
+        elif isinstance(gil, ParquetGil) and gil.copy:
+            gil.begin_copy(self.out / "gil.parquet")  # (its pages copied while the drive goes on)
         # pause_impact's rows wait on disk for the causes, known at the end (not in a file ending .parquet:
         # a reader of OUT never takes it for a result; `pause_impact` takes it out of the writers)
         self.writers["pause_impact"] = TableWriter(self.out / IMPACT_ROWS, SCHEMAS["pause_impact"])
@@ -249,6 +251,8 @@ class ParquetSink:
             pass
         for writer in self.writers.values():
             writer.abort()
+        if isinstance(self.gil, ParquetGil):
+            self.gil.abort_copy()
 
     def close(self) -> None:
         if self.background is not None:

@@ -27,7 +27,7 @@ from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES
 from engine.correlate.tables import check_gil
 from engine.errors import TandemError
 from engine.ingest.gil import PROBE_CLOCK, EventsIntervals
-from engine.store import TableWriter, copy_table, is_text, read_metadata
+from engine.store import TableCopy, TableWriter, is_text, read_metadata
 
 
 BLOCK_ROWS = 1 << 20
@@ -120,6 +120,7 @@ class ParquetGil:
         self.carried = [self.file.schema_arrow.field(c) for c in GIL_CARRIED_COLUMNS if c in self.file.schema_arrow.names]
         self.copy = copy  # (the file itself is copied to OUT: docs/results.md, "gil.parquet")
         self.copy_schema = None
+        self._copy = None  # (the copy begun: begin_copy)
 
     def _blocks(self, columns=None, read_dictionary=("state",)):
         """The batches of up to BLOCK_ROWS rows, row group by row group, each group from a reader
@@ -134,13 +135,28 @@ class ParquetGil:
         reader = pq.ParquetFile(self.path, metadata=self.file.metadata, read_dictionary=list(read_dictionary))
         yield from reader.iter_batches(batch_size=BLOCK_ROWS, row_groups=[group], columns=columns)
 
-    def write_copy(self, path: Path, meta: dict) -> Path:
-        """The table as it is, every column, into PATH (atomically): its pages copied as they are,
-        else (a footer pyarrow cannot remake) read and written again block by block."""
+    def begin_copy(self, path: Path) -> None:
+        """Begin copying the table as it is, every column, into PATH: its pages as they are, in a
+        thread of their own (TableCopy), unless its footer cannot be remade (`write_copy` then
+        reads and writes it again)."""
         try:
-            return copy_table(self.path, path, meta)
+            self._copy = TableCopy(self.path, path)
         except ValueError:
-            pass
+            self._copy = None
+
+    def abort_copy(self) -> None:
+        if self._copy is not None:
+            self._copy.abort()
+            self._copy = None
+
+    def write_copy(self, path: Path, meta: dict) -> Path:
+        """The table as it is, every column, into PATH (atomically): the copy `begin_copy` began
+        (begun now if it was not), else read and written again block by block."""
+        if self._copy is None:
+            self.begin_copy(path)
+        if self._copy is not None:
+            copy, self._copy = self._copy, None
+            return copy.close(meta)
         source = pq.ParquetFile(self.path)  # (its own types: no dictionary read for state)
         writer = TableWriter(path, source.schema_arrow)
         try:

@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -79,36 +80,73 @@ def write_table(df: pd.DataFrame, path: str | Path, metadata: dict | None = None
 
 def copy_table(source: str | Path, path: str | Path, metadata: dict) -> Path:
     """SOURCE's pages byte for byte into PATH (atomically), its footer made anew with METADATA
-    under `tandem`: a large table copied at disk speed, not decoded and encoded again. Raises
-    ValueError where the footer cannot be remade (a schema pyarrow would write otherwise)."""
-    import io
-    import struct
+    under `tandem` (TableCopy, in one go)."""
+    return TableCopy(source, path).close(metadata)
 
-    import pyarrow.parquet as pq
 
-    path = Path(path)
-    original = pq.ParquetFile(source)
-    schema = original.schema_arrow
-    kept = {k: v for k, v in (schema.metadata or {}).items() if k != METADATA_KEY}
-    footer = io.BytesIO()
-    try:  # (a footer-only file: magic, the row groups' metadata pointing into SOURCE's pages, magic)
-        pq.write_metadata(schema.with_metadata({**kept, METADATA_KEY: _encoded(metadata)}), footer,
-                          metadata_collector=[original.metadata])
-    except (RuntimeError, OSError) as err:  # (pyarrow: "AppendRowGroups requires equal schemas")
-        raise ValueError(f"{source}: its footer cannot be remade: {str(err).splitlines()[0]}") from None
-    tmp = _temporary(path)
-    try:
-        with open(source, "rb") as src, open(tmp, "wb", buffering=0) as dst:
-            src.seek(-8, os.SEEK_END)
-            pages = src.tell() - struct.unpack("<i", src.read(4))[0]  # where SOURCE's own footer begins
-            _copy_range(src.fileno(), dst.fileno(), pages, str(source))
-            dst.seek(pages)
-            dst.write(footer.getvalue()[4:])
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+class TableCopy:
+    """SOURCE's pages copied byte for byte into a temporary file beside PATH, begun at once in a
+    thread of its own; `close(metadata)` adds a footer made anew with METADATA under `tandem` and
+    renames the file into place. A large table is copied at disk speed, not decoded and encoded
+    again, while the caller goes on (analyze copies a gil.parquet input while it correlates).
+    Raises ValueError where the footer cannot be remade (a schema pyarrow would write otherwise)."""
+
+    def __init__(self, source: str | Path, path: str | Path):
+        import pyarrow.parquet as pq
+
+        self.source, self.path = str(source), Path(path)
+        original = pq.ParquetFile(source)
+        self.schema, self.groups = original.schema_arrow, original.metadata
+        self._footer({})  # (raises now, before any copying, where it cannot be remade)
+        self._tmp = _temporary(self.path)
+        self._error: BaseException | None = None
+        self._pages = 0
+        self._thread = threading.Thread(target=self._copy_pages, name="tandem-table-copy", daemon=True)
+        self._thread.start()
+
+    def _footer(self, metadata: dict) -> bytes:
+        """A footer-only file's bytes: magic, the row groups' metadata pointing into SOURCE's pages, magic."""
+        import io
+
+        import pyarrow.parquet as pq
+
+        kept = {k: v for k, v in (self.schema.metadata or {}).items() if k != METADATA_KEY}
+        footer = io.BytesIO()
+        try:
+            pq.write_metadata(self.schema.with_metadata({**kept, METADATA_KEY: _encoded(metadata)}), footer,
+                              metadata_collector=[self.groups])
+        except (RuntimeError, OSError) as err:  # (pyarrow: "AppendRowGroups requires equal schemas")
+            raise ValueError(f"{self.source}: its footer cannot be remade: {str(err).splitlines()[0]}") from None
+        return footer.getvalue()
+
+    def _copy_pages(self) -> None:
+        import struct
+
+        try:
+            with open(self.source, "rb") as src, open(self._tmp, "wb", buffering=0) as dst:
+                src.seek(-8, os.SEEK_END)
+                self._pages = src.tell() - struct.unpack("<i", src.read(4))[0]  # where SOURCE's own footer begins
+                _copy_range(src.fileno(), dst.fileno(), self._pages, self.source)
+        except BaseException as err:  # (raised by close)
+            self._error = err
+
+    def close(self, metadata: dict) -> Path:
+        self._thread.join()
+        try:
+            if self._error is not None:
+                raise self._error
+            with open(self._tmp, "r+b", buffering=0) as dst:
+                dst.seek(self._pages)
+                dst.write(self._footer(metadata)[4:])
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            Path(self._tmp).unlink(missing_ok=True)
+            raise
+        return self.path
+
+    def abort(self) -> None:
+        self._thread.join()
+        Path(self._tmp).unlink(missing_ok=True)
 
 
 def _copy_range(src: int, dst: int, count: int, name: str) -> None:
