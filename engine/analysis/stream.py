@@ -210,7 +210,8 @@ class ParquetSink:
         # (here, not in the writer thread: the whole table is gone before the GIL blocks fill memory)
         self.writers["pauses"].write(table)
         kept = pauses[[c for c in pauses.columns if c in ANALYSIS_PAUSE_COLUMNS]]
-        return kept.assign(**{c: kept[c].astype("category") for c in kept.columns if isinstance(kept[c].dtype, pd.StringDtype)})
+        return kept.assign(**{c: kept[c].astype("category") for c in kept.columns
+                              if isinstance(kept[c].dtype, pd.StringDtype)})
 
     def rows(self, rows: Rows) -> None:
         for name, table in rows.tables().items():
