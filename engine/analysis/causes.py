@@ -174,15 +174,19 @@ def _system_gc_pauses(pauses: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def inference_candidates(pauses: pd.DataFrame, stop: np.ndarray) -> np.ndarray:
+def inference_candidates(pauses: pd.DataFrame, stop: np.ndarray, *, requester: pd.Series | None = None,
+                         system_gc: np.ndarray | None = None) -> np.ndarray:
     """Per pause: a System.gc() pause JFR names no requester for, of a JVM with a known pid (its
-    requester may be inferred: see the module's docstring). `stop`: stops.stop_ids(pauses)."""
+    requester may be inferred: see the module's docstring). `stop`: stops.stop_ids(pauses);
+    REQUESTER and SYSTEM_GC: requester_tids(pauses) and _system_gc_pauses(pauses), where the
+    caller has them already."""
     if not len(pauses) or "jvm_pid" not in pauses.columns:
         return np.zeros(len(pauses), bool)
     # (a GC pause or collection whose stop's safepoint JFR names a requester for is that one's)
-    named = requester_tids(pauses).notna().to_numpy(bool)
+    named = (requester_tids(pauses) if requester is None else requester).notna().to_numpy(bool)
     named_stop = np.isin(stop, stop[named])
-    return _system_gc_pauses(pauses) & ~named_stop & pauses["jvm_pid"].notna().to_numpy(bool)
+    system_gc = _system_gc_pauses(pauses) if system_gc is None else system_gc
+    return system_gc & ~named_stop & pauses["jvm_pid"].notna().to_numpy(bool)
 
 
 @njit(cache=True, nogil=True)
@@ -293,7 +297,8 @@ class Causes:
         requester = requester_tids(pauses)
         starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
         named = np.flatnonzero(requester.notna().to_numpy(bool))
-        candidates = np.flatnonzero(inference_candidates(pauses, stop)) if len(lifetimes) else np.zeros(0, np.int64)
+        candidates = (np.flatnonzero(inference_candidates(pauses, stop, requester=requester, system_gc=self.system_gc))
+                      if len(lifetimes) else np.zeros(0, np.int64))
         pair_pause, pair_tid = _alive_threads(pauses, candidates, lifetimes)
         q_pause = np.r_[named, pair_pause].astype(np.int64)
         q_tid = np.r_[requester.to_numpy(np.int64, na_value=0)[named], pair_tid].astype(np.int64)
