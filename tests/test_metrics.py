@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -321,8 +320,9 @@ def _scrape(port: int) -> dict:
 def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
     """`tandem live --metrics-port` of the demo (Python driving a JVM with JPype): its
     process_memory_usage_bytes is the RSS /proc/PID/status gave this test within the 10 s
-    before the scrape, its jvm_memory_committed_bytes{Java heap} the heap totals
-    `jcmd GC.heap_info` gave (within their range, and some equal), and its RSS split adds up to its RSS."""
+    before the scrape, its jvm_memory_{committed,used}_bytes{Java heap} sizes the JVM's recording
+    holds (`jfr print --json` of the session's recording.jfr: every value, so no size the heap
+    passes through between two readings is missed), and its RSS split adds up to its RSS."""
     from engine.jvm import jdk_tool
 
     port = _free_port()
@@ -332,10 +332,6 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
                              sys.executable, "-m", "engine.demo.workload", "--seconds", "25"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rss_seen: list[tuple[float, int]] = []  # (monotonic s, VmRSS bytes), read here every 0.1 s
-    heap_totals: set[int] = set()
-    heap_read_from = [None]  # (monotonic s: when jcmd's first reading began)
-    heap_read_until = [0.0]  # (monotonic s: when jcmd's last reading began)
-    max_heap: list[int] = []  # MaxHeapSize (jcmd VM.flags)
     scrapes: list[tuple[float, int, dict]] = []
     stop = threading.Event()
 
@@ -349,32 +345,13 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
             rss_seen.append((time.monotonic(), rss))
             time.sleep(0.1)
 
-    def heap(pid: int) -> None:
-        # (jcmd attaches with SIGQUIT, which ends a process without a JVM yet: wait for the agent's jvm.json)
-        while not stop.is_set() and not (session / f"jvm-{pid}" / "jvm.json").exists():
-            time.sleep(0.1)
-        while not stop.is_set() and not max_heap:
-            flags = subprocess.run([str(jdk_tool("jcmd")), str(pid), "VM.flags"], capture_output=True, text=True).stdout
-            max_heap.extend(int(m) for m in re.findall(r"-XX:MaxHeapSize=(\d+)", flags))
-            time.sleep(0 if max_heap else 0.2)
-        while not stop.is_set():
-            began = time.monotonic()
-            out = subprocess.run([str(jdk_tool("jcmd")), str(pid), "GC.heap_info"], capture_output=True, text=True).stdout
-            totals = [int(k) * 1024 for k in re.findall(r"heap\s+total (\d+)K", out)]
-            if totals:
-                heap_totals.update(totals)
-                heap_read_from[0] = began if heap_read_from[0] is None else heap_read_from[0]
-                heap_read_until[0] = began
-            time.sleep(0.5)
-
     try:
         deadline = time.monotonic() + 180
         while not list(session.glob("py-*")) and time.monotonic() < deadline:
             time.sleep(0.1)
         pid = int(next(session.glob("py-*")).name.split("-")[1])
-        threads = [threading.Thread(target=f, args=(pid,), daemon=True) for f in (watch, heap)]
-        for t in threads:
-            t.start()
+        watcher = threading.Thread(target=watch, args=(pid,), daemon=True)
+        watcher.start()
         while live.poll() is None and time.monotonic() < deadline:
             try:
                 scrapes.append((time.monotonic(), pid, _scrape(port)))
@@ -406,23 +383,28 @@ def test_live_memory_metrics_are_the_watched_process_memory(tmp_path):
         assert split == pytest.approx(values[rss_key], rel=1e-6)
         checked += 1
     assert checked >= 5, f"{checked} scrapes with the process's memory"
-    # (jcmd attaches in about a second, seconds on a loaded machine: it misses some of the heap's
-    # sizes while it grows, shrinks after a full collection and grows again, those before its
-    # first reading and those after its last; the scrapes of its readings' time are held to it:
-    # some equal to its readings, none above the largest heap the JVM may commit, and none below
-    # its smallest once the exported value (read every few seconds: LAG_S) is of that time)
-    committed = [(at, v) for at, _, values in scrapes for k, v in values.items()
-                 if k == ("jvm_memory_committed_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))
-                 and at <= heap_read_until[0]]
-    assert committed and heap_totals, (committed, heap_totals)
-    assert max_heap, "jcmd VM.flags named no MaxHeapSize"
-    sizes = sorted({v for _, v in committed})
-    assert set(sizes) & heap_totals and max(sizes) <= max_heap[0], (sizes, sorted(heap_totals), max_heap)
-    since_read = [v for at, v in committed if at >= heap_read_from[0] + LAG_S]
-    assert not since_read or min(heap_totals) <= min(since_read), (sorted(set(since_read)), sorted(heap_totals))
-    used = [v for _, _, values in scrapes for k, v in values.items()
-            if k == ("jvm_memory_used_bytes", label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))]
-    assert used and all(0 < u <= max(heap_totals) for u in used)
+
+    recording = session / f"jvm-{pid}" / "recording.jfr"
+    printed = subprocess.run([str(jdk_tool("jfr")), "print", "--json", "--events",
+                              "jdk.GCHeapSummary,jdk.GCHeapMemoryUsage,jdk.GCHeapConfiguration", str(recording)],
+                             capture_output=True, text=True, check=True).stdout
+    events = json.loads(printed)["recording"]["events"]
+    committed_sizes = {e["values"]["heapSpace"]["committedSize"] for e in events if e["type"] == "jdk.GCHeapSummary"}
+    committed_sizes |= {e["values"]["committed"] for e in events if e["type"] == "jdk.GCHeapMemoryUsage"}  # (JDK 21+)
+    used_sizes = {e["values"]["heapUsed"] for e in events if e["type"] == "jdk.GCHeapSummary"}
+    used_sizes |= {e["values"]["used"] for e in events if e["type"] == "jdk.GCHeapMemoryUsage"}
+    max_heap = {e["values"]["maxSize"] for e in events if e["type"] == "jdk.GCHeapConfiguration"}
+    assert committed_sizes and used_sizes and max_heap, f"{recording}: no heap events"
+
+    def exported(name: str) -> set[float]:
+        key = (name, label(jvm_memory_type="heap", jvm_memory_pool_name="Java heap"))
+        return {v for _, _, values in scrapes for k, v in values.items() if k == key}
+
+    committed, used = exported("jvm_memory_committed_bytes"), exported("jvm_memory_used_bytes")
+    assert committed and used, "no Java heap in the scrapes"
+    assert committed <= committed_sizes, (sorted(committed - committed_sizes), sorted(committed_sizes))
+    assert used <= used_sizes, (sorted(used - used_sizes), sorted(used_sizes))
+    assert max(committed) <= max(max_heap)
 
 
 def test_endpoints_past_the_bound_share_one_label():
