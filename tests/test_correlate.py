@@ -393,9 +393,10 @@ def test_a_streamed_session_equals_the_whole_table_analysis(tmp_path):
 
 
 @pytest.mark.parametrize("runs", [0, 1, 2, 7, 40])
-def test_merge_order_is_a_stable_sort_by_start_pid_tid(runs):
-    """kernels.merge_order against numpy's lexsort, on runs with many equal keys (and empty runs)."""
-    from engine.correlate.kernels import merge_order
+def test_merged_runs_are_a_stable_sort_by_start_pid_tid(runs):
+    """kernels.merge_runs against numpy's lexsort, on runs with many equal keys (and empty runs):
+    every column moved with its row (the key column: the rows' numbers, the stable order)."""
+    from engine.correlate.kernels import merge_runs
 
     rng = np.random.default_rng(runs)
     parts = []
@@ -407,7 +408,13 @@ def test_merge_order_is_a_stable_sort_by_start_pid_tid(runs):
     start, pid, tid = (np.concatenate([p[k] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
                        for k in range(3))
     bounds = np.cumsum([0, *(p[0].size for p in parts)]).astype(np.int64)
-    assert np.array_equal(merge_order(start, pid, tid, bounds), np.lexsort((np.arange(start.size), tid, pid, start)))
+    state, end, key = (start % 2).astype(np.int8), start + 7 * tid + 1, np.arange(start.size, dtype=np.int64)
+    out = [np.empty_like(a) for a in (start, pid, tid, state, end, key)]
+    merge_runs(bounds, start, pid, tid, state, end, key, *out)
+    order = np.lexsort((key, tid, pid, start))
+    assert np.array_equal(out[5], order)
+    for made, column in zip(out, (start, pid, tid, state, end, key)):
+        assert np.array_equal(made, column[order])
 
 
 def test_processes_running_at_once_are_pushed_merged_in_start_order(tmp_path):

@@ -52,12 +52,12 @@ def merge_rows(o_start, o_end, o_tidx, o_state, o_carried, o_came, start, end, t
 
 
 @njit(cache=True, nogil=True)
-def merge_order(start, pid, tid, bounds) -> np.ndarray:
-    """The order that merges sorted runs into one run sorted by (start, pid, tid): the arrays
-    hold the runs one after the other, run r at bounds[r]:bounds[r + 1], each sorted so; rows
-    equal in all three keep the runs' order (a stable sort, in O(n log runs)). A heap of each
-    run's next row, its top replaced by that run's next row at each step."""
-    order = np.empty(start.size, np.int64)
+def merge_runs(bounds, start, pid, tid, state, end, key, o_start, o_pid, o_tid, o_state, o_end, o_key) -> None:
+    """Sorted runs merged into one run sorted by (start, pid, tid), into the o_ arrays' first
+    start.size rows: the arrays hold the runs one after the other, run r at bounds[r]:bounds[r + 1],
+    each sorted so; rows equal in all three keep the runs' order (a stable sort, in O(n log runs)).
+    A heap of each run's next row, its top replaced by that run's next row at each step; each row
+    is written where it goes at once (no order array, no gather after)."""
     heap_start, run = np.empty(bounds.size, np.int64), np.empty(bounds.size, np.int64)  # (next start, run)
     at = bounds[:-1].copy()
     n = 0
@@ -69,7 +69,9 @@ def merge_order(start, pid, tid, bounds) -> np.ndarray:
         _sift_down(heap_start, run, n, i, pid, tid, at)
     for out in range(start.size):
         r = run[0]
-        order[out] = at[r]
+        i = at[r]
+        o_start[out], o_pid[out], o_tid[out], o_state[out], o_end[out], o_key[out] = (
+            start[i], pid[i], tid[i], state[i], end[i], key[i])
         at[r] += 1
         if at[r] < bounds[r + 1]:
             heap_start[0] = start[at[r]]
@@ -77,7 +79,6 @@ def merge_order(start, pid, tid, bounds) -> np.ndarray:
             n -= 1
             heap_start[0], run[0] = heap_start[n], run[n]
         _sift_down(heap_start, run, n, 0, pid, tid, at)
-    return order
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -342,8 +342,13 @@ def _before(runs: list[GilRows], watermark: int, codes: "ProcessCodes") -> tuple
         cut = int(np.searchsorted(parts[furthest][3], max(last[:furthest] + last[furthest + 1:]), "right"))
         heads = [p if k != furthest else [a[:cut] for a in p] for k, p in enumerate(parts)]
         merged = [np.concatenate(column) for column in zip(*heads)]
-        order = kernels.merge_order(merged[3], merged[0], merged[1], np.cumsum([0, *(h[3].size for h in heads)]).astype(np.int64))
-        arrays = [np.concatenate([a[order], tail[cut:]]) for a, tail in zip(merged, parts[furthest])]
+        tails = [tail[cut:] for tail in parts[furthest]]
+        arrays = [np.empty(a.size + t.size, a.dtype) for a, t in zip(merged, tails)]
+        bounds = np.cumsum([0, *(h[3].size for h in heads)]).astype(np.int64)
+        pid, tid, state, start, end, key = merged
+        kernels.merge_runs(bounds, start, pid, tid, state, end, key, *(arrays[k] for k in (3, 0, 1, 2, 4, 5)))
+        for a, t in zip(arrays, tails):
+            a[a.size - t.size:] = t
     return GilRows(*arrays[:5], codes.columns(arrays[5]), arrays[5]), left
 
 
@@ -374,12 +379,13 @@ class ProcessCodes:
         self._line = names["line"].fillna(0).to_numpy(np.int64), names["line"].isna().to_numpy(bool)
 
     def columns(self, numbers: np.ndarray) -> pa.Table:
-        index = numbers.astype(np.int32)
+        numbered = numbers.astype(np.int32)
+        index = pa.array(numbered)  # (shared by the columns that need no mask: most)
         line, no_line = self._line
-        return pa.table({**{c: pa.DictionaryArray.from_arrays(pa.array(index, mask=unnamed[numbers] if unnamed.any() else None),
+        return pa.table({**{c: pa.DictionaryArray.from_arrays(pa.array(numbered, mask=unnamed[numbers]) if unnamed.any() else index,
                                                               text, safe=False)
                             for c, (text, unnamed) in self._text.items()},
-                         "line": pa.array(line[numbers], pa.int64(), mask=no_line[numbers])})
+                         "line": pa.array(line[numbers], pa.int64(), mask=no_line[numbers] if no_line.any() else None)})
 
 
 @dataclass
