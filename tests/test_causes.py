@@ -596,17 +596,26 @@ def test_live_causes_come_when_due_and_equal_offline(monkeypatch):
         line=pd.array([1, None, 2], dtype="Int64"))).pause_impact.set_index("pause_id")
     assert offline.loc[101, "caused_by_python"] and offline.loc[101, "cause_function"] == "f"
 
+    no_open = lambda: (live_causes.GilRows.empty(), np.zeros(0, np.uint64))  # noqa: E731
     live = live_causes.LiveCauses(30_000_000_000, code_names, lambda pid, tid: True)
     impact = pauses[["pause_id", "kind", "name", "start_ns", "end_ns"]]
     live.add(pauses, gil.iloc[:2], None, None, impact)  # both final; thread 2's next release not read yet
-    first = live.due(end + 1, lambda: live_causes.GilRows.empty())
+    first = live.due(end + 1, no_open)
     assert first["pause_id"].tolist() == [100]
     assert live.next_due_ns() == end + SITE_WINDOW_NS
-    assert live.due(end + SITE_WINDOW_NS - 1, lambda: live_causes.GilRows.empty()) is None
+    assert live.due(end + SITE_WINDOW_NS - 1, no_open) is None
     live.add(None, gil.iloc[2:], None, None, None)
-    second = live.due(end + SITE_WINDOW_NS, lambda: live_causes.GilRows.empty())
+    second = live.due(end + SITE_WINDOW_NS, no_open)
     assert second["pause_id"].tolist() == [101]
-    for row in (first, second):
+    # The same, thread 2's next release still open when the row is due: its DROP's code names the site.
+    again = live_causes.LiveCauses(30_000_000_000, code_names, lambda pid, tid: True)
+    again.add(pauses, gil.iloc[:2], None, None, impact)
+    assert again.due(end + 1, no_open)["pause_id"].tolist() == [100]
+    release = live_causes.GilRows(np.array([7]), np.array([2]), np.array([0], np.int8), np.array([end + 30_000_000]),
+                                  np.array([end + 30_000_000]))
+    open_second = again.due(end + SITE_WINDOW_NS, lambda: (release, np.array([2], np.uint64)))
+    assert open_second["pause_id"].tolist() == [101]
+    for row in (first, second, open_second):
         got = row.set_index("pause_id")[list(CAUSE_COLUMNS)]
         pd.testing.assert_frame_equal(got, offline.loc[got.index, list(CAUSE_COLUMNS)], check_dtype=False)
 
@@ -623,6 +632,7 @@ def test_live_causes_keep_the_gil_rows_of_their_window_and_each_threads_last(mon
     from test_join_witness import gil_frame, pauses_frame
 
     monkeypatch.setattr(live_causes, "DUE_EVERY_S", 0.0)
+    no_open = lambda: (live_causes.GilRows.empty(), np.zeros(0, np.uint64))  # noqa: E731
     retain, step = 1_000_000_000, 100_000_000
     live = live_causes.LiveCauses(retain, lambda pid, codes: None, lambda pid, tid: True)
     for i in range(200):
@@ -632,7 +642,7 @@ def test_live_causes_keep_the_gil_rows_of_their_window_and_each_threads_last(mon
             code=np.zeros(len(threads), np.uint64), thread_name=pd.array([f"t{tid}" for tid in threads], dtype="string"))
         pause = pauses_frame([(t + 10, t + 20)], kinds=["safepoint"]).assign(pause_id=np.int64(i), jvm_pid=pd.array([9], dtype="Int64"))
         live.add(pause, gil, None, None, pause[["pause_id", "kind", "name", "start_ns", "end_ns"]])
-        due = live.due(t + step, lambda: live_causes.GilRows.empty())
+        due = live.due(t + step, no_open)
         assert due is not None and due["pause_id"].tolist() == [i]
     kept = {name: np.concatenate([chunk[name] for chunk in live.gil]) for name in ("tid", "end_ns")}
     watermark = 200 * step

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from engine.live.watermark import GIL_MARGIN_NS, OPEN_CONFIRM_NS, watermark
+from engine.live.watermark import GIL_MARGIN_NS, OPEN_CONFIRM_NS, intervals_watermark, watermark
 
 S = 1_000_000_000
 
@@ -31,6 +31,8 @@ def test_a_young_open_release_holds_the_watermark_where_its_thread_last_took_the
     young, older_young, old = (poll - S // 2, poll - S // 2 - 5_000), (poll - 3 * S // 4, poll - S), (poll - 2 * S, poll - 3 * S)
     w, held_until = watermark(_sources(poll), poll, np.array([old, young, older_young], np.int64))
     assert (w, held_until) == (poll - S, older_young[0] + OPEN_CONFIRM_NS)
+    # the intervals are read up to the margin's bound all the same (what a cause's site window waits for)
+    assert intervals_watermark(_sources(poll), poll) == poll - GIL_MARGIN_NS
     # confirmed (it began more than OPEN_CONFIRM before the poll) or none: the margin's W again
     assert watermark(_sources(poll), poll, np.array([old], np.int64)) == (poll - GIL_MARGIN_NS, None)
     assert watermark(_sources(poll), poll, np.zeros((0, 2), np.int64)) == (poll - GIL_MARGIN_NS, None)

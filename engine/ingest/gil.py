@@ -395,14 +395,16 @@ class Pairing:
         self._pair(records, self._none, write_rows=False, block_min=block_min)
         return int(block_min[0])
 
-    def open_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def open_intervals(self, codes: bool = False) -> tuple[np.ndarray, ...]:
         """(tid, state, start_ns) of each interval open now: its thread's last event is a DROP
-        (released) or a TAKE_REQUEST (waiting), and its closing event has not come."""
+        (released) or a TAKE_REQUEST (waiting), and its closing event has not come; CODES: and the
+        code it will have (its DROP's, as the closed interval's)."""
         n = int(self.n_slots[0])
         last_k = self.last_k[:n]
         released, waiting = last_k == GIL_DROP, last_k == GIL_TAKE_REQUEST
         open_ = released | waiting
-        return self.slot_tid[:n][open_], waiting[open_].astype(np.int8), self.last_t[:n][open_]
+        columns = (self.slot_tid[:n][open_], waiting[open_].astype(np.int8), self.last_t[:n][open_])
+        return (*columns, self.last_drop[:n][open_]) if codes else columns
 
     def forget(self) -> None:
         """No thread has a last event any more (after a gap in the stream): the next events start

@@ -3,9 +3,12 @@ pauses as they become due, so that live pause_impact rows carry the cause column
 stop_id) `tandem analyze` gives them.
 
 A pause whose stop a Python thread asked for, or whose requester may be inferred, is due once
-the watermark is SITE_WINDOW_NS past its end (a thread that held the GIL at the pause is
-placed at its next release within that window); any other pause (nearly all) reads no GIL
-row and is due as soon as the core made it final. Its pause_impact row waits until then.
+the GIL intervals are read SITE_WINDOW_NS past its end (a thread that held the GIL at the pause
+is placed at its next release within that window; a release still open has its DROP's code):
+the intervals' watermark, without the hold a young open release puts on the core's
+(engine/live/watermark.py), which the row has already waited for to be final. Any other pause
+(nearly all) reads no GIL row and is due as soon as the core made it final. Its pause_impact
+row waits until then.
 Kept for it, as the core keeps rows for late pauses: the pauses, GIL rows and System.gc() calls of the last `retain_ns`, and the overlaps rows of
 those pauses. Each due batch is one `Causes` over the kept pauses (a stop's rows count
 together: the requester of its safepoint, its collection's cause), fed the kept GIL rows as
@@ -72,9 +75,10 @@ class LiveCauses:
         self.added |= impact is not None and len(impact) > 0
 
     def due(self, watermark_ns: int, open_rows) -> pd.DataFrame | None:
-        """The waiting pause_impact rows whose causes are due at WATERMARK_NS (END: all), with
+        """The waiting pause_impact rows whose causes are due at WATERMARK_NS (END: all; the
+        intervals' watermark: every GIL interval starting before it read, closed or open), with
         stop_id and the cause columns; None when none is. OPEN_ROWS(): the GIL intervals open
-        now (GilRows), asked for only when a batch is due."""
+        now (GilRows) and their codes, asked for only when a batch is due."""
         if not self.waiting:
             return None
         final = watermark_ns >= END
@@ -175,16 +179,18 @@ class LiveCauses:
             recent[order[np.r_[key[1:] != key[:-1], True]]] = True
         return {name: values[recent] for name, values in kept.items()}
 
-    def _gil(self, since_ns: int, watermark_ns: int, open_rows: GilRows) -> pd.DataFrame:
+    def _gil(self, since_ns: int, watermark_ns: int, open_now: tuple[GilRows, np.ndarray]) -> pd.DataFrame:
         """_kept_since(SINCE_NS) as a gil-table frame with thread names, and the intervals open now
-        (ending at the watermark; their code is not known yet)."""
+        (ending at the watermark, with their DROP's code: a holder's next release names its site
+        before it closes)."""
         rows = self._kept_since(since_ns)
+        open_rows, open_codes = open_now
         if len(open_rows):
             rows = {"pid": np.r_[rows["pid"], open_rows.pid], "tid": np.r_[rows["tid"], open_rows.tid],
                     "state": np.r_[rows["state"], np.asarray(open_rows.state, np.int8)],
                     "start_ns": np.r_[rows["start_ns"], open_rows.start_ns],
                     "end_ns": np.r_[rows["end_ns"], np.full(len(open_rows), min(int(watermark_ns), END), np.int64)],
-                    "code": np.r_[rows["code"], np.zeros(len(open_rows), np.uint64)]}
+                    "code": np.r_[rows["code"], open_codes]}
         return pd.DataFrame({
             **{name: rows[name] for name in ("pid", "tid", "start_ns", "end_ns", "code")},
             "state": pd.Categorical.from_codes(rows["state"], categories=list(GIL_STATES)),

@@ -67,6 +67,7 @@ class LiveRun:
         self.view = view
         self.watermark_ns: int | None = None
         self._held_until_ns: int | None = None  # a young open release holds W until then (engine/live/watermark.py)
+        self.intervals_ns: int | None = None  # W without that hold: the causes' site windows wait for it
         self.follow_recorder = follow_recorder  # `tandem live SESSION`: stop once the session's recorder has finished
         self.stop = threading.Event()        # Ctrl-C / SIGTERM: flush and stop now
         self.command_done = threading.Event()  # `live -- cmd`: the command has exited
@@ -112,15 +113,13 @@ class LiveRun:
         """When (CLOCK_MONOTONIC) the watermark will pass the first pending pause (its rows are
         due at the next push) or a waiting pause_impact row's site window; None: nothing waits."""
         ends = self.core.pending_ends()
-        due = [int(ends.min()) + self.core.slack_ns] if ends.size else []
+        # (while a young open release holds W, it moves when the release closes, seen at the
+        # regular GIL polls, or once it is confirmed; the causes' watermark is not held)
+        due = [max(int(ends.min()) + self.core.slack_ns + wm.LAG_NS, self._held_until_ns or 0)] if ends.size else []
         causes = self.causes.next_due_ns()
         if causes is not None:
-            due.append(causes)
-        if not due:
-            return None
-        # (while a young open release holds W, it moves when the release closes, seen at the
-        # regular GIL polls, or once it is confirmed)
-        return max(min(due) + wm.LAG_NS, self._held_until_ns or 0)
+            due.append(causes + wm.LAG_NS)
+        return min(due) if due else None
 
     def _final_due(self, now: float) -> bool:
         due = self._next_due_ns()
@@ -158,33 +157,36 @@ class LiveRun:
         self._last_scan = now
         self.watcher.scan()
 
-    def _open_intervals(self) -> GilRows:
-        """The GIL intervals open now, of threads alive (one that exited while released leaves no interval)."""
+    def _open_intervals(self) -> tuple[GilRows, np.ndarray]:
+        """The GIL intervals open now, of threads alive (one that exited while released leaves no
+        interval), and the code of each (its DROP's)."""
         rows = [iv for s in self.watcher.gil.values() if not s.done for iv in s.open_intervals()
                 if self.lifetimes.alive(iv[0], iv[1])]
         if not rows:
-            return GilRows.empty()
-        pid, tid, state, start = (np.array(c, np.int64) for c in zip(*rows))
-        return GilRows(pid, tid, state.astype(np.int8), start, start)
+            return GilRows.empty(), np.zeros(0, np.uint64)
+        pid, tid, state, start = (np.array(c, np.int64) for c in list(zip(*rows))[:4])
+        return GilRows(pid, tid, state.astype(np.int8), start, start), np.array([r[4] for r in rows], np.uint64)
 
-    def _open_now(self) -> GilRows:
-        """The intervals open now, none once the watermark has passed everything."""
-        return self._open_intervals() if self.watermark_ns < END else GilRows.empty()
+    def _open_now(self) -> tuple[GilRows, np.ndarray]:
+        """The intervals open now and their codes, none once the watermark has passed everything."""
+        return self._open_intervals() if self.watermark_ns < END else (GilRows.empty(), np.zeros(0, np.uint64))
 
     def _push(self, pauses: pd.DataFrame, gil: pd.DataFrame, final: bool) -> None:
-        opened = None if final else self._open_intervals()
+        opened = None if final else self._open_intervals()[0]
         releases = None if final else np.array([(b, h) for s in self.watcher.gil.values() if not s.done
                                                 for p, t, b, h in s.open_releases() if self.lifetimes.alive(p, t)],
                                                np.int64).reshape(-1, 2)
         w, self._held_until_ns = wm.watermark(self.watcher.gil.values(), self.watcher.scanned_ns, releases)
+        intervals = wm.intervals_watermark(self.watcher.gil.values(), self.watcher.scanned_ns)
         # (the parts get every column of the pauses)
         rows = self.core.push(pauses=pauses[core_columns(pauses)] if len(pauses) else None,
                               gil=gil_rows_from_frame(gil[list(GIL_COLUMNS)]) if len(gil) else None,
                               open=opened, watermark_ns=max(w, self.core.watermark_ns))
         self.watermark_ns = self.core.watermark_ns
+        self.intervals_ns = max(intervals, self.watermark_ns, self.intervals_ns or self.watermark_ns)
         self._emit(rows, pauses, gil)
         if final:
-            self.watermark_ns = END
+            self.watermark_ns = self.intervals_ns = END
             self._emit(self.core.finish(), empty_frame("pauses"), empty_frame("gil"))
 
     def _emit(self, rows: Rows, pauses: pd.DataFrame, gil: pd.DataFrame) -> None:
@@ -209,9 +211,9 @@ class LiveRun:
     def _emit_causes(self) -> None:
         """The pause_impact rows whose causes are due, with them, to the part, the alerts and
         the view (arrived_ns: when the row was handed over, complete)."""
-        if self.watermark_ns is None:
+        if self.intervals_ns is None:
             return
-        impact = self.causes.due(self.watermark_ns, self._open_now)
+        impact = self.causes.due(self.intervals_ns, self._open_now)
         if impact is None:
             return
         impact = impact.assign(arrived_ns=np.int64(time.monotonic_ns()))
@@ -235,7 +237,7 @@ class LiveRun:
         self.spans.due_after_ns = DUE_AFTER_RING_NS if self._rings_only() else DUE_AFTER_REPOSITORY_NS
 
         def open_gil() -> pd.DataFrame:
-            rows = self._open_now()
+            rows, _ = self._open_now()
             return pd.DataFrame({"pid": rows.pid, "tid": rows.tid, "state": np.asarray(GIL_STATES)[np.asarray(rows.state, np.int64)],
                                  "start_ns": rows.start_ns})
 

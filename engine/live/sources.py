@@ -147,10 +147,10 @@ class GilSource:
             self._codes = read_code_table(path)
         return resolve(code, self._codes, recorded=path.exists())
 
-    def open_intervals(self) -> list[tuple[int, int, int, int]]:
-        """(pid, tid, state, start_ns) of each interval open now (its closing event not read yet)."""
-        tid, state, start = self.pairing.open_intervals()
-        return [(self.pid or 0, t, s, b) for t, s, b in zip(tid.tolist(), state.tolist(), start.tolist())]
+    def open_intervals(self) -> list[tuple[int, int, int, int, int]]:
+        """(pid, tid, state, start_ns, code) of each interval open now (its closing event not read yet)."""
+        tid, state, start, code = self.pairing.open_intervals(codes=True)
+        return [(self.pid or 0, *row) for row in zip(tid.tolist(), state.tolist(), start.tolist(), code.tolist())]
 
     def open_releases(self) -> list[tuple[int, int, int, int]]:
         """(pid, tid, start_ns, held_since_ns) of each release open now, held_since_ns: when the

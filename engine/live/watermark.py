@@ -41,16 +41,25 @@ OPEN_CONFIRM_NS = 1_000_000_000
 LAG_NS = GIL_MARGIN_NS  # how far W trails the last poll, but while a young open release holds it
 
 
+def intervals_watermark(gil_sources, scanned_ns: int | None, now_ns: int | None = None) -> int:
+    """base - GIL_MARGIN for the sources' last polls and the last scan (SCANNED_NS, None: none
+    yet: now): every GIL interval starting before it has been read (closed, or open now). What
+    needs the intervals and not the lifetimes (a live cause's site window) waits for this one,
+    not for a young release's hold."""
+    now = time.monotonic_ns() if now_ns is None else now_ns
+    base = min([now if scanned_ns is None else scanned_ns,
+                *(now if s.frontier_ns is None else s.frontier_ns for s in gil_sources if not s.done)])
+    return base - GIL_MARGIN_NS
+
+
 def watermark(gil_sources, scanned_ns: int | None, releases: np.ndarray | None = None,
               now_ns: int | None = None) -> tuple[int, int | None]:
     """W for the sources' last polls and the last scan (SCANNED_NS, None: none yet: now), held by
     the young ones among RELEASES (rows: the start of a release open now, and when its thread
     last took the GIL before it); and when the release holding it is confirmed (a poll begun
     then lets W past it), None: none holds it."""
-    now = time.monotonic_ns() if now_ns is None else now_ns
-    base = min([now if scanned_ns is None else scanned_ns,
-                *(now if s.frontier_ns is None else s.frontier_ns for s in gil_sources if not s.done)])
-    w = base - GIL_MARGIN_NS
+    w = intervals_watermark(gil_sources, scanned_ns, now_ns)
+    base = w + GIL_MARGIN_NS
     if releases is not None and len(releases):
         young = releases[releases[:, 0] > base - OPEN_CONFIRM_NS]
         if young.size and int(young[:, 1].min()) < w:
@@ -59,4 +68,4 @@ def watermark(gil_sources, scanned_ns: int | None, releases: np.ndarray | None =
     return w, None
 
 
-__all__ = ["END", "GIL_MARGIN_NS", "LAG_NS", "OPEN_CONFIRM_NS", "watermark"]
+__all__ = ["END", "GIL_MARGIN_NS", "LAG_NS", "OPEN_CONFIRM_NS", "intervals_watermark", "watermark"]
