@@ -164,8 +164,9 @@ class LiveRun:
                 if self.lifetimes.alive(iv[0], iv[1])]
         if not rows:
             return GilRows.empty(), np.zeros(0, np.uint64)
-        pid, tid, state, start = (np.array(c, np.int64) for c in list(zip(*rows))[:4])
-        return GilRows(pid, tid, state.astype(np.int8), start, start), np.array([r[4] for r in rows], np.uint64)
+        pid, tid, state, start, code = zip(*rows)
+        pid, tid, start = (np.array(c, np.int64) for c in (pid, tid, start))
+        return GilRows(pid, tid, np.array(state, np.int8), start, start), np.array(code, np.uint64)
 
     def _open_now(self) -> tuple[GilRows, np.ndarray]:
         """The intervals open now and their codes, none once the watermark has passed everything."""
@@ -176,8 +177,8 @@ class LiveRun:
         releases = None if final else np.array([(b, h) for s in self.watcher.gil.values() if not s.done
                                                 for p, t, b, h in s.open_releases() if self.lifetimes.alive(p, t)],
                                                np.int64).reshape(-1, 2)
-        w, self._held_until_ns = wm.watermark(self.watcher.gil.values(), self.watcher.scanned_ns, releases)
         intervals = wm.intervals_watermark(self.watcher.gil.values(), self.watcher.scanned_ns)
+        w, self._held_until_ns = wm.held_watermark(intervals, releases)
         # (the parts get every column of the pauses)
         rows = self.core.push(pauses=pauses[core_columns(pauses)] if len(pauses) else None,
                               gil=gil_rows_from_frame(gil[list(GIL_COLUMNS)]) if len(gil) else None,

@@ -58,8 +58,12 @@ def watermark(gil_sources, scanned_ns: int | None, releases: np.ndarray | None =
     the young ones among RELEASES (rows: the start of a release open now, and when its thread
     last took the GIL before it); and when the release holding it is confirmed (a poll begun
     then lets W past it), None: none holds it."""
-    w = intervals_watermark(gil_sources, scanned_ns, now_ns)
-    base = w + GIL_MARGIN_NS
+    return held_watermark(intervals_watermark(gil_sources, scanned_ns, now_ns), releases)
+
+
+def held_watermark(intervals_ns: int, releases: np.ndarray | None) -> tuple[int, int | None]:
+    """`watermark` from the intervals' watermark INTERVALS_NS already made."""
+    w, base = intervals_ns, intervals_ns + GIL_MARGIN_NS
     if releases is not None and len(releases):
         young = releases[releases[:, 0] > base - OPEN_CONFIRM_NS]
         if young.size and int(young[:, 1].min()) < w:
@@ -68,4 +72,4 @@ def watermark(gil_sources, scanned_ns: int | None, releases: np.ndarray | None =
     return w, None
 
 
-__all__ = ["END", "GIL_MARGIN_NS", "LAG_NS", "OPEN_CONFIRM_NS", "intervals_watermark", "watermark"]
+__all__ = ["END", "GIL_MARGIN_NS", "LAG_NS", "OPEN_CONFIRM_NS", "held_watermark", "intervals_watermark", "watermark"]
