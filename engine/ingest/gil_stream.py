@@ -150,10 +150,8 @@ class ParquetGil:
             self._copy = None
 
     def write_copy(self, path: Path, meta: dict) -> Path:
-        """The table as it is, every column, into PATH (atomically): the copy `begin_copy` began
-        (begun now if it was not), else read and written again block by block."""
-        if self._copy is None:
-            self.begin_copy(path)
+        """The table as it is, every column, into PATH (atomically): the copy `begin_copy` began,
+        else (its footer cannot be remade) read and written again block by block."""
         if self._copy is not None:
             copy, self._copy = self._copy, None
             return copy.close(meta)
