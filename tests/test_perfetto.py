@@ -370,7 +370,14 @@ def test_a_thread_drawn_in_chunks_is_the_thread_drawn_at_once(tmp_path, analysis
     assert len(whole[1]) > 7 * 20
 
 
-def test_memory_series_are_counter_tracks_under_their_process(trace, analysis):
+def _memory_session_state(session: Path, memory: pd.DataFrame) -> str:
+    """What a failure needs said: the session's files and each process's series."""
+    files = sorted(str(p.relative_to(session)) for p in session.rglob("*") if p.is_file())
+    series = {int(pid): sorted(c for c in rows.columns if rows[c].notna().any()) for pid, rows in memory.groupby("pid")}
+    return f"session files {files}; series per pid {series}"
+
+
+def test_memory_series_are_counter_tracks_under_their_process(trace, analysis, memory_session):
     """Every memory series of memory.parquet is a counter track (bytes) under its process,
     sample for sample; the RSS split's counters add up to the RSS counter at every sample."""
     from engine.memory.series import columns_of, label
@@ -386,10 +393,10 @@ def test_memory_series_are_counter_tracks_under_their_process(trace, analysis):
             expected[(int(pid), f"memory: {label(column)}")] = list(zip(
                 present["t_ns"].tolist(), np.rint(present[column].to_numpy(np.float64)).astype(np.int64).tolist()))
     assert counters == expected
-    service = max(memory.groupby("pid")["rss"].max().items(), key=lambda item: item[1])[0]
+    service = json.loads((memory_session / "session.json").read_text())["pid"]  # the command's process
     names = {name for pid, name in counters if pid == service}
     assert {"memory: RSS", "memory: RSS: Python objects", "memory: Python allocated (pymalloc blocks)",
-            "memory: malloc in use", "memory: RSS: unexplained"} <= names
+            "memory: malloc in use", "memory: RSS: unexplained"} <= names, _memory_session_state(memory_session, memory)
     rss = dict(counters[(service, "memory: RSS")])
     buckets = ("JVM heap", "JVM native", "Python objects", "native (malloc) outside JVM and Python", "unexplained")
     split = defaultdict(int)
