@@ -5,6 +5,7 @@ Command modules import only typer and the standard library at module level, so t
 """
 from __future__ import annotations
 
+import gc
 import sys
 
 import typer
@@ -46,6 +47,13 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         _default_showwarning(message, category, filename, lineno, file, line)
 
 
+# Allocations of container objects between collections of the youngest generation (CPython's
+# default: 700). tandem's own work makes many containers (its imports, pandas' objects) and few
+# cycles: at the default an analysis runs hundreds of collections and walks every imported
+# module's objects in several full ones.
+GC_THRESHOLD = 20_000
+
+
 def main() -> None:
     import warnings
 
@@ -56,6 +64,7 @@ def main() -> None:
 
         yield_to_the_service()
 
+    gc.set_threshold(GC_THRESHOLD)
     global _default_showwarning
     _default_showwarning = warnings.showwarning
     warnings.showwarning = _show_warning
