@@ -186,7 +186,7 @@ def test_sigkill_of_tandem_analyze_mid_write_leaves_no_half_file(service, tmp_pa
     rerun = analyze(session, out)
     assert rerun.returncode == 0, rerun.stderr
     assert readable_results(out) == expected
-    assert not list(out.glob("*.tmp"))
+    assert not list(out.glob("*.tmp")) and not list(out.glob(".staging.*"))  # (the killed runs' files gone too)
 
 
 @pytest.mark.slow
@@ -355,6 +355,32 @@ def test_disk_filling_up_during_a_recording_stops_it_not_the_jvm(workload, tmp_p
         jvms = Session.open(session).jvms  # the chunks the agent kept (.chunks/), finished in place
         assert len(jvms) == 1 and all(p.parent.name == ".chunks" for p in jvms[0].recordings)
         assert len(read_pauses(jvms[0].recordings)) > 0
+
+
+@needs_root
+def test_full_disk_for_the_results_is_one_line_and_keeps_the_results_there(service, tmp_path):
+    """`tandem analyze` into a disk that fills: one line naming OUT and the reason, exit 2, no
+    temporary file left, and the results already in OUT (a run without the GIL copy) unchanged:
+    none of the new run's files replaced one of them (they are published together)."""
+    session, marker = tmp_path / "s", tmp_path / "done"
+    run = subprocess.run(tandem_argv("record", "-o", str(session), "--", *service_argv(service, marker, 2, threads=3)),
+                         env=env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    size = lambda out: sum(p.stat().st_size for p in out.iterdir())  # noqa: E731
+    assert analyze(session, tmp_path / "lean", "--reference-gil").returncode == 0
+    assert analyze(session, tmp_path / "full").returncode == 0
+    lean, full = size(tmp_path / "lean"), size(tmp_path / "full")
+    assert full > 192 << 10, "the results are too small to fill a disk reliably: make the service busier"
+    # room for the results there and a third of a run's: the second run's files fill it
+    with small_disk(tmp_path / "disk", str(lean + full // 3 + (64 << 10))) as disk:
+        out = disk / "out"
+        assert analyze(session, out, "--reference-gil").returncode == 0
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        failed = analyze(session, out)
+        assert failed.returncode == 2, failed.stderr
+        errors = [line for line in failed.stderr.splitlines() if line.startswith("tandem: error:")]
+        assert errors == [f"tandem: error: {out}: No space left on device (writing the results)"], failed.stderr
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing replaced, nothing left behind
 
 
 # ---------------------------------------------------------------- the session directory

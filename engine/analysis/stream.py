@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,7 +40,7 @@ from engine.correlate.schema import PAUSE_COLUMNS, PAUSE_FACT_COLUMNS, RESULT_TA
 from engine.correlate.stops import jvm_threads, stop_ids
 from engine.ingest.gil_stream import ParquetGil, rows_frame
 from engine.report.summary import print_summary
-from engine.store import TableWriter, WriterThread, is_text, write_table
+from engine.store import TableWriter, WriterThread, is_text, publish, staging_directory, write_table
 
 
 # Bytes of blocks read and paired ahead of the core: with one block ahead the core waited for
@@ -180,22 +181,24 @@ class ParquetSink:
 
     def __init__(self, out: str | os.PathLike):
         self.out = Path(out)
+        self.staging: Path | None = None  # (the files are written here, and moved into OUT together by `finish`)
         self.writers: dict[str, TableWriter] = {}
         self.background = self.gil = None
 
     def open(self, gil) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        self.staging = staging = staging_directory(self.out)
         self.gil = gil
-        self.writers = {"overlaps": TableWriter(self.out / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *gil.carried]),
+        self.writers = {"overlaps": TableWriter(staging / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *gil.carried]),
                                                 text_as_dictionary=True),
-                        "gil_free": TableWriter(self.out / "gil_free.parquet", SCHEMAS["gil_free"])}
+                        "gil_free": TableWriter(staging / "gil_free.parquet", SCHEMAS["gil_free"])}
         if gil.copy_schema is not None:
-            self.writers["gil"] = TableWriter(self.out / "gil.parquet", gil.copy_schema, text_as_dictionary=True)
+            self.writers["gil"] = TableWriter(staging / "gil.parquet", gil.copy_schema, text_as_dictionary=True)
         elif isinstance(gil, ParquetGil) and gil.copy:
-            gil.begin_copy(self.out / "gil.parquet")  # (its pages copied while the drive goes on)
+            gil.begin_copy(staging / "gil.parquet")  # (its pages copied while the drive goes on)
         # pause_impact's rows wait on disk for the causes, known at the end (not in a file ending .parquet:
-        # a reader of OUT never takes it for a result; `pause_impact` takes it out of the writers)
-        self.writers["pause_impact"] = TableWriter(self.out / IMPACT_ROWS, SCHEMAS["pause_impact"])
+        # a reader never takes it for a result; `pause_impact` takes it out of the writers)
+        self.writers["pause_impact"] = TableWriter(staging / IMPACT_ROWS, SCHEMAS["pause_impact"])
         self.background = WriterThread()
 
     def pauses(self, pauses: pd.DataFrame, facts: dict) -> pd.DataFrame:
@@ -206,7 +209,7 @@ class ParquetSink:
         with_facts = pauses.copy(deep=False)
         with_facts.attrs = facts  # (what write_table of the table would store of them)
         table = pa.Table.from_pandas(with_facts, preserve_index=False)
-        self.writers["pauses"] = TableWriter(self.out / "pauses.parquet", table.schema)
+        self.writers["pauses"] = TableWriter(self.staging / "pauses.parquet", table.schema)
         # (here, not in the writer thread: the whole table is gone before the GIL blocks fill memory)
         self.writers["pauses"].write(table)
         kept = pauses[[c for c in pauses.columns if c in ANALYSIS_PAUSE_COLUMNS]]
@@ -236,11 +239,12 @@ class ParquetSink:
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [self.writers.pop(name).close(meta(name)) for name in list(self.writers)]
         if isinstance(self.gil, ParquetGil) and self.gil.copy:
-            paths.append(self.gil.write_copy(self.out / "gil.parquet", meta("gil")))
-        elif not self.gil.copy:
-            (self.out / "gil.parquet").unlink(missing_ok=True)  # (of an earlier run on another input)
+            paths.append(self.gil.write_copy(self.staging / "gil.parquet", meta("gil")))
         for name, table in tables.items():
-            paths.append(write_table(table, self.out / f"{name}.parquet", meta(name)))
+            paths.append(write_table(table, self.staging / f"{name}.parquet", meta(name)))
+        paths = publish(self.staging, paths, self.out)
+        if not self.gil.copy:
+            (self.out / "gil.parquet").unlink(missing_ok=True)  # (of an earlier run on another input)
         order = {name: i for i, name in enumerate(RESULT_TABLES)}
         return sorted(paths, key=lambda p: order[p.stem])
 
@@ -254,6 +258,8 @@ class ParquetSink:
             writer.abort()
         if isinstance(self.gil, ParquetGil):
             self.gil.abort_copy()
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
 
     def close(self) -> None:
         if self.background is not None:

@@ -1,6 +1,7 @@
 """`tandem analyze`: correlate a pauses table with a GIL intervals table into Parquet results."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import List, Optional
@@ -59,47 +60,60 @@ def analyze(
     if reference_gil and (copy_gil or dataset is not None):
         raise TandemError("--reference-gil cannot go with --copy-gil or --dataset (a fleet dataset holds the GIL rows)")
     slack_ns = parse_duration_ns(slack)
-    trim_heap = _tune_allocators()
-    with _progress("correlating", each=trim_heap) as advance:
-        if out is None:
-            from engine.fleet.dataset import analyze_into
+    try:
+        trim_heap = _tune_allocators()
+        with _progress("correlating", each=trim_heap) as advance:
+            if out is None:
+                from engine.fleet.dataset import analyze_into
 
-            result, _, files = analyze_into(session, dataset, slack_ns=slack_ns)
-        else:
-            result = analyze_to(out, session=session, jfr=jfr, gil=gil, pauses=pauses, slack_ns=slack_ns,
-                                offset_ns=offset, progress=advance, reference_gil=reference_gil)
-            if dataset is not None:
-                from engine.fleet.dataset import write_session
-                from engine.session import Session
+                result, _, files = analyze_into(session, dataset, slack_ns=slack_ns)
+            else:
+                result = analyze_to(out, session=session, jfr=jfr, gil=gil, pauses=pauses, slack_ns=slack_ns,
+                                    offset_ns=offset, progress=advance, reference_gil=reference_gil)
+                if dataset is not None:
+                    from engine.fleet.dataset import write_session
+                    from engine.session import Session
 
-                files = write_session(out, result.header, dataset, Session.open(session))
-    result.summary()
-    if session is not None and out is not None:  # where the memory went: OUT/memory.parquet, printed under the pauses
-        from engine.memory import write_memory
-        from engine.report.summary import memory_lines
+                    files = write_session(out, result.header, dataset, Session.open(session))
+        result.summary()
+        if session is not None and out is not None:  # where the memory went: OUT/memory.parquet, printed under the pauses
+            from engine.memory import write_memory
+            from engine.report.summary import memory_lines
 
-        for line in memory_lines(write_memory(session, out)):
-            typer.echo(line)
-    received = _received_spans(session) if not spans and out is not None else None
-    if spans or received:
-        from engine.report.summary import requests_hurt_lines
-        from engine.spans.analyze import analyze_spans
-
-        try:
-            _, requests, span_files = analyze_spans(out, session, spans or [received])
-        except TandemError as err:
-            if spans:
-                raise
-            # (the session's own spans, not asked for: the pauses' results stand)
-            typer.echo(f"spans not used: {err}")
-        else:
-            for line in requests_hurt_lines(requests):
+            for line in memory_lines(write_memory(session, out)):
                 typer.echo(line)
-            result.paths.extend(span_files)
-    if out is not None:
-        typer.echo(f"results in {out}/: {', '.join(p.name for p in result.paths)}")
-    if dataset is not None:
-        typer.echo(f"dataset {dataset}: session {files['sessions'].stem} under {files['sessions'].parent.relative_to(dataset / 'sessions')}")
+        received = _received_spans(session) if not spans and out is not None else None
+        if spans or received:
+            from engine.report.summary import requests_hurt_lines
+            from engine.spans.analyze import analyze_spans
+
+            try:
+                _, requests, span_files = analyze_spans(out, session, spans or [received])
+            except TandemError as err:
+                if spans:
+                    raise
+                # (the session's own spans, not asked for: the pauses' results stand)
+                typer.echo(f"spans not used: {err}")
+            else:
+                for line in requests_hurt_lines(requests):
+                    typer.echo(line)
+                result.paths.extend(span_files)
+        if out is not None:
+            typer.echo(f"results in {out}/: {', '.join(p.name for p in result.paths)}")
+        if dataset is not None:
+            typer.echo(f"dataset {dataset}: session {files['sessions'].stem} under {files['sessions'].parent.relative_to(dataset / 'sessions')}")
+    except OSError as err:  # (a full disk, a read-only OUT: one line, not a traceback)
+        raise TandemError(os_error_line(err, out or dataset)) from None
+
+
+def os_error_line(err: OSError, out: Path) -> str:
+    """What failed, in one line: the file Python's own I/O names, else OUT for a failed write
+    (Arrow's writers name no file), else Arrow's own words (they name the file read)."""
+    if err.filename:
+        return f"{err.filename}: {os.strerror(err.errno) if err.errno else err}"
+    if err.errno and "writ" in str(err):  # ("Error writing bytes to file")
+        return f"{out}: {os.strerror(err.errno)} (writing the results)"
+    return str(err)
 
 
 def _received_spans(session: Path | None) -> Path | None:

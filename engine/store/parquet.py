@@ -6,12 +6,14 @@ destination directory and renames it into place (os.replace), so a reader sees t
 or the new one, never half of one; the file gets the mode a plain `open()` would give
 (0666 minus the umask), not mkstemp's 0600. The metadata dict is stored JSON-encoded under
 the Parquet key-value key `tandem`, and comes back as `DataFrame.attrs` from `read_table`.
+A run writing several tables writes them into a staging directory and publishes them together.
 """
 from __future__ import annotations
 
 import glob
 import json
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -53,6 +55,31 @@ def _remove_dead_writers_temporaries(path: Path) -> None:
         pid = tmp.name[len(prefix):].split(".", 1)[0]
         if pid.isdigit() and not process_alive(int(pid)):
             tmp.unlink(missing_ok=True)
+
+
+STAGING_PREFIX = ".staging."
+
+
+def staging_directory(out: Path) -> Path:
+    """A directory inside OUT for one run's result files, moved into OUT together once every one
+    is written (`publish`): OUT holds one run's results or the next's, never some of each (a disk
+    that fills halfway through them). A killed run's directory (named with its pid) goes at the next."""
+    for old in out.glob(glob.escape(STAGING_PREFIX) + "*"):
+        pid = old.name[len(STAGING_PREFIX):].split(".", 1)[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}.", dir=out))
+
+
+def publish(staging: Path, files: list[Path], out: Path) -> list[Path]:
+    """FILES of STAGING renamed into OUT, STAGING removed; their new paths. (Renames within one
+    file system: nothing left that can fail for want of space.)"""
+    published = []
+    for path in files:
+        os.replace(path, out / path.name)
+        published.append(out / path.name)
+    shutil.rmtree(staging, ignore_errors=True)
+    return published
 
 
 def _encoded(metadata: dict) -> bytes:
@@ -218,8 +245,12 @@ class TableWriter:
         return self.path
 
     def abort(self) -> None:
+        """The file given up: its temporary file removed, whatever closing it says (on a full
+        disk the close fails too)."""
         try:
             self._writer.close()
+        except Exception:
+            pass
         finally:
             Path(self._tmp).unlink(missing_ok=True)
 
