@@ -2,8 +2,14 @@
 
 A TandemError is printed by the CLI as one line (`tandem: error: ...`) with exit code 2,
 never as a stack trace. Its message names the file (or process) and what is wrong with it.
-Anything else escaping is a bug in tandem and keeps its traceback.
+An OSError (the machine's answer: a full disk, a file that cannot be opened) is one line too
+(`os_error_line`); anything else escaping is a bug in tandem and keeps its traceback.
 """
+import os
+import re
+
+# Arrow's words for a short write (no errno): the file system took only part of it, as when full.
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
 
 
 class TandemError(Exception):
@@ -12,3 +18,20 @@ class TandemError(Exception):
 
 class TandemWarning(UserWarning):
     """Something was lost or approximated, but results are still produced (e.g. a truncated chunk)."""
+
+
+def os_error_line(err: OSError, path, doing: str) -> str:
+    """An OSError met DOING into PATH, in one line: the file Python's own I/O names; else PATH,
+    for a write (Arrow's writers name no file, and their short writes carry no errno); else
+    Arrow's own words (its readers name the file)."""
+    if err.filename:
+        return f"{err.filename}: {err.strerror or err}"
+    if "writ" not in str(err):
+        return str(err)
+    if err.errno:
+        reason = os.strerror(err.errno)
+    elif _SHORT_WRITE.search(str(err)):
+        reason = f"no room left: {err}"
+    else:
+        reason = str(err)
+    return f"{path}: {reason} ({doing})"

@@ -381,6 +381,16 @@ def test_full_disk_for_the_results_is_one_line_and_keeps_the_results_there(servi
         errors = [line for line in failed.stderr.splitlines() if line.startswith("tandem: error:")]
         assert errors == [f"tandem: error: {out}: No space left on device (writing the results)"], failed.stderr
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing replaced, nothing left behind
+        # The Perfetto export of those results onto what room is left: one line too, no half trace.
+        stat = os.statvfs(disk)
+        (disk / "filler").write_bytes(bytes(max(0, stat.f_bavail * stat.f_frsize - (16 << 10))))
+        export = subprocess.run(tandem_argv("export", "perfetto", str(out), "-o", str(disk / "trace.pftrace")), env=env(),
+                                capture_output=True, text=True, timeout=240)
+        no_traceback(export.stderr)
+        errors = [line for line in export.stderr.splitlines() if line.startswith("tandem: error:")]
+        assert export.returncode == 2 and len(errors) == 1, export.stderr
+        assert errors[0].startswith(f"tandem: error: {disk / 'trace.pftrace'}: "), export.stderr
+        assert sorted(p.name for p in disk.iterdir()) == ["filler", "out"]
 
 
 # ---------------------------------------------------------------- the session directory

@@ -78,3 +78,7 @@ def main() -> None:
     except KeyboardInterrupt:
         print("tandem: interrupted", file=sys.stderr)
         sys.exit(130)
+    except OSError as err:  # (the machine's answer, a full disk or a file that cannot be opened: one line)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"tandem: error: {where}{err.strerror or err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,7 +1,6 @@
 """`tandem analyze`: correlate a pauses table with a GIL intervals table into Parquet results."""
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import List, Optional
@@ -46,7 +45,7 @@ def analyze(
     With --dataset, SESSION's results join a fleet dataset (with or without -o).
     """
     from engine.analysis import analyze_to
-    from engine.errors import TandemError
+    from engine.errors import TandemError, os_error_line
 
     if session is None and not (jfr or pauses) and not gil:
         raise TandemError("nothing to analyze: give a SESSION directory, or --jfr/--pauses and --gil")
@@ -103,17 +102,7 @@ def analyze(
         if dataset is not None:
             typer.echo(f"dataset {dataset}: session {files['sessions'].stem} under {files['sessions'].parent.relative_to(dataset / 'sessions')}")
     except OSError as err:  # (a full disk, a read-only OUT: one line, not a traceback)
-        raise TandemError(os_error_line(err, out or dataset)) from None
-
-
-def os_error_line(err: OSError, out: Path) -> str:
-    """What failed, in one line: the file Python's own I/O names, else OUT for a failed write
-    (Arrow's writers name no file), else Arrow's own words (they name the file read)."""
-    if err.filename:
-        return f"{err.filename}: {os.strerror(err.errno) if err.errno else err}"
-    if err.errno and "writ" in str(err):  # ("Error writing bytes to file")
-        return f"{out}: {os.strerror(err.errno)} (writing the results)"
-    return str(err)
+        raise TandemError(os_error_line(err, out or dataset, "writing the results")) from None
 
 
 def _received_spans(session: Path | None) -> Path | None:

@@ -781,16 +781,21 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
     pauses = _read_pauses(results)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
-    with tempfile.TemporaryDirectory(prefix=".tandem-export-", dir=output.parent) as spill_dir, open(tmp, "wb" if fmt == "proto" else "w") as out:
-        spill = _ThreadSpill(Path(spill_dir))
-        spill.add_gil(results, advance)
-        spill.add_overlaps(results)
-        metadata = {"results": str(results.path),
-                    "clock_errors": {side: clock.as_metadata() for side, clock in facts.clock.items()} or None}
-        writer = _ProtoWriter(out, metadata) if fmt == "proto" else _JsonWriter(out, metadata)
-        _draw(writer, pauses, spill, _read_causes(results), _read_memory(results), advance=advance, spans=_read_spans(results))
-        writer.close()
-    os.replace(tmp, output)
+    try:
+        with tempfile.TemporaryDirectory(prefix=".tandem-export-", dir=output.parent) as spill_dir, \
+                open(tmp, "wb" if fmt == "proto" else "w") as out:
+            spill = _ThreadSpill(Path(spill_dir))
+            spill.add_gil(results, advance)
+            spill.add_overlaps(results)
+            metadata = {"results": str(results.path),
+                        "clock_errors": {side: clock.as_metadata() for side, clock in facts.clock.items()} or None}
+            writer = _ProtoWriter(out, metadata) if fmt == "proto" else _JsonWriter(out, metadata)
+            _draw(writer, pauses, spill, _read_causes(results), _read_memory(results), advance=advance, spans=_read_spans(results))
+            writer.close()
+        os.replace(tmp, output)
+    except BaseException:  # (a full disk, an interrupt: no half trace left beside the output)
+        tmp.unlink(missing_ok=True)
+        raise
     return output
 
 
