@@ -5,11 +5,7 @@ never as a stack trace. Its message names the file (or process) and what is wron
 An OSError (the machine's answer: a full disk, a file that cannot be opened) is one line too
 (`os_error_line`); anything else escaping is a bug in tandem and keeps its traceback.
 """
-import os
-import re
-
-# Arrow's words for a short write (no errno): the file system took only part of it, as when full.
-_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+import os  # (only os: every interpreter tandem records imports this module as it starts)
 
 
 class TandemError(Exception):
@@ -20,17 +16,18 @@ class TandemWarning(UserWarning):
     """Something was lost or approximated, but results are still produced (e.g. a truncated chunk)."""
 
 
-def os_error_line(err: OSError, path, doing: str) -> str:
+def os_error_line(err: OSError, path=None, doing: str = "") -> str:
     """An OSError met DOING into PATH, in one line: the file Python's own I/O names; else PATH,
-    for a write (Arrow's writers name no file, and their short writes carry no errno); else
-    Arrow's own words (its readers name the file)."""
+    for a write (Arrow's writers name no file, and their short writes, "N requested and M
+    written", carry no errno: the file system took part of it, as a full one does); else the
+    error's own words (Arrow's readers name the file)."""
     if err.filename:
         return f"{err.filename}: {err.strerror or err}"
-    if "writ" not in str(err):
+    if path is None or "writ" not in str(err):
         return str(err)
     if err.errno:
         reason = os.strerror(err.errno)
-    elif _SHORT_WRITE.search(str(err)):
+    elif " requested and " in str(err):
         reason = f"no room left: {err}"
     else:
         reason = str(err)

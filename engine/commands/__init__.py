@@ -57,7 +57,7 @@ GC_THRESHOLD = 20_000
 def main() -> None:
     import warnings
 
-    from engine.errors import TandemError, TandemWarning
+    from engine.errors import TandemError, TandemWarning, os_error_line
 
     if sys.argv[1:2] == ["dump"]:  # (before the commands load: a dump's every step runs on what the service leaves)
         from engine.commands.dump import yield_to_the_service
@@ -79,6 +79,5 @@ def main() -> None:
         print("tandem: interrupted", file=sys.stderr)
         sys.exit(130)
     except OSError as err:  # (the machine's answer, a full disk or a file that cannot be opened: one line)
-        where = f"{err.filename}: " if err.filename else ""
-        print(f"tandem: error: {where}{err.strerror or err}", file=sys.stderr)
+        print(f"tandem: error: {os_error_line(err)}", file=sys.stderr)
         sys.exit(2)
