@@ -393,6 +393,28 @@ def test_full_disk_for_the_results_is_one_line_and_keeps_the_results_there(servi
         assert sorted(p.name for p in disk.iterdir()) == ["filler", "out"]
 
 
+@needs_root
+def test_full_disk_for_the_live_parts_is_one_line_and_the_session_whole(service, tmp_path):
+    """`tandem live -- COMMAND` whose parts' disk fills: the service runs to its end and its exit
+    code is tandem's, one line says where and why the parts stopped, every part left is whole
+    (none with some of its tables), and the session (on another disk) analyzes."""
+    session, marker = tmp_path / "s", tmp_path / "done"
+    with small_disk(tmp_path / "disk", "160k") as disk:
+        parts = disk / "parts"
+        run = subprocess.run(tandem_argv("live", "--session", str(session), "-o", str(parts), "--roll", "1s", "--",
+                                         *service_argv(service, marker, 6, code=3)),
+                             env=env(), capture_output=True, text=True, timeout=180)
+        no_traceback(run.stderr)
+        assert run.returncode == 3 and marker.exists(), run.stderr
+        said = " ".join(run.stderr.split())  # (rich folds long lines)
+        assert said.count("tandem: live parts stopped:") == 1, run.stderr
+        assert f"live parts stopped: {parts}: No space left on device (writing the live parts)" in said, run.stderr
+        for part in parts.glob("part-*"):
+            assert (part / "_done.json").exists(), sorted(p.name for p in part.iterdir())
+            assert readable_results(part)
+    assert analyze(session, tmp_path / "out").returncode == 0
+
+
 # ---------------------------------------------------------------- the session directory
 
 

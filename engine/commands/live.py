@@ -49,7 +49,7 @@ def live(
 
     from engine import jvm
     from engine.commands.analyze import parse_duration_ns
-    from engine.errors import TandemError
+    from engine.errors import TandemError, os_error_line
     from engine.live.alerts import Alerts
     from engine.live.memory import bound_allocator
     from engine.live.runner import LiveRun
@@ -113,7 +113,10 @@ def live(
         console.print(f"[dim]tandem: watching {session}; parts in {run.writer.out} (Ctrl-C stops; "
                       "stops by itself once its recorder has finished)[/dim]")
         with view:
-            run.run()
+            try:
+                run.run()
+            except OSError as err:  # (a full disk: one line; the session is the recorder's, unharmed)
+                raise TandemError(os_error_line(err, run.writer.out, "writing the live parts")) from None
         _close(metrics, metrics_linger, console)
         console.print(f"[dim]tandem: {len(run.writer.parts_written)} part(s) in {run.writer.out}[/dim]")
         return
@@ -148,7 +151,7 @@ def live(
 
     sampler = ProcessMemorySampler(directory).start()  # every process below tandem, once a second (as tandem record)
     with view:
-        loop = threading.Thread(target=run.run, name="tandem-live", daemon=True)
+        loop = threading.Thread(target=_run_reporting, args=(run,), name="tandem-live", daemon=True)
         loop.start()
         try:
             # Signals reach tandem in this (main) thread and are forwarded to the command; once it
@@ -171,11 +174,25 @@ def live(
                       f"figured; span intake took {receiver.cpu_s + live_spans.cpu_s:.3f} s CPU (receiver "
                       f"{receiver.cpu_s:.3f} s, figures {live_spans.cpu_s:.3f} s)[/dim]")
     _close(metrics, metrics_linger, console)
+    if isinstance(run.error, OSError):  # (a full disk: the command ran on, its session has it all)
+        console.print(f"tandem: live parts stopped: {os_error_line(run.error, run.writer.out, 'writing the live parts')}; "
+                      f"{directory} holds the whole recording (`tandem analyze {directory}`)", highlight=False)
+        console.print(f"[dim]tandem: `{command[0]}` exited with {exit_code}[/dim]")
+        raise typer.Exit(exit_code)
     if run.error is not None:
         raise run.error
     console.print(f"[dim]tandem: {len(run.writer.parts_written)} part(s) in {run.writer.out}; "
                   f"`{command[0]}` exited with {exit_code}[/dim]")
     raise typer.Exit(exit_code)
+
+
+def _run_reporting(run) -> None:
+    """The loop's thread: its error stays in run.error, for the command to say once it has
+    waited for the command (not a traceback from this thread)."""
+    try:
+        run.run()
+    except BaseException:
+        pass
 
 
 def _observe(run, metrics) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -120,12 +121,17 @@ class RollingWriter:
     def _write(self, part: Path, meta: dict, tables: dict[str, list[pd.DataFrame]]) -> None:
         part.mkdir(parents=True, exist_ok=True)
         counts = {}
-        for name, frames in tables.items():
-            table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-            write_table(table, part / f"{name}.parquet", {"table": name, "live": meta}, pandas_metadata=name not in OPTIONAL_TABLES)
-            if name != "summary":
-                counts[name] = len(table)
-        tmp = part / "_done.json.tmp"
-        tmp.write_text(json.dumps({**meta, "rows": counts}, default=str) + "\n")
-        os.replace(tmp, part / "_done.json")
+        try:
+            for name, frames in tables.items():
+                table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+                write_table(table, part / f"{name}.parquet", {"table": name, "live": meta},
+                            pandas_metadata=name not in OPTIONAL_TABLES)
+                if name != "summary":
+                    counts[name] = len(table)
+            tmp = part / "_done.json.tmp"
+            tmp.write_text(json.dumps({**meta, "rows": counts}, default=str) + "\n")
+            os.replace(tmp, part / "_done.json")
+        except BaseException:  # (a full disk: no part left with some of its tables)
+            shutil.rmtree(part, ignore_errors=True)
+            raise
         self.parts_written.append(part)
