@@ -303,7 +303,6 @@ class LiveMetrics:
         self._jvm_of_pause: dict[int, int] = {}
         self._endpoints: set[str] = set()
         self._lock = threading.Lock()
-        self.rows_seen_at: float | None = None  # monotonic time of the last rows() call
         self.rows_cpu_s = 0.0  # CPU spent on the loop's thread counting rows
 
     def cost(self) -> str:
@@ -341,7 +340,6 @@ class LiveMetrics:
             spans = tables.get("spans")
             if spans is not None and len(spans):
                 self._spans(spans)
-            self.rows_seen_at = time.monotonic()
 
     def _pauses(self, pauses: pd.DataFrame) -> None:
         ids = pauses["pause_id"].to_numpy(np.int64)
