@@ -380,10 +380,19 @@ class ProcessCodes:
         numbered = numbers.astype(np.int32)
         index = pa.array(numbered)  # (shared by the columns that need no mask: most)
         line, no_line = self._line
-        return pa.table({**{c: pa.DictionaryArray.from_arrays(pa.array(numbered, mask=unnamed[numbers]) if unnamed.any() else index,
-                                                              text, safe=False)
+        return pa.table({**{c: pa.DictionaryArray.from_arrays(_masked(numbered, numbers, unnamed, pa.int32()) if unnamed.any()
+                                                              else index, text, safe=False)
                             for c, (text, unnamed) in self._text.items()},
-                         "line": pa.array(line[numbers], pa.int64(), mask=no_line[numbers] if no_line.any() else None)})
+                         "line": _masked(line[numbers] if not no_line.all() else None, numbers, no_line, pa.int64())})
+
+
+def _masked(values: np.ndarray | None, numbers: np.ndarray, null: np.ndarray, arrow_type) -> pa.Array:
+    """VALUES (one per row) as Arrow, null where the row's code (NUMBERS) is NULL: all nulls at
+    once where no code has one (a session recorded without code attribution), no mask where every
+    code has one."""
+    if null.all():
+        return pa.nulls(numbers.size, arrow_type)
+    return pa.array(values, arrow_type, mask=null[numbers] if null.any() else None)
 
 
 @dataclass
