@@ -50,11 +50,18 @@ def _temporary(path: Path) -> str:
 def _remove_dead_writers_temporaries(path: Path) -> None:
     """A writer killed mid-write (SIGKILL) leaves its temporary behind, named with its pid; the
     next writer of the same file removes those whose process is gone (a live one's it keeps)."""
-    prefix = f".{path.name}."
-    for tmp in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        pid = tmp.name[len(prefix):].split(".", 1)[0]
+    for tmp in _left_by_dead_writers(path.parent, f".{path.name}.", ".tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def _left_by_dead_writers(directory: Path, prefix: str, suffix: str = "") -> list[Path]:
+    """DIRECTORY's PREFIX<pid>.*SUFFIX entries whose writer (that pid) is gone."""
+    left = []
+    for entry in directory.glob(f"{glob.escape(prefix)}*{suffix}"):
+        pid = entry.name[len(prefix):].split(".", 1)[0]
         if pid.isdigit() and not process_alive(int(pid)):
-            tmp.unlink(missing_ok=True)
+            left.append(entry)
+    return left
 
 
 STAGING_PREFIX = ".staging."
@@ -64,10 +71,8 @@ def staging_directory(out: Path) -> Path:
     """A directory inside OUT for one run's result files, moved into OUT together once every one
     is written (`publish`): OUT holds one run's results or the next's, never some of each (a disk
     that fills halfway through them). A killed run's directory (named with its pid) goes at the next."""
-    for old in out.glob(glob.escape(STAGING_PREFIX) + "*"):
-        pid = old.name[len(STAGING_PREFIX):].split(".", 1)[0]
-        if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
+    for old in _left_by_dead_writers(out, STAGING_PREFIX):
+        shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}.", dir=out))
 
 
