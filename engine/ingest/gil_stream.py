@@ -375,24 +375,24 @@ class ProcessCodes:
             unnamed = names[c].isna().to_numpy(bool)
             self._text[c] = pa.array(names[c].astype(object).where(~unnamed, ""), pa.string()), unnamed
         self._line = names["line"].fillna(0).to_numpy(np.int64), names["line"].isna().to_numpy(bool)
+        self._index = np.arange(len(names), dtype=np.int32)  # (each code's index into the text columns)
 
     def columns(self, numbers: np.ndarray) -> pa.Table:
-        numbered = numbers.astype(np.int32)
-        index = pa.array(numbered)  # (shared by the columns that need no mask: most)
+        index = pa.array(numbers.astype(np.int32))  # (shared by the text columns whose codes all have text: most)
         line, no_line = self._line
-        return pa.table({**{c: pa.DictionaryArray.from_arrays(_masked(numbered, numbers, unnamed, pa.int32()) if unnamed.any()
-                                                              else index, text, safe=False)
+        return pa.table({**{c: pa.DictionaryArray.from_arrays(_per_row(self._index, numbers, unnamed, pa.int32())
+                                                              if unnamed.any() else index, text, safe=False)
                             for c, (text, unnamed) in self._text.items()},
-                         "line": _masked(line[numbers] if not no_line.all() else None, numbers, no_line, pa.int64())})
+                         "line": _per_row(line, numbers, no_line, pa.int64())})
 
 
-def _masked(values: np.ndarray | None, numbers: np.ndarray, null: np.ndarray, arrow_type) -> pa.Array:
-    """VALUES (one per row) as Arrow, null where the row's code (NUMBERS) is NULL: all nulls at
-    once where no code has one (a session recorded without code attribution), no mask where every
-    code has one."""
+def _per_row(values: np.ndarray, numbers: np.ndarray, null: np.ndarray, arrow_type) -> pa.Array:
+    """Each row's value of its code (VALUES and NULL per code, NUMBERS per row) as Arrow, null
+    where its code's is: all nulls at once where no code has one (a session recorded without code
+    attribution), no mask where every code has one."""
     if null.all():
         return pa.nulls(numbers.size, arrow_type)
-    return pa.array(values, arrow_type, mask=null[numbers] if null.any() else None)
+    return pa.array(values[numbers], arrow_type, mask=null[numbers] if null.any() else None)
 
 
 @dataclass
