@@ -6,9 +6,14 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from engine.live.watermark import GIL_MARGIN_NS, OPEN_CONFIRM_NS, intervals_watermark, watermark
+from engine.live.watermark import GIL_MARGIN_NS, OPEN_CONFIRM_NS, held_watermark, intervals_watermark
 
 S = 1_000_000_000
+
+
+def watermark(gil_sources, scanned_ns, releases=None, now_ns=None):
+    """W as tandem live makes it at each push: the intervals' watermark, held by young releases."""
+    return held_watermark(intervals_watermark(gil_sources, scanned_ns, now_ns), releases)
 
 
 def _sources(*frontiers, done=()):

@@ -52,17 +52,10 @@ def intervals_watermark(gil_sources, scanned_ns: int | None, now_ns: int | None 
     return base - GIL_MARGIN_NS
 
 
-def watermark(gil_sources, scanned_ns: int | None, releases: np.ndarray | None = None,
-              now_ns: int | None = None) -> tuple[int, int | None]:
-    """W for the sources' last polls and the last scan (SCANNED_NS, None: none yet: now), held by
-    the young ones among RELEASES (rows: the start of a release open now, and when its thread
-    last took the GIL before it); and when the release holding it is confirmed (a poll begun
-    then lets W past it), None: none holds it."""
-    return held_watermark(intervals_watermark(gil_sources, scanned_ns, now_ns), releases)
-
-
 def held_watermark(intervals_ns: int, releases: np.ndarray | None) -> tuple[int, int | None]:
-    """`watermark` from the intervals' watermark INTERVALS_NS already made."""
+    """W: the intervals' watermark INTERVALS_NS, held by the young ones among RELEASES (rows: the
+    start of a release open now, and when its thread last took the GIL before it); and when the
+    release holding it is confirmed (a poll begun then lets W past it), None: none holds it."""
     w, base = intervals_ns, intervals_ns + GIL_MARGIN_NS
     if releases is not None and len(releases):
         young = releases[releases[:, 0] > base - OPEN_CONFIRM_NS]
@@ -72,4 +65,4 @@ def held_watermark(intervals_ns: int, releases: np.ndarray | None) -> tuple[int,
     return w, None
 
 
-__all__ = ["END", "GIL_MARGIN_NS", "LAG_NS", "OPEN_CONFIRM_NS", "held_watermark", "intervals_watermark", "watermark"]
+__all__ = ["END", "GIL_MARGIN_NS", "LAG_NS", "OPEN_CONFIRM_NS", "held_watermark", "intervals_watermark"]
