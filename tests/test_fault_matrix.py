@@ -391,6 +391,19 @@ def test_full_disk_for_the_results_is_one_line_and_keeps_the_results_there(servi
         assert export.returncode == 2 and len(errors) == 1, export.stderr
         assert errors[0].startswith(f"tandem: error: {disk / 'trace.pftrace'}: "), export.stderr
         assert sorted(p.name for p in disk.iterdir()) == ["filler", "out"]
+        # `tandem pauses` of the session's recording onto it, filled to the last block: one line naming the table
+        (disk / "p").mkdir()
+        with open(disk / "filler", "ab", buffering=0) as filler, pytest.raises(OSError):
+            while True:
+                filler.write(bytes(4096))
+        recording = next(session.glob("jvm-*/*.jfr"))
+        pauses = subprocess.run(tandem_argv("pauses", str(recording), "-o", str(disk / "p")), env=env(),
+                                capture_output=True, text=True, timeout=240)
+        no_traceback(pauses.stderr)
+        errors = [line for line in pauses.stderr.splitlines() if line.startswith("tandem: error:")]
+        assert pauses.returncode == 2 and errors == [
+            f"tandem: error: {disk / 'p' / 'pauses.parquet'}: No space left on device (writing the pauses table)"], pauses.stderr
+        assert not any((disk / "p").iterdir())
 
 
 @needs_root

@@ -229,10 +229,14 @@ class TableWriter:
         integers = {f.name: "DELTA_BINARY_PACKED" for f in schema if pa.types.is_integer(f.type)}
         # Min/max statistics for the other columns (times, ids: what a reader prunes row groups
         # by); text statistics cost a quarter of a gil table's write and prune nothing.
-        self._writer = pq.ParquetWriter(self._tmp, schema, compression="lz4", use_dictionary=text,
-                                        column_encoding=integers or None,
-                                        write_statistics=[f.name for f in schema if f.name not in text],
-                                        store_schema=not text_as_dictionary)
+        try:
+            self._writer = pq.ParquetWriter(self._tmp, schema, compression="lz4", use_dictionary=text,
+                                            column_encoding=integers or None,
+                                            write_statistics=[f.name for f in schema if f.name not in text],
+                                            store_schema=not text_as_dictionary)
+        except BaseException:  # (its first bytes did not fit on the disk: no empty temporary left)
+            Path(self._tmp).unlink(missing_ok=True)
+            raise
 
     def write(self, table) -> None:
         if table.num_rows:
