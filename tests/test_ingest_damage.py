@@ -199,7 +199,7 @@ def test_a_damaged_chunk_is_named_and_the_other_chunk_is_read(own_recordings):
     with pytest.warns(TandemWarning) as caught:
         table = jfr.read_pauses(broken)
     message = next(str(w.message) for w in caught if "damaged recording" in str(w.message))
-    assert f"chunk 0 (at byte 0)" in message and f"lost from byte {at}: {first_size - at} bytes" in message
+    assert "chunk 0 (at byte 0)" in message and f"lost from byte {at}: {first_size - at} bytes" in message
     damage = table.attrs["sources"][0]["damage"]
     assert [(d["chunk"], d["from_byte"], d["lost_bytes"]) for d in damage] == [(0, at, first_size - at)]
     # The walk finds whole events again after the broken one and counts the pause events from

@@ -1,11 +1,9 @@
 """`tandem record` and `tandem attach` with real processes: Java, Python, embedded JVMs."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from conftest import default_java_home, jdk_params
 from test_record_helpers import (
     compile_workload, default_sigint, jdk_env, jfr_event_counts, kill_session_processes, only_jvm_dir, read_json, run_tandem,
-    tandem_argv, wait_for,
+    tandem_argv,
 )
 
 

@@ -131,7 +131,6 @@ def _tune_allocators():
         _fields_ = [(name, ctypes.c_size_t) for name in
                     ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
-    trim = lambda: None  # noqa: E731
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3
@@ -145,6 +144,8 @@ def _tune_allocators():
         def trim() -> None:
             if libc.mallinfo2().fordblks > FREE_HEAP_LIMIT:
                 libc.malloc_trim(0)
+    else:
+        trim = lambda: None  # noqa: E731
     import pyarrow as pa
 
     try:
