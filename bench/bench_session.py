@@ -232,8 +232,9 @@ def real_shape(console, tmp: Path) -> list[Row]:
                       f"{counts['pauses']:,} pauses, {counts['system_gc_unnamed']:,} System.gc() pauses with no requester")
     os.sync()
 
-    def tandem(minutes):
-        pauses, gil, _ = inputs[minutes]
+    def tandem(minutes, pauses=None):
+        given, gil, _ = inputs[minutes]
+        pauses = pauses or given
         return [sys.executable, "-m", "engine", "analyze", "--pauses", str(pauses), "--gil", str(gil),
                 "-o", str(tmp / f"out-real-{minutes:g}min")]
 
@@ -271,6 +272,19 @@ def real_shape(console, tmp: Path) -> list[Row]:
                       f"({inputs[480][2]['intervals'] / day_s / 1e6:.2f} M intervals/s), peak RSS {day_gib:.2f} GiB")
         rows.append(Row("session", f"peak RSS real shape 8 h vs {short_minutes:g} min", day_gib, short_gib, "GiB",
                         "<= 1.2x", day_gib <= 1.2 * short_gib))
+        # The same 8 h of GIL intervals with no pause: what of the peak is the GIL side's (bounded
+        # by the blocks read ahead and written) and what the pauses' state (per pause, for causes,
+        # stops and the end tables)
+        import pyarrow.parquet as pq
+
+        no_pauses = tmp / "P-none.parquet"
+        pq.write_table(pq.read_table(inputs[480][0]).slice(0, 0), no_pauses)
+        bare_s, bare_gib = run_measured(tandem(480, no_pauses))
+        console.print(f"real shape, 8 h with no pauses: {bare_s:.1f} s, peak RSS {bare_gib:.2f} GiB "
+                      f"({bare_gib / short_gib:.2f}x the {short_minutes:g} min's); the {inputs[480][2]['pauses']:,} pauses "
+                      f"add {(day_gib - bare_gib) * 1024:.0f} MiB")
+        rows.append(Row("session", f"peak RSS real shape 8 h with no pauses vs {short_minutes:g} min (the GIL side alone)",
+                        bare_gib, short_gib, "GiB", "-", None))
     return rows
 
 
