@@ -325,6 +325,12 @@ def test_the_command_writes_results_and_prints_the_summary(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip() == f"tandem: error: {tmp_path / 'g.parquet'}: missing column 'pause_id' " \
                                  "(needs pause_id, kind, name, start_ns, end_ns)"
+    # the two tables given the wrong way round: the GIL side's missing column is said (it is read first)
+    swapped = subprocess.run([str(tandem), "analyze", "--pauses", str(tmp_path / "g.parquet"), "--gil",
+                              str(tmp_path / "p.parquet"), "-o", str(tmp_path / "out")], capture_output=True, text=True)
+    assert swapped.returncode == 2
+    assert swapped.stderr.strip() == f"tandem: error: {tmp_path / 'p.parquet'}: missing column 'pid' " \
+                                     "(needs pid, tid, state, start_ns, end_ns)"
 
 
 def test_read_ahead_hands_over_every_item_in_order_then_the_producers_error_and_closes_a_generator_left_early():

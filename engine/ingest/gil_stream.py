@@ -113,6 +113,9 @@ class ParquetGil:
             self.file = pq.ParquetFile(self.path, read_dictionary=["state"])
         except (OSError, ValueError) as err:
             raise TandemError(f"{self.path}: not a readable Parquet table: {err}") from None
+        except KeyError:  # (no state column to read as a dictionary: said as the schema check says it)
+            check_gil_schema(pq.read_schema(self.path), str(self.path))
+            raise
         check_gil_schema(self.file.schema_arrow, str(self.path))
         self.attrs = read_metadata(self.path)
         self.source = str(self.path)
