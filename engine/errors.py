@@ -1,7 +1,7 @@
 """Errors a user can act on.
 
-A TandemError is printed by the CLI as one line (`tandem: error: ...`) with exit code 2,
-never as a stack trace. Its message names the file (or process) and what is wrong with it.
+A TandemError is printed by the CLI as one line (`tandem: error: ...`) with exit code 2 (or
+its own), never as a stack trace. Its message names the file (or process) and what is wrong with it.
 An OSError (the machine's answer: a full disk, a file that cannot be opened) is one line too
 (`os_error_line`); anything else escaping is a bug in tandem and keeps its traceback.
 """
@@ -9,7 +9,12 @@ import os  # (only os: every interpreter tandem records imports this module as i
 
 
 class TandemError(Exception):
-    """A user-facing error: bad input, missing JDK, unsupported interpreter."""
+    """A user-facing error: bad input, missing JDK, unsupported interpreter. EXIT_CODE: the
+    command's (2, but a command that `tandem record` cannot start gets a shell's 127 or 126)."""
+
+    def __init__(self, *args, exit_code: int = 2):
+        super().__init__(*args)
+        self.exit_code = exit_code
 
 
 class TandemWarning(UserWarning):

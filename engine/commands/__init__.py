@@ -74,7 +74,7 @@ def main() -> None:
         app()
     except TandemError as err:
         print(f"tandem: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print("tandem: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -117,10 +117,10 @@ def run_forwarding_signals(argv: Sequence[str], env: dict[str, str], on_signal=N
     try:
         # The command keeps the user's umask: tandem's own (077, keep_private) is not its business.
         child = subprocess.Popen(list(argv), env=env, umask=session.user_umask())
-    except FileNotFoundError:
-        raise TandemError(f"{argv[0]}: command not found") from None
+    except FileNotFoundError:  # (a shell's exit codes: a script sees what it would see without tandem)
+        raise TandemError(f"{argv[0]}: command not found", exit_code=127) from None
     except PermissionError:
-        raise TandemError(f"{argv[0]}: permission denied") from None
+        raise TandemError(f"{argv[0]}: permission denied", exit_code=126) from None
 
     def forward(signum, _frame):
         if on_signal is not None:
