@@ -288,7 +288,10 @@ class Causes:
     against that thread's pending queries; queries the watermark has passed are not walked
     again, so a block costs its rows plus the pauses still open."""
 
-    def __init__(self, pauses: pd.DataFrame, stop: np.ndarray, lifetimes: pd.DataFrame):
+    def __init__(self, pauses: pd.DataFrame, stop: np.ndarray, lifetimes: pd.DataFrame, *, every_thread: bool = False):
+        """EVERY_THREAD: LIFETIMES holds every thread the GIL rows will have (an offline drive's
+        first pass): a requester outside them (a Java thread: most requesters) can find no row,
+        and gets no query."""
         n = len(pauses)
         self.n = n
         self.system_gc = _system_gc_pauses(pauses)
@@ -296,7 +299,10 @@ class Causes:
         self.pauses = pauses[[c for c in ("end_ns", "system_gc_frames") if c in pauses.columns]]
         requester = requester_tids(pauses)
         starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
-        named = np.flatnonzero(requester.notna().to_numpy(bool))
+        asked = requester.notna().to_numpy(bool)
+        if every_thread:
+            asked &= np.isin(requester.to_numpy(np.int64, na_value=-1), lifetimes["tid"].to_numpy(np.int64))
+        named = np.flatnonzero(asked)
         candidates = (np.flatnonzero(inference_candidates(pauses, stop, requester=requester, system_gc=self.system_gc))
                       if len(lifetimes) else np.zeros(0, np.int64))
         pair_pause, pair_tid = _alive_threads(pauses, candidates, lifetimes)

@@ -371,7 +371,8 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
                           pauses_source=pause_clock.source, text_as_dictionary=sink.text_as_dictionary,
                           jvm_tids=jvm_threads(pauses))
         stop = stop_ids(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
-        causes = Causes(pauses, stop, lifetimes)  # who asked for each pause: fed the rows and overlaps as they pass
+        # who asked for each pause: fed the rows and overlaps as they pass (the first pass knows every thread)
+        causes = Causes(pauses, stop, lifetimes, every_thread=True)
         pauses = pauses.drop(columns=list(REQUESTER_COLUMNS), errors="ignore")  # (read by Causes only, and now)
         hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
         # (numbering makes the carried text dictionaries: only for a sink that takes text so)
