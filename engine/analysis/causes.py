@@ -301,7 +301,7 @@ class Causes:
         starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
         asked = requester.notna().to_numpy(bool)
         if every_thread:
-            asked &= np.isin(requester.to_numpy(np.int64, na_value=-1), lifetimes["tid"].to_numpy(np.int64))
+            asked = asked & np.isin(requester.to_numpy(np.int64, na_value=-1), lifetimes["tid"].to_numpy(np.int64))
         named = np.flatnonzero(asked)
         candidates = (np.flatnonzero(inference_candidates(pauses, stop, requester=requester, system_gc=self.system_gc))
                       if len(lifetimes) else np.zeros(0, np.int64))
