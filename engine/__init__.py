@@ -10,6 +10,7 @@ _LAZY = {
     "read_pauses": "engine.ingest.jfr",
     "read_gil": "engine.ingest.gil",
     "analyze": "engine.analysis",
+    "load_results": "engine.analysis",
     "TandemError": "engine.errors",
 }
 

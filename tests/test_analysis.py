@@ -430,7 +430,7 @@ def test_results_of_a_recorded_session_are_every_table_readable_by_duckdb_alone(
     import os
 
     from conftest import default_java_home
-    from engine.analysis import load_results
+    from engine import load_results  # (the package's API, as the README names it)
     from engine.correlate.schema import RESULT_TABLES
     from engine.ingest.gil import read_gil
     from test_record_helpers import jdk_env, run_tandem
