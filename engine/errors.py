@@ -2,8 +2,8 @@
 
 A TandemError is printed by the CLI as one line (`tandem: error: ...`) with exit code 2 (or
 its own), never as a stack trace. Its message names the file (or process) and what is wrong
-with it. An OSError (the machine's answer: a full disk, a file that cannot be opened) is one line too
-(`os_error_line`); anything else escaping is a bug in tandem and keeps its traceback.
+with it. An OSError (the machine's answer: a full disk, a file that cannot be opened) is one
+line too (`os_error_line`); anything else escaping is a bug in tandem and keeps its traceback.
 """
 import os  # (only os: every interpreter tandem records imports this module as it starts)
 
