@@ -144,7 +144,7 @@ def test_attach_records_a_running_jvm_for_a_duration(java_home, workload, tmp_pa
     (["record", "-o", "{tmp}/a,b", "--", "true"], "must not contain ,"),
     (["record", "-o", "{tmp}/full", "--", "true"], "already exists and is not an empty directory"),
     (["attach", "999999999", "-o", "{tmp}/s"], "pid 999999999: no such process"),
-    (["attach", "{not_a_jvm}", "-o", "{tmp}/s"], "not a JVM"),
+    (["attach", "{not_a_jvm}", "-o", "{tmp}/s"], "not a JVM (no libjvm.so loaded) nor a CPython"),
 ])
 def test_user_errors_are_one_line(tmp_path, args, message):
     (tmp_path / "full").mkdir()

@@ -35,7 +35,8 @@ def check_pid(pid: int) -> None:
     except OSError as err:
         raise TandemError(f"pid {pid}: cannot inspect the process ({err.strerror})") from None
     if "/libjvm.so" not in maps:
-        raise TandemError(f"pid {pid}: not a JVM (no libjvm.so loaded)")
+        # (`tandem attach` takes a CPython before asking here: this process is neither)
+        raise TandemError(f"pid {pid}: not a JVM (no libjvm.so loaded) nor a CPython (no python executable, no libpython3)")
 
 
 def load_agent(java: Path, jar: Path, pid: int, options: str) -> None:
