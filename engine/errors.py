@@ -37,3 +37,20 @@ def os_error_line(err: OSError, path=None, doing: str = "") -> str:
     else:
         reason = str(err)
     return f"{path}: {reason} ({doing})"
+
+
+class writing_into:
+    """`with writing_into(PATH, DOING):` an OSError met inside (a full disk, a read-only
+    directory) leaves as a TandemError of one line (`os_error_line`); anything else as it is.
+    (A class, not contextlib: this module imports only os.)"""
+
+    def __init__(self, path, doing: str):
+        self.path, self.doing = path, doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, err, traceback) -> bool:
+        if isinstance(err, OSError):
+            raise TandemError(os_error_line(err, self.path, self.doing)) from None
+        return False

@@ -45,7 +45,7 @@ def analyze(
     With --dataset, SESSION's results join a fleet dataset (with or without -o).
     """
     from engine.analysis import analyze_to
-    from engine.errors import TandemError, os_error_line
+    from engine.errors import TandemError, writing_into
 
     if session is None and not (jfr or pauses) and not gil:
         raise TandemError("nothing to analyze: give a SESSION directory, or --jfr/--pauses and --gil")
@@ -59,7 +59,7 @@ def analyze(
     if reference_gil and (copy_gil or dataset is not None):
         raise TandemError("--reference-gil cannot go with --copy-gil or --dataset (a fleet dataset holds the GIL rows)")
     slack_ns = parse_duration_ns(slack)
-    try:
+    with writing_into(out or dataset, "writing the results"):  # (a full disk, a read-only OUT: one line)
         trim_heap = _tune_allocators()
         with _progress("correlating", each=trim_heap) as advance:
             if out is None:
@@ -101,8 +101,6 @@ def analyze(
             typer.echo(f"results in {out}/: {', '.join(p.name for p in result.paths)}")
         if dataset is not None:
             typer.echo(f"dataset {dataset}: session {files['sessions'].stem} under {files['sessions'].parent.relative_to(dataset / 'sessions')}")
-    except OSError as err:  # (a full disk, a read-only OUT: one line, not a traceback)
-        raise TandemError(os_error_line(err, out or dataset, "writing the results")) from None
 
 
 def _received_spans(session: Path | None) -> Path | None:

@@ -20,7 +20,7 @@ def perfetto(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from engine.errors import TandemError, os_error_line
+    from engine.errors import writing_into
     from engine.report.perfetto import export_perfetto
 
     bar = Progress(TextColumn("exporting"), BarColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
@@ -34,9 +34,8 @@ def perfetto(
         bar.update(task, completed=done, total=total)
 
     try:
-        path = export_perfetto(results, output, fmt, progress=progress)
-    except OSError as err:  # (a full disk: one line)
-        raise TandemError(os_error_line(err, output, "writing the trace")) from None
+        with writing_into(output, "writing the trace"):
+            path = export_perfetto(results, output, fmt, progress=progress)
     finally:
         if task is not None:
             bar.stop()

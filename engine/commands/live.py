@@ -49,7 +49,7 @@ def live(
 
     from engine import jvm
     from engine.commands.analyze import parse_duration_ns
-    from engine.errors import TandemError, os_error_line
+    from engine.errors import TandemError, os_error_line, writing_into
     from engine.live.alerts import Alerts
     from engine.live.memory import bound_allocator
     from engine.live.runner import LiveRun
@@ -112,11 +112,8 @@ def live(
             signal.signal(sig, stop)
         console.print(f"[dim]tandem: watching {session}; parts in {run.writer.out} (Ctrl-C stops; "
                       "stops by itself once its recorder has finished)[/dim]")
-        with view:
-            try:
-                run.run()
-            except OSError as err:  # (a full disk: one line; the session is the recorder's, unharmed)
-                raise TandemError(os_error_line(err, run.writer.out, "writing the live parts")) from None
+        with view, writing_into(run.writer.out, "writing the live parts"):  # (the session is the recorder's, unharmed)
+            run.run()
         _close(metrics, metrics_linger, console)
         console.print(f"[dim]tandem: {len(run.writer.parts_written)} part(s) in {run.writer.out}[/dim]")
         return

@@ -15,7 +15,7 @@ def pauses(
     """Read JFR recordings into OUT/pauses.parquet (schema: docs/pauses.md) and summarise them."""
     from rich.console import Console
 
-    from engine.errors import TandemError, os_error_line
+    from engine.errors import writing_into
     from engine.ingest.jfr import read_pauses
     from engine.store import write_table
 
@@ -26,10 +26,8 @@ def pauses(
     total_bytes = sum(p.stat().st_size for p in recordings if p.is_file())
     jvm_options = ("-XX:TieredStopAtLevel=1",) if total_bytes < _C1_ONLY_BELOW_BYTES else ()
     table = read_pauses(recordings, progress=err_console, jvm_options=jvm_options)  # warnings: see main()
-    try:
+    with writing_into(out / "pauses.parquet", "writing the pauses table"):  # (not Arrow's words: the table named)
         target = write_table(table, out / "pauses.parquet")
-    except OSError as err:  # (a full disk, a read-only OUT: one line naming the table, not Arrow's words)
-        raise TandemError(os_error_line(err, out / "pauses.parquet", "writing the pauses table")) from None
     _print_summary(Console(), table, target)
 
 
