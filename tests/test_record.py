@@ -102,6 +102,57 @@ def test_python_program_with_an_embedded_jvm_is_captured_without_change(tmp_path
     assert counts.get("tandem.ClockSync", 0) >= 2
 
 
+SLEEPER_PROGRAM = """
+import threading, time
+
+def sleeper():
+    for _ in range(20):
+        time.sleep(0.010)
+
+thread = threading.Thread(target=sleeper, name="sleeper")
+thread.start()
+thread.join()
+"""
+
+
+def test_a_session_of_one_runtime_is_analyzed_alone(workload, tmp_path):
+    """A JVM with no CPython (or a CPython that started no JVM) is a session too: `tandem
+    analyze` gives that side's results against an empty other side, and says which side is missing."""
+    from engine import load_results
+
+    env = jdk_env(default_java_home())
+    jvm_session, py_session = tmp_path / "jvm", tmp_path / "py"
+    program = tmp_path / "sleeper.py"
+    program.write_text(SLEEPER_PROGRAM)
+    for session, command in ((jvm_session, ["java", "-cp", str(workload), "Workload", "alloc", "0.3"]),
+                             (py_session, [sys.executable, str(program)])):
+        run = run_tandem("record", "-o", str(session), "--", *command, env=env)
+        assert run.returncode == 0, run.stderr
+        run = run_tandem("analyze", str(session), "-o", str(tmp_path / f"{session.name}-out"), env=env)
+        assert run.returncode == 0, run.stderr
+        assert "Traceback" not in run.stderr
+
+    header = " ".join(run_tandem("analyze", str(jvm_session), "-o", str(tmp_path / "jvm-out"), env=env).stdout.split())
+    assert "Python pids none (no CPython recorded)" in header
+    jvm = load_results(tmp_path / "jvm-out")
+    counts = jfr_event_counts(default_java_home(), only_jvm_dir(jvm_session) / "recording.jfr")  # (the witness: jfr summary)
+    kinds = jvm.pauses["kind"].value_counts()
+    assert kinds.get("gc_pause", 0) == counts["jdk.GCPhasePause"] > 0
+    assert kinds.get("gc", 0) == counts["jdk.GarbageCollection"]
+    assert jvm.gil.empty and jvm.overlaps.empty and len(jvm.pause_impact) == len(jvm.pauses)
+
+    header = " ".join(run_tandem("analyze", str(py_session), "-o", str(tmp_path / "py-out"), env=env).stdout.split())
+    assert "JVM pids none (no JVM recorded)" in header
+    py = load_results(tmp_path / "py-out")
+    assert py.pauses.empty and py.overlaps.empty
+    gil = py.gil
+    sleeps = gil[(gil["thread_name"] == "sleeper") & (gil["state"] == "released")]
+    # (the known workload: each 10 ms sleep releases the GIL for at least 10 ms; the main thread
+    # waits in join meanwhile, so nobody holds it)
+    assert int(((sleeps["end_ns"] - sleeps["start_ns"]) >= 10_000_000).sum()) >= 20
+    assert int(py.gil_free["duration_ns"].sum()) >= 20 * 10_000_000
+
+
 @pytest.mark.parametrize("java_home", jdk_params())
 def test_attach_records_a_running_jvm_for_a_duration(java_home, workload, tmp_path):
     env = jdk_env(java_home)

@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass
 from engine.errors import TandemError
 
 MONOTONIC = "monotonic"
+# The clock method of a side a session did not record (a CPython service that started no JVM, a
+# JVM with no CPython): the other side is analyzed alone, against an empty table.
+NOT_RECORDED = "not recorded"
 
 
 @dataclass(frozen=True)

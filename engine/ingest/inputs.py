@@ -13,7 +13,8 @@ from typing import Iterable
 
 import pandas as pd
 
-from engine.clock.facts import clock_facts
+from engine.clock.facts import MONOTONIC, NOT_RECORDED, clock_facts
+from engine.correlate.schema import empty_frame
 from engine.errors import TandemError
 from engine.ingest.gil import _events_files, read_gil
 from engine.ingest.gil_stream import EventsGil, ParquetGil
@@ -47,13 +48,17 @@ def pauses_from(session: Path | None = None, jfr: Iterable[Path] = (), tables: I
         names.append(str(table))
         frame_names.append(str(table))
     if not frames:
-        raise TandemError(f"{session}: no JVM recording in this session" if session else "no pauses given (a SESSION, --jfr or --pauses)")
+        if session is None:
+            raise TandemError("no pauses given (a SESSION, --jfr or --pauses)")
+        return unrecorded_side("pauses"), f"{session} (no JVM recorded)"
     return _concat_pauses(frames, frame_names), ", ".join(names)
 
 
 def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[pd.DataFrame, str]:
     """The gil table of a session's interpreters, of probe files, or of Parquet tables."""
     frames, names = [], []
+    if session is not None and not paths and not Session.open(session).pythons:
+        return unrecorded_side("gil"), f"{session} (no CPython recorded)"
     if session is not None:
         frames.append(read_gil(session))
         names.append(f"{session} (Python)")
@@ -63,6 +68,13 @@ def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[p
     if not frames:
         raise TandemError(f"{session}: no GIL events in this session" if session else "no GIL intervals given (a SESSION or --gil)")
     return _concat(frames, names), ", ".join(names)
+
+
+def unrecorded_side(name: str) -> pd.DataFrame:
+    """The empty pauses or gil table of a side the session did not record."""
+    table = empty_frame(name)
+    table.attrs = {"clock": {"domain": MONOTONIC, "method": NOT_RECORDED, "error_ns": 0}}
+    return table
 
 
 def _clock_parts(frames: list[pd.DataFrame], names: list[str]) -> list[dict]:

@@ -5,6 +5,7 @@ import math
 
 import pandas as pd
 
+from engine.clock.facts import NOT_RECORDED
 from engine.facts import AnalysisFacts, JfrLost
 from engine.memory.growth import BUCKET_NAMES
 from engine.spans.outputs import hurt_endpoints
@@ -29,9 +30,10 @@ def header_line(header: dict) -> str:
     """Recording span, processes, dropped events and clock error in one line."""
     facts = AnalysisFacts.from_metadata(header)
     losses = facts.losses
-    errors = ", ".join(f"{side} ±{_duration(clock.error_ns)} ({clock.method})" for side, clock in facts.clock.items())
-    python = ", ".join(map(str, facts.python_pids)) or "none"
-    jvms = ", ".join(map(str, facts.jvm_pids)) or "unknown"
+    recorded = {side: clock for side, clock in facts.clock.items() if clock.method != NOT_RECORDED}
+    errors = ", ".join(f"{side} ±{_duration(clock.error_ns)} ({clock.method})" for side, clock in recorded.items())
+    python = ", ".join(map(str, facts.python_pids)) or ("none" if "gil" in recorded else "none (no CPython recorded)")
+    jvms = ", ".join(map(str, facts.jvm_pids)) or ("unknown" if "pauses" in recorded else "none (no JVM recorded)")
     slack = f"; near misses within {_duration(facts.slack_ns)}" if facts.slack_ns else ""
     if facts.offset_ns is not None:
         slack += f"; pauses shifted by {facts.offset_ns} ns (explicit offset, clocks not checked)"
