@@ -162,16 +162,23 @@ def shared_text(values: pd.Series) -> np.ndarray:
 def carried_key(table: pa.Table) -> np.ndarray:
     """Per row of TABLE (carried columns), a dense number, equal for rows of equal values: a
     mixed-radix key over each column's dictionary indexes (as given when dictionary-encoded:
-    equal values under two indexes only make two keys of one code), then a hash of the keys."""
-    key = np.zeros(table.num_rows, np.int64)
+    equal values under two indexes only make two keys of one code), then a hash of the keys.
+    (In place, with no copy of a column of one chunk or with no nulls: a block's columns are
+    a million rows, and fresh memory is most of what a copy costs.)"""
+    key, bound = np.zeros(table.num_rows, np.int64), 1  # (every key < bound)
     for column in table.columns:
-        column = column.combine_chunks()
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
         if not pa.types.is_dictionary(column.type):
             column = pa.compute.dictionary_encode(column)
-        index = column.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        if key.size and (int(key.max()) + 1) * (len(column.dictionary) + 1) >= 1 << 62:
-            key = pd.factorize(key)[0].astype(np.int64)  # (renumbered densely before it could overflow)
-        key = key * (len(column.dictionary) + 1) + (index + 1)
+        indices = column.indices.fill_null(-1) if column.indices.null_count else column.indices
+        radix = len(column.dictionary) + 1
+        if bound * radix >= 1 << 62:  # (renumbered densely before it could overflow)
+            key, uniques = pd.factorize(key)
+            key, bound = key.astype(np.int64), len(uniques)
+        key *= radix
+        key += indices.to_numpy(zero_copy_only=False)
+        key += 1
+        bound *= radix
     return pd.factorize(key)[0]
 
 
