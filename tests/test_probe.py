@@ -134,6 +134,39 @@ def test_clock_gettime_fallback_when_forced(python, tmp_path):
     assert_sleeps_recorded(df, witness["tid"], witness["brackets"])
 
 
+def test_closed_events_file_cut_short_reads_as_far_as_it_goes(tmp_path):
+    """A closed events file that lost its end (a copy cut short, at a record's edge or inside
+    one) is read as far as it goes, with one warning naming it: every interval then read is
+    one of the whole file's, and the events cut off are counted lost (the closed header's
+    counters say how many there were)."""
+    import warnings
+
+    from engine.errors import TandemWarning
+
+    python = Path(sys.executable)
+    _, whole_events, whole = run_workload(python, "sleeper", "auto", tmp_path)
+    assert whole_events.closed and whole_events.lost == 0
+    data = (tmp_path / "sleeper-auto.gil").read_bytes()
+    offset, size = whole_events.header.records_offset, whole_events.header.record_size
+    rows = whole[["tid", "state", "start_ns", "end_ns"]]
+    for keep in (offset + size * (len(whole_events.records) // 2), offset + size * (len(whole_events.records) // 3) + size // 2):
+        cut = tmp_path / f"cut-{keep}.gil"
+        cut.write_bytes(data[:keep])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            events, table = read_events(cut), read_gil(cut)
+        said = [str(w.message) for w in caught if issubclass(w.category, TandemWarning)]
+        assert said and all(m.startswith(f"{cut}: closed events file cut short") for m in said), said
+        assert events.lost == len(whole_events.records) - len(events.records) > 0
+        assert 0 < len(table) < len(whole)
+        got = table[["tid", "state", "start_ns", "end_ns"]].merge(rows, how="left", indicator=True)
+        assert (got["_merge"] == "both").all()
+    # (a closed file holding more than its header claims is not cut short: still refused)
+    (tmp_path / "longer.gil").write_bytes(data + data[offset:offset + size])
+    with pytest.raises(TandemError, match="corrupt file"):
+        read_events(tmp_path / "longer.gil")
+
+
 @pytest.mark.parametrize("python", python_params())
 def test_tsc_ring_reads_like_its_events_file(python, tmp_path):
     """With the TSC clock the live ring holds raw TSC (clock_id 2); read_ring converts it

@@ -313,7 +313,7 @@ class PackedBlocks:
             self.records_read += got
             if got:
                 yield block[:got].view(header.record_dtype)
-        self.lane_records, self.lane_lost, self.lost, self.closed = _check_complete(self.path, header, check)
+        self.lane_records, self.lane_lost, self.lost, self.closed = _check_complete(self.path, header, check, len(rows))
         self.next_seq = check.next_seq.copy()
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from engine.errors import TandemError
+from engine.errors import TandemError, TandemWarning
 from engine.ring.layout import (CALIB_SLOTS, CALIB_WORDS, CLOCK_TSC, FILE_KIND_EVENTS, FILE_KIND_RING, HEADER_SIZE, LANE_DTYPE,
                                 LOST_MARKER, MAX_POSITION, OFFSET_CALIB_SEQ, OFFSET_CALIB_TABLE, OFFSET_STATE, STATE_CLOSED,
                                 RingHeader, parse_header, records_offset_of)
@@ -122,12 +123,12 @@ def read_events(path: str | os.PathLike) -> EventsFile:
                       closed=blocks.closed, lane_records=blocks.lane_records, lane_lost=blocks.lane_lost)
 
 
-def _check_complete(path: Path, header: RingHeader, check: "_EventsCheck"):
+def _check_complete(path: Path, header: RingHeader, check: "_EventsCheck", slots: int):
     """After every record was read: (records per lane, lost per lane, lost, closed), the
-    counters of a closed file checked against what was read."""
+    counters of a closed file checked against what was read. SLOTS: the records and markers
+    the file holds room for (fewer than its header claims records: it was cut short)."""
     lane_records = tuple(int(n) for n in check.records)
-    lane_lost = tuple(check.lost)
-    lost = sum(lane_lost)
+    lane_lost = list(check.lost)
     closed = header.closed
     if closed:
         # A cleanly closed file says what it should hold, lane by lane: every position the
@@ -137,18 +138,28 @@ def _check_complete(path: Path, header: RingHeader, check: "_EventsCheck"):
         if sum(int(v) for v in lanes["drain_lost"]) != header.drain_lost:
             raise TandemError(f"{path}: closed events file: lane drain_lost counters do not add up to the header's {header.drain_lost} (corrupt file)")
         complete = header.drain_lost == 0
+        claimed = sum(int(h) - int(b) - int(u) for h, b, u in zip(lanes["head"], lanes["base_head"], lanes["drain_lost"]))
+        missing = 0
         for lane in range(header.lane_count):
             # (a segment after the first counts from its lane's bases: docs/ring.md, "Segments")
             head = int(lanes["head"][lane]) - int(lanes["base_head"][lane])
             dropped = int(lanes["dropped"][lane]) - int(lanes["base_dropped"][lane])
             unwritten = int(lanes["drain_lost"][lane])
             got, got_lost = lane_records[lane], lane_lost[lane]
-            if got + unwritten != head or (got_lost != dropped if complete else got_lost > dropped):
+            if got + unwritten < head and got_lost <= dropped and slots < claimed:  # (no seq gap: the rest was at the end)
+                lane_lost[lane] = dropped + head - unwritten - got  # (cut off: lost, as a drop's events are)
+                missing += head - unwritten - got
+            elif got + unwritten != head or (got_lost != dropped if complete else got_lost > dropped):
                 raise TandemError(
                     f"{path}: closed events file holds {got} records and {got_lost} lost in lane {lane}, "
                     f"its header says {head} claimed, {unwritten} unwritten, {dropped} dropped (corrupt file)"
                 )
-    return lane_records, lane_lost, lost, closed
+        if missing:
+            # A closed file that lost its end (a copy cut short): what it holds is whole, every
+            # record checked; the rest is counted lost, as a full lane's drops are.
+            warnings.warn(f"{path}: closed events file cut short: {missing} of its {claimed} events missing "
+                          "at its end; reading what it holds, the rest counted lost", TandemWarning, stacklevel=2)
+    return lane_records, tuple(lane_lost), sum(lane_lost), closed
 
 
 class EventsBlocks:
@@ -191,7 +202,7 @@ class EventsBlocks:
             yield from blocks(fd, count, sub, block, check)
         finally:
             os.close(fd)
-        self.lane_records, self.lane_lost, self.lost, self.closed = _check_complete(path, header, check)
+        self.lane_records, self.lane_lost, self.lost, self.closed = _check_complete(path, header, check, count)
         self.next_seq = check.next_seq.copy()
 
     def _read_blocks(self, fd: int, count: int, sub: int, block: int, check: "_EventsCheck"):
