@@ -216,10 +216,10 @@ class _ThreadSpill:
         valid = pc.is_valid(names).to_numpy(zero_copy_only=False)
         if not valid.any():
             return
-        keys, first = np.unique(np.column_stack([pid[valid], tid[valid]]), axis=0, return_index=True)
-        rows = np.flatnonzero(valid)[first]
-        for (p, t), row in zip(keys.tolist(), rows.tolist()):
-            self.names.setdefault((p, t), str(names[row]))
+        keys = pid[valid] << 32 | tid[valid]
+        rows = np.flatnonzero(valid)[~pd.Series(keys).duplicated().to_numpy()]  # (each thread's first named row: a hash, not a sort)
+        for key, row in zip((pid[rows] << 32 | tid[rows]).tolist(), rows.tolist()):
+            self.names.setdefault((key >> 32, key & 0xFFFFFFFF), str(names[row]))
 
     def add_overlaps(self, results: Results) -> None:
         for batch in results.batches("overlaps", ("pause_id", "pid", "tid", "state", "start_ns", "end_ns", "near_miss")):
@@ -485,13 +485,13 @@ def _state_names(states: np.ndarray, labels: list[str]) -> tuple[np.ndarray, lis
     """Per state row its name index, and the names: `held`, or the state and the Python code it
     gave the GIL up in (`released: fetch (db.py:88)`), or the state alone when not recorded."""
     keys = states[:, 3] * len(STATES) + states[:, 2]  # (code, state) pairs; code -1 gives negative keys
-    unique, inverse = np.unique(keys, return_inverse=True)
+    inverse, unique = pd.factorize(keys, sort=True)
     names = []
     for key in unique.tolist():
         code, state = divmod(key, len(STATES))
         name = STATES[state]
         names.append(f"{name}: {labels[code]}" if code >= 0 and state != 2 else name)
-    return inverse.reshape(-1).astype(np.int64), names
+    return inverse.astype(np.int64), names
 
 
 def _chunk_slices(states: np.ndarray, marks: _Marks, chosen: range, pause_names: dict[int, str],
@@ -660,18 +660,21 @@ class _ProtoWriter:
         self.out.write(trace.SerializeToString())
 
     def slices(self, track: _Track, s: _Slices) -> None:
-        """The next slices of the current track (after those already written)."""
+        """The next slices of the current track (after those already written). A plain event
+        (a begin with only its name, an end: nearly all of them) is encoded by `plain_packets`;
+        one with flows, arguments or names interned with it by the protos."""
         pb, seq = self.pb, self.seq
         times, is_end, which = _event_order(s)
         if not len(times):
             return
-        trace = pb.Trace()
         if self.last_ts is None:
             self.last_ts = int(times[0])
+            trace = pb.Trace()
             clock = trace.packet.add(trusted_packet_sequence_id=seq, timestamp=self.last_ts, timestamp_clock_id=self._MONOTONIC)
             clock.clock_snapshot.clocks.add(clock_id=self._INCREMENTAL_CLOCK, timestamp=self.last_ts, is_incremental=True)
             clock.clock_snapshot.clocks.add(clock_id=self._MONOTONIC, timestamp=self.last_ts)
-        deltas = np.diff(np.r_[self.last_ts, times]).tolist()
+            self.out.write(trace.SerializeToString())
+        deltas = np.diff(np.r_[self.last_ts, times])
         self.last_ts = int(times[-1])
         iid = []
         new_names = []
@@ -680,34 +683,36 @@ class _ProtoWriter:
                 self.iids[name] = len(self.iids) + 1
                 new_names.append(name)
             iid.append(self.iids[name])
-        BEGIN, END = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END
-        add = trace.packet.add
-        flows_in, flows_out, args = s.flows_in, s.flows_out, s.args
-        names = s.name.tolist()
-        for delta, end, i in zip(deltas, is_end.tolist(), which.tolist()):
-            if end:
-                add(timestamp=delta, trusted_packet_sequence_id=seq).track_event.type = END
-                continue
-            packet = add(timestamp=delta, trusted_packet_sequence_id=seq)
-            if new_names:  # names first used in this batch, interned with its first event
+        name_iid = np.asarray(iid, np.int64)[s.name[which]]
+        begins = np.flatnonzero(~is_end)
+        with_more = set(s.flows_out) | set(s.flows_in) | set(s.args)
+        special = [int(k) for k in begins[np.isin(which[begins], list(with_more))]] if with_more else []
+        if new_names and len(begins):  # (names first used in this batch, interned with its first begin)
+            special = sorted({int(begins[0]), *special})
+        data, offsets = plain_packets(deltas, is_end, name_iid, seq)
+        written = 0
+        for k in special:
+            i = int(which[k])
+            trace = pb.Trace()
+            packet = trace.packet.add(timestamp=int(deltas[k]), trusted_packet_sequence_id=seq)
+            if new_names:
                 for name in new_names:
                     packet.interned_data.event_names.add(iid=self.iids[name], name=name)
                 new_names = []
             event = packet.track_event
-            event.type = BEGIN
-            event.name_iid = iid[names[i]]
-            if i in flows_out:
-                event.flow_ids.extend(flows_out[i])
-            if i in flows_in:
-                event.terminating_flow_ids.extend(link[0] for link in flows_in[i])
-            if i in args:
-                for key, value in args[i].items():
+            event.type = pb.TrackEvent.TYPE_SLICE_BEGIN
+            event.name_iid = int(name_iid[k])
+            if i in s.flows_out:
+                event.flow_ids.extend(s.flows_out[i])
+            if i in s.flows_in:
+                event.terminating_flow_ids.extend(link[0] for link in s.flows_in[i])
+            if i in s.args:
+                for key, value in s.args[i].items():
                     _annotate(event.debug_annotations.add(name_iid=_ARG_IID[key]), value)
-            if len(trace.packet) >= 4096:
-                self.out.write(trace.SerializeToString())
-                trace = pb.Trace()
-                add = trace.packet.add
-        self.out.write(trace.SerializeToString())
+            self.out.write(data[offsets[written]:offsets[k]])
+            self.out.write(trace.SerializeToString())
+            written = k + 1
+        self.out.write(data[offsets[written]:offsets[-1]])
 
     def counter(self, track: _Track, parent: int, t_ns: np.ndarray, values: np.ndarray) -> None:
         """A counter track of its own sequence: descriptor (bytes), then one TYPE_COUNTER event a
@@ -737,6 +742,55 @@ class _ProtoWriter:
 
     def close(self) -> None:
         pass
+
+
+# Protobuf wire bytes of the plain TrackEvent packets (field numbers: perfetto's trace.proto;
+# tests/test_perfetto.py holds the bytes equal to the protos' own serialization).
+_PACKET = 0x0A          # Trace.packet (1), length-delimited
+_TIMESTAMP = 0x40       # TracePacket.timestamp (8), varint
+_SEQUENCE = 0x50        # TracePacket.trusted_packet_sequence_id (10), varint
+_TRACK_EVENT = 0x5A     # TracePacket.track_event (11), length-delimited
+_TYPE = 0x48            # TrackEvent.type (9), varint: 1 slice begin, 2 slice end
+_NAME_IID = 0x50        # TrackEvent.name_iid (10), varint
+
+
+def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's varint bytes, as a (values, bytes of the largest) matrix and the mask of its bytes."""
+    v = np.asarray(values).astype(np.uint64)
+    width = max(1, -(-int(v.max()).bit_length() // 7)) if v.size else 1  # (bytes of the largest: 10 at most)
+    shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
+    rest = v[:, None] >> shifts  # (v >> 7k: what byte k and those after it hold)
+    more = np.zeros_like(rest, dtype=bool)
+    more[:, :-1] = rest[:, 1:] != 0
+    used = more.copy()
+    used[:, 0] = True
+    used[:, 1:] |= more[:, :-1]
+    return ((rest & np.uint64(0x7F)) | (more.astype(np.uint64) << np.uint64(7))).astype(np.uint8), used
+
+
+def plain_packets(deltas: np.ndarray, is_end: np.ndarray, name_iid: np.ndarray, sequence: int) -> tuple[bytes, np.ndarray]:
+    """The wire bytes of one plain packet per event, in order: a slice begin (type 1, its
+    name_iid) or end (type 2) at DELTAS on the sequence's incremental clock; and each
+    packet's offset in them (offsets[k]: where packet k begins; offsets[-1]: the end)."""
+    n = len(deltas)
+    delta, delta_used = _varints(deltas)
+    iid, iid_used = _varints(np.where(is_end, 0, name_iid))
+    iid_used &= ~is_end[:, None]
+    seq, seq_used = _varints(np.array([sequence]))
+    seq, seq_used = np.repeat(seq[:, seq_used[0]], n, 0), np.ones((n, int(seq_used.sum())), bool)
+    event_len = 2 + np.where(is_end, 0, 1 + iid_used.sum(1))  # type, then name_iid
+    body_len = 1 + delta_used.sum(1) + 1 + seq.shape[1] + 2 + event_len  # (< 128: one length byte)
+    column = lambda value: np.full((n, 1), value, np.uint8)  # noqa: E731
+    parts = [column(_PACKET), body_len.astype(np.uint8)[:, None], column(_TIMESTAMP), delta, column(_SEQUENCE), seq,
+             column(_TRACK_EVENT), event_len.astype(np.uint8)[:, None], column(_TYPE),
+             np.where(is_end, 2, 1).astype(np.uint8)[:, None], column(_NAME_IID), iid]
+    ones = np.ones((n, 1), bool)
+    used = [ones, ones, ones, delta_used, ones, seq_used, ones, ones, ones, ones, ~is_end[:, None], iid_used]
+    mask = np.concatenate(used, axis=1)
+    data = np.concatenate(parts, axis=1)[mask].tobytes()
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(2 + body_len, out=offsets[1:])
+    return data, offsets
 
 
 def _annotate(annotation, value) -> None:
