@@ -137,3 +137,15 @@ class Results:
 
 def _empty(table: str) -> pd.DataFrame:
     return empty_frame(table) if table in RESULT_TABLES else pd.DataFrame()
+
+
+def worst_window(pause_impact: pd.DataFrame, span: tuple[int, int], margin: float = 3.0) -> tuple[int, int]:
+    """[start_ns, end_ns) around the pause that overlapped Python longest (else the longest
+    pause), padded by MARGIN times its duration on each side (at least 5 ms); SPAN when there
+    is no pause."""
+    if pause_impact.empty:
+        return span
+    key = "overlap_ns" if int(pause_impact["overlap_ns"].max()) > 0 else "duration_ns"
+    worst = pause_impact.loc[pause_impact[key].idxmax()]
+    pad = max(int(margin * int(worst["duration_ns"])), 5_000_000)
+    return int(worst["start_ns"]) - pad, int(worst["end_ns"]) + pad

@@ -312,6 +312,67 @@ def test_a_caused_pause_is_linked_to_the_python_slice_that_asked(trace):
         assert origin["name"].split(":")[0] == state
 
 
+@pytest.mark.parametrize("fmt", ["proto", "json"])
+def test_a_window_draws_what_reaches_into_it(tmp_path, analysis, fmt):
+    """`--window FROM..TO` (offsets into the results' span) and `--worst`: exactly the pauses and
+    GIL states that reach into the window are drawn, whole; the CLI says a bad window in one line."""
+    from engine.report.perfetto import WORST
+
+    result, out = analysis
+    decode = decode_proto if fmt == "proto" else decode_json
+    span_start = int(result.header["span_start_ns"])
+    for window, (t0, t1) in [((500 * MS, 900 * MS), (span_start + 500 * MS, span_start + 900 * MS)),
+                             (WORST, result.worst_window())]:
+        _, slices = decode(export_perfetto(out, tmp_path / f"window.{fmt}", fmt=fmt, window=window))
+        pauses = result.pauses[(result.pauses["end_ns"] >= t0) & (result.pauses["start_ns"] <= t1)]
+        drawn = sorted((s["args"]["pause_id"], s["start"], s["end"]) for s in slices if s["cat"] == "jvm" and "pause_id" in s["args"])
+        assert drawn == sorted(zip(pauses["pause_id"].tolist(), pauses["start_ns"].tolist(), pauses["end_ns"].tolist()))
+        assert 0 < len(drawn) < len(result.pauses)
+        gil = result.gil[(result.gil["end_ns"] > result.gil["start_ns"]) & (result.gil["end_ns"] >= t0) & (result.gil["start_ns"] <= t1)]
+        states = sorted((s["name"], s["start"], s["end"]) for s in slices if s["cat"] == "gil" and s["name"] != "held")
+        assert states == sorted((_slice_name(row), row.start_ns, row.end_ns) for row in gil.itertuples()) and states
+    tandem = Path(sys.executable).parent / "tandem"
+    for args, said in [(["--window", "2s..1s"], "--window: it ends before it starts"),
+                       (["--window", "1s"], "--window '1s': expected FROM..TO"),
+                       (["--window", "0..1s", "--worst"], "--window and --worst: give one")]:
+        run = subprocess.run([str(tandem), "export", "perfetto", str(out), "-o", str(tmp_path / "bad.pftrace"), *args],
+                             capture_output=True, text=True)
+        assert run.returncode == 2 and said in run.stderr and "Traceback" not in run.stderr, run.stderr
+        assert not (tmp_path / "bad.pftrace").exists()
+    run = subprocess.run([str(tandem), "export", "perfetto", str(out), "-o", str(tmp_path / "last.pftrace"), "--window", "-1s.."],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def test_sigterm_mid_export_leaves_nothing_behind(tmp_path):
+    """SIGTERM (a `timeout`, a service manager) ends an export as Ctrl-C does: exit 128 + 15,
+    and neither its spill directory nor a half-written trace is left beside the output."""
+    import signal
+    import time
+
+    n = 2_000_000  # (GIL rows: the export is still at work when the signal comes)
+    start = np.arange(n, dtype=np.int64) * 10_000
+    gil = pd.DataFrame({"pid": 77, "tid": 100 + np.arange(n) % 4, "state": np.where(np.arange(n) % 3, "released", "waiting"),
+                        "start_ns": start, "end_ns": start + 6_000})
+    pauses = pd.DataFrame({"pause_id": np.arange(3, dtype=np.int64), "kind": "gc_pause", "name": "G1New",
+                           "start_ns": np.array([1, 2, 3], np.int64) * 5_000_000_000, "end_ns": np.array([1, 2, 3]) * 5_000_000_000 + 9_000_000})
+    results = tmp_path / "results"
+    correlate(pauses, gil).write(results)
+    target = tmp_path / "trace"
+    target.mkdir()
+    tandem = Path(sys.executable).parent / "tandem"
+    export = subprocess.Popen([str(tandem), "export", "perfetto", str(results), "-o", str(target / "t.pftrace")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(target.iterdir()) and export.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert export.poll() is None, "the export ended before the signal"
+    export.send_signal(signal.SIGTERM)
+    _, err = export.communicate(timeout=60)
+    assert export.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and list(target.iterdir()) == []
+
+
 def test_plain_packets_are_the_protos_own_bytes():
     """The bulk encoder of plain slice begins and ends writes exactly what the `perfetto`
     package's protos serialize for the same packets: varint edges (0, 127, 128, 2^14, 2^35,

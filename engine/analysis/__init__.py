@@ -25,7 +25,7 @@ from engine.ingest.gil_stream import FrameGil
 from engine.ingest.inputs import gil_from, pauses_from, streamable_gil
 from engine.report.summary import print_summary
 from engine.report.timeline import draw_timeline
-from engine.results import Results
+from engine.results import Results, worst_window
 from engine.store import write_table
 
 
@@ -64,13 +64,8 @@ class Analysis:
     def worst_window(self, margin: float = 3.0) -> tuple[int, int]:
         """[start_ns, end_ns) around the pause that overlapped Python longest (else the longest
         pause), padded by `margin` times its duration on each side (at least 5 ms)."""
-        impact = self.pause_impact
-        if impact.empty:
-            return int(self.header.get("span_start_ns", 0)), int(self.header.get("span_end_ns", 1))
-        key = "overlap_ns" if int(impact["overlap_ns"].max()) > 0 else "duration_ns"
-        worst = impact.loc[impact[key].idxmax()]
-        pad = max(int(margin * int(worst["duration_ns"])), 5_000_000)
-        return int(worst["start_ns"]) - pad, int(worst["end_ns"]) + pad
+        span = int(self.header.get("span_start_ns", 0)), int(self.header.get("span_end_ns", 1))
+        return worst_window(self.pause_impact, span, margin)
 
     def write(self, out_dir: str | os.PathLike) -> list[Path]:
         """Write every result table as OUT/<name>.parquet, each atomically; existing results are replaced."""

@@ -6,6 +6,7 @@ Command modules import only typer and the standard library at module level, so t
 from __future__ import annotations
 
 import gc
+import signal
 import sys
 
 import typer
@@ -54,6 +55,13 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 GC_THRESHOLD = 20_000
 
 
+def _terminated(signum, _frame) -> None:
+    """SIGTERM (a `timeout`, a service manager) ends a command as Ctrl-C does: its temporary
+    files and half-written results are removed on the way out (`tandem record` and `tandem
+    live` forward it to their command instead while it runs)."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     import warnings
 
@@ -65,6 +73,8 @@ def main() -> None:
         yield_to_the_service()
 
     gc.set_threshold(GC_THRESHOLD)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
     global _default_showwarning
     _default_showwarning = warnings.showwarning
     warnings.showwarning = _show_warning

@@ -7,14 +7,15 @@ from typing import List, Optional
 
 import typer
 
-_UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000,
+             "h": 3_600_000_000_000}
 
 
 def parse_duration_ns(text: str) -> int:
-    """'50ms', '1.5s', '200us', '700ns' or a bare integer of ns, as int ns."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(ns|us|µs|ms|s)?\s*", text)
+    """'50ms', '1.5s', '200us', '700ns', '10m', '1h' or a bare integer of ns, as int ns."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(ns|us|µs|ms|s|m|h)?\s*", text)
     if not match:
-        raise typer.BadParameter(f"{text!r} is not a duration (e.g. 50ms, 1.5s, 200us, 700ns)")
+        raise typer.BadParameter(f"{text!r} is not a duration (e.g. 50ms, 1.5s, 200us, 700ns, 10m)")
     number, unit = match.groups()
     return round(float(number) * _UNITS_NS[unit or "ns"])
 

@@ -43,7 +43,7 @@ from engine.correlate.stops import caused_stops
 from engine.errors import TandemError
 from engine.memory import MEMORY_TABLE
 from engine.memory.series import process_series
-from engine.results import Results
+from engine.results import Results, worst_window
 
 
 # Pause families in the order their tracks appear under a JVM process.
@@ -56,6 +56,7 @@ JVM_TRACKS = {
     "deoptimization": "deoptimization",
 }
 FORMATS = ("proto", "json")
+WORST = "worst"  # export_perfetto's window: the worst pause with its surroundings
 _LANE_STRIDE = 100  # JSON tids of a JVM's tracks: family index * stride + lane + 1
 _UNKNOWN_JVM_PID = 0  # pauses brought from elsewhere without jvm_pid
 _MEMORY_RANK = -1000  # counter tracks' sibling_order_rank: above a process's pause and thread tracks
@@ -125,6 +126,27 @@ def _state_codes(batch) -> np.ndarray:
     return pc.equal(states, "waiting").to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+def _in_window(start: np.ndarray, end: np.ndarray, window: tuple[int, int]) -> np.ndarray:
+    """Rows reaching into [window start, window end] (a slice crossing an edge is drawn whole)."""
+    return (end >= window[0]) & (start <= window[1])
+
+
+def _window(results: Results, window) -> tuple[int, int] | None:
+    """WINDOW on CLOCK_MONOTONIC: WORST (the worst pause with its surroundings:
+    engine.results.worst_window), or (FROM, TO) offsets in ns from the start of the results'
+    span (a negative one from its end; None: that edge of the span); None: everything."""
+    if window is None:
+        return None
+    facts = results.facts()
+    span = (facts.span_start_ns, facts.span_end_ns)
+    if window == WORST:
+        return worst_window(results.table("pause_impact"), span)
+    edges = [span[i] if offset is None else (span[1] if offset < 0 else span[0]) + offset for i, offset in enumerate(window)]
+    if edges[1] <= edges[0]:
+        raise TandemError(f"--window: it ends before it starts (the results span {(span[1] - span[0]) / 1e9:.1f} s)")
+    return edges[0], edges[1]
+
+
 def _read_pauses(results: Results) -> pd.DataFrame:
     return results.table("pauses")
 
@@ -159,6 +181,8 @@ class _ThreadSpill:
         return self.dir / f"{kind}-{index}.bin"
 
     def _append(self, kind: str, pid: np.ndarray, tid: np.ndarray, records: np.ndarray) -> None:
+        if not len(pid):
+            return
         order = np.lexsort((tid, pid))
         pid, tid, records = pid[order], tid[order], records[order]
         cuts = np.flatnonzero((pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])) + 1
@@ -172,8 +196,14 @@ class _ThreadSpill:
                     self.unsorted.add(key)
                 self.last_start[key] = max(self.last_start.get(key, starts[0]), int(starts.max()))
 
-    def add_gil(self, results: Results, progress: Callable[[int], None]) -> None:
+    def add_gil(self, results: Results, progress: Callable[[int], None], window: tuple[int, int] | None = None) -> None:
+        """The GIL rows (of WINDOW only: those reaching into [start, end])."""
         for batch in results.batches("gil", ("pid", "tid", "state", "start_ns", "end_ns", "thread_name", *CODE_COLUMNS)):
+            progress(batch.num_rows)
+            if window is not None:
+                batch = batch.filter(_in_window(_ints(batch, "start_ns"), _ints(batch, "end_ns"), window))
+                if not batch.num_rows:
+                    continue
             pid, tid = _ints(batch, "pid"), _ints(batch, "tid")
             if "thread_name" in batch.schema.names:
                 self._learn_names(pid, tid, batch.column("thread_name"))
@@ -181,7 +211,6 @@ class _ThreadSpill:
                                        self._code_of_rows(batch)])
             self._append("gil", pid, tid, records)
             self.rows += len(pid)
-            progress(len(pid))
 
     def _code_of_rows(self, batch) -> np.ndarray:
         """Per GIL row, the code of its Python code's label (`_code_label`), -1 when not recorded.
@@ -221,10 +250,12 @@ class _ThreadSpill:
         for key, row in zip((pid[rows] << 32 | tid[rows]).tolist(), rows.tolist()):
             self.names.setdefault((key >> 32, key & 0xFFFFFFFF), str(names[row]))
 
-    def add_overlaps(self, results: Results) -> None:
+    def add_overlaps(self, results: Results, window: tuple[int, int] | None = None) -> None:
         for batch in results.batches("overlaps", ("pause_id", "pid", "tid", "state", "start_ns", "end_ns", "near_miss")):
             start, end = _ints(batch, "start_ns"), _ints(batch, "end_ns")
             hit = end > start
+            if window is not None:
+                hit &= _in_window(start, end, window)
             if "near_miss" in batch.schema.names:
                 hit &= ~batch.column("near_miss").to_numpy(zero_copy_only=False).astype(bool)
             records = np.column_stack([start, end, _state_codes(batch), _ints(batch, "pause_id")])[hit]
@@ -689,30 +720,33 @@ class _ProtoWriter:
         special = [int(k) for k in begins[np.isin(which[begins], list(with_more))]] if with_more else []
         if new_names and len(begins):  # (names first used in this batch, interned with its first begin)
             special = sorted({int(begins[0]), *special})
-        data, offsets = plain_packets(deltas, is_end, name_iid, seq)
-        written = 0
-        for k in special:
-            i = int(which[k])
-            trace = pb.Trace()
-            packet = trace.packet.add(timestamp=int(deltas[k]), trusted_packet_sequence_id=seq)
-            if new_names:
-                for name in new_names:
-                    packet.interned_data.event_names.add(iid=self.iids[name], name=name)
-                new_names = []
-            event = packet.track_event
-            event.type = pb.TrackEvent.TYPE_SLICE_BEGIN
-            event.name_iid = int(name_iid[k])
-            if i in s.flows_out:
-                event.flow_ids.extend(s.flows_out[i])
-            if i in s.flows_in:
-                event.terminating_flow_ids.extend(link[0] for link in s.flows_in[i])
-            if i in s.args:
-                for key, value in s.args[i].items():
-                    _annotate(event.debug_annotations.add(name_iid=_ARG_IID[key]), value)
-            self.out.write(data[offsets[written]:offsets[k]])
-            self.out.write(trace.SerializeToString())
-            written = k + 1
-        self.out.write(data[offsets[written]:offsets[-1]])
+        special = np.array(special, np.int64)
+        for lo in range(0, len(times), _PLAIN_BATCH):  # (the encoder's byte matrices, a batch of events at a time)
+            hi = min(lo + _PLAIN_BATCH, len(times))
+            data, offsets = plain_packets(deltas[lo:hi], is_end[lo:hi], name_iid[lo:hi], seq)
+            written = 0
+            for k in special[np.searchsorted(special, lo):np.searchsorted(special, hi)].tolist():
+                i = int(which[k])
+                trace = pb.Trace()
+                packet = trace.packet.add(timestamp=int(deltas[k]), trusted_packet_sequence_id=seq)
+                if new_names:
+                    for name in new_names:
+                        packet.interned_data.event_names.add(iid=self.iids[name], name=name)
+                    new_names = []
+                event = packet.track_event
+                event.type = pb.TrackEvent.TYPE_SLICE_BEGIN
+                event.name_iid = int(name_iid[k])
+                if i in s.flows_out:
+                    event.flow_ids.extend(s.flows_out[i])
+                if i in s.flows_in:
+                    event.terminating_flow_ids.extend(link[0] for link in s.flows_in[i])
+                if i in s.args:
+                    for key, value in s.args[i].items():
+                        _annotate(event.debug_annotations.add(name_iid=_ARG_IID[key]), value)
+                self.out.write(data[offsets[written]:offsets[k - lo]])
+                self.out.write(trace.SerializeToString())
+                written = k - lo + 1
+            self.out.write(data[offsets[written]:offsets[-1]])
 
     def counter(self, track: _Track, parent: int, t_ns: np.ndarray, values: np.ndarray) -> None:
         """A counter track of its own sequence: descriptor (bytes), then one TYPE_COUNTER event a
@@ -746,6 +780,7 @@ class _ProtoWriter:
 
 # Protobuf wire bytes of the plain TrackEvent packets (field numbers: perfetto's trace.proto;
 # tests/test_perfetto.py holds the bytes equal to the protos' own serialization).
+_PLAIN_BATCH = 1 << 15  # events encoded at once (their byte matrices: ~100 bytes an event)
 _PACKET = 0x0A          # Trace.packet (1), length-delimited
 _TIMESTAMP = 0x40       # TracePacket.timestamp (8), varint
 _SEQUENCE = 0x50        # TracePacket.trusted_packet_sequence_id (10), varint
@@ -811,10 +846,11 @@ def _annotate(annotation, value) -> None:
 
 
 def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, fmt: str | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> Path:
+                    progress: Callable[[int, int], None] | None = None, window=None) -> Path:
     """Write the trace of the results in RESULTS_DIR (`tandem analyze -o`, or `tandem live`'s
     parts) to OUTPUT, atomically. fmt: "proto" or "json"; default by OUTPUT's suffix (.json:
-    JSON, else protobuf). progress(done, total): GIL rows read and drawn so far."""
+    JSON, else protobuf). progress(done, total): GIL rows read and drawn so far. window: only
+    what reaches into it (`_window`: WORST, or offsets (FROM, TO) into the results' span)."""
     output = Path(output)
     fmt = fmt or ("json" if output.suffix.lower() == ".json" else "proto")
     if fmt not in FORMATS:
@@ -823,28 +859,37 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
     for name in ("pauses", "gil", "overlaps"):
         results.require(name)
     facts = results.facts()
-    total = results.rows("gil") or facts.gil_intervals
-    done = 0
+    window = _window(results, window)
+    read = results.rows("gil") or facts.gil_intervals
+    total, done = 2 * read, 0  # (rows read, then rows drawn: those of the window once known)
 
     def advance(rows: int) -> None:
         nonlocal done
         done += rows
         if progress is not None:
-            progress(done, 2 * total)
+            progress(done, total)
 
     pauses = _read_pauses(results)
+    memory, spans = _read_memory(results), _read_spans(results)
+    if window is not None:
+        pauses = pauses[_in_window(pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64), window)]
+        memory = memory[memory["t_ns"].between(*window)]
+        if len(spans):
+            spans = spans[_in_window(spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64), window)]
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
     try:
         with tempfile.TemporaryDirectory(prefix=".tandem-export-", dir=output.parent) as spill_dir, \
                 open(tmp, "wb" if fmt == "proto" else "w") as out:
             spill = _ThreadSpill(Path(spill_dir))
-            spill.add_gil(results, advance)
-            spill.add_overlaps(results)
+            spill.add_gil(results, advance, window)
+            total = read + spill.rows
+            spill.add_overlaps(results, window)
             metadata = {"results": str(results.path),
-                        "clock_errors": {side: clock.as_metadata() for side, clock in facts.clock.items()} or None}
+                        "clock_errors": {side: clock.as_metadata() for side, clock in facts.clock.items()} or None,
+                        **({"window_ns": list(window)} if window is not None else {})}
             writer = _ProtoWriter(out, metadata) if fmt == "proto" else _JsonWriter(out, metadata)
-            _draw(writer, pauses, spill, _read_causes(results), _read_memory(results), advance=advance, spans=_read_spans(results))
+            _draw(writer, pauses, spill, _read_causes(results), memory, advance=advance, spans=spans)
             writer.close()
         os.replace(tmp, output)
     except BaseException:  # (a full disk, an interrupt: no half trace left beside the output)
