@@ -17,6 +17,15 @@ class TandemError(Exception):
         self.exit_code = exit_code
 
 
+class Terminated(BaseException):
+    """SIGTERM (a `timeout`, a service manager), raised where the command is, so that what undoes
+    its work on the way out (temporary files; a probe injected into a process: `tandem attach`
+    catches it with Ctrl-C's KeyboardInterrupt) runs. Not a KeyboardInterrupt: typer turns
+    that into a silent exit 130."""
+
+    exit_code = 128 + 15
+
+
 class TandemWarning(UserWarning):
     """Something was lost or approximated, but results are still produced (e.g. a truncated chunk)."""
 

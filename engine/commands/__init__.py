@@ -55,17 +55,18 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 GC_THRESHOLD = 20_000
 
 
-def _terminated(signum, _frame) -> None:
-    """SIGTERM (a `timeout`, a service manager) ends a command as Ctrl-C does: its temporary
-    files and half-written results are removed on the way out (`tandem record` and `tandem
-    live` forward it to their command instead while it runs)."""
-    raise SystemExit(128 + signum)
+def _terminated(_signum, _frame) -> None:
+    """SIGTERM ends a command as Ctrl-C does (`tandem record` and `tandem live` forward it to
+    their command instead while it runs)."""
+    from engine.errors import Terminated
+
+    raise Terminated()
 
 
 def main() -> None:
     import warnings
 
-    from engine.errors import TandemError, TandemWarning, os_error_line
+    from engine.errors import TandemError, TandemWarning, Terminated, os_error_line
 
     if sys.argv[1:2] == ["dump"]:  # (before the commands load: a dump's every step runs on what the service leaves)
         from engine.commands.dump import yield_to_the_service
@@ -85,6 +86,9 @@ def main() -> None:
     except TandemError as err:
         print(f"tandem: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except Terminated:
+        print("tandem: terminated", file=sys.stderr)
+        sys.exit(Terminated.exit_code)
     except KeyboardInterrupt:
         print("tandem: interrupted", file=sys.stderr)
         sys.exit(130)

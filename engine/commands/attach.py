@@ -76,6 +76,7 @@ def _attach_python(pid: int, directory: Path, duration: float | None) -> None:
 
     from rich.console import Console
 
+    from engine.errors import Terminated
     from engine.probe.build import cache_root
     from engine.record import attach_python, session as sessions, summary
 
@@ -92,7 +93,7 @@ def _attach_python(pid: int, directory: Path, duration: float | None) -> None:
     try:
         while attach_python.is_cpython(pid) and (deadline is None or time.monotonic() < deadline):
             time.sleep(0.1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated):
         console.print("tandem: stopping")
     with console.status(f"stopping the GIL probe in pid {pid}"):
         state = attach_python.stop(pid, directory, cache)
