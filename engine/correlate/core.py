@@ -65,7 +65,7 @@ from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, em
 from engine.correlate.stops import STOP_KEY, at_safepoint_of, jvm_of, jvm_threads, leader_rows, order_stops, stop_ids_of
 from engine.correlate.summary import summary_table
 from engine.errors import TandemError
-from engine.join.kernels import is_sorted, is_sorted_by
+from engine.join.kernels import is_sorted
 from engine.join.pairs import overlap_pairs, overlap_totals
 
 
@@ -243,7 +243,6 @@ class Correlator:
         # total overlaps per code (engine/analysis/causes.py CodeHits) without reading their text.
         self.overlaps_codes: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None] | None = None
         # gil_free segments a pending or later pause may still overlap.
-        self.f_pidx = np.zeros(0, np.int64)
         self.f_start = np.zeros(0, np.int64)
         self.f_end = np.zeros(0, np.int64)
         # Pauses not final yet, sorted by (start_ns, arrival). Every pause seen (few), for duplicates:
@@ -645,22 +644,19 @@ class Correlator:
             np.ascontiguousarray(span_end, np.int64), self.p_free_since[:npids], self.p_close_start[:npids],
             self.p_close_end[:npids], out_pid, out_start, out_end, holders_gone.astype(np.int64), vanished, self._swept)
         self._swept = frontier
-        # (the sweep mostly emits them in order already: a check costs a pass, a sort ten)
-        pidx, start, end = out_pid[:n], out_start[:n], out_end[:n]
-        if not is_sorted_by(pidx, start):
-            order = np.lexsort((start, pidx))
-            pidx, start, end = pidx[order], start[order], end[order]
-        self.f_pidx = np.concatenate([self.f_pidx, pidx])
-        self.f_start = np.concatenate([self.f_start, start])
-        self.f_end = np.concatenate([self.f_end, end])
-        pid = self.p_pid[pidx]
-        if is_sorted_by(pid, start):  # (copies: the table must not hold the sweep's larger buffers)
-            start, end = start.copy(), end.copy()
-        else:
+        # The table's columns in one pass, copies (the table must not hold the sweep's larger
+        # buffers); the sweep mostly emits them in order already.
+        pid, start, end, duration, in_order = kernels.free_columns(out_pid[:n], out_start[:n], out_end[:n], self.p_pid)
+        if not in_order:
             order = np.lexsort((start, pid))
-            pid, start, end = pid[order], start[order], end[order]
-        return pa.table({"pid": pid, "start_ns": start, "end_ns": end, "duration_ns": end - start},
-                        schema=SCHEMAS["gil_free"])
+            pid, start, end, duration = pid[order], start[order], end[order], duration[order]
+        # Kept for pause_impact's gil_free_ns: the segments a pause not final yet, or one pushed
+        # later, may overlap (what _prune keeps of them, known before they are copied).
+        pending_from = int(self._pending["start_ns"].iloc[0]) if self._pending is not None and len(self._pending) else END
+        reach = end > min(self.watermark_ns - self.retain_ns, pending_from)
+        self.f_start = np.concatenate([self.f_start, start[reach]])
+        self.f_end = np.concatenate([self.f_end, end[reach]])
+        return pa.table({"pid": pid, "start_ns": start, "end_ns": end, "duration_ns": duration}, schema=SCHEMAS["gil_free"])
 
     def _finalize_pauses(self, frontier: int, final: bool) -> tuple[pa.Table, pa.Table]:
         pending = self._pending
@@ -815,7 +811,7 @@ class Correlator:
             self._keep_rows(keep)
         keep = self.f_end > horizon
         if not keep.all():
-            self.f_pidx, self.f_start, self.f_end = self.f_pidx[keep], self.f_start[keep], self.f_end[keep]
+            self.f_start, self.f_end = self.f_start[keep], self.f_end[keep]
 
     # ---- aggregates ----------------------------------------------------------------------------
 

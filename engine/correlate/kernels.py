@@ -341,6 +341,26 @@ def sweep_gil_free(t_pidx, r_tidx, r_start, r_end, i0, i1, frontier, pid_threads
 
 
 @njit(cache=True, nogil=True)
+def free_columns(pidx, start, end, p_pid):
+    """gil_free's columns of the sweep's segments (process index, start, end), copied in one
+    pass: pid, start_ns, end_ns, duration_ns; and whether they are in (pid, start) order."""
+    n = start.size
+    pid = np.empty(n, np.int64)
+    s = np.empty(n, np.int64)
+    e = np.empty(n, np.int64)
+    d = np.empty(n, np.int64)
+    in_order = True
+    for i in range(n):
+        pid[i] = p_pid[pidx[i]]
+        s[i] = start[i]
+        e[i] = end[i]
+        d[i] = end[i] - start[i]
+        if i > 0 and (pid[i] < pid[i - 1] or (pid[i] == pid[i - 1] and s[i] < s[i - 1])):
+            in_order = False
+    return pid, s, e, d, in_order
+
+
+@njit(cache=True, nogil=True)
 def pause_columns(p_start, p_end, p_own_tid, p_whole_vm, pair_b, pair_a, r_tidx, r_state, r_start, r_end,
                   t_tid, t_first, t_life_end, t_jvm, out):
     """pause_impact's per-pause columns from the pairs of each pause (ordered by pause, then GIL start).
