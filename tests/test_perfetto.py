@@ -433,6 +433,12 @@ def test_live_parts_export_like_one_results_directory(tmp_path, analysis):
     assert sorted(map(key, whole[1])) == sorted(map(key, parts[1]))
     counters = decode_counters(tmp_path / "parts.pftrace", "proto")
     assert counters and counters == decode_counters(tmp_path / "whole.pftrace", "proto")
+    # a window of the parts (whose tables carry no analysis header: their span is the rows') too
+    window = (500 * MS, 900 * MS)
+    of_whole = decode_proto(export_perfetto(out, tmp_path / "whole-window.pftrace", window=window))
+    of_parts = decode_proto(export_perfetto(tmp_path / "live", tmp_path / "parts-window.pftrace", window=window))
+    assert sorted(map(key, of_whole[1])) == sorted(map(key, of_parts[1]))
+    assert 0 < len(of_parts[1]) < len(parts[1])
 
 
 @pytest.mark.parametrize("fmt", ["proto", "json"])

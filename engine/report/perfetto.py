@@ -135,10 +135,16 @@ def _window(results: Results, window) -> tuple[int, int] | None:
     """WINDOW on CLOCK_MONOTONIC: WORST (the worst pause with its surroundings:
     engine.results.worst_window), or (FROM, TO) offsets in ns from the start of the results'
     span (a negative one from its end; None: that edge of the span); None: everything."""
+    import pyarrow.compute as pc
+
     if window is None:
         return None
     facts = results.facts()
     span = (facts.span_start_ns, facts.span_end_ns)
+    if span[1] <= span[0]:  # (no analysis header: live parts) the span the tables cover
+        ends = [(int(pc.min(b.column("start_ns")).as_py()), int(pc.max(b.column("end_ns")).as_py()))
+                for table in ("gil", "pauses") for b in results.batches(table, ("start_ns", "end_ns")) if b.num_rows]
+        span = (min(lo for lo, _ in ends), max(hi for _, hi in ends)) if ends else span
     if window == WORST:
         return worst_window(results.table("pause_impact"), span)
     edges = [span[i] if offset is None else (span[1] if offset < 0 else span[0]) + offset for i, offset in enumerate(window)]
