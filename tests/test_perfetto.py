@@ -333,6 +333,7 @@ def test_a_window_draws_what_reaches_into_it(tmp_path, analysis, fmt):
         assert states == sorted((_slice_name(row), row.start_ns, row.end_ns) for row in gil.itertuples()) and states
     tandem = Path(sys.executable).parent / "tandem"
     for args, said in [(["--window", "2s..1s"], "--window: it ends before it starts"),
+                       (["--window", "1h.."], "--window: outside the results (the results span"),
                        (["--window", "1s"], "--window '1s': expected FROM..TO"),
                        (["--window", "0..1s", "--worst"], "--window and --worst: give one")]:
         run = subprocess.run([str(tandem), "export", "perfetto", str(out), "-o", str(tmp_path / "bad.pftrace"), *args],

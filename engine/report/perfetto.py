@@ -148,8 +148,11 @@ def _window(results: Results, window) -> tuple[int, int] | None:
     if window == WORST:
         return worst_window(results.table("pause_impact"), span)
     edges = [span[i] if offset is None else (span[1] if offset < 0 else span[0]) + offset for i, offset in enumerate(window)]
-    if edges[1] <= edges[0]:
-        raise TandemError(f"--window: it ends before it starts (the results span {(span[1] - span[0]) / 1e9:.1f} s)")
+    length = f"the results span {(span[1] - span[0]) / 1e9:.1f} s"
+    if edges[1] <= edges[0] and None not in window:
+        raise TandemError(f"--window: it ends before it starts ({length})")
+    if edges[0] >= span[1] or edges[1] <= span[0] or edges[1] <= edges[0]:
+        raise TandemError(f"--window: outside the results ({length})")
     return edges[0], edges[1]
 
 
