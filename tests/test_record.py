@@ -142,7 +142,7 @@ def test_a_session_of_one_runtime_is_analyzed_alone(workload, tmp_path):
     assert jvm.gil.empty and jvm.overlaps.empty and len(jvm.pause_impact) == len(jvm.pauses)
 
     header = " ".join(run_tandem("analyze", str(py_session), "-o", str(tmp_path / "py-out"), env=env).stdout.split())
-    assert "JVM pids none (no JVM recorded)" in header
+    assert "JVM pids none (no JVM recorded)" in header and "no JVM pause in these inputs" in header
     py = load_results(tmp_path / "py-out")
     assert py.pauses.empty and py.overlaps.empty
     gil = py.gil

@@ -143,7 +143,11 @@ def print_summary(summary: pd.DataFrame, header: dict, console=None, stops: pd.D
 
     console = console or Console()
     console.print(header_line(header), markup=False, highlight=False)
-    console.print(summary_rich_table(stops if stops is not None and len(stops) else summary, header))
+    table = stops if stops is not None and len(stops) else summary
+    if len(table):
+        console.print(summary_rich_table(table, header))
+    else:  # (an empty table says nothing: a session of Python alone, a span with no pause)
+        console.print("no JVM pause in these inputs: nothing to correlate", markup=False, highlight=False)
     for line in why_lines(header.get("why") or {}):
         console.print(line, markup=False, highlight=False)
 
