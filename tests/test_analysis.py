@@ -475,3 +475,16 @@ def test_reference_gil_does_not_go_with_a_dataset(tmp_path):
     assert run.returncode == 2
     assert run.stderr.strip() == "tandem: error: --reference-gil cannot go with --copy-gil or --dataset " \
                                  "(a fleet dataset holds the GIL rows)"
+
+
+def test_durations_parse_as_a_user_writes_them():
+    """--slack, --roll, --window: a unit per part, parts added up; a bare number is ns."""
+    import typer
+
+    from engine.commands.analyze import parse_duration_ns
+
+    assert [parse_duration_ns(t) for t in ("50ms", "1.5s", "200us", "700ns", "10m", "2m30s", "1h", "0", " 5 ms")] == [
+        50_000_000, 1_500_000_000, 200_000, 700, 600_000_000_000, 150_000_000_000, 3_600_000_000_000, 0, 5_000_000]
+    for bad in ("x", "5q", "1.2.3s", "m", "", "ms5", "-1s"):
+        with pytest.raises(typer.BadParameter):
+            parse_duration_ns(bad)

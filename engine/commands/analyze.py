@@ -12,12 +12,14 @@ _UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000
 
 
 def parse_duration_ns(text: str) -> int:
-    """'50ms', '1.5s', '200us', '700ns', '10m', '1h' or a bare integer of ns, as int ns."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(ns|us|µs|ms|s|m|h)?\s*", text)
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a duration (e.g. 50ms, 1.5s, 200us, 700ns, 10m)")
-    number, unit = match.groups()
-    return round(float(number) * _UNITS_NS[unit or "ns"])
+    """'50ms', '1.5s', '200us', '700ns', '10m', '2m30s', '1h' or a bare integer of ns, as int ns."""
+    compact = text.replace(" ", "")
+    if compact.isdigit():
+        return int(compact)
+    parts = re.findall(r"(\d+(?:\.\d*)?)(ns|us|µs|ms|s|m|h)", compact)
+    if not parts or "".join(number + unit for number, unit in parts) != compact:
+        raise typer.BadParameter(f"{text!r} is not a duration (e.g. 50ms, 1.5s, 200us, 700ns, 10m, 2m30s)")
+    return round(sum(float(number) * _UNITS_NS[unit] for number, unit in parts))
 
 
 def analyze(
