@@ -29,7 +29,7 @@ def perfetto(
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from engine.errors import TandemError, writing_into
-    from engine.report.perfetto import WORST, export_perfetto
+    from engine.report.perfetto import WORST, export_perfetto, gil_rows
 
     if window is not None and worst:
         raise TandemError("--window and --worst: give one")
@@ -38,8 +38,7 @@ def perfetto(
     if part is None:
         from engine.results import Results
 
-        read = Results(results)
-        rows = read.rows("gil") or read.facts().gil_intervals
+        rows = gil_rows(Results(results))
         if rows > LARGE_EXPORT_ROWS:  # (said before the minutes of work, not after)
             console.print(f"[dim]tandem: {rows / 1e6:.1f} M GIL intervals make a trace of about "
                           f"{rows * BYTES_PER_GIL_ROW / 1e6:,.0f} MB, slow to open in a browser; --window FROM..TO or "
@@ -62,8 +61,8 @@ def perfetto(
         if task is not None:
             bar.stop()
     size = path.stat().st_size
-    size = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.1f} kB"
-    typer.echo(f"wrote {path} ({size}): open it at https://ui.perfetto.dev (Open trace file)")
+    shown = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.1f} kB"
+    typer.echo(f"wrote {path} ({shown}): open it at https://ui.perfetto.dev (Open trace file)")
 
 
 def _offsets(text: str) -> tuple[int | None, int | None]:
@@ -73,8 +72,15 @@ def _offsets(text: str) -> tuple[int | None, int | None]:
 
     if text.count("..") != 1:
         raise TandemError(f"--window {text!r}: expected FROM..TO, e.g. 10m..12m, 55m.. or ..30s")
-    return tuple(None if not edge.strip() else -parse_duration_ns(edge.strip()[1:]) if edge.strip().startswith("-")
-                 else parse_duration_ns(edge) for edge in text.split(".."))
+
+    def offset(edge: str) -> int | None:
+        edge = edge.strip()
+        if not edge:
+            return None
+        return -parse_duration_ns(edge[1:]) if edge.startswith("-") else parse_duration_ns(edge)
+
+    first, last = text.split("..")
+    return offset(first), offset(last)
 
 
 def register(app: typer.Typer) -> None:

@@ -652,8 +652,7 @@ class Correlator:
             pid, start, end, duration = pid[order], start[order], end[order], duration[order]
         # Kept for pause_impact's gil_free_ns: the segments a pause not final yet, or one pushed
         # later, may overlap (what _prune keeps of them, known before they are copied).
-        pending_from = int(self._pending["start_ns"].iloc[0]) if self._pending is not None and len(self._pending) else END
-        reach = end > min(self.watermark_ns - self.retain_ns, pending_from)
+        reach = end > self._horizon()
         self.f_start = np.concatenate([self.f_start, start[reach]])
         self.f_end = np.concatenate([self.f_end, end[reach]])
         return pa.table({"pid": pid, "start_ns": start, "end_ns": end, "duration_ns": duration}, schema=SCHEMAS["gil_free"])
@@ -787,10 +786,15 @@ class Correlator:
         return (np.concatenate([self.f_start, since[current]]),
                 np.concatenate([self.f_end, np.full(int(current.sum()), frontier, np.int64)]))
 
+    def _horizon(self) -> int:
+        """No pause not final yet, nor one pushed later, starts before this (the rows and
+        segments that end before it are not needed any more)."""
+        pending_from = int(self._pending["start_ns"].iloc[0]) if self._pending is not None and len(self._pending) else END
+        return min(self.watermark_ns - self.retain_ns, pending_from)
+
     def _prune(self) -> None:
         w = self.watermark_ns
-        pending_from = int(self._pending["start_ns"].iloc[0]) if self._pending is not None and len(self._pending) else END
-        horizon = min(w - self.retain_ns, pending_from)
+        horizon = self._horizon()
         if w < END:
             # A pause pushed later starts after w - retain_ns, as its duplicate would.
             gone = [number for number, (_, latest_start) in self._seen_batches.items() if latest_start < w - self.retain_ns]

@@ -156,6 +156,12 @@ def _window(results: Results, window) -> tuple[int, int] | None:
     return edges[0], edges[1]
 
 
+def gil_rows(results: Results) -> int:
+    """The results' GIL intervals: their files' footers, else (results naming the GIL files they
+    were analyzed from) the header's count."""
+    return results.rows("gil") or results.facts().gil_intervals
+
+
 def _read_pauses(results: Results) -> pd.DataFrame:
     return results.table("pauses")
 
@@ -869,7 +875,7 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
         results.require(name)
     facts = results.facts()
     window = _window(results, window)
-    read = results.rows("gil") or facts.gil_intervals
+    read = gil_rows(results)
     total, done = 2 * read, 0  # (rows read, then rows drawn: those of the window once known)
 
     def advance(rows: int) -> None:
