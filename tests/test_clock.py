@@ -77,6 +77,29 @@ def test_sync_and_host_offset_methods_agree(java_home, clock_recordings):
     assert np.abs(diff).max() <= clock["error_ns"] + by_host.error_ns, (diff, clock, by_host)
 
 
+@pytest.mark.parametrize("tps", [1_000_000_000, 2_400_000_000])
+def test_a_preempted_sync_sample_counts_by_its_span(tps):
+    """A sync sample whose reads were 4 ms apart (the first of a loaded JVM's) neither moves
+    the fit nor states 4 ms of error, as its read may lie anywhere in its span; a tight sample
+    4 ms off does state it."""
+    offset_ns, per_ns = 7_000_000_000, tps / 1e9
+    read_ns = np.array([1e9, 1.2e9, 1.4e9, 1.6e9, 1.8e9, 2e9]).astype(np.int64)
+    late = np.array([4_000_000, 2_000, 3_000, 1_000, 2_500, 1_500])  # (ns from each start to its read)
+    ticks = ((read_ns - late) * per_ns).astype(np.int64)
+    span = ((late + 500) * per_ns).astype(np.int64)
+    mono = read_ns + offset_ns
+    fit = align.fit_clock_sync(ticks, mono, tps, span)
+    assert fit.error_ns < 10_000, fit
+    converted = align.ticks_to_domain_ns(ticks[1:], [], fit)
+    assert np.abs(converted + late[1:] - mono[1:]).max() < 10_000
+    # the same samples with no span known: the first one's 4 ms are an error
+    assert align.fit_clock_sync(ticks, mono, tps).error_ns > 1_000_000
+    # a tight sample 4 ms off the others says the clocks disagree by that much
+    off = mono.copy()
+    off[3] += 4_000_000
+    assert align.fit_clock_sync(ticks, off, tps, span).error_ns > 1_000_000
+
+
 @pytest.mark.parametrize("java_home", jdk_params())
 def test_without_sync_events_host_offset_puts_gc_inside_nanotime_windows(java_home, clock_recordings):
     path, windows = clock_recordings(java_home, sync=False)

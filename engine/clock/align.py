@@ -5,7 +5,9 @@ Three methods, best first (docs/pauses.md, "Clock"):
 1. `clock_sync`: tandem.ClockSync events pair raw ticks with System.nanoTime()
    (CLOCK_MONOTONIC). With 1e9 ticks per second the offset is the median of
    `monotonicNanos - ticks`; otherwise (TSC ticks) a least-squares line
-   `mono = a * ticks + b`. The error is the largest deviation of a sample from the fit.
+   `mono = a * ticks + b`. Each event's duration brackets where its nanoTime() read fell:
+   the fit takes the tight samples (a wide one was preempted between the two reads), and the
+   error is the farthest any sample's bracket lies from the fit.
 2. `wall_minus_host_offset`: a Linux recording with OS ticks and no sync events, made on
    this host since its last boot. Ticks go to the wall clock with each chunk's header,
    then to CLOCK_MONOTONIC by subtracting (CLOCK_REALTIME - CLOCK_MONOTONIC) sampled now.
@@ -28,6 +30,9 @@ WALL = "wall"
 
 # A single sync sample says nothing about its own jitter; JDK 17 showed 1-2.5 us (jfr.md).
 _SINGLE_SAMPLE_ERROR_NS = 10_000
+# A sync sample whose two reads lay further apart than this was preempted between them (the
+# agent commits the tightest of its tries, a few us; a cold or loaded first one can take ms).
+TIGHT_SPAN_NS = 50_000
 
 
 @dataclass
@@ -93,24 +98,30 @@ def tickspan_to_ns(span_ticks: np.ndarray, tps: int) -> np.ndarray:
 # ---------------------------------------------------------------- the three methods
 
 
-def fit_clock_sync(sync_ticks: np.ndarray, sync_mono: np.ndarray, tps: int) -> ClockAlignment:
-    """Method 1: align with tandem.ClockSync samples (ticks, System.nanoTime())."""
+def fit_clock_sync(sync_ticks: np.ndarray, sync_mono: np.ndarray, tps: int,
+                   sync_span: np.ndarray | None = None) -> ClockAlignment:
+    """Method 1: align with tandem.ClockSync samples (ticks, System.nanoTime(), and the event's
+    duration in ticks: nanoTime() was read within it; none given: zero)."""
     ticks = np.asarray(sync_ticks, dtype=np.int64)
     mono = np.asarray(sync_mono, dtype=np.int64)
+    span = np.zeros(len(ticks), np.int64) if sync_span is None else np.asarray(sync_span, dtype=np.int64).clip(0)
     n = len(ticks)
+    span_ns = _ticks_to_ns(span, tps)
+    tight = span_ns <= TIGHT_SPAN_NS
+    if not tight.any():  # (every sample preempted: the fit is what they give, and the error says so)
+        tight[:] = True
     if tps == NS_PER_S:
         offsets = mono - ticks
-        offset = int(np.median(offsets))
-        error = int(np.abs(offsets - offset).max()) if n > 1 else _SINGLE_SAMPLE_ERROR_NS
+        offset = int(np.median(offsets[tight]))
+        error = _bracket_error(offsets - offset, span_ns, tight) if n > 1 else _SINGLE_SAMPLE_ERROR_NS
         return ClockAlignment(MONOTONIC, "clock_sync", offset, error, n,
                               note="median of monotonicNanos - ticks over tandem.ClockSync events")
     anchor_ticks, anchor_mono = int(ticks[0]), int(mono[0])
     x = (ticks - anchor_ticks).astype(np.float64)
     y = (mono - anchor_mono).astype(np.float64)
-    if n > 1 and np.ptp(x) > 0:
-        slope, intercept = np.polyfit(x, y, 1)
-        residuals = y - (slope * x + intercept)
-        error = int(np.ceil(np.abs(residuals).max()))
+    if tight.sum() > 1 and np.ptp(x[tight]) > 0:
+        slope, intercept = np.polyfit(x[tight], y[tight], 1)
+        error = _bracket_error(y - (slope * x + intercept), slope * span, tight)
         note = "least-squares line mono = a * ticks + b over tandem.ClockSync events (ticks are not ns)"
     else:
         slope, intercept = NS_PER_S / tps, 0.0
@@ -119,6 +130,15 @@ def fit_clock_sync(sync_ticks: np.ndarray, sync_mono: np.ndarray, tps: int) -> C
     anchor_mono += int(round(intercept))
     return ClockAlignment(MONOTONIC, "clock_sync", anchor_mono - anchor_ticks, error, n, slope=float(slope),
                           note=note, anchor_ticks=anchor_ticks, anchor_mono=anchor_mono)
+
+
+def _bracket_error(residual: np.ndarray, span_ns: np.ndarray, tight: np.ndarray) -> int:
+    """The farthest a sample lies from the fit (ns, rounded up): a tight sample by its
+    RESIDUAL; a wide one (preempted between its reads, its read falling up to SPAN_NS after its
+    start) by the distance from the fit to [residual - span, residual], where it may lie."""
+    below, above = residual - span_ns, residual
+    far = np.where(tight, np.abs(residual), np.where(below > 0, below, np.where(above < 0, -above, 0)))
+    return int(np.ceil(far.max())) if far.size else 0
 
 
 def host_wall_minus_monotonic() -> tuple[int, int]:
@@ -149,6 +169,7 @@ def choose_alignment(
     sync_ticks: np.ndarray,
     sync_mono: np.ndarray,
     same_boot: bool | None,
+    sync_span: np.ndarray | None = None,
 ) -> ClockAlignment:
     """Picks the best method this run's recording allows (see the module docstring).
 
@@ -157,7 +178,7 @@ def choose_alignment(
     """
     tps = run[0].ticks_per_second
     if len(sync_ticks) > 0:
-        alignment = fit_clock_sync(sync_ticks, sync_mono, tps)
+        alignment = fit_clock_sync(sync_ticks, sync_mono, tps, sync_span)
         if os_name not in ("linux", None):
             # System.nanoTime() is CLOCK_MONOTONIC only on Linux (docs/session.md).
             alignment.note += f"; recorded on {os_name}: System.nanoTime() there is that host's own monotonic clock"

@@ -407,6 +407,7 @@ def _run_columns(scan: ChunkScan, run: list[Chunk], reader, jvm_json: dict) -> t
         fast_time=int(reader.fastTimeEnabled()),
         sync_ticks=_longs(reader.syncTicks()),
         sync_mono=_longs(reader.syncMonotonicNanos()),
+        sync_span=_longs(reader.syncSpanTicks()),
         same_boot=same_boot,
     )
     pid = int(reader.jvmPid())

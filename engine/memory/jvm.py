@@ -76,6 +76,7 @@ def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFram
     rows: list[tuple] = []  # per file: (ticks, column, value, after_gc) arrays
     sync_ticks: list[int] = []
     sync_mono: list[int] = []
+    sync_span: list[int] = []
     skipped = []
     tps = None
     for path in recordings:
@@ -85,17 +86,17 @@ def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFram
             continue
         tps = scan.chunks[0].ticks_per_second
         if scan.unfinished is None:
-            _read_file(path, rows, sync_ticks, sync_mono)
+            _read_file(path, rows, sync_ticks, sync_mono, sync_span)
             continue
 
         with tempfile.TemporaryDirectory(prefix="tandem-memory-") as tmp:
-            _read_file(copy_chunks(path, scan.chunks, Path(tmp) / "flushed.jfr"), rows, sync_ticks, sync_mono)
+            _read_file(copy_chunks(path, scan.chunks, Path(tmp) / "flushed.jfr"), rows, sync_ticks, sync_mono, sync_span)
     facts = {"skipped_recordings": skipped}
     if not rows or not sync_ticks or tps is None:
         facts["note"] = "no memory events" if not rows else "no tandem.ClockSync events: the JVM's memory is left out"
         return pd.DataFrame({"t_ns": pd.Series(dtype="int64"), "column": pd.Series(dtype="string"),
                              "value": pd.Series(dtype="float64"), "after_gc": pd.Series(dtype="bool")}), facts
-    alignment = align.fit_clock_sync(np.array(sync_ticks), np.array(sync_mono), tps)
+    alignment = align.fit_clock_sync(np.array(sync_ticks), np.array(sync_mono), tps, np.array(sync_span))
     ticks, column, value, after_gc = (np.concatenate(part) for part in zip(*rows))
     table = pd.DataFrame({"t_ns": align.ticks_to_domain_ns(ticks, [], alignment),
                           "column": pd.array(column, dtype="string"), "value": value, "after_gc": after_gc})
@@ -103,7 +104,7 @@ def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFram
     return table.sort_values("t_ns", kind="stable", ignore_index=True), facts
 
 
-def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list) -> None:
+def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list, sync_span: list) -> None:
     """PATH's memory events through tandem.ingest.MemoryReader (one Java call: the GIL is free
     while it reads), appended to ROWS as (ticks, column, value, after_gc) columns."""
     jpype = jvm.start_jvm()
@@ -124,3 +125,4 @@ def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list) -> Non
                      np.asarray(reader.values(), np.int64).astype(np.float64), np.asarray(reader.afterGc(), np.int32) != 0))
     sync_ticks.extend(np.asarray(reader.syncTicks(), np.int64).tolist())
     sync_mono.extend(np.asarray(reader.syncMonotonicNanos(), np.int64).tolist())
+    sync_span.extend(np.asarray(reader.syncSpanTicks(), np.int64).tolist())

@@ -48,6 +48,7 @@ public final class MemoryReader {
     private final IntList afterGc = new IntList(0);
     private final LongList syncTicks = new LongList();
     private final LongList syncMonotonicNanos = new LongList();
+    private final LongList syncSpanTicks = new LongList();
 
     /** Event TYPE's FIELD (a dotted path for a nested one) makes rows of COLUMN; AT_GC: the type
      * has a "when" field, Before GC or After GC. */
@@ -109,6 +110,7 @@ public final class MemoryReader {
     private void clockSync(RecordedEvent event) {
         syncTicks.add(event.getLong("startTime"));
         syncMonotonicNanos.add(event.getLong(PauseReader.CLOCK_SYNC_FIELD));
+        syncSpanTicks.add(event.getLong("duration"));
     }
 
     private void add(long at, String column, long value, boolean after) {
@@ -129,4 +131,5 @@ public final class MemoryReader {
     public int[] afterGc() { return afterGc.toArray(); }
     public long[] syncTicks() { return syncTicks.toArray(); }
     public long[] syncMonotonicNanos() { return syncMonotonicNanos.toArray(); }
+    public long[] syncSpanTicks() { return syncSpanTicks.toArray(); }
 }

@@ -77,9 +77,11 @@ public final class PauseReader {
     private final Rows rows = new Rows();
     private final Dictionary strings = new Dictionary();
 
-    // ---- clock-sync samples: raw start ticks and System.nanoTime() of each tandem.ClockSync ----
+    // ---- clock-sync samples: raw start ticks, System.nanoTime() and duration in ticks of each
+    // tandem.ClockSync (nanoTime was read between its start and end) ----
     private final LongList syncTicks = new LongList();
     private final LongList syncMonotonicNanos = new LongList();
+    private final LongList syncSpanTicks = new LongList();
 
     // ---- what the recording says about its JVM (first value seen wins) ----
     private String jvmName;
@@ -437,6 +439,7 @@ public final class PauseReader {
         if (e.hasField(CLOCK_SYNC_FIELD)) {
             syncTicks.add(longValue(e, "startTime"));
             syncMonotonicNanos.add(longValue(e, CLOCK_SYNC_FIELD));
+            syncSpanTicks.add(longValue(e, "duration"));
         }
     }
 
@@ -641,6 +644,7 @@ public final class PauseReader {
 
     public long[] syncTicks() { return syncTicks.toArray(); }
     public long[] syncMonotonicNanos() { return syncMonotonicNanos.toArray(); }
+    public long[] syncSpanTicks() { return syncSpanTicks.toArray(); }
 
     public String jvmName() { return jvmName; }
     public String jvmVersion() { return jvmVersion; }
