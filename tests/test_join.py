@@ -157,6 +157,7 @@ def test_long_and_nested_intervals_at_scale_equal_duckdb():
     pd.testing.assert_frame_equal(canonical(ours), canonical(duckdb_overlaps(pauses, gil, 1_000)))
 
 
+@settings(deadline=None)  # (the first example loads the numba kernel: over 200 ms on a loaded machine)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(-5, 5)), max_size=40))
 def test_is_sorted_by_says_whether_lexsort_would_move_anything(pairs):
     major = np.array([p[0] for p in pairs], np.int64)
