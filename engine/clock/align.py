@@ -6,8 +6,8 @@ Three methods, best first (docs/pauses.md, "Clock"):
    (CLOCK_MONOTONIC). With 1e9 ticks per second the offset is the median of
    `monotonicNanos - ticks`; otherwise (TSC ticks) a least-squares line
    `mono = a * ticks + b`. Each event's duration brackets where its nanoTime() read fell:
-   the fit takes the tight samples (a wide one was preempted between the two reads), and the
-   error is the farthest any sample's bracket lies from the fit.
+   the fit takes the tight samples (a wide one was preempted between the two reads). The
+   error is the largest deviation of a tight sample from the fit, or of a wide one's bracket.
 2. `wall_minus_host_offset`: a Linux recording with OS ticks and no sync events, made on
    this host since its last boot. Ticks go to the wall clock with each chunk's header,
    then to CLOCK_MONOTONIC by subtracting (CLOCK_REALTIME - CLOCK_MONOTONIC) sampled now.
