@@ -703,11 +703,18 @@ class SessionWatcher:
         for directory in sorted(self.session.glob(JVM_DIRS)):
             if not directory.is_dir() or directory in self.jvm:
                 continue
-            if (directory / PAUSES_RING).exists():
-                source = RingWithRepositorySource(directory)
-            elif (directory / JVM_JSON).exists() or (directory / AGENT_ERROR).exists():
-                source = RepositorySource(directory)
-            else:
-                continue  # the agent is still starting: look again next scan
+            # The agent writes jvm.json once it has started, the window of its own start-up's
+            # operations in it (asked_by_tandem): until then, even with its ring made, it is
+            # still starting (look again next scan), unless it failed or its JVM is gone.
+            if not ((directory / JVM_JSON).exists() or (directory / AGENT_ERROR).exists() or _jvm_gone(directory)):
+                continue
+            source = (RingWithRepositorySource(directory) if (directory / PAUSES_RING).exists()
+                      else RepositorySource(directory))
             self.jvm[directory] = source
             self.events.append(f"{directory.name}: JVM found, pauses from its {source.how}")
+
+
+def _jvm_gone(directory: Path) -> bool:
+    """The JVM of a session's jvm-<pid> directory has exited (a directory not so named: not known gone)."""
+    pid = directory.name.removeprefix("jvm-")
+    return pid.isdigit() and not process_alive(int(pid))
