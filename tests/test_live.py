@@ -430,11 +430,11 @@ class _PauseRingWriter:
         self.buf[self.offset_used:self.offset_used + 4] = len(self.names).to_bytes(4, "little")
         return code
 
-    def pause(self, kind: int, start: int, end: int, ident: int, name_code: int, tid: int = 0) -> None:
+    def pause(self, kind: int, start: int, end: int, ident: int, name_code: int, tid: int = 0, requester: int = 0) -> None:
         from engine.ring.layout import PAUSE_RECORD_DTYPE
 
         record = np.zeros(1, dtype=PAUSE_RECORD_DTYPE)
-        record[0] = (self.pos + 1, start, tid, kind, 0, 0, end, ident, name_code, 0, 0)
+        record[0] = (self.pos + 1, start, tid, kind, 0, 0, end, ident, name_code, requester, 0)
         at = self.records_offset + (self.pos % self.capacity) * 64
         self.buf[at:at + 64] = record.tobytes()
         self.pos += 1
@@ -474,6 +474,30 @@ def test_pause_ring_source_reads_pauses_names_and_close(tmp_path):
     assert list(second["name"]) == ["G1 Evacuation Pause"] and int(second["gc_id"][0]) == 3
     assert pd.isna(second["safepoint_id"][0]) and pd.isna(second["os_thread_id"][0])
     assert source.done and source.problem is None
+
+
+def test_a_jvm_is_followed_once_its_agent_wrote_jvm_json(tmp_path):
+    """The agent makes its pause ring before it writes jvm.json, which holds the window and
+    thread of its own start-up operations: a JVM with a ring and no jvm.json yet is still
+    starting, and its start-up safepoint, read once jvm.json is there, is tandem's own."""
+    from engine.live.sources import SessionWatcher
+
+    jvm_dir = tmp_path / f"jvm-{os.getpid()}"
+    jvm_dir.mkdir()
+    writer = _PauseRingWriter(jvm_dir / "pauses.ring")
+    own = writer.name("JFROldObject")
+    writer.pause(1, 1_000_000, 1_017_000, 1, own, requester=4242)
+    writer.pause(1, 90_000_000, 90_010_000, 2, own, requester=4242)  # (after the window: the service's)
+    writer.flush()
+    watcher = SessionWatcher(tmp_path)
+    watcher.scan()
+    assert watcher.jvm == {}  # (this process, alive: its agent is still starting)
+    (jvm_dir / "jvm.json").write_text(json.dumps({
+        "pid": os.getpid(), "start_monotonic_ns": 0, "agent_start_os_thread_id": 4242,
+        "agent_start_from_monotonic_ns": 500_000, "agent_start_to_monotonic_ns": 2_000_000}))
+    watcher.scan()
+    rows = watcher.jvm[jvm_dir].poll()
+    assert rows["asked_by_tandem"].tolist() == [True, False]
 
 
 @pytest.mark.slow
