@@ -33,11 +33,14 @@ class TandemWarning(UserWarning):
 def os_error_line(err: OSError, path=None, doing: str = "") -> str:
     """An OSError met DOING into PATH, in one line: the file Python's own I/O names; else PATH,
     for a write (Arrow's writers name no file, and their short writes, "N requested and M
-    written", carry no errno: the file system took part of it, as a full one does); else the
-    error's own words (Arrow's readers name the file)."""
+    written", carry no errno: the file system took part of it, as a full one does, and
+    Python's own writes to an open file name none); else the error's own words (Arrow's
+    readers name the file)."""
+    import errno  # (here: this module imports only os at start)
+
     if err.filename:
         return f"{err.filename}: {err.strerror or err}"
-    if path is None or "writ" not in str(err):
+    if path is None or ("writ" not in str(err) and err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)):
         return str(err)
     if err.errno:
         reason = os.strerror(err.errno)

@@ -428,6 +428,19 @@ def test_full_disk_for_the_live_parts_is_one_line_and_the_session_whole(service,
     assert analyze(session, tmp_path / "out").returncode == 0
 
 
+def test_a_python_write_onto_a_full_device_names_what_was_written(tmp_path):
+    """Python's own writes to an open file (a JSON file of a part, say) fail on a full disk
+    with no file named: the line names what was being written, as for Arrow's writers."""
+    from engine.errors import TandemError, writing_into
+
+    parts = tmp_path / "parts"
+    with pytest.raises(TandemError) as caught:
+        with writing_into(parts, "writing the live parts"):
+            with open("/dev/full", "w") as full:  # (every write to it fails: ENOSPC)
+                full.write("{}")
+    assert str(caught.value) == f"{parts}: No space left on device (writing the live parts)"
+
+
 # ---------------------------------------------------------------- the session directory
 
 
