@@ -716,5 +716,5 @@ class SessionWatcher:
 
 def _jvm_gone(directory: Path) -> bool:
     """The JVM of a session's jvm-<pid> directory has exited (a directory not so named: not known gone)."""
-    pid = directory.name.removeprefix("jvm-")
-    return pid.isdigit() and not process_alive(int(pid))
+    pid = pid_from_name(directory.name)
+    return pid is not None and not process_alive(pid)
