@@ -5,7 +5,8 @@
 Each workload function gives the GIL up in a known place, marked `# release:NAME` on its
 line; a thread runs one of them in a loop (`_loop`) between two time.monotonic_ns()
 reads. A forced switch may also take the GIL from the thread at the entry of a function
-(its `def` line: RESUME) or in the loop: those lines are marked `# switch:NAME`. Prints
+(its `def` line: RESUME), in the loop or in the caller just after its first clock read (the
+check that follows a call into C): those lines are marked `# switch:NAME`. Prints
 one JSON line: per thread its tid, bracket, the function's qualified name and the lines
 where it may release. Runs inside any interpreter with engine.probe importable; numpy
 and JPype only where they are installed (the witness says which ran).
@@ -63,17 +64,18 @@ def spin_other():  # switch:spin_other
 
 def _loop(function, args, count, out, name):  # switch:_loop
     out[name] = {"tid": threading.get_native_id(), "function": function.__qualname__, "lines": RELEASE_LINES[function.__name__],
-                 "loop_lines": RELEASE_LINES["_loop"]}
-    before = time.monotonic_ns()
+                 "caller": "_loop", "caller_lines": RELEASE_LINES["_loop"]}
+    before = time.monotonic_ns()  # switch:_loop
     for _ in range(count):  # switch:_loop
         function(*args)  # switch:_loop
     out[name]["bracket"] = (before, time.monotonic_ns())
 
 
 def _spin(function, out, name):
-    out[name] = {"tid": threading.get_native_id(), "function": function.__qualname__, "lines": RELEASE_LINES[function.__name__]}
-    before = time.monotonic_ns()
-    function()
+    out[name] = {"tid": threading.get_native_id(), "function": function.__qualname__, "lines": RELEASE_LINES[function.__name__],
+                 "caller": "_spin", "caller_lines": RELEASE_LINES["_spin"]}
+    before = time.monotonic_ns()  # switch:_spin
+    function()  # switch:_spin
     out[name]["bracket"] = (before, time.monotonic_ns())
 
 

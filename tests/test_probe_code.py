@@ -34,8 +34,8 @@ def in_bracket(df, tid: int, bracket) -> object:
 
 def wrong_names(rows, thread: dict) -> object:
     """Rows named neither by the thread's function at a line where it releases nor by the
-    loop that calls it at one of its lines (the interpreter may switch the thread out
-    there: a forced switch)."""
+    caller (the loop, or the spinner's one call) at one of its lines (the interpreter may
+    switch the thread out there: a forced switch)."""
     return rows[~(named_by_function(rows, thread) | named_by_loop(rows, thread))]
 
 
@@ -44,7 +44,7 @@ def named_by_function(rows, thread: dict):
 
 
 def named_by_loop(rows, thread: dict):
-    return (rows["function"] == "_loop") & rows["line"].isin(thread.get("loop_lines", []))
+    return (rows["function"] == thread["caller"]) & rows["line"].isin(thread["caller_lines"])
 
 
 @pytest.mark.slow
