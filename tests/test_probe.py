@@ -521,8 +521,10 @@ def test_python_m_engine_probe_runs_the_script(tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout.strip() == f"{script} a b"
     df = read_gil(out)
-    main = df[(df.state == "released") & ((df.end_ns - df.start_ns) >= 20 * MS)]
-    assert len(main) == 1 and main.thread_name.iloc[0] == "MainThread"
+    long = df[(df.state == "released") & ((df.end_ns - df.start_ns) >= 20 * MS)]
+    # the script's sleep, once (on a loaded machine a file read before it may release as long)
+    main = long[long.file.astype(str).str.endswith("script.py")]
+    assert len(main) == 1 and main.thread_name.iloc[0] == "MainThread", long.to_string()
     meta = json.loads((tmp_path / "run.gil.json").read_text())
     assert meta["state"] == "closed" and meta["backend"] == "precise"
 
@@ -631,7 +633,9 @@ def test_session_start_hook_through_pythonpath(python, tmp_path):
     assert len(df.attrs["processes"]) == 1 and df.attrs["closed"]
     main = df[df.tid == df.pid]  # (tandem's memory sampler thread waits between samples, and wakes at exit)
     long = main[(main.end_ns - main.start_ns) >= 20 * MS]
-    assert len(long) == 1, long[["tid", "state", "start_ns", "end_ns", "function", "file", "line"]].to_string()
+    # the sleep, once; on a loaded machine an import's file read may release as long (FileLoader.get_data)
+    slept = long[(long.state == "released") & (long.function == "<module>") & (long.file == "<string>")]
+    assert len(slept) == 1, long[["tid", "state", "start_ns", "end_ns", "function", "file", "line"]].to_string()
 
 
 def test_side_files_json_writer_matches_the_json_module():
