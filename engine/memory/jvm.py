@@ -74,9 +74,7 @@ def read_jvm_memory(recordings: list[Path], flushed: bool = False, java_version:
 
 def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFrame, dict]:
     rows: list[tuple] = []  # per file: (ticks, column, value, after_gc) arrays
-    sync_ticks: list[int] = []
-    sync_mono: list[int] = []
-    sync_span: list[int] = []
+    syncs: list[np.ndarray] = []  # per file: its tandem.ClockSync samples (_read_file)
     skipped = []
     tps = None
     for path in recordings:
@@ -86,17 +84,18 @@ def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFram
             continue
         tps = scan.chunks[0].ticks_per_second
         if scan.unfinished is None:
-            _read_file(path, rows, sync_ticks, sync_mono, sync_span)
+            syncs.append(_read_file(path, rows))
             continue
 
         with tempfile.TemporaryDirectory(prefix="tandem-memory-") as tmp:
-            _read_file(copy_chunks(path, scan.chunks, Path(tmp) / "flushed.jfr"), rows, sync_ticks, sync_mono, sync_span)
+            syncs.append(_read_file(copy_chunks(path, scan.chunks, Path(tmp) / "flushed.jfr"), rows))
     facts = {"skipped_recordings": skipped}
-    if not rows or not sync_ticks or tps is None:
+    sync_ticks, sync_mono, sync_span = np.concatenate(syncs, axis=1) if syncs else np.zeros((3, 0), np.int64)
+    if not rows or not sync_ticks.size or tps is None:
         facts["note"] = "no memory events" if not rows else "no tandem.ClockSync events: the JVM's memory is left out"
         return pd.DataFrame({"t_ns": pd.Series(dtype="int64"), "column": pd.Series(dtype="string"),
                              "value": pd.Series(dtype="float64"), "after_gc": pd.Series(dtype="bool")}), facts
-    alignment = align.fit_clock_sync(np.array(sync_ticks), np.array(sync_mono), tps, np.array(sync_span))
+    alignment = align.fit_clock_sync(sync_ticks, sync_mono, tps, sync_span)
     ticks, column, value, after_gc = (np.concatenate(part) for part in zip(*rows))
     table = pd.DataFrame({"t_ns": align.ticks_to_domain_ns(ticks, [], alignment),
                           "column": pd.array(column, dtype="string"), "value": value, "after_gc": after_gc})
@@ -104,9 +103,10 @@ def _read_jvm_memory(recordings: list[Path], flushed: bool) -> tuple[pd.DataFram
     return table.sort_values("t_ns", kind="stable", ignore_index=True), facts
 
 
-def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list, sync_span: list) -> None:
+def _read_file(path: Path, rows: list) -> np.ndarray:
     """PATH's memory events through tandem.ingest.MemoryReader (one Java call: the GIL is free
-    while it reads), appended to ROWS as (ticks, column, value, after_gc) columns."""
+    while it reads), appended to ROWS as (ticks, column, value, after_gc) columns; returns its
+    clock-sync samples as three rows: start ticks, CLOCK_MONOTONIC ns, span in ticks."""
     jpype = jvm.start_jvm()
     reader = jpype.JClass("tandem.ingest.MemoryReader")()
     for fields, at_gc in ((PERIODIC_FIELDS, False), (AT_GC_FIELDS, True)):
@@ -123,6 +123,5 @@ def _read_file(path: Path, rows: list, sync_ticks: list, sync_mono: list, sync_s
     if len(names):
         rows.append((np.asarray(reader.ticks(), np.int64), names[np.asarray(reader.columns(), np.int64)],
                      np.asarray(reader.values(), np.int64).astype(np.float64), np.asarray(reader.afterGc(), np.int32) != 0))
-    sync_ticks.extend(np.asarray(reader.syncTicks(), np.int64).tolist())
-    sync_mono.extend(np.asarray(reader.syncMonotonicNanos(), np.int64).tolist())
-    sync_span.extend(np.asarray(reader.syncSpanTicks(), np.int64).tolist())
+    return np.array([np.asarray(samples(), np.int64)
+                     for samples in (reader.syncTicks, reader.syncMonotonicNanos, reader.syncSpanTicks)], np.int64).reshape(3, -1)
