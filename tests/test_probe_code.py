@@ -36,14 +36,14 @@ def wrong_names(rows, thread: dict) -> object:
     """Rows named neither by the thread's function at a line where it releases nor by the
     caller (the loop, or the spinner's one call) at one of its lines (the interpreter may
     switch the thread out there: a forced switch)."""
-    return rows[~(named_by_function(rows, thread) | named_by_loop(rows, thread))]
+    return rows[~(named_by_function(rows, thread) | named_by_caller(rows, thread))]
 
 
 def named_by_function(rows, thread: dict):
     return (rows["function"] == thread["function"]) & rows["line"].isin(thread["lines"])
 
 
-def named_by_loop(rows, thread: dict):
+def named_by_caller(rows, thread: dict):
     return (rows["function"] == thread["caller"]) & rows["line"].isin(thread["caller_lines"])
 
 
@@ -71,7 +71,7 @@ def test_every_interval_is_named_by_the_function_and_line_that_released(python, 
         if name in ("spin_here", "spin_other"):
             assert (rows["state"] == "waiting").sum() >= 5, name
         bad = wrong_names(rows, thread)
-        assert named_by_loop(rows, thread).sum() <= len(rows) // 100 + 5, name  # switched out now and then only
+        assert named_by_caller(rows, thread).sum() <= len(rows) // 100 + 5, name  # switched out now and then only
         wrong.append(bad.assign(expected=name))
         checked += len(rows)
     wrong = [w for w in wrong if len(w)]
