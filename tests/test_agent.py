@@ -14,6 +14,7 @@ import pytest
 
 from engine import read_pauses
 from engine.errors import TandemWarning
+from engine.record.session import clock_pair
 
 from conftest import default_java_home, jdk_params
 from test_record_helpers import (
@@ -68,6 +69,15 @@ def test_jvm_json_describes_the_jvm(recorded_java):
     # both clocks of the start, and the end after it
     assert 0 < description["start_monotonic_ns"] < description["end_monotonic_ns"] < time.monotonic_ns()
     assert abs(description["start_wall_ns"] - time.time_ns()) < 600e9
+    # the pair's stated error holds against a pair read here, and session.json's (the wall clock
+    # minus CLOCK_MONOTONIC moves by at most 500 ppm between them: NTP slewing)
+    here_monotonic, here_wall, here_error = clock_pair()
+    for facts, prefix in ((description, "start"), (read_json(session / "session.json"), "start"),
+                          (read_json(session / "session.json"), "end")):
+        error = facts[f"{prefix}_clock_error_ns"]
+        assert 0 < error < 1e9, (prefix, error)
+        moved = abs((facts[f"{prefix}_wall_ns"] - facts[f"{prefix}_monotonic_ns"]) - (here_wall - here_monotonic))
+        assert moved <= error + here_error + (here_monotonic - facts[f"{prefix}_monotonic_ns"]) * 500e-6, (prefix, moved, error)
     assert not (jvm_dir / "recording.jfr.part").exists()
     assert not (jvm_dir / ".chunks").exists()  # the agent's links to JFR's chunks are gone once written
 

@@ -145,6 +145,27 @@ def test_clock_interpolates_between_pairs_and_bounds_by_their_drift(tmp_path):
     assert [p["source"] for p in meta["pairs"]] == ["session.json start", "session.json end"]
 
 
+def test_clock_takes_recorded_errors_and_leaves_out_a_preempted_pair(tmp_path):
+    """session.json's and jvm.json's pairs carry their own error (half the tightest bracket of
+    their tries). A pair read across a preemption (a 6 ms bracket: error 3 ms, its offset 2 ms
+    off) between two tight ones is left out: the tight pairs bound the offset better at its
+    time; kept, it would move every span's bound by milliseconds."""
+    base = 10**18
+    session = _session(tmp_path, start_monotonic_ns=5_000_000_000, start_wall_ns=base + 5_000_000_000,
+                       start_clock_error_ns=400, end_monotonic_ns=15_000_000_000, end_wall_ns=base + 15_000_001_000,
+                       end_clock_error_ns=700)
+    (session / "jvm-42").mkdir()
+    (session / "jvm-42" / "jvm.json").write_text(json.dumps({
+        "start_monotonic_ns": 6_000_000_000, "start_wall_ns": base + 6_002_000_000, "start_clock_error_ns": 3_000_001}))
+    wall = np.array([base + 5_500_000_000, base + 10_000_000_500])
+    spans = pd.DataFrame({"start_wall_ns": wall, "end_wall_ns": wall, "host_name": ["h1"] * 2})
+    out, meta = spans_on_monotonic(spans, session)
+    assert [p["source"] for p in meta["pairs"]] == ["session.json start", "session.json end"]
+    assert [p["error_ns"] for p in meta["pairs"]] == [400, 700]
+    assert out["clock_error_ns"].tolist() == [700 + 1_000] * 2
+    assert out["start_ns"].tolist() == [5_500_000_000 - 50, 10_000_000_000]
+
+
 def test_clock_refuses_what_it_cannot_bound(tmp_path):
     spans = pd.DataFrame({"start_wall_ns": [10**18], "end_wall_ns": [10**18], "host_name": ["h1"]})
     with pytest.raises(TandemError, match="no wall/monotonic clock pair of the session's boot"):

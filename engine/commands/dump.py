@@ -36,7 +36,7 @@ def dump(
 
     private_directory(target, empty=True)
     console = Console(stderr=True)
-    at_ns, at_wall_ns = sessions.clock_pair()
+    at_ns, at_wall_ns, _ = sessions.clock_pair()
     since_ns = at_ns - int(last_s * 1e9) if last_s is not None else None
     notes: list[str] = []
     for directory in sorted(source.glob(PYTHON_DIRS)):

@@ -38,11 +38,12 @@ def create_session(path: Path, description: dict) -> Path:
     path = Path(path).expanduser().absolute()
     keep_private()
     private_directory(path, empty=True)
-    start_monotonic_ns, start_wall_ns = clock_pair()
+    start_monotonic_ns, start_wall_ns, start_error_ns = clock_pair()
     write_description(path, {
         **description,
         "start_monotonic_ns": start_monotonic_ns,
         "start_wall_ns": start_wall_ns,
+        "start_clock_error_ns": start_error_ns,
         "boot_id": current_boot_id(),
         "hostname": socket.gethostname(),
         "recorder_pid": os.getpid(),
@@ -58,8 +59,8 @@ def finish_session(path: Path, **fields) -> str | None:
     if not path.is_dir():
         return f"{path}: the session directory is gone (deleted while recording); nothing to summarize"
     description = read_description(path)
-    end_monotonic_ns, end_wall_ns = clock_pair()
-    description.update(fields, end_monotonic_ns=end_monotonic_ns, end_wall_ns=end_wall_ns)
+    end_monotonic_ns, end_wall_ns, end_error_ns = clock_pair()
+    description.update(fields, end_monotonic_ns=end_monotonic_ns, end_wall_ns=end_wall_ns, end_clock_error_ns=end_error_ns)
     try:
         write_description(path, description)
     except OSError as err:
@@ -88,12 +89,21 @@ def write_description(path: Path, description: dict) -> None:
         raise
 
 
-def clock_pair() -> tuple[int, int]:
-    """(CLOCK_MONOTONIC, wall clock) in ns, read back to back; the agent's jvm.json has the same pair."""
-    before = time.monotonic_ns()
-    wall = time.time_ns()
-    after = time.monotonic_ns()
-    return before + (after - before) // 2, wall
+# Tries of a clock pair: one preempted between its reads brackets milliseconds, not microseconds.
+CLOCK_PAIR_TRIES = 5
+
+
+def clock_pair() -> tuple[int, int, int]:
+    """(CLOCK_MONOTONIC, wall clock, error) in ns: the wall clock read between two CLOCK_MONOTONIC
+    reads, the tightest bracket of CLOCK_PAIR_TRIES; the bracket's midpoint, and half of it
+    (rounded up) as the error. The agent's jvm.json has the same pair, read the same way."""
+    best = None
+    for _ in range(CLOCK_PAIR_TRIES):
+        before, wall, after = time.monotonic_ns(), time.time_ns(), time.monotonic_ns()
+        if best is None or after - before < best[2]:
+            best = (before + (after - before) // 2, wall, after - before)
+    monotonic, wall, bracket = best
+    return monotonic, wall, bracket // 2 + 1
 
 
 def unprobed_interpreters(session: Path) -> list[dict]:

@@ -8,9 +8,14 @@ back on its host and boot:
   CLOCK_MONOTONIC reads whose midpoint is `sync_monotonic_ns` and whose distance is
   `sync_uncertainty_ns` (docs/ring.md): its error is at most half that distance;
 - session.json's start and end (`start_wall_ns`/`start_monotonic_ns`, `end_...`, written by
-  `tandem record`) and each jvm.json's start: read the same way, but the distance is not
-  recorded; UNRECORDED_PAIR_ERROR_NS is assumed for them (three clock reads through the vDSO,
+  `tandem record`) and each jvm.json's start: read the same way, the tightest of a few tries,
+  with half the distance as `start_clock_error_ns` (`end_clock_error_ns`); files written before
+  tandem recorded it are assumed UNRECORDED_PAIR_ERROR_NS (three clock reads through the vDSO,
   not preempted between them).
+
+A pair whose error is larger than another pair's error plus MAX_SLEW_PPM of the time between
+them is left out (a read preempted between its clock reads, on a loaded machine): the better
+pair bounds the offset there more tightly on its own.
 
 The wall clock minus CLOCK_MONOTONIC (the offset) changes only when the wall clock is slewed
 (NTP, at most MAX_SLEW_PPM) or stepped. A span's offset is interpolated linearly between the
@@ -58,7 +63,7 @@ class SpanClock:
     def __post_init__(self):
         if not self.pairs:
             raise TandemError("no wall/monotonic clock pair: spans cannot be put on CLOCK_MONOTONIC")
-        self.pairs = sorted(self.pairs, key=lambda p: p.wall_ns)
+        self.pairs = _undominated(sorted(self.pairs, key=lambda p: p.wall_ns))
         self._wall = np.array([p.wall_ns for p in self.pairs], np.int64)
         self._offset = np.array([p.wall_ns - p.monotonic_ns for p in self.pairs], np.int64)
         self._error = np.array([p.error_ns for p in self.pairs], np.int64)
@@ -87,6 +92,16 @@ class SpanClock:
             for p in self.pairs]}
 
 
+def _undominated(pairs: list[ClockPair]) -> list[ClockPair]:
+    """PAIRS without those another pair bounds better at their own time (its error plus the
+    slew over the time between them is smaller than theirs)."""
+    wall = np.array([p.wall_ns for p in pairs], np.int64)
+    error = np.array([p.error_ns for p in pairs], np.int64)
+    # (a pair does not dominate itself: its slew term is 0 and its error is not below its own)
+    bound = (error[None, :] + _slew_ns(np.abs(wall[:, None] - wall[None, :]))).min(axis=1)
+    return [p for p, own, best in zip(pairs, error.tolist(), bound.tolist()) if own <= best]
+
+
 def _slew_ns(distance_ns: np.ndarray) -> np.ndarray:
     return (np.asarray(distance_ns, np.int64) * MAX_SLEW_PPM + 999_999) // 1_000_000
 
@@ -98,10 +113,12 @@ def session_pairs(session: Path) -> tuple[list[ClockPair], dict]:
     boot = description.get("boot_id")
     pairs: list[ClockPair] = []
 
-    def add(facts: dict, prefix: str, source: str, error_ns: int = UNRECORDED_PAIR_ERROR_NS) -> None:
+    def add(facts: dict, prefix: str, source: str) -> None:
         wall, monotonic = facts.get(f"{prefix}_wall_ns"), facts.get(f"{prefix}_monotonic_ns")
+        error = facts.get(f"{prefix}_clock_error_ns")
         if wall is not None and monotonic is not None and (boot is None or facts.get("boot_id", boot) == boot):
-            pairs.append(ClockPair(int(wall), int(monotonic), int(error_ns), source))
+            pairs.append(ClockPair(int(wall), int(monotonic), int(error) if error is not None else UNRECORDED_PAIR_ERROR_NS,
+                                   source))
 
     add(description, "start", f"{SESSION_JSON} start")
     add(description, "end", f"{SESSION_JSON} end")

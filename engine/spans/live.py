@@ -31,6 +31,7 @@ import pandas as pd
 
 from engine.correlate.schema import END
 from engine.errors import TandemError
+from engine.record.session import clock_pair
 from engine.spans.clock import ClockPair, SpanClock, session_pairs, spans_on_monotonic_with
 from engine.spans.figures import SpanFigures
 from engine.spans.outputs import figured_spans, requests_table
@@ -57,14 +58,9 @@ REQUEST_INPUT_COLUMNS = ("service_name", "endpoint", "duration_ns", "pause_ns", 
 
 
 def own_pair() -> ClockPair:
-    """(wall, CLOCK_MONOTONIC) read back to back here, the tighter of two tries, with its bracket as error."""
-    best = None
-    for _ in range(2):
-        before, wall, after = time.monotonic_ns(), time.time_ns(), time.monotonic_ns()
-        if best is None or after - before < best[2]:
-            best = (wall, before + (after - before) // 2, after - before)
-    wall, monotonic, bracket = best
-    return ClockPair(wall, monotonic, bracket // 2 + 1, "tandem live")
+    """(wall, CLOCK_MONOTONIC) read back to back here, as session.json's (clock_pair)."""
+    monotonic, wall, error = clock_pair()
+    return ClockPair(wall, monotonic, error, "tandem live")
 
 
 class LiveSpans:

@@ -11,7 +11,6 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.nio.file.attribute.PosixFilePermissions;
-import java.time.Instant;
 import java.util.HashMap;
 import java.util.Map;
 import tandem.jfr.PauseKinds;
@@ -163,19 +162,10 @@ final class PauseRing {
         buf.putInt(OFF_LANE_CAPACITY, capacity);
         buf.putInt(OFF_PRODUCER_PID, (int) pid);
         buf.putInt(OFF_CLOCK_ID, CLOCK_MONOTONIC);
-        // The tightest of a few (monotonic, realtime, monotonic) reads.
-        long bestWidth = Long.MAX_VALUE;
-        for (int attempt = 0; attempt < 5; attempt++) {
-            long before = System.nanoTime();
-            Instant wall = Instant.now();
-            long after = System.nanoTime();
-            if (after - before < bestWidth) {
-                bestWidth = after - before;
-                buf.putLong(OFF_SYNC_REALTIME_NS, wall.getEpochSecond() * 1_000_000_000L + wall.getNano());
-                buf.putLong(OFF_SYNC_MONOTONIC_NS, before + (after - before) / 2);
-                buf.putLong(OFF_SYNC_UNCERTAINTY_NS, after - before);
-            }
-        }
+        ClockPair pair = ClockPair.read();
+        buf.putLong(OFF_SYNC_REALTIME_NS, pair.wallNanos);
+        buf.putLong(OFF_SYNC_MONOTONIC_NS, pair.monotonicNanos);
+        buf.putLong(OFF_SYNC_UNCERTAINTY_NS, pair.bracketNanos);
         putText(OFF_BOOT_ID, OFF_RUNTIME_VERSION - OFF_BOOT_ID, bootId());
         putText(OFF_RUNTIME_VERSION, OFF_BACKEND - OFF_RUNTIME_VERSION, runtimeVersion);
         putText(OFF_BACKEND, 32, backend);

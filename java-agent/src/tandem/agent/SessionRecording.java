@@ -7,7 +7,6 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
 import java.time.Duration;
-import java.time.Instant;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import jdk.jfr.Recording;
@@ -111,15 +110,13 @@ final class SessionRecording {
             recording.setMaxAge(Duration.ofMillis(withinMaxAge));
         }
 
-        long monotonicBefore = System.nanoTime();
-        Instant wall = Instant.now();
-        long monotonicAfter = System.nanoTime();
+        ClockPair start = ClockPair.read();
         recording.start(); // the first clock sync comes from beginChunk
         chunkKeeper.keepNewChunks();
         letJfrDumpIfChunksAreNotKept();
         PrivateFiles.tighten(repository); // JFR made its chunk directory with the JVM's umask
 
-        describeJvm(monotonicBefore + (monotonicAfter - monotonicBefore) / 2, wall);
+        describeJvm(start);
         if (options.live) {
             startLive(settings);
         }
@@ -478,14 +475,15 @@ final class SessionRecording {
         }
     }
 
-    private void describeJvm(long startMonotonicNanos, Instant startWall) {
+    private void describeJvm(ClockPair start) {
         description.put("pid", ProcessHandle.current().pid());
         description.put("java_version", System.getProperty("java.version"));
         description.put("java_vendor", System.getProperty("java.vendor"));
         description.put("vm_name", System.getProperty("java.vm.name"));
         description.put("vm_version", System.getProperty("java.vm.version"));
-        description.put("start_monotonic_ns", startMonotonicNanos);
-        description.put("start_wall_ns", startWall.getEpochSecond() * 1_000_000_000L + startWall.getNano());
+        description.put("start_monotonic_ns", start.monotonicNanos);
+        description.put("start_wall_ns", start.wallNanos);
+        description.put("start_clock_error_ns", start.errorNanos());
         description.put("boot_id", firstLine("/proc/sys/kernel/random/boot_id"));
         // Not InetAddress.getLocalHost(): it may wait on DNS, and the agent must not block the JVM.
         String hostname = firstLine("/proc/sys/kernel/hostname");
