@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -893,10 +893,13 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
             spans = spans[_in_window(spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64), window)]
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
+    # (named before it is made: a signal at any moment, even inside mkdir, leaves nothing behind)
+    spill_dir = output.with_name(f".{output.name}.spill")
     try:
-        with tempfile.TemporaryDirectory(prefix=".tandem-export-", dir=output.parent) as spill_dir, \
-                open(tmp, "wb" if fmt == "proto" else "w") as out:
-            spill = _ThreadSpill(Path(spill_dir))
+        shutil.rmtree(spill_dir, ignore_errors=True)  # (a killed export's)
+        spill_dir.mkdir(mode=0o700)
+        with open(tmp, "wb" if fmt == "proto" else "w") as out:
+            spill = _ThreadSpill(spill_dir)
             spill.add_gil(results, advance, window)
             total = read + spill.rows
             spill.add_overlaps(results, window)
@@ -910,6 +913,8 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
     except BaseException:  # (a full disk, an interrupt: no half trace left beside the output)
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
     return output
 
 
