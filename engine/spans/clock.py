@@ -93,13 +93,17 @@ class SpanClock:
 
 
 def _undominated(pairs: list[ClockPair]) -> list[ClockPair]:
-    """PAIRS without those another pair bounds better at their own time (its error plus the
-    slew over the time between them is smaller than theirs)."""
-    wall = np.array([p.wall_ns for p in pairs], np.int64)
-    error = np.array([p.error_ns for p in pairs], np.int64)
-    # (a pair does not dominate itself: its slew term is 0 and its error is not below its own)
-    bound = (error[None, :] + _slew_ns(np.abs(wall[:, None] - wall[None, :]))).min(axis=1)
-    return [p for p, own, best in zip(pairs, error.tolist(), bound.tolist()) if own <= best]
+    """PAIRS (sorted by wall time) without those another pair bounds better at their own time:
+    its error plus the slew over the time between them is smaller than theirs. One sweep each
+    way (tandem live holds thousands of pairs): the best bound from an earlier pair is
+    min(error_i - slew_i) + slew_j, from a later one min(error_i + slew_i) - slew_j, with slew
+    the slew since the first pair."""
+    slew = np.array([p.wall_ns - pairs[0].wall_ns for p in pairs], np.float64) * (MAX_SLEW_PPM / 1e6)
+    error = np.array([p.error_ns for p in pairs], np.float64)
+    earlier = np.minimum.accumulate(np.r_[np.inf, (error - slew)[:-1]]) + slew
+    later = np.minimum.accumulate(np.r_[(error + slew)[1:], np.inf][::-1])[::-1] - slew
+    keep = error <= np.minimum(earlier, later) + 1  # (1 ns: _slew_ns rounds up)
+    return [p for p, kept in zip(pairs, keep.tolist()) if kept]
 
 
 def _slew_ns(distance_ns: np.ndarray) -> np.ndarray:
