@@ -14,7 +14,7 @@ import pytest
 
 from engine import read_pauses
 from engine.errors import TandemWarning
-from engine.record.session import clock_pair
+from engine.clock.pair import clock_pair
 
 from conftest import default_java_home, jdk_params
 from test_record_helpers import (

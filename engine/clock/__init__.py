@@ -1,1 +1,2 @@
-"""JFR ticks to CLOCK_MONOTONIC: chunk headers (`chunks`) and the alignment methods (`align`)."""
+"""JFR ticks to CLOCK_MONOTONIC: chunk headers (`chunks`) and the alignment methods (`align`);
+(CLOCK_MONOTONIC, wall clock) pairs read here (`pair`)."""

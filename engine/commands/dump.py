@@ -20,6 +20,7 @@ def dump(
     last whole record, each JVM's recording (of a running one what JFR has flushed); SESSION records on."""
     from rich.console import Console
 
+    from engine.clock.pair import clock_pair
     from engine.errors import TandemError
     from engine.record import keeper as keeping, session as sessions
     from engine.session import JVM_DIRS, PYTHON_DIRS, SESSION_JSON, read_json
@@ -36,7 +37,7 @@ def dump(
 
     private_directory(target, empty=True)
     console = Console(stderr=True)
-    at_ns, at_wall_ns, _ = sessions.clock_pair()
+    at_ns, at_wall_ns, _ = clock_pair()
     since_ns = at_ns - int(last_s * 1e9) if last_s is not None else None
     notes: list[str] = []
     for directory in sorted(source.glob(PYTHON_DIRS)):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from pathlib import Path
 
+from engine.clock.pair import clock_pair
 from engine.probe.private import private_directory
 from engine.probe.start_hook import UNPROBED_DIR
 from engine.session import SESSION_JSON, current_boot_id, read_json
@@ -87,23 +87,6 @@ def write_description(path: Path, description: dict) -> None:
     except OSError:
         tmp.unlink(missing_ok=True)  # no half file left behind (disk full)
         raise
-
-
-# Tries of a clock pair: one preempted between its reads brackets milliseconds, not microseconds.
-CLOCK_PAIR_TRIES = 5
-
-
-def clock_pair() -> tuple[int, int, int]:
-    """(CLOCK_MONOTONIC, wall clock, error) in ns: the wall clock read between two CLOCK_MONOTONIC
-    reads, the tightest bracket of CLOCK_PAIR_TRIES; the bracket's midpoint, and half of it
-    (rounded up) as the error. The agent's jvm.json has the same pair, read the same way."""
-    best = None
-    for _ in range(CLOCK_PAIR_TRIES):
-        before, wall, after = time.monotonic_ns(), time.time_ns(), time.monotonic_ns()
-        if best is None or after - before < best[2]:
-            best = (before + (after - before) // 2, wall, after - before)
-    monotonic, wall, bracket = best
-    return monotonic, wall, bracket // 2 + 1
 
 
 def unprobed_interpreters(session: Path) -> list[dict]:

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engine.clock.pair import clock_pair
 from engine.correlate.schema import END
 from engine.errors import TandemError
-from engine.record.session import clock_pair
 from engine.spans.clock import ClockPair, SpanClock, session_pairs, spans_on_monotonic_with
 from engine.spans.figures import SpanFigures
 from engine.spans.outputs import figured_spans, requests_table
