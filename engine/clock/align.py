@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from engine.clock.chunks import Chunk
+from engine.clock.pair import clock_pair
 
 NS_PER_S = 1_000_000_000
 MONOTONIC = "monotonic"
@@ -143,15 +144,8 @@ def _bracket_error(residual: np.ndarray, span_ns: np.ndarray, tight: np.ndarray)
 
 def host_wall_minus_monotonic() -> tuple[int, int]:
     """(CLOCK_REALTIME - CLOCK_MONOTONIC) now, and the half-width of the tightest bracketing read."""
-    best = None
-    for _ in range(20):
-        before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        wall = time.clock_gettime_ns(time.CLOCK_REALTIME)
-        after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        if best is None or after - before < best[1] - best[0]:
-            best = (before, after, wall)
-    before, after, wall = best
-    return wall - (before + after) // 2, (after - before) // 2 + 1
+    monotonic, wall, error = clock_pair(tries=20)
+    return wall - monotonic, error
 
 
 def header_spread_ns(run: list[Chunk]) -> int:
