@@ -72,8 +72,8 @@ def test_jvm_json_describes_the_jvm(recorded_java):
     # the pair's stated error holds against a pair read here, and session.json's (the wall clock
     # minus CLOCK_MONOTONIC moves by at most 500 ppm between them: NTP slewing)
     here_monotonic, here_wall, here_error = clock_pair()
-    for facts, prefix in ((description, "start"), (read_json(session / "session.json"), "start"),
-                          (read_json(session / "session.json"), "end")):
+    recorder = read_json(session / "session.json")
+    for facts, prefix in ((description, "start"), (recorder, "start"), (recorder, "end")):
         error = facts[f"{prefix}_clock_error_ns"]
         assert 0 < error < 1e9, (prefix, error)
         moved = abs((facts[f"{prefix}_wall_ns"] - facts[f"{prefix}_monotonic_ns"]) - (here_wall - here_monotonic))
