@@ -374,6 +374,36 @@ def test_sigterm_mid_export_leaves_nothing_behind(tmp_path):
     assert "Traceback" not in err and list(target.iterdir()) == []
 
 
+def test_an_export_running_keeps_its_scratch_files_and_a_killed_ones_are_taken_over(tmp_path):
+    """Two exports to one output: while one holds its scratch file (locked), another is refused
+    in one line and touches neither that file nor the spill directory; once nobody holds them,
+    what a killed export left is taken over and nothing but the trace is left."""
+    import fcntl
+
+    pauses, gil = _tables()
+    results = tmp_path / "results"
+    correlate(pauses, gil).write(results)
+    target = tmp_path / "trace"
+    target.mkdir()
+    scratch, spill = target / ".t.pftrace.tmp", target / ".t.pftrace.spill"
+    scratch.write_bytes(b"half a trace")
+    spill.mkdir()
+    (spill / "thread").write_bytes(b"rows")
+    tandem = Path(sys.executable).parent / "tandem"
+    export = [str(tandem), "export", "perfetto", str(results), "-o", str(target / "t.pftrace")]
+    with open(scratch, "rb") as running:  # (an export at work holds this lock)
+        fcntl.flock(running, fcntl.LOCK_EX)
+        refused = subprocess.run(export, capture_output=True, text=True)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "another tandem export is writing it now" in refused.stderr and "t.pftrace" in refused.stderr
+    assert scratch.read_bytes() == b"half a trace" and (spill / "thread").read_bytes() == b"rows"
+    assert not (target / "t.pftrace").exists()
+    done = subprocess.run(export, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in target.iterdir()) == ["t.pftrace"]
+    decode_proto(target / "t.pftrace")
+
+
 def test_plain_packets_are_the_protos_own_bytes():
     """The bulk encoder of plain slice begins and ends writes exactly what the `perfetto`
     package's protos serialize for the same packets: varint edges (0, 127, 128, 2^14, 2^35,

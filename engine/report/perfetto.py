@@ -28,9 +28,12 @@ in time order, parents before their children.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -895,10 +898,16 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
     tmp = output.with_name(f".{output.name}.tmp")
     # (named before it is made: a signal at any moment, even inside mkdir, leaves nothing behind)
     spill_dir = output.with_name(f".{output.name}.spill")
+    claimed = -1  # (TMP's descriptor, locked: TMP and the spill directory are this export's)
     try:
+        # (signals wait while TMP is made, locked and known here as ours: one handled in between
+        # would leave a file nobody knows is there)
+        with _signals_held():
+            claimed = _claim(tmp, output)
         shutil.rmtree(spill_dir, ignore_errors=True)  # (a killed export's)
         spill_dir.mkdir(mode=0o700)
-        with open(tmp, "wb" if fmt == "proto" else "w") as out:
+        # (the lock is held until TMP has become OUTPUT: the descriptor is closed last)
+        with open(claimed, "wb" if fmt == "proto" else "w", closefd=False) as out:
             spill = _ThreadSpill(spill_dir)
             spill.add_gil(results, advance, window)
             total = read + spill.rows
@@ -911,11 +920,44 @@ def export_perfetto(results_dir: str | os.PathLike, output: str | os.PathLike, f
             writer.close()
         os.replace(tmp, output)
     except BaseException:  # (a full disk, an interrupt: no half trace left beside the output)
-        tmp.unlink(missing_ok=True)
+        if claimed >= 0:
+            tmp.unlink(missing_ok=True)
         raise
     finally:
-        shutil.rmtree(spill_dir, ignore_errors=True)
+        if claimed >= 0:
+            shutil.rmtree(spill_dir, ignore_errors=True)
+            os.close(claimed)
     return output
+
+
+def _claim(tmp: Path, output: Path) -> int:
+    """TMP opened empty and locked (flock), as the sign that the scratch files beside OUTPUT (TMP,
+    its spill directory) are this export's: those an export killed earlier left are taken over;
+    an export writing OUTPUT now is not disturbed, and this one is refused in one line."""
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise TandemError(f"{output}: another tandem export is writing it now (its scratch file {tmp.name} is "
+                          "locked); try again when it is done") from None
+    try:
+        os.ftruncate(fd, 0)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM held back in the block; one that came meanwhile is handled at its end."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _read_causes(results: Results) -> pd.DataFrame:
