@@ -43,11 +43,11 @@ from engine.report.summary import print_summary
 from engine.store import TableWriter, WriterThread, is_text, publish, staging_directory, write_table
 
 
-# Bytes of blocks read and paired ahead of the core: with one block ahead the core waited for
-# the next ~0.5 s an hour (the reading thread shares a core with the writer); two absorb most of
-# that (docs/join.md). Bounded in bytes, not blocks: a long session's peak is these blocks, and
-# a million rows take 36 MB plain, ~57 MB carrying code, ~71 MB with their copy for gil.parquet.
-READ_AHEAD_BYTES = 160 << 20
+# Bytes of blocks read and paired ahead of the core: one block of a million rows (36 MB plain,
+# ~57 MB carrying code, ~71 MB with its copy for gil.parquet) while the core takes the one before.
+# Two cost 80 MiB more at the peak and save ~2% of the time (docs/join.md); with them the peak grew
+# from a 10-minute session to a long one, whose reader gets ahead.
+READ_AHEAD_BYTES = 64 << 20
 # OUT's file of pause_impact rows waiting for their causes (ParquetSink.pause_impact)
 IMPACT_ROWS = ".pause_impact-rows"
 
