@@ -266,7 +266,7 @@ def run_once(ring: bool, seconds: float, workdir: Path, workload: tuple[str, ...
     settled = (pauses["end_ns"].to_numpy(np.int64) - int(pauses["end_ns"].min()) > SETTLED_AFTER_S * 1e9) if len(pauses) else start_up
     return {
         "lat": lat[~start_up], "polled": polled[~start_up], "final": final[~start_up], "late_start_up": int(start_up.sum()),
-        "lat_settled": lat[~start_up & settled],
+        "lat_settled": lat[~start_up & settled], "final_settled": final[~start_up & settled],
         "anchor": np.array(anchor) / 1e9, "session": session, "trace": trace,
         "rss_mib": [None if r is None else r / 1024 for r in rss],
         "hwm_mib": [None if r is None else r / 1024 for r in hwm], "cpu_s": last[1],
@@ -436,7 +436,8 @@ def main(console) -> list[Row]:
             console.print(f"{label}: {r['pauses']} pauses ({r['late_start_up']} start-up ones joined late), "
                           f"latency p50 {p(r['lat'], 50):.3f} s p99 {p(r['lat'], 99):.3f} s max {p(r['lat'], 100):.3f} s "
                           f"(read from the ring: p50 {p(r['polled'], 50):.3f} s p99 {p(r['polled'], 99):.3f} s; "
-                          f"final, pause_impact: p50 {p(r['final'], 50):.3f} s p99 {p(r['final'], 99):.3f} s); "
+                          f"final, pause_impact: p50 {p(r['final'], 50):.3f} s p99 {p(r['final'], 99):.3f} s, "
+                          f"after the first {SETTLED_AFTER_S:g} s p99 {p(r['final_settled'], 99):.3f} s); "
                           f"ring commit-to-reader p50 {p(r['anchor'], 50):.3f} s p99 {p(r['anchor'], 99):.3f} s; "
                           f"RSS MiB at 1/3, 2/3, end {[None if x is None else round(x) for x in r['rss_mib']]} "
                           f"(max {[None if x is None else round(x) for x in r['hwm_mib']]}); "
@@ -452,6 +453,9 @@ def main(console) -> list[Row]:
         rows.append(Row("live", f"pause end -> pause_impact row (final, causes live) p99, pause ring vs the watermark's lag "
                                 f"(GIL commit lag seen {a['commit_lag']})",
                         p(a["final"], 99), wm.LAG_NS / 1e9, "s", f"<= {BAR_P99_S} s", p(a["final"], 99) <= BAR_P99_S))
+        rows.append(Row("live", f"pause end -> pause_impact row (final, causes live) p99 after the first {SETTLED_AFTER_S:g} s "
+                                "(start-up left out) vs the watermark's lag",
+                        p(a["final_settled"], 99), wm.LAG_NS / 1e9, "s", "report", True))
         if before is not None:
             rows.append(Row("live", "pause end -> live row p99, before (repository) vs JFR flush floor 1 s",
                             p(before["lat"], 99), 1.0, "s", f"<= {BAR_P99_S} s", p(before["lat"], 99) <= BAR_P99_S))
