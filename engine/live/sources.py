@@ -505,6 +505,7 @@ class RingWithRepositorySource(PauseRingSource):
     # not carry): rarely, so that its reads (tenths of a second, holding the GIL in part) do
     # not delay the ring's rows.
     REPOSITORY_EVERY_S = 5.0
+    FIRST_READ_AFTER_S = 2.0
     CLOSING_EVERY_S = 0.2
 
     def __init__(self, directory: Path):
@@ -564,6 +565,10 @@ class RingWithRepositorySource(PauseRingSource):
         """Re-reads the repository off the live loop (a read takes tenths of a second: the
         ring's rows must not wait for it). Until the repository side is done (its final read
         delivered): not `self.done`, which poll() sets for a moment when the ring closes."""
+        # (the first read waits while the JVM starts, unless it is closing: its rows are late
+        # anyway, and its read, holding the GIL in part, would stretch the steps that bring the
+        # ring's first rows)
+        self._hurry.wait(self.FIRST_READ_AFTER_S)
         while True:
             try:
                 frame = self.repository.poll()
