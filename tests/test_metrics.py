@@ -102,7 +102,9 @@ def run(tmp_path_factory):
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
                     text = response.read().decode()
-                if "tandem_pauses_total{" in text:
+                # Both families, counters and a histogram: the first pauses handed over may
+                # hold no GC yet (safepoints come first), and promtool should see a histogram.
+                if "tandem_pauses_total{" in text and "jvm_gc_duration_seconds_bucket{" in text:
                     exposition = text
                     break
             except OSError:
