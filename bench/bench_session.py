@@ -10,7 +10,9 @@ pairs of the same 60 minutes from a Parquet copy of the intervals, in the same r
 is the kernel's count for each process; each figure is the best of three runs, the commands
 alternating, after the files written are synced. The hour runs twice: as users run it (OUT gets
 gil.parquet, 50 M rows written) and with --reference-gil (OUT names the events files). The same hour from MANY_PROCESSES
-processes at the same total rate runs once more beside it (best of two). TANDEM_BENCH_SESSION_MINUTES=6 shrinks the long
+processes at the same total rate runs once more beside it (best of two), and so does the same hour
+from short-lived worker processes (WORKERS an hour, WORKERS_ALIVE at a time, high thread ids: a
+Spark executor's Python workers). TANDEM_BENCH_SESSION_MINUTES=6 shrinks the long
 session (the short one is a sixth of it) for quick checks.
 
 The real shape beside it: the demo service (engine/demo/workload.py: JPype with its GC link,
@@ -25,6 +27,7 @@ TANDEM_BENCH_DEMO_SESSION=DIR takes an existing recording of the demo instead of
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +39,11 @@ from bench.bench_join import DUCKDB_OVERLAPS, io_floor, run_measured
 
 PROCESSES = 3
 MANY_PROCESSES = 12
+# Python workers that come and go (a Spark executor's): WORKERS an hour, WORKERS_ALIVE at a time,
+# WORKER_THREADS threads each, their ids high (a host up for long, pid_max 2^22).
+WORKERS = 2400
+WORKERS_ALIVE = 60
+WORKER_THREADS = 4
 DEMO_SECONDS = 30
 THREADS = 16
 INTERVALS_PER_S = 14_000  # all processes together: 50.4 M intervals an hour
@@ -150,6 +158,28 @@ def write_session(directory: Path, minutes: float, seed: int = 7, parquet_copy: 
                        "start_ns": start, "end_ns": start + rng.integers(100_000, 50_000_000, n_pauses)})
     pq.write_table(pauses, directory / f"P-{minutes:g}min.parquet")
     return session, directory / f"P-{minutes:g}min.parquet", total
+
+
+def write_workers_session(directory: Path, minutes: float, seed: int = 10) -> tuple[Path, int]:
+    """SESSION/py-<pid>/gil.events of short-lived worker processes (WORKERS an hour, WORKERS_ALIVE
+    at a time, starting at even steps) at the synthetic hour's total rate; returns (session, intervals)."""
+    rng = np.random.default_rng(seed)
+    span, t0 = int(minutes * 60e9), 10**12
+    workers = max(WORKERS_ALIVE, round(WORKERS * minutes / 60))
+    life = span * WORKERS_ALIVE // workers
+    releases = int(INTERVALS_PER_S * minutes * 60 / workers / WORKER_THREADS / 1.7)
+    session, total = directory / f"session-{minutes:g}min-workers", 0
+    for w in range(workers):
+        pid = 3_000_000 + 8 * w
+        begin = t0 + (span - life) * w // max(workers - 1, 1)
+        lanes = []
+        for t in range(WORKER_THREADS):
+            mono, kind, made = thread_events(rng, begin + int(rng.integers(0, 10**7)), life, releases)
+            lanes.append((pid + 1 + t, mono, kind))
+            total += made[0].size
+        (session / f"py-{pid}").mkdir(parents=True)
+        write_events_file(session / f"py-{pid}" / "gil.events", pid, lanes)
+    return session, total
 
 
 def record_demo(session: Path, seconds: float = DEMO_SECONDS) -> Path:
@@ -325,6 +355,10 @@ def synthetic(console) -> list[Row]:
         many_session, _, n_many = write_session(tmp, minutes, seed=9, processes=MANY_PROCESSES)
         os.sync()
         many_s, many_gib = min(run_measured(tandem(many_session, long_pauses)) for _ in range(2))
+        shutil.rmtree(many_session)
+        workers_session, n_workers = write_workers_session(tmp, minutes)
+        os.sync()
+        workers_s, workers_gib = min(run_measured(tandem(workers_session, long_pauses)) for _ in range(2))
     rate, named_rate = n_long / long_s, n_long / named_s
     console.print(f"{minutes:g} min, {n_long / 1e6:.1f} M intervals: tandem {long_s:.1f} s ({rate / 1e6:.2f} M intervals/s), "
                   f"peak RSS {long_gib:.2f} GiB; with --reference-gil {named_s:.1f} s ({named_rate / 1e6:.2f} M intervals/s), "
@@ -334,10 +368,17 @@ def synthetic(console) -> list[Row]:
     many_rate = n_many / many_s
     console.print(f"{minutes:g} min from {MANY_PROCESSES} processes, {n_many / 1e6:.1f} M intervals: {many_s:.1f} s "
                   f"({many_rate / 1e6:.2f} M intervals/s), peak RSS {many_gib:.2f} GiB")
+    workers_rate = n_workers / workers_s
+    workers = f"{max(WORKERS_ALIVE, round(WORKERS * minutes / 60))} workers, {WORKERS_ALIVE} at a time"
+    console.print(f"{minutes:g} min from {workers}, {n_workers / 1e6:.1f} M intervals: {workers_s:.1f} s "
+                  f"({workers_rate / 1e6:.2f} M intervals/s), peak RSS {workers_gib:.2f} GiB")
     return [
         Row("session", f"intervals/s, {MANY_PROCESSES} processes vs {PROCESSES} ({label}; anchor: {PROCESSES})", many_rate, rate,
             "intervals/s", "-", None),
         Row("session", f"peak RSS, {MANY_PROCESSES} processes vs {PROCESSES} ({label})", many_gib, long_gib, "GiB", "-", None),
+        Row("session", f"intervals/s, {workers} vs {PROCESSES} processes ({label}; anchor: {PROCESSES})", workers_rate, rate,
+            "intervals/s", "-", None),
+        Row("session", f"peak RSS, {workers} vs {PROCESSES} processes ({label})", workers_gib, long_gib, "GiB", "-", None),
         Row("session", f"tandem analyze SESSION ({label}) vs DuckDB overlaps only", long_s, duck_s, "s", "<= 1/2.5x",
             long_s * 2.5 <= duck_s),
         Row("session", f"intervals/s ({label}; anchor: the bar)", rate, 7e6, "intervals/s", ">= 7 M/s", rate >= 7e6),

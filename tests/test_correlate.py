@@ -559,3 +559,78 @@ def test_the_pauses_check_drops_a_row_recorded_twice_and_refuses_one_id_on_two_p
     other = pauses.iloc[[2]].assign(cause="x")
     with pytest.raises(TandemError, match=r"t.parquet: pause_id \d+ names two different pauses"):
         check_pauses(pd.concat([pauses, other], ignore_index=True), "t.parquet")
+
+
+def test_thread_ids_up_to_pid_max_cost_a_pairing_its_threads_not_their_ids():
+    """Thread ids run to pid_max (2^22 where systemd sets it), and a session has a Pairing per
+    process (a Spark executor's Python workers: thousands). Pairing keeps per-thread state (a
+    table of its threads), not an array indexed by thread id: 40 threads with ids up to 2^22,
+    paired block by block, give gil_model's intervals, and the table stays a few times their
+    number (bytes: eight arrays of 64 entries at most)."""
+    from gil_model import model_intervals
+    from engine.ingest.gil import TID_AT_MOST, Pairing, as_records
+    from engine.ring.layout import GIL_DROP, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
+
+    rng = np.random.default_rng(11)
+    tids = np.r_[TID_AT_MOST, TID_AT_MOST - 1, 65_536, 65_537, 1 << 21, rng.choice(TID_AT_MOST, 35, replace=False)]
+    lanes = []
+    for k, tid in enumerate(tids):  # per thread: DROP, [TAKE_REQUEST], TAKE_ACQUIRED, ...
+        kinds = np.tile([GIL_DROP, GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED], 50)
+        kinds = kinds[rng.random(kinds.size) < 0.85]
+        mono = np.cumsum(rng.integers(1, 5_000, kinds.size)) + 1_000_000
+        lanes.append((np.full(kinds.size, tid), mono, kinds, np.full(kinds.size, k + 1, np.uint64)))
+    # the drain's order: passes over the lanes, each taking a run of a lane's records
+    runs = [tuple(a[lo:lo + 7] for a in lane) for lane in lanes for lo in range(0, lane[0].size, 7)]
+    runs.sort(key=lambda run: run[1][0])
+    tid, mono, kind, aux = (np.concatenate([r[i] for r in runs]) for i in range(4))
+    records = as_records(mono, tid, kind, aux)
+    pairing, rows = Pairing(), []
+    for block in np.array_split(records, 5):
+        rows.append(pairing.intervals(block))
+    got = sorted(zip(*(np.concatenate([r[i] for r in rows]).tolist() for i in range(5))))
+    assert got == model_intervals(mono, tid, kind, aux) and len(got) > 2_000
+    held = sum(a.nbytes for a in vars(pairing).values() if isinstance(a, np.ndarray))
+    assert held <= 64 * 8 * 8, f"a Pairing of {len(tids)} threads holds {held:,} bytes"
+    with pytest.raises(TandemError, match="beyond any Linux thread id"):
+        Pairing("f").intervals(as_records(np.array([1, 2]), np.array([TID_AT_MOST + 1] * 2), np.array([GIL_DROP, GIL_TAKE_ACQUIRED])))
+
+
+def test_a_session_of_many_short_lived_processes_holds_those_running_not_every_one(tmp_path):
+    """Processes that come and go (a Spark executor's Python workers), streamed (EventsGil.pushes):
+    the tables equal read_gil + correlate's, and a process's events file is closed and unmapped
+    once its last block is read, so what is open while pushing is the processes of the moment,
+    not every one of the session."""
+    import os
+    import subprocess
+    import sys
+
+    from engine.analysis import correlate
+    from engine.analysis.stream import analyze_streamed
+    from engine.ingest.gil_stream import EventsGil
+    from engine.ingest.inputs import gil_from
+    from engine.store import read_table
+
+    files = [tmp_path / f"p{i}.events" for i in range(12)]
+    for at in range(0, len(files), 3):  # three at a time, one round after another
+        running = [subprocess.Popen([sys.executable, "-c", PROBED, str(f)]) for f in files[at:at + 3]]
+        assert [p.wait(timeout=120) for p in running] == [0, 0, 0]
+    gil, _ = gil_from(paths=files)
+    rng = np.random.default_rng(3)
+    starts = np.sort(rng.integers(int(gil.start_ns.min()), int(gil.end_ns.max()), 200))
+    pauses = pauses_frame([(s, s + int(rng.integers(0, 2_000_000))) for s in starts])
+    expected = correlate(pauses, gil, slack_ns=20_000)
+    source = EventsGil(files, block_records=500, copy=True)
+    source.first_pass()
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    before, most = fds(), 0
+    for _ in source.pushes():
+        most = max(most, fds() - before)
+    assert most <= 2 * 3 + 2, f"{most} files open while pushing 12 processes' files, 3 at a time"
+    analyze_streamed(tmp_path / "out", pauses, EventsGil(files, block_records=500, copy=True), slack_ns=20_000)
+    for name in ("overlaps", "pause_impact", "summary", "stops"):
+        pd.testing.assert_frame_equal(read_table(tmp_path / "out" / f"{name}.parquet"),
+                                      getattr(expected, "summary_table" if name == "summary" else name),
+                                      check_dtype=False, obj=name)
+    key = ["pid", "start_ns"]
+    pd.testing.assert_frame_equal(read_table(tmp_path / "out" / "gil_free.parquet").sort_values(key, ignore_index=True),
+                                  expected.gil_free.sort_values(key, ignore_index=True), check_dtype=False)

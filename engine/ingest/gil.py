@@ -218,42 +218,63 @@ class SampledRecords(Exception):
     it is read whole (read_gil), not streamed."""
 
 
+# Linux thread ids are at most pid_max, 2^22 on 64-bit: a larger one is a damaged record.
+TID_AT_MOST = 1 << 22
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _slot_of(slot_hash, slot_tid, th):
+    """The entry of thread id TH in SLOT_HASH (open addressing, linear probing; an entry is a
+    slot, -1 when free): its slot's, or the free one it would take. Not an array indexed by tid:
+    tids run to pid_max, and a session of many short-lived processes (a Spark executor's Python
+    workers) has a Pairing per process. The table is kept at most half full by its caller."""
+    mask = slot_hash.size - 1
+    h = np.int64((np.uint64(th) * np.uint64(11400714819323198485)) >> np.uint64(40)) & mask
+    while slot_hash[h] >= 0 and slot_tid[slot_hash[h]] != th:
+        h = (h + 1) & mask
+    return h
+
+
 @njit(cache=True, nogil=True)
-def _pair_events(mono, tid, kind, aux, slot_of, slot_tid, last_t, last_k, last_drop, out_slot, out_state, out_start,
+def _pair_events(mono, tid, kind, aux, slot_hash, slot_tid, last_t, last_k, last_drop, out_slot, out_state, out_start,
                  out_end, out_code, n_slots, write_rows, lo, hi, block_min, at, first_code) -> int:
     """events_to_intervals, one block at a time: each thread's last event (last_t/last_k, and
     the aux of its last DROP) is carried to the next block, so the pairs are those of the whole
     stream. Rows come in the order of their closing events. Returns the intervals made, or -1 at
-    a sampling-backend record. n_slots[0]: threads seen so far (slot_of maps tid -> slot).
+    a sampling-backend record. n_slots[0]: threads seen so far (slot_hash: _slot_of's table).
     Starts at record at[0] with at[1] rows written; stops early, with at[0] at the record, when
-    a new thread finds slot_of or the slot arrays full (the caller grows them and calls again),
-    else sets at[0] to the block's size.
+    a new thread finds the slot arrays full (the caller grows them and calls again) or a thread
+    id is past TID_AT_MOST (the caller raises), else sets at[0] to the block's size.
     Without `write_rows` the intervals are only measured (the out arrays may be empty): per
     slot the hull of its non-empty intervals (lo/hi), and the block's earliest start
     (block_min[0])."""
     n = at[1]
+    cached_tid, s = -1, 0  # (the drain writes a lane's records together: runs of one thread)
     for i in range(at[0], mono.size):
         k = kind[i]
         if k == GIL_SAMPLE_HELD or k == GIL_SAMPLE_FREE:
             return -1
         t = np.int64(mono[i])
-        th = tid[i]
-        if th >= slot_of.size:
-            at[0] = i
-            return n
-        s = slot_of[th]
-        if s < 0:
-            if n_slots[0] >= slot_tid.size:
+        th = np.int64(tid[i])
+        if th != cached_tid:
+            if th > TID_AT_MOST:
                 at[0] = i
                 return n
-            s = n_slots[0]
-            n_slots[0] += 1
-            slot_of[th] = s
-            slot_tid[s] = th
-            last_k[s] = 0
-            last_drop[s] = first_code
-            lo[s] = END
-            hi[s] = -END
+            h = _slot_of(slot_hash, slot_tid, th)
+            s = slot_hash[h]
+            if s < 0:
+                if n_slots[0] >= slot_tid.size:
+                    at[0] = i
+                    return n
+                s = n_slots[0]
+                n_slots[0] += 1
+                slot_hash[h] = s
+                slot_tid[s] = th
+                last_k[s] = 0
+                last_drop[s] = first_code
+                lo[s] = END
+                hi[s] = -END
+            cached_tid = th
         pk = last_k[s]
         previous = last_t[s]
         state = -1
@@ -286,8 +307,6 @@ def _pair_events(mono, tid, kind, aux, slot_of, slot_tid, last_t, last_k, last_d
 
 
 BUCKET_ROWS_AT_MOST = 64
-# Linux thread ids are at most pid_max, 2^22 on 64-bit: a larger one is a damaged record.
-TID_AT_MOST = 1 << 22
 
 
 @njit(cache=True, nogil=True)
@@ -340,6 +359,19 @@ def sort_rows(tid, state, start, end, code):
     return [a[order] for a in rows]
 
 
+# Threads a Pairing has room for before it grows (doubling): a process has a few threads.
+SLOTS_FIRST = 16
+
+
+@njit(cache=True, nogil=True)
+def _slot_table(tids, size):
+    """A _slot_of table of SIZE entries (a power of two) holding TIDS (slot i: tids[i])."""
+    table = np.full(size, -1, np.int32)
+    for s in range(tids.size):
+        table[_slot_of(table, tids, tids[s])] = s
+    return table
+
+
 class Pairing:
     """GIL events paired into intervals per thread (_pair_events), batch after batch: each
     thread's last event, and the code of its last DROP, is carried to the next batch, so the
@@ -351,35 +383,32 @@ class Pairing:
     def __init__(self, source: str = "GIL events", first_code: int = NO_FRAME):
         self.source = source
         self.first_code = np.uint64(first_code)
-        self.slot_of = np.full(1 << 16, -1, np.int32)
         self.n_slots = np.zeros(1, np.int64)
-        self.last_t, self.last_k = np.zeros(1024, np.int64), np.zeros(1024, np.int64)
-        self.last_drop, self.slot_tid = np.zeros(1024, np.uint64), np.zeros(1024, np.int64)
-        self.lo, self.hi = np.zeros(1024, np.int64), np.zeros(1024, np.int64)
+        self.last_t, self.last_k = np.zeros(SLOTS_FIRST, np.int64), np.zeros(SLOTS_FIRST, np.int64)
+        self.last_drop, self.slot_tid = np.zeros(SLOTS_FIRST, np.uint64), np.zeros(SLOTS_FIRST, np.int64)
+        self.lo, self.hi = np.zeros(SLOTS_FIRST, np.int64), np.zeros(SLOTS_FIRST, np.int64)
+        self.slot_hash = np.full(2 * SLOTS_FIRST, -1, np.int32)  # (tid -> slot: _slot_of)
         self._none = [np.empty(0, t) for t in (np.int64, np.int8, np.int64, np.int64, np.uint64)]
 
     def _pair(self, records, out: list, write_rows: bool = True, block_min=None) -> int:
         tid = records["tid"]
         at = np.zeros(2, np.int64)
         while True:
-            n = _pair_events(records["mono_ns"], tid, records["kind"], records["aux"], self.slot_of, self.slot_tid,
+            n = _pair_events(records["mono_ns"], tid, records["kind"], records["aux"], self.slot_hash, self.slot_tid,
                              self.last_t, self.last_k, self.last_drop, *out, self.n_slots, write_rows, self.lo, self.hi,
                              block_min if block_min is not None else np.zeros(1, np.int64), at, self.first_code)
             if n < 0:
                 raise SampledRecords(self.source)
             if at[0] == tid.size:
                 return n
-            at[1] = n  # stopped for room: a thread id past slot_of, or a new thread with every slot taken
+            at[1] = n  # stopped: a thread id past any Linux one, or a new thread with every slot taken
             th = int(tid[at[0]])
-            if th >= self.slot_of.size:
-                if th > TID_AT_MOST:
-                    raise TandemError(f"{self.source}: thread id {th} is beyond any Linux thread id (a damaged file?)")
-                self.slot_of = np.concatenate([self.slot_of, np.full(max(th + 1, 2 * self.slot_of.size) - self.slot_of.size,
-                                                                     -1, np.int32)])
-            else:
-                size = 2 * self.slot_tid.size
-                for name in ("last_t", "last_k", "last_drop", "slot_tid", "lo", "hi"):
-                    setattr(self, name, np.resize(getattr(self, name), size))
+            if th > TID_AT_MOST:
+                raise TandemError(f"{self.source}: thread id {th} is beyond any Linux thread id (a damaged file?)")
+            size = 2 * self.slot_tid.size
+            for name in ("last_t", "last_k", "last_drop", "slot_tid", "lo", "hi"):
+                setattr(self, name, np.resize(getattr(self, name), size))
+            self.slot_hash = _slot_table(self.slot_tid[:int(self.n_slots[0])], 2 * size)
 
     def intervals(self, records) -> list[np.ndarray]:
         """The intervals the RECORDS close (tid, state, start_ns, end_ns, code), by (start, tid);

@@ -10,6 +10,7 @@ blocks, from the processes' files in the order their intervals start.
 """
 from __future__ import annotations
 
+import heapq
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from engine.store import TableCopy, TableWriter, is_text, read_metadata
 
 
 BLOCK_ROWS = 1 << 20
-MIN_FILE_BLOCK = 1 << 16  # records of a block of one process's events file, with many processes
+MIN_FILE_BLOCK = 1 << 12  # records of a block of one process's events file, with many processes
 FIRST_PASS_THREADS = 8
 TIME_COLUMNS = ("pid", "tid", "start_ns", "end_ns")
 
@@ -211,6 +212,9 @@ class EventsGil:
         # (rows of a push, once that many are final: about a block's, ~1.7 records an interval)
         self.push_rows = min(BLOCK_ROWS, block_records * max(len(paths), 1)) // 2
         self._names_of: dict[int, dict[int, str]] = {}  # pid -> tid -> thread name
+        self._files_of: dict[int, list[EventsIntervals]] = {}  # pid -> its files (a pid may be used again)
+        for f in self.files:
+            self._files_of.setdefault(f.pid, []).append(f)
         self.source = ", ".join(str(p) for p in paths)
         self.references = [str(Path(p).resolve()) for p in paths]
         self.carried = [pa.field("function", pa.string()), pa.field("file", pa.string()), pa.field("line", pa.int64())]
@@ -254,23 +258,34 @@ class EventsGil:
         block, however many processes. `copy`: the rows pushed, as read_gil's table."""
         streams = [f.blocks() for f in self.files]
         position = [0] * len(self.files)
+        # the files with blocks left, by the earliest start of what is left of them (ties: file order)
+        unread = [(int(later[0]), j) for j, later in enumerate(self._later) if len(later) > 1]
+        heapq.heapify(unread)
         waiting: list[GilRows] = []
-        rows_so_far = 0
+        rows_so_far = waiting_rows = 0
         watermark = END
         while True:
-            left = [j for j, (later, k) in enumerate(zip(self._later, position)) if k < len(later) - 1]
-            if left:
-                i = min(left, key=lambda j: self._later[j][position[j]])
+            if unread:
+                i = heapq.heappop(unread)[1]
                 read = self._rows(i, *next(streams[i]))
                 position[i] += 1
+                if position[i] < len(self._later[i]) - 1:
+                    heapq.heappush(unread, (int(self._later[i][position[i]]), i))
+                else:  # (its file closed and unmapped now, not when the session ends: many processes)
+                    streams[i].close()
+                    streams[i] = None
                 waiting.append(read)
+                waiting_rows += len(read)
                 rows_so_far += len(read)
-                watermark = int(min(later[k] for later, k in zip(self._later, position)))
-                if sum(int(np.searchsorted(r.start_ns, watermark, "left")) for r in waiting) < self.push_rows:
+                watermark = unread[0][0] if unread else END
+                # (the rows' count first: counting the final ones of each run read costs, with many processes)
+                if waiting_rows < self.push_rows or sum(
+                        int(np.searchsorted(r.start_ns, watermark, "left")) for r in waiting) < self.push_rows:
                     continue
             elif not waiting:
                 return
             rows, waiting = _before(waiting, watermark, self.codes)
+            waiting_rows = sum(len(r) for r in waiting)
             yield GilBlock(rows, watermark, rows_so_far, self._table(rows) if self.copy else None,
                            lambda mask, rows=rows: self._table(rows, mask))
 
@@ -310,9 +325,8 @@ class EventsGil:
         first file's name)."""
         if pid not in self._names_of:
             self._names_of[pid] = {}
-            for f in reversed(self.files):  # (the first file's name of a tid wins)
-                if f.pid == pid:
-                    self._names_of[pid].update(f.thread_names())
+            for f in reversed(self._files_of.get(pid, [])):  # (the first file's name of a tid wins)
+                self._names_of[pid].update(f.thread_names())
         return self._names_of[pid]
 
 
@@ -363,12 +377,15 @@ class ProcessCodes:
         self.of_file = [np.zeros(0, np.int64) for _ in range(files)]  # a file's numbers -> these
         self._named(pd.DataFrame({"function": pd.array([], "string"), "file": pd.array([], "string"),
                                   "line": pd.array([], "Int64")}))
+        self._count = 0
+        self._new: list[pd.DataFrame] = []  # names numbered since the columns were last made
 
     def number(self, file: int, numbers: np.ndarray, new_names: pd.DataFrame | None) -> np.ndarray:
         if new_names is not None and len(new_names):
-            n = len(self.names)
+            n = self._count
             self.of_file[file] = np.concatenate([self.of_file[file], np.arange(n, n + len(new_names), dtype=np.int64)])
-            self._named(pd.concat([self.names, new_names], ignore_index=True))
+            self._new.append(new_names)
+            self._count += len(new_names)
         return self.of_file[file][numbers]
 
     def _named(self, names: pd.DataFrame) -> None:
@@ -381,6 +398,9 @@ class ProcessCodes:
         self._index = np.arange(len(names), dtype=np.int32)  # (each code's index into the text columns)
 
     def columns(self, numbers: np.ndarray) -> pa.Table:
+        if self._new:  # (made once per push, not per file's block: a session of many processes)
+            self._named(pd.concat([self.names, *self._new], ignore_index=True))
+            self._new = []
         index = pa.array(numbers.astype(np.int32))  # (shared by the text columns whose codes all have text: most)
         line, no_line = self._line
         return pa.table({**{c: pa.DictionaryArray.from_arrays(_per_row(self._index, numbers, unnamed, pa.int32())

@@ -189,7 +189,7 @@ class EventsBlocks:
         (a file read, not mapped, reuses one buffer)."""
         header, path = self.header, self.path
         count = (self.size - header.records_offset) // header.record_size
-        sub = max(1, CHUNK_BYTES // header.record_size)  # checked in cache-sized chunks (in cache)
+        sub = max(1, min(CHUNK_BYTES // header.record_size, self.block_records))  # checked in cache-sized chunks (in cache)
         block = max(sub, min(self.block_records // sub, -(-count // sub)) * sub)  # (at most the file)
         check = _EventsCheck(path, header.record_dtype, header.lane_count, first_seq(header))
         fd, st = _open_checked(path, "events")
