@@ -425,9 +425,6 @@ def test_processes_running_at_once_are_pushed_merged_in_start_order(tmp_path):
     import subprocess
     import sys
 
-    from engine.analysis import correlate
-    from engine.analysis.stream import analyze_streamed
-    from engine.ingest.gil_stream import EventsGil
     from engine.ingest.inputs import gil_from
     from engine.store import read_table
 
@@ -437,18 +434,7 @@ def test_processes_running_at_once_are_pushed_merged_in_start_order(tmp_path):
     gil, _ = gil_from(paths=files)
     spans = gil.groupby("pid").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
     assert spans.lo.max() < spans.hi.min(), "the processes did not run at the same time"
-    rng = np.random.default_rng(2)
-    starts = np.sort(rng.integers(int(gil.start_ns.min()), int(gil.end_ns.max()), 200))
-    pauses = pauses_frame([(s, s + int(rng.integers(0, 2_000_000))) for s in starts])
-    expected = correlate(pauses, gil, slack_ns=20_000)
-    analyze_streamed(tmp_path / "out", pauses, EventsGil(files, block_records=500, copy=True), slack_ns=20_000)
-    for name in ("overlaps", "pause_impact", "summary", "stops"):
-        pd.testing.assert_frame_equal(read_table(tmp_path / "out" / f"{name}.parquet"),
-                                      getattr(expected, "summary_table" if name == "summary" else name),
-                                      check_dtype=False, obj=name)
-    key = ["pid", "start_ns"]
-    pd.testing.assert_frame_equal(read_table(tmp_path / "out" / "gil_free.parquet").sort_values(key, ignore_index=True),
-                                  expected.gil_free.sort_values(key, ignore_index=True), check_dtype=False)
+    expected = _streamed_equals_correlate(tmp_path / "out", files, gil, seed=2)
     back = read_table(tmp_path / "out" / "gil.parquet")
     order = ["start_ns", "pid", "tid"]
     pd.testing.assert_frame_equal(back, expected.gil.astype({"state": "string"}).sort_values(order, kind="stable", ignore_index=True),
@@ -604,21 +590,13 @@ def test_a_session_of_many_short_lived_processes_holds_those_running_not_every_o
     import subprocess
     import sys
 
-    from engine.analysis import correlate
-    from engine.analysis.stream import analyze_streamed
     from engine.ingest.gil_stream import EventsGil
     from engine.ingest.inputs import gil_from
-    from engine.store import read_table
 
     files = [tmp_path / f"p{i}.events" for i in range(12)]
     for at in range(0, len(files), 3):  # three at a time, one round after another
         running = [subprocess.Popen([sys.executable, "-c", PROBED, str(f)]) for f in files[at:at + 3]]
         assert [p.wait(timeout=120) for p in running] == [0, 0, 0]
-    gil, _ = gil_from(paths=files)
-    rng = np.random.default_rng(3)
-    starts = np.sort(rng.integers(int(gil.start_ns.min()), int(gil.end_ns.max()), 200))
-    pauses = pauses_frame([(s, s + int(rng.integers(0, 2_000_000))) for s in starts])
-    expected = correlate(pauses, gil, slack_ns=20_000)
     source = EventsGil(files, block_records=500, copy=True)
     source.first_pass()
     fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
@@ -626,11 +604,27 @@ def test_a_session_of_many_short_lived_processes_holds_those_running_not_every_o
     for _ in source.pushes():
         most = max(most, fds() - before)
     assert most <= 2 * 3 + 2, f"{most} files open while pushing 12 processes' files, 3 at a time"
-    analyze_streamed(tmp_path / "out", pauses, EventsGil(files, block_records=500, copy=True), slack_ns=20_000)
+    _streamed_equals_correlate(tmp_path / "out", files, gil_from(paths=files)[0], seed=3)
+
+
+def _streamed_equals_correlate(out, files, gil, seed: int):
+    """FILES streamed in blocks of 500 records into OUT against correlate of their gil table GIL
+    (random pauses): every table equal (gil_free as rows). Returns correlate's results."""
+    from engine.analysis import correlate
+    from engine.analysis.stream import analyze_streamed
+    from engine.ingest.gil_stream import EventsGil
+    from engine.store import read_table
+
+    rng = np.random.default_rng(seed)
+    starts = np.sort(rng.integers(int(gil.start_ns.min()), int(gil.end_ns.max()), 200))
+    pauses = pauses_frame([(s, s + int(rng.integers(0, 2_000_000))) for s in starts])
+    expected = correlate(pauses, gil, slack_ns=20_000)
+    analyze_streamed(out, pauses, EventsGil(files, block_records=500, copy=True), slack_ns=20_000)
     for name in ("overlaps", "pause_impact", "summary", "stops"):
-        pd.testing.assert_frame_equal(read_table(tmp_path / "out" / f"{name}.parquet"),
+        pd.testing.assert_frame_equal(read_table(out / f"{name}.parquet"),
                                       getattr(expected, "summary_table" if name == "summary" else name),
                                       check_dtype=False, obj=name)
     key = ["pid", "start_ns"]
-    pd.testing.assert_frame_equal(read_table(tmp_path / "out" / "gil_free.parquet").sort_values(key, ignore_index=True),
+    pd.testing.assert_frame_equal(read_table(out / "gil_free.parquet").sort_values(key, ignore_index=True),
                                   expected.gil_free.sort_values(key, ignore_index=True), check_dtype=False)
+    return expected
