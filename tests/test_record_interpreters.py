@@ -309,6 +309,30 @@ def test_summary_reads_on_when_files_vanish(tmp_path):
     assert all(f.name in text for f in files[::2])
 
 
+def test_summary_folds_many_python_processes_into_one_row(tmp_path):
+    """A session of many Python processes (a Spark executor's workers) gets a row for each JVM
+    and the PYTHON_ROWS largest Python processes, one row for the rest, and every problem
+    still named."""
+    from rich.console import Console
+
+    from engine.record import summary
+
+    captures = []
+    for k in range(summary.PYTHON_ROWS + 10):
+        directory = tmp_path / f"py-{1000 + k}"
+        directory.mkdir()
+        (directory / "gil.events").write_bytes(b"x" * (100 + k))
+        captures.append(summary.ProcessCapture("python", directory, {}, [directory / "gil.events"],
+                                               problem="exited without closing its ring" if k == 0 else None))
+    console = Console(record=True, width=200)
+    summary.print_summary(console, tmp_path, captures)
+    text = console.export_text()
+    rows = [line for line in text.splitlines() if line.startswith("│ py-")]
+    assert len(rows) == summary.PYTHON_ROWS and "│ py-1029 " in text and "│ py-1000 " not in text
+    assert "│ 10 more " in text and "10 files of 10 more Python processes (py-1000 ... py-1009)" in text
+    assert "py-1000: exited without closing its ring" in text
+
+
 def test_doctor_lists_the_interpreters_it_will_probe(tmp_path):
     """`tandem doctor` names each python3* on PATH with whether and how it will be probed:
     one with its probe built says so; one without a compiler to build it says why not."""

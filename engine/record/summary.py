@@ -155,22 +155,46 @@ def print_summary(console, session: Path, captures: list[ProcessCapture]) -> Non
     vanished = [file for file, size in sizes.items() if size is None]
     for capture in captures:
         capture.files = [file for file in capture.files if sizes[file] is not None]
-    for capture in captures:
+    shown, folded = _shown(captures, sizes)
+    for capture in shown:
         size = _size(sum(sizes[f] for f in capture.files)) if capture.files else "-"
         counts = capture.event_counts
         numbers = [str(counts.get(name, 0)) if counts else "-" for name in KEY_EVENTS]
         numbers.append(str(sum(counts.values())) if counts else "-")
         table.add_row(capture.directory.name, capture.state, size, *numbers)
+    folded_files = [f for capture in folded for f in capture.files]
+    if folded:
+        table.add_row(f"{len(folded)} more", "probe", _size(sum(sizes[f] for f in folded_files)), *["-"] * (len(KEY_EVENTS) + 1))
     console.print(table)
-    for capture in captures:
+    for capture in shown:
         for file in capture.files:
             console.print(f"  {file.relative_to(session)} [dim]({_size(sizes[file])})[/dim]", highlight=False)
+    if folded:
+        console.print(f"  {len(folded_files)} files of {len(folded)} more Python processes "
+                      f"({folded[0].directory.name} ... {folded[-1].directory.name})", highlight=False)
+    for capture in captures:
         for problem in (capture.problem, capture.unflushed):
             if problem:
                 console.print(f"[yellow]{capture.directory.name}: {problem}[/yellow]")
     if vanished:
         console.print(f"[yellow]{len(vanished)} file(s) went away before they could be read (a process cleaned up at its exit): "
                       f"{', '.join(str(f.relative_to(session)) for f in vanished)}[/yellow]", highlight=False)
+
+
+# Python processes given a row each; more (a Spark executor's workers: thousands) share one row.
+PYTHON_ROWS = 20
+
+
+def _shown(captures: list[ProcessCapture], sizes: dict) -> tuple[list[ProcessCapture], list[ProcessCapture]]:
+    """The captures given a row (every JVM, the PYTHON_ROWS largest Python processes, in the
+    captures' order) and the Python ones folded into one row."""
+    python = [c for c in captures if c.kind == "python"]
+    if len(python) <= PYTHON_ROWS:
+        return captures, []
+    largest = sorted(python, key=lambda c: -sum(sizes[f] for f in c.files))[:PYTHON_ROWS]
+    kept = {id(c) for c in largest}
+    return ([c for c in captures if c.kind != "python" or id(c) in kept],
+            [c for c in python if id(c) not in kept])
 
 
 def _file_size(file: Path) -> int | None:
