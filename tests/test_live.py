@@ -918,3 +918,27 @@ def test_delivered_spans_added_in_batches_match_as_added_at_once():
     for start, end in probes:
         assert (whole.match(start, end, 5) is None) == (batched.match(start, end, 5) is None)
         assert batched.match(start, end, 5) is None or abs(batched.match(start, end, 5) - start) <= 5
+
+
+def test_status_folds_python_processes_that_exited_whole():
+    """The view's and the end's source lines: Python processes that exited with every event
+    read share one line but for the latest LATEST; one with a problem, drops or misses, a live
+    one and every JVM keep their own."""
+    from types import SimpleNamespace
+
+    from engine.live.view import LATEST, _status_lines
+
+    def source(label, done=True, problem=None, dropped=0):
+        return SimpleNamespace(status=lambda: {"source": label, "kind": "GIL ring", "done": done, "problem": problem,
+                                                "received": 10, "missed": 0, "dropped": dropped})
+
+    gil = {k: source(f"py-{k}") for k in range(LATEST + 30)}
+    gil[1000] = source("py-1000", problem="exited without closing its ring (killed?)")
+    gil[1001] = source("py-1001", dropped=3)
+    gil[1002] = source("py-1002", done=False)
+    jvm = {0: SimpleNamespace(status=lambda: {"source": "jvm-9", "kind": "pause ring", "done": True, "problem": None,
+                                              "pauses": 5, "clock_error_ns": 50})}
+    lines = _status_lines(SimpleNamespace(watcher=SimpleNamespace(gil=gil, jvm=jvm)))
+    assert lines[0] == "30 more Python processes exited, each read whole: 300 events"
+    assert [line.split(" ")[0] for line in lines[1:]] == [*(f"py-{k}" for k in range(30, LATEST + 30)),
+                                                          "py-1000", "py-1001", "py-1002", "jvm-9"]

@@ -26,9 +26,18 @@ LATEST = 8
 
 
 def _status_lines(run) -> list[str]:
+    statuses = [source.status() for source in (*run.watcher.gil.values(), *run.watcher.jvm.values())]
+    # Python processes that exited whole (workers that come and go: thousands) share one line,
+    # but for the LATEST of them.
+    whole = [s for s in statuses if s["done"] and "received" in s and not (s.get("problem") or s["dropped"] or s["missed"])]
+    folded = {id(s) for s in whole[:-LATEST]}
     lines = []
-    for source in (*run.watcher.gil.values(), *run.watcher.jvm.values()):
-        s = source.status()
+    if folded:
+        lines.append(f"{len(folded)} more Python processes exited, each read whole: "
+                     f"{sum(s['received'] for s in whole[:-LATEST])} events")
+    for s in statuses:
+        if id(s) in folded:
+            continue
         state = "exited" if s["done"] else "live"
         if "received" in s:
             text = f"{s['source']} ({s['kind']}, {state}): {s['received']} events, dropped {s['dropped']}, missed {s['missed']}"
