@@ -183,8 +183,9 @@ def current_boot_id() -> str | None:
 
 
 def pid_from_name(name: str) -> int | None:
-    """The pid in a process directory's name (py-<pid>, jvm-<pid>), if any."""
-    tail = name.rsplit("-", 1)[-1]
+    """The pid in a process directory's name (py-<pid>, py-<pid>.<n> for a pid used again,
+    jvm-<pid>), if any."""
+    tail = name.rsplit("-", 1)[-1].split(".", 1)[0]
     return int(tail) if tail.isdigit() else None
 
 

@@ -309,6 +309,31 @@ def test_summary_reads_on_when_files_vanish(tmp_path):
     assert all(f.name in text for f in files[::2])
 
 
+def test_a_python_process_that_execs_python_keeps_both_recordings(tmp_path):
+    """A pid comes round again in one session: here a Python process exec()s Python (the same
+    pid; a long session's forked workers meet it as pids wrap). The second image records into
+    py-<pid>.2/, not over the first's files: both images' fifty 10 ms sleeps are found, each in
+    its own directory (the first, never closed, from its events file and ring)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    first = SLEEPER + (f"sleeps({str(out / 'first')!r})\n"
+                       "os.execv(sys.executable, [sys.executable, '-c', sys.argv[1]])\n")
+    second = SLEEPER + f"sleeps({str(out)!r})\n"
+    (out / "first").mkdir()
+    session = tmp_path / "S"
+    run = run_tandem("record", "-o", str(session), "--", sys.executable, "-c", first, second,
+                     env=jdk_env(default_java_home()), timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (pid, witness), = witnesses(out).items()
+    (same_pid, earlier), = witnesses(out / "first").items()
+    assert pid == same_pid and sorted(p.name for p in session.glob("py-*")) == [f"py-{pid}", f"py-{pid}.2"]
+    for directory, seen in ((session / f"py-{pid}", earlier), (session / f"py-{pid}.2", witness)):
+        df = read_gil(directory)
+        first_at, last_at = seen["brackets"][0][0], seen["brackets"][-1][1]
+        mine = df[(df.tid == seen["tid"]) & (df.state == "released") & (df.start_ns >= first_at) & (df.end_ns <= last_at)]
+        assert_matches_sleeps(mine, seen["brackets"])
+
+
 def test_summary_folds_many_python_processes_into_one_row(tmp_path):
     """A session of many Python processes (a Spark executor's workers) gets a row for each JVM
     and the PYTHON_ROWS largest Python processes, one row for the rest, and every problem

@@ -64,7 +64,7 @@ class GilSource:
         self.directory = directory
         self.pid = pid_from_name(directory.name)
         self.tailer = None
-        self.pairing = Pairing(f"py-{self.pid}")  # (each thread's last event carried from poll to poll)
+        self.pairing = Pairing(directory.name)  # (each thread's last event carried from poll to poll)
         self.thread_names: dict[int, str] = {}
         self.done = False
         self.problem: str | None = None
@@ -76,7 +76,7 @@ class GilSource:
 
     @property
     def label(self) -> str:
-        return f"py-{self.pid}"
+        return self.directory.name
 
     def _thread_names(self) -> None:
         side = self.directory / THREADS_JSONL

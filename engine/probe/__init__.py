@@ -288,13 +288,14 @@ def start(
 
 
 def start_session(session: str | os.PathLike, **options: object) -> dict:
-    """Record into SESSION/py-<pid>/ (gil.ring, gil.events, gil.codes, probe.json; docs/session.md).
+    """Record into SESSION/py-<pid>/ (gil.ring, gil.events, gil.codes, probe.json; docs/session.md;
+    py-<pid>.<n>/ when an earlier process of the session had this pid).
 
     A process forked from this one records into its own py-<pid> directory."""
     global _session_dir, _start_options
-    from engine.probe.private import private_directory
+    from engine.probe.private import process_directory
 
-    directory = private_directory(os.path.join(os.fspath(session), f"py-{os.getpid()}"))
+    directory = process_directory(session, os.getpid())
     status = _start_files(*(os.path.join(directory, name) for name in ("gil.ring", "gil.events", "probe.json",
                                                                        "threads.jsonl", "gil.codes")), **options)
     try:  # CPython's own memory accounting, once a second (engine/probe/memory.py); never at the recording's cost

@@ -39,3 +39,18 @@ def private_directory(path: str | os.PathLike, *, empty: bool = False) -> str | 
         raise TandemError(f"{path}: already exists and is not an empty directory; choose a new -o")
     os.chmod(path, 0o700, follow_symlinks=False)
     return path
+
+
+def process_directory(session: str | os.PathLike, pid: int) -> str:
+    """SESSION/py-<pid>, made private for this process; when an earlier process with the same
+    pid recorded there (pids come round again over a long session: a Spark executor forks
+    thousands of workers; a Python process that execs Python keeps its pid), the first of
+    py-<pid>.2, py-<pid>.3, ... that holds nothing: never over another process's files."""
+    base = os.path.join(os.fspath(session), f"py-{pid}")
+    candidate, n = base, 1
+    while True:
+        private_directory(candidate)
+        if not os.listdir(candidate):
+            return candidate
+        n += 1
+        candidate = f"{base}.{n}"
