@@ -30,11 +30,11 @@ def _status_lines(run) -> list[str]:
     # Python processes that exited whole (workers that come and go: thousands) share one line,
     # but for the LATEST of them.
     whole = [s for s in statuses if s["done"] and "received" in s and not (s.get("problem") or s["dropped"] or s["missed"])]
-    folded = {id(s) for s in whole[:-LATEST]}
+    older = whole[:-LATEST]
+    folded = {id(s) for s in older}
     lines = []
-    if folded:
-        lines.append(f"{len(folded)} more Python processes exited, each read whole: "
-                     f"{sum(s['received'] for s in whole[:-LATEST])} events")
+    if older:
+        lines.append(f"{len(older)} more Python processes exited, each read whole: {sum(s['received'] for s in older)} events")
     for s in statuses:
         if id(s) in folded:
             continue

@@ -46,11 +46,27 @@ def process_directory(session: str | os.PathLike, pid: int) -> str:
     pid recorded there (pids come round again over a long session: a Spark executor forks
     thousands of workers; a Python process that execs Python keeps its pid), the first of
     py-<pid>.2, py-<pid>.3, ... that holds nothing: never over another process's files."""
-    base = os.path.join(os.fspath(session), f"py-{pid}")
-    candidate, n = base, 1
-    while True:
+    for candidate in _process_directories(session, pid):
         private_directory(candidate)
         if not os.listdir(candidate):
             return candidate
+
+
+def latest_process_directory(session: str | os.PathLike, pid: int) -> str:
+    """The directory process_directory gave the latest process with PID (SESSION/py-<pid> when
+    none is there yet)."""
+    latest = None
+    for candidate in _process_directories(session, pid):
+        if not os.path.isdir(candidate):
+            return latest or candidate
+        latest = candidate
+
+
+def _process_directories(session: str | os.PathLike, pid: int):
+    """SESSION/py-<pid>, then py-<pid>.2, py-<pid>.3, ...: the names of PID's processes in turn."""
+    base = os.path.join(os.fspath(session), f"py-{pid}")
+    yield base
+    n = 2
+    while True:
+        yield f"{base}.{n}"
         n += 1
-        candidate = f"{base}.{n}"

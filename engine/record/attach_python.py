@@ -29,6 +29,7 @@ from pathlib import Path
 
 from engine.errors import TandemError
 from engine.probe.build import build_probe
+from engine.probe.private import latest_process_directory
 from engine.record.session import unprobed_interpreters
 from engine.session import PROBE_JSON, process_alive, read_json
 
@@ -316,11 +317,11 @@ def start(pid: int, session: Path, cache: Path) -> tuple[Path, str]:
     root = build_probe(f"/proc/{pid}/exe", cache)
     how, library = run_in(pid, _START.format(root=str(root), session=str(session)), session, cache)
     try:
-        _wait_for(lambda: _state(_directory(session, pid)) == "recording" or unprobed_interpreters(session)
-                  or not process_alive(pid), f"pid {pid}: the probe did not start")
+        _wait_for(lambda: _state(Path(latest_process_directory(session, pid))) == "recording"
+                  or unprobed_interpreters(session) or not process_alive(pid), f"pid {pid}: the probe did not start")
     finally:
         forget(library)
-    directory = _directory(session, pid)
+    directory = Path(latest_process_directory(session, pid))
     if _state(directory) != "recording":
         reasons = [entry.get("reason") for entry in unprobed_interpreters(session)]
         raise TandemError(f"pid {pid}: the probe did not start: {'; '.join(map(str, reasons)) or 'the process exited'}")
@@ -329,7 +330,7 @@ def start(pid: int, session: Path, cache: Path) -> tuple[Path, str]:
 
 def stop(pid: int, session: Path, cache: Path) -> str:
     """Stop the probe in PID (if it is still running); returns probe.json's final state."""
-    directory = _directory(session, pid)
+    directory = Path(latest_process_directory(session, pid))
     if process_alive(pid) and _state(directory) == "recording":
         _, library = run_in(pid, _STOP, session, cache)
         try:
@@ -338,13 +339,6 @@ def stop(pid: int, session: Path, cache: Path) -> str:
         finally:
             forget(library)
     return _state(directory) or "?"
-
-
-def _directory(session: Path, pid: int) -> Path:
-    """PID's directory in SESSION: py-<pid>, or the latest py-<pid>.<n> (an earlier process of the
-    session had this pid: engine/probe/private.py, process_directory)."""
-    again = [(int(d.name.rsplit(".", 1)[1]), d) for d in session.glob(f"py-{pid}.*") if d.name.rsplit(".", 1)[1].isdigit()]
-    return max(again)[1] if again else session / f"py-{pid}"
 
 
 def _state(directory: Path) -> str | None:
