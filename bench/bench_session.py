@@ -160,9 +160,10 @@ def write_session(directory: Path, minutes: float, seed: int = 7, parquet_copy: 
     return session, directory / f"P-{minutes:g}min.parquet", total
 
 
-def write_workers_session(directory: Path, minutes: float, seed: int = 10) -> tuple[Path, int]:
+def write_workers_session(directory: Path, minutes: float, seed: int = 10) -> tuple[Path, int, int]:
     """SESSION/py-<pid>/gil.events of short-lived worker processes (WORKERS an hour, WORKERS_ALIVE
-    at a time, starting at even steps) at the synthetic hour's total rate; returns (session, intervals)."""
+    at a time, starting at even steps) at the synthetic hour's total rate; returns (session,
+    intervals, workers)."""
     rng = np.random.default_rng(seed)
     span, t0 = int(minutes * 60e9), 10**12
     workers = max(WORKERS_ALIVE, round(WORKERS * minutes / 60))
@@ -179,7 +180,7 @@ def write_workers_session(directory: Path, minutes: float, seed: int = 10) -> tu
             total += made[0].size
         (session / f"py-{pid}").mkdir(parents=True)
         write_events_file(session / f"py-{pid}" / "gil.events", pid, lanes)
-    return session, total
+    return session, total, workers
 
 
 def record_demo(session: Path, seconds: float = DEMO_SECONDS) -> Path:
@@ -356,7 +357,7 @@ def synthetic(console) -> list[Row]:
         os.sync()
         many_s, many_gib = min(run_measured(tandem(many_session, long_pauses)) for _ in range(2))
         shutil.rmtree(many_session)
-        workers_session, n_workers = write_workers_session(tmp, minutes)
+        workers_session, n_workers, workers = write_workers_session(tmp, minutes)
         os.sync()
         workers_s, workers_gib = min(run_measured(tandem(workers_session, long_pauses)) for _ in range(2))
     rate, named_rate = n_long / long_s, n_long / named_s
@@ -369,7 +370,7 @@ def synthetic(console) -> list[Row]:
     console.print(f"{minutes:g} min from {MANY_PROCESSES} processes, {n_many / 1e6:.1f} M intervals: {many_s:.1f} s "
                   f"({many_rate / 1e6:.2f} M intervals/s), peak RSS {many_gib:.2f} GiB")
     workers_rate = n_workers / workers_s
-    workers = f"{max(WORKERS_ALIVE, round(WORKERS * minutes / 60))} workers, {WORKERS_ALIVE} at a time"
+    workers = f"{workers} workers, {WORKERS_ALIVE} at a time"
     console.print(f"{minutes:g} min from {workers}, {n_workers / 1e6:.1f} M intervals: {workers_s:.1f} s "
                   f"({workers_rate / 1e6:.2f} M intervals/s), peak RSS {workers_gib:.2f} GiB")
     return [
