@@ -121,12 +121,23 @@ FREE_HEAP_LIMIT = 256 << 20
 def _tune_allocators():
     """Have glibc's malloc keep the streamed blocks' freed arrays (up to 32 MB each) for the next
     block instead of unmapping them and faulting fresh pages in: this process is tandem's own
-    (docs/join.md, "Allocators"); and Arrow allocate from jemalloc, where the wheel has it (a lower
-    peak than its default mimalloc on long sessions, as fast). Returns what to call after each
-    block: the heap's free pages given back once they pass FREE_HEAP_LIMIT (freed arrays kept
-    between long-lived ones pile up over a long session; a block's worth is well under it)."""
+    (docs/join.md, "Allocators"); have numpy stop advising huge pages for its large arrays (the
+    kernel then zeroes 2 MiB at each first touch: more than half the process's system time); and
+    Arrow allocate from jemalloc, where the wheel has it (a lower peak than its default mimalloc on
+    long sessions, as fast). Returns what to call after each block: the heap's free pages given
+    back once they pass FREE_HEAP_LIMIT (freed arrays kept between long-lived ones pile up over a
+    long session; a block's worth is well under it)."""
     import ctypes
     import ctypes.util
+
+    try:  # (numpy 2; numpy 1.26 has it in numpy.core)
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage
+        except ImportError:
+            _set_madvise_hugepage = bool
+    _set_madvise_hugepage(False)
 
     class MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (malloc.h)
         _fields_ = [(name, ctypes.c_size_t) for name in
