@@ -628,3 +628,24 @@ def _streamed_equals_correlate(out, files, gil, seed: int):
     pd.testing.assert_frame_equal(read_table(out / "gil_free.parquet").sort_values(key, ignore_index=True),
                                   expected.gil_free.sort_values(key, ignore_index=True), check_dtype=False)
     return expected
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_carried_key_numbers_equal_values_alike_in_the_order_they_first_come(seed):
+    """carried_key against the rows' value tuples numbered by first appearance (pandas), over
+    narrow and wide integer columns with nulls, plain and dictionary-encoded text."""
+    from engine.correlate.core import carried_key
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 3000))
+    columns = {
+        "line": pa.array(rng.integers(-3, 40, n), pa.int64(), mask=rng.random(n) < 0.2),
+        "wide": pa.array(rng.integers(0, 3, n) * (1 << 40), pa.int64(), mask=rng.random(n) < 0.1),
+        "file": pa.array(np.array(["a.py", "b.py", None], object)[rng.integers(0, 3, n)], pa.string()),
+        "function": pa.array(np.array(["f", "g"], object)[rng.integers(0, 2, n)], pa.string()).dictionary_encode(),
+        "none": pa.nulls(n, pa.int64()),
+    }
+    table = pa.table({name: columns[name] for name in rng.permutation(list(columns))[:int(rng.integers(1, 6))]})
+    rows = list(zip(*(table.column(name).to_pylist() for name in table.column_names))) if n else []
+    expected, _ = pd.factorize(pd.Series(rows, dtype=object)) if rows else (np.zeros(0, np.int64), None)
+    assert np.array_equal(carried_key(table), expected)
