@@ -135,8 +135,8 @@ def _tune_allocators():
     except ImportError:
         try:
             from numpy.core.multiarray import _set_madvise_hugepage
-        except ImportError:
-            _set_madvise_hugepage = bool
+        except ImportError:  # (gone from a later numpy: its default stands)
+            _set_madvise_hugepage = bool  # (a no-op)
     _set_madvise_hugepage(False)
 
     class MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (malloc.h)
