@@ -172,8 +172,8 @@ def carried_key(table: pa.Table) -> np.ndarray:
         column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
         indices, radix = _column_indices(column)
         if bound * radix >= 1 << 62:  # (renumbered densely before it could overflow)
-            key = kernels.DenseNumbers().number(key)[0]
-            bound = int(key.max()) + 1 if key.size else 1
+            numbers = kernels.DenseNumbers()
+            key, bound = numbers.number(key)[0], max(len(numbers), 1)
         key *= radix
         key += indices
         key += 1
@@ -193,7 +193,8 @@ def _column_indices(column: pa.Array) -> tuple[np.ndarray, int]:
             return np.full(len(column), -1, np.int64), 1
         low, high = (value.as_py() for value in pa.compute.min_max(column).values())
         if high - low < DIRECT_INDEX_SPAN:
-            indices = (column.fill_null(low) if column.null_count else column).to_numpy().astype(np.int64) - low
+            values = (column.fill_null(low) if column.null_count else column).to_numpy()
+            indices = np.subtract(values, low, dtype=np.int64)  # (one new array, not a cast and then a difference)
             if column.null_count:
                 indices[column.is_null().to_numpy(zero_copy_only=False)] = -1
             return indices, high - low + 2
