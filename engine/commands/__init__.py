@@ -95,3 +95,8 @@ def main() -> None:
     except OSError as err:  # (the machine's answer, a full disk or a file that cannot be opened: one line)
         print(f"tandem: error: {os_error_line(err)}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        # The interpreter's exit collects every generation more than once, walking all of pandas',
+        # numba's and Arrow's objects (a quarter second after an analysis). Nothing of tandem's
+        # waits on that collection: its files and writers are closed, the JVM stops in atexit.
+        gc.freeze()
