@@ -36,15 +36,18 @@ LEAK_SECONDS = 15
 # Large enough to dominate what else grows beside the leak (under 1 MB/s in either service, its
 # JVM's heap fixed: _jvm_options).
 LEAK_RATE_MB_S = {"jpype": 20, "jep": 40}
-YOUNG_MB = 128
+# A heap leak reaches the RSS at young collections (promoted into fresh old regions): steps of
+# about the young generation's size. Young generations of a second or so of allocation put several
+# steps in the fitted half's windows even when a loaded machine slows the service to half speed.
+YOUNG_MB = {"jpype": 32, "jep": 64}
 
 
 def _jvm_options(runtime: str) -> list[str]:
     """The leak service's heap as latency-minded services size it: fixed (-Xms = -Xmx) at room for
     the whole leak, with a fixed young generation, so G1 neither grows its eden into fresh regions
     nor shrinks the heap during the leak (its RSS grows by the leak only)."""
-    heap_mb = int(LEAK_RATE_MB_S[runtime] * LEAK_SECONDS * 1.25) + 4 * YOUNG_MB
-    return [f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m", f"-Xmn{YOUNG_MB}m"]
+    heap_mb = int(LEAK_RATE_MB_S[runtime] * LEAK_SECONDS * 1.25) + 4 * YOUNG_MB[runtime]
+    return [f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m", f"-Xmn{YOUNG_MB[runtime]}m"]
 
 
 def _jep_command(tmp_path: Path) -> list[str]:
