@@ -310,7 +310,7 @@ class EventsGil:
         dictionary-encoded (TableWriter's text_as_dictionary); only the MASK's rows if given."""
         keep = slice(None) if mask is None else mask
         pid, tid = rows.pid[keep], rows.tid[keep]
-        inverse, threads = pd.factorize(pid << 32 | tid)  # (a hash: a sort of a million rows costs 10x more)
+        inverse, threads = kernels.DenseNumbers().number(tid, high=pid)  # (numba's hash: a fourth of pandas.factorize's time)
         names = [self._thread_names(t >> 32).get(t & 0xFFFFFFFF) for t in threads.tolist()]
         thread_name = pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32)), pa.array(names, pa.string()))
         state = pa.DictionaryArray.from_arrays(pa.array(rows.state[keep].astype(np.int32)),
