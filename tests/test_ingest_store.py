@@ -65,6 +65,32 @@ def test_table_writer_text_as_dictionary_reads_back_as_the_same_text(tmp_path):
     assert frame.attrs == {"table": "t"} and str(frame["name"].dtype) == "string"
 
 
+def test_text_per_code_is_written_as_a_dictionary_of_each_text_once(tmp_path):
+    """DictionaryText (the code columns of gil.parquet and overlaps.parquet, thread names): a
+    function named by several codes, codes with no name. The column reads back as each row's
+    text, and Parquet keeps it dictionary-encoded: given a dictionary that repeats a value, its
+    writer falls back to writing every row's text PLAIN."""
+    import numpy as np
+    import pyarrow as pa
+
+    from engine.correlate.schema import DictionaryText
+    from engine.store import TableWriter
+
+    per_code = pa.array(["f", "g", "f", None, "g", "h", "f"])
+    codes = np.random.default_rng(3).integers(0, len(per_code), 20_000)
+    column = DictionaryText(per_code).rows(codes)
+    assert column.dictionary.to_pylist() == ["f", "g", "h"]
+    expected = [per_code[int(c)].as_py() for c in codes]
+    assert column.to_pylist() == expected
+    assert DictionaryText(pa.array([None, None], pa.string())).rows(codes[:5]).to_pylist() == [None] * 5
+
+    writer = TableWriter(tmp_path / "t.parquet", pa.schema([("function", pa.string())]), text_as_dictionary=True)
+    writer.write(pa.table({"function": column}))
+    path = writer.close({"table": "t"})
+    assert pq.read_table(path).column("function").to_pylist() == expected
+    assert "RLE_DICTIONARY" in pq.ParquetFile(path).metadata.row_group(0).column(0).encodings
+
+
 def test_copy_table_copies_the_pages_and_writes_its_own_metadata(tmp_path):
     """copy_table (analyze's OUT/gil.parquet from a gil.parquet input): every row group as it
     was, the source's `tandem` metadata replaced by the copy's; a source whose footer pyarrow
