@@ -65,29 +65,25 @@ def test_table_writer_text_as_dictionary_reads_back_as_the_same_text(tmp_path):
     assert frame.attrs == {"table": "t"} and str(frame["name"].dtype) == "string"
 
 
-def test_text_per_code_is_written_as_a_dictionary_of_each_text_once(tmp_path):
-    """DictionaryText (the code columns of gil.parquet and overlaps.parquet, thread names): a
-    function named by several codes, codes with no name. The column reads back as each row's
-    text, and Parquet keeps it dictionary-encoded: given a dictionary that repeats a value, its
-    writer falls back to writing every row's text PLAIN."""
+def test_table_writer_writes_a_dictionary_of_an_entry_per_code_with_each_text_once(tmp_path):
+    """Producers hand TableWriter (text_as_dictionary) a dictionary with an entry per code: the
+    code columns of gil.parquet and overlaps.parquet (a function of several lines, a code with no
+    name), thread names (one in two processes). The column reads back as each row's text, and
+    Parquet keeps it dictionary-encoded: given a dictionary that repeats a value, its writer
+    falls back to writing every row's text PLAIN."""
     import numpy as np
     import pyarrow as pa
 
-    from engine.correlate.schema import DictionaryText
     from engine.store import TableWriter
 
-    per_code = pa.array(["f", "g", "f", None, "g", "h", "f"])
-    codes = np.random.default_rng(3).integers(0, len(per_code), 20_000)
-    column = DictionaryText(per_code).rows(codes)
-    assert column.dictionary.to_pylist() == ["f", "g", "h"]
+    per_code = pa.array(["f", "g", "f", None, "g", "h", "f", ""])
+    codes = np.random.default_rng(3).integers(0, len(per_code), 20_000).astype(np.int32)
     expected = [per_code[int(c)].as_py() for c in codes]
-    assert column.to_pylist() == expected
-    assert DictionaryText(pa.array([None, None], pa.string())).rows(codes[:5]).to_pylist() == [None] * 5
-
     writer = TableWriter(tmp_path / "t.parquet", pa.schema([("function", pa.string())]), text_as_dictionary=True)
-    writer.write(pa.table({"function": column}))
+    writer.write(pa.table({"function": pa.DictionaryArray.from_arrays(pa.array(codes), per_code)}))
+    writer.write(pa.table({"function": pa.DictionaryArray.from_arrays(pa.array(codes[:5]), pa.array([None] * 8, pa.string()))}))
     path = writer.close({"table": "t"})
-    assert pq.read_table(path).column("function").to_pylist() == expected
+    assert pq.read_table(path).column("function").to_pylist() == expected + [None] * 5
     assert "RLE_DICTIONARY" in pq.ParquetFile(path).metadata.row_group(0).column(0).encodings
 
 

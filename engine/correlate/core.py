@@ -61,8 +61,7 @@ import pandas as pd
 import pyarrow as pa
 
 from engine.correlate import kernels
-from engine.correlate.schema import (END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, DictionaryText, empty_table, state_strings,
-                                     to_pandas)
+from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings, to_pandas
 from engine.correlate.stops import STOP_KEY, at_safepoint_of, jvm_of, jvm_threads, leader_rows, order_stops, stop_ids_of
 from engine.correlate.summary import summary_table
 from engine.errors import TandemError
@@ -261,7 +260,6 @@ class Correlator:
         self._carried_codes: dict[tuple, int] = {}
         self._carried_schema: pa.Schema | None = None
         self._carried_table: pa.Table | None = None
-        self._carried_text: dict[str, DictionaryText] = {}
         # Called with (pause_id, overlap_ns, near_miss, carried code) of every overlaps table made
         # from GIL rows that carry values, in the order the tables are emitted: lets a driver
         # total overlaps per code (engine/analysis/causes.py CodeHits) without reading their text.
@@ -442,7 +440,6 @@ class Correlator:
             rows = list(self._carried_codes)
             self._carried_table = pa.table({name: pa.array([r[i] for r in rows], self._carried_schema.field(name).type)
                                             for i, name in enumerate(self._carried_schema.names)})
-            self._carried_text = {}  # (the text columns' dictionaries, made again when wanted)
         return codes[inverse]
 
     @property
@@ -780,12 +777,11 @@ class Correlator:
                 self.overlaps_codes(columns["pause_id"], columns["overlap_ns"], near_miss[emit], codes)
             index = pa.array(codes.astype(np.int32))
             for field, values in zip(self._carried_table.schema, self._carried_table.columns):
+                values = values.combine_chunks()
                 if self.text_as_dictionary and pa.types.is_string(field.type):
-                    if field.name not in self._carried_text:
-                        self._carried_text[field.name] = DictionaryText(values.combine_chunks())
-                    overlaps = overlaps.append_column(field.name, self._carried_text[field.name].rows(codes))
+                    overlaps = overlaps.append_column(field.name, pa.DictionaryArray.from_arrays(index, values, safe=False))
                 else:
-                    overlaps = overlaps.append_column(field, values.combine_chunks().take(index))
+                    overlaps = overlaps.append_column(field, values.take(index))
         return overlaps
 
     def _eager_overlaps(self) -> pa.Table | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 # A time after everything: the watermark of a finished stream, the end of an interval still open.
 END = 1 << 62
@@ -90,27 +89,6 @@ def empty_table(name: str) -> pa.Table:
 def empty_frame(name: str) -> pd.DataFrame:
     """The empty DataFrame of a result table, with its dtypes."""
     return to_pandas(empty_table(name), name)
-
-
-class DictionaryText:
-    """Text values, one per code, as the dictionary of a column of codes: each text once, a null
-    value a null index. Parquet writes a column whose dictionary repeats a value PLAIN, every
-    row's text materialized (a function name of several lines, a thread name in two processes),
-    so a dictionary handed to a writer holds each value once."""
-
-    def __init__(self, values: pa.Array):
-        encoded = pc.dictionary_encode(values)  # (a null value: a null index)
-        self.dictionary = encoded.dictionary
-        self._index = encoded.indices.fill_null(-1).to_numpy().astype(np.int32)
-        self._nulls = bool(values.null_count)
-
-    def rows(self, codes: np.ndarray) -> pa.DictionaryArray:
-        """The text of each row's code (CODES index the values given)."""
-        if not len(self.dictionary):  # (no value has text: a recording without code attribution)
-            return pa.DictionaryArray.from_arrays(pa.nulls(len(codes), pa.int32()), self.dictionary)
-        index = self._index[codes]
-        return pa.DictionaryArray.from_arrays(pa.array(index, mask=index < 0 if self._nulls else None), self.dictionary,
-                                              safe=False)
 
 
 def state_strings(codes: np.ndarray) -> pa.Array:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from engine.correlate import END, GilRows, kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow, gil_rows_from_frame
-from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES, DictionaryText, to_pandas
+from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES, to_pandas
 from engine.correlate.tables import check_gil
 from engine.errors import TandemError
 from engine.ingest.gil import PROBE_CLOCK, EventsIntervals
@@ -312,7 +312,7 @@ class EventsGil:
         pid, tid = rows.pid[keep], rows.tid[keep]
         inverse, threads = kernels.DenseNumbers().number(tid, high=pid)  # (numba's hash: a fourth of pandas.factorize's time)
         names = [self._thread_names(t >> 32).get(t & 0xFFFFFFFF) for t in threads.tolist()]
-        thread_name = DictionaryText(pa.array(names, pa.string())).rows(inverse)  # (a name in two processes: once)
+        thread_name = pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32)), pa.array(names, pa.string()))
         state = pa.DictionaryArray.from_arrays(pa.array(rows.state[keep].astype(np.int32)),
                                                pa.array(GIL_STATES, pa.string()))
         carried = (self.codes.columns(rows.carried_key[keep]) if rows.carried is None
@@ -393,17 +393,22 @@ class ProcessCodes:
 
     def _named(self, names: pd.DataFrame) -> None:
         self.names = names
-        # (a function of several lines, a file of several functions: each text once, DictionaryText)
-        self._text = {c: DictionaryText(pa.array(names[c].astype(object).where(names[c].notna(), None), pa.string()))
-                      for c in ("function", "file")}
+        self._text = {}
+        for c in ("function", "file"):
+            unnamed = names[c].isna().to_numpy(bool)
+            self._text[c] = pa.array(names[c].astype(object).where(~unnamed, ""), pa.string()), unnamed
         self._line = names["line"].fillna(0).to_numpy(np.int64), names["line"].isna().to_numpy(bool)
+        self._index = np.arange(len(names), dtype=np.int32)  # (each code's index into the text columns)
 
     def columns(self, numbers: np.ndarray) -> pa.Table:
         if self._new:  # (made once per push, not per file's block: a session of many processes)
             self._named(pd.concat([self.names, *self._new], ignore_index=True))
             self._new = []
+        index = pa.array(numbers.astype(np.int32))  # (shared by the text columns whose codes all have text: most)
         line, no_line = self._line
-        return pa.table({**{c: text.rows(numbers) for c, text in self._text.items()},
+        return pa.table({**{c: pa.DictionaryArray.from_arrays(_per_row(self._index, numbers, unnamed, pa.int32())
+                                                              if unnamed.any() else index, text, safe=False)
+                            for c, (text, unnamed) in self._text.items()},
                          "line": _per_row(line, numbers, no_line, pa.int64())})
 
 

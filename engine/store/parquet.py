@@ -272,8 +272,11 @@ def is_text(arrow_type) -> bool:
 
 
 def _as_dictionary_text(table, schema):
-    """TABLE with SCHEMA's dictionary-encoded text columns: text encoded, a null entry of a
-    dictionary made a null index (Parquet takes no null in a dictionary)."""
+    """TABLE with SCHEMA's dictionary-encoded text columns: text encoded, each dictionary made of
+    each text once, a null entry of a dictionary a null index. Parquet takes no null in a
+    dictionary, and writes a column whose dictionary repeats a value PLAIN, every row's text
+    materialized (a producer's dictionary has an entry per code: a function of several lines, a
+    thread name in two processes)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -285,9 +288,9 @@ def _as_dictionary_text(table, schema):
             for chunk in column.chunks:
                 if not pa.types.is_dictionary(chunk.type):
                     chunk = pc.dictionary_encode(chunk)
-                if chunk.dictionary.null_count:
-                    valid = pc.is_valid(chunk.dictionary).take(chunk.indices)
-                    chunk = pa.DictionaryArray.from_arrays(pc.if_else(valid, chunk.indices, None), chunk.dictionary.fill_null(""))
+                elif chunk.dictionary.null_count or pc.count_distinct(chunk.dictionary).as_py() < len(chunk.dictionary):
+                    unique = pc.dictionary_encode(chunk.dictionary)  # (a null entry: a null index)
+                    chunk = pa.DictionaryArray.from_arrays(unique.indices.take(chunk.indices), unique.dictionary)
                 chunks.append(chunk.cast(field.type))
             column = pa.chunked_array(chunks, field.type)
         columns.append(column)
