@@ -167,29 +167,49 @@ import sys, time
 began = time.perf_counter()
 import pyarrow as pa
 import pyarrow.parquet as pq
+results, scratch = sys.argv[3], sys.argv[4]
+uncounted = time.perf_counter()  # (what tandem wrote, read before: not part of the floor)
+if results.endswith(".parquet"):
+    written, writer = [pq.read_table(results)], None  # the overlaps rows alone, as tandem wrote them
+else:  # every table of tandem's results, written again by tandem's own writer (its encodings)
+    import glob, os, shutil
+    from engine.store import TableWriter
+    written = [pq.read_table(path) for path in sorted(glob.glob(f"{results}/*.parquet"))
+               if os.path.basename(path) != "gil.parquet"]
+    writer = lambda table, at: TableWriter(at, table.schema)
+began += time.perf_counter() - uncounted
 def read_whole(path):  # text as dictionaries: the cheapest read of repeated text (tandem reads it so)
     text = [f.name for f in pq.read_schema(path) if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
     return pq.read_table(path, read_dictionary=text)
 read_whole(sys.argv[1]), read_whole(sys.argv[2])
-read = time.perf_counter() - began
-overlaps = pq.read_table(sys.argv[3])  # not timed: the rows as tandem wrote them
-began = time.perf_counter()
-pq.write_table(overlaps, sys.argv[4], compression="lz4")
-print(read + time.perf_counter() - began)
+if writer is None:
+    pq.write_table(written[0], scratch, compression="lz4")
+else:
+    if os.path.exists(f"{results}/gil.parquet"):  # (tandem copies the GIL table's pages: its bytes, at least)
+        shutil.copyfile(sys.argv[2], f"{scratch}.gil")
+    for number, table in enumerate(written):
+        out = writer(table, f"{scratch}.{number}")
+        out.write(table)
+        out.close({})
+print(time.perf_counter() - began)
 """
 
 
-def io_floor(pauses, gil, overlaps, scratch) -> float:
+def io_floor(pauses, gil, results, scratch) -> float:
     """What any tool pays on this machine for `analyze --pauses --gil`: an interpreter's start,
-    reading both input files whole (text as dictionaries) and writing the overlaps rows to
-    Parquet (pyarrow, lz4 as tandem writes); the correlation itself and the other result tables
-    are left out."""
+    reading both input files whole (text as dictionaries) and writing RESULTS again. RESULTS: the
+    overlaps rows (a Parquet file: pyarrow, lz4 as tandem writes), or an `analyze -o` directory:
+    every result table in it, by tandem's writer, and the GIL table's bytes copied when tandem
+    copies it (the result floor: what writing the same results costs, the correlation left out).
+    Imports other than pyarrow are not counted."""
     import subprocess
     import sys
 
     start = min(run_measured([sys.executable, "-c", "pass"])[0] for _ in range(3))
-    io = min(float(subprocess.run([sys.executable, "-c", IO_FLOOR, str(pauses), str(gil), str(overlaps), str(scratch)],
+    io = min(float(subprocess.run([sys.executable, "-c", IO_FLOOR, str(pauses), str(gil), str(results), str(scratch)],
                                   check=True, capture_output=True, text=True).stdout) for _ in range(2))
+    for leftover in Path(scratch).parent.glob(f"{Path(scratch).name}*"):
+        leftover.unlink()
     return start + io
 
 
