@@ -61,7 +61,7 @@ import pandas as pd
 import pyarrow as pa
 
 from engine.correlate import kernels
-from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings, to_pandas
+from engine.correlate.schema import END, GIL_STATES, SCHEMAS, WHOLE_VM_KINDS, empty_table, state_strings
 from engine.correlate.stops import STOP_KEY, at_safepoint_of, jvm_of, jvm_threads, leader_rows, order_stops, stop_ids_of
 from engine.correlate.summary import summary_table
 from engine.errors import TandemError
@@ -73,7 +73,11 @@ NONE = kernels.NONE
 # Lifetimes: gone (exited): its lifetime ended with its latest interval.
 GONE = NONE + 1
 # What summary() and stops() need of a final pause (a driver that does not keep every
-# pause_impact row): part_of is the stop of the world it is inside (engine/correlate/stops.py).
+# pause_impact row): its (part_of, kind, name) as a number of Correlator._stop_keys (part_of: the
+# stop of the world it is inside, engine/correlate/stops.py), its overlap and flags. 15 bytes a
+# pause over a long run; the summary's input is remade of them (SUMMARY_INPUT).
+FINAL_PAUSE = np.dtype([("key", np.int32), ("overlap_ns", np.int64), ("hit_python", np.bool_),
+                        ("near_misses", np.bool_), ("amplified", np.bool_)])
 SUMMARY_INPUT = ("kind", "name", "overlap_ns", "hit_python", "near_misses", "amplified", "part_of")
 # What the stop of a pause is found from (engine/correlate/stops.py), as columns of the pauses kept.
 STOP_ARRAYS = ("pause_id", "kind", "name", "start_ns", "end_ns", "_jvm", "_at_safepoint")
@@ -277,10 +281,10 @@ class Correlator:
         # Threads that are the JVM's (a pause's os_thread_id): a driver that knows them before their
         # pauses come (offline: the whole pauses table) names them, so early pauses see them too.
         self.jvm_tids: set[int] = {int(t) for t in jvm_tids}
-        # Summary: what it reads of every final pause_impact row (a few per second of JVM pauses;
-        # the rows themselves go out in Rows) and the distinct (part_of, kind, name, thread) with
-        # an exact overlap.
-        self._impact: list[pa.Table] = []
+        # Summary: what it reads of every final pause_impact row (FINAL_PAUSE: a few per second of
+        # JVM pauses; the rows themselves go out in Rows) and the distinct (part_of, kind, name,
+        # thread) with an exact overlap.
+        self._final: list[np.ndarray] = []
         self._stop_keys: dict[tuple[str, str, str], int] = {}  # (part_of, kind, name) -> number
         self._affected = np.zeros((0, 0), np.bool_)  # [number, thread index]: an exact overlap
         # Pauses that may lead a stop of the world a pause still to be finalized is inside
@@ -732,18 +736,14 @@ class Correlator:
             "amplifying_tid": pa.array(amplifying, pa.int64(), mask=amplifying < 0),
             "amplified": amplifying >= 0,
         }, schema=SCHEMAS["pause_impact"])
-        part_of = self._part_of(batch)
-        with_stop = impact.append_column("part_of", pa.array(part_of, pa.string()))
-        kept = with_stop.select(list(SUMMARY_INPUT))  # (the text as dictionaries: a few bytes a pause over a long run)
-        for name in ("kind", "name", "part_of"):
-            kept = kept.set_column(kept.schema.get_field_index(name), name, pa.compute.dictionary_encode(kept[name]))
-        self._impact.append(kept)
-        if len(self._impact) > 256:
-            self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
+        stop_key = np.array([self._stop_keys.setdefault(key, len(self._stop_keys)) for key in
+                             zip(self._part_of(batch).tolist(), batch["kind"].tolist(), batch["name"].tolist())], np.int64)
+        final = np.empty(len(batch), FINAL_PAUSE)
+        final["key"], final["overlap_ns"], final["hit_python"] = stop_key, columns[:, 4], columns[:, 4] > 0
+        final["near_misses"], final["amplified"] = columns[:, 5] > 0, amplifying >= 0
+        self._final.append(final)
         exact = np.flatnonzero(~near_miss)
         if exact.size:
-            stop_key = np.array([self._stop_keys.setdefault(key, len(self._stop_keys)) for key in
-                                 zip(part_of.tolist(), batch["kind"].tolist(), batch["name"].tolist())], np.int64)
             shape = (len(self._stop_keys), self.n_threads)
             if shape[0] > self._affected.shape[0] or shape[1] > self._affected.shape[1]:
                 grown = np.zeros((max(shape[0], 2 * self._affected.shape[0]), max(shape[1], 2 * self._affected.shape[1])),
@@ -846,12 +846,12 @@ class Correlator:
         return max(0, self.span[1] - self.span[0]) if self.span[1] > NONE else 0
 
     def _summary_input(self) -> pd.DataFrame:
-        """SUMMARY_INPUT of every final pause so far (text as text)."""
-        if not self._impact:
-            return to_pandas(empty_table("pause_impact").append_column("part_of", pa.array([], pa.string()))
-                             .select(list(SUMMARY_INPUT)))
-        self._impact = [pa.concat_tables(self._impact).unify_dictionaries().combine_chunks()]
-        return to_pandas(self._impact[0].select(list(SUMMARY_INPUT)))
+        """SUMMARY_INPUT of every final pause so far (text as text; near_misses: whether any)."""
+        self._final = [np.concatenate([np.empty(0, FINAL_PAUSE), *self._final])]
+        final = self._final[0]
+        text = {c: pd.array(np.array([key[i] for key in self._stop_keys], object)[final["key"]], pd.StringDtype())
+                for i, c in enumerate(STOP_KEY)}
+        return pd.DataFrame({**text, **{c: final[c] for c in FINAL_PAUSE.names if c != "key"}})[list(SUMMARY_INPUT)]
 
     def _affected_by(self, by: tuple[str, ...]) -> pd.Series:
         """Per `by` key: the distinct Python threads with an exact overlap."""
