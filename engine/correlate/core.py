@@ -742,6 +742,8 @@ class Correlator:
         final["key"], final["overlap_ns"], final["hit_python"] = stop_key, columns[:, 4], columns[:, 4] > 0
         final["near_misses"], final["amplified"] = columns[:, 5] > 0, amplifying >= 0
         self._final.append(final)
+        if len(self._final) > 256:  # (a live run's batches are small and many)
+            self._final = [np.concatenate(self._final)]
         exact = np.flatnonzero(~near_miss)
         if exact.size:
             shape = (len(self._stop_keys), self.n_threads)
