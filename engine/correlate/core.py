@@ -851,15 +851,18 @@ class Correlator:
         """SUMMARY_INPUT of every final pause so far (text as text; near_misses: whether any)."""
         self._final = [np.concatenate([np.empty(0, FINAL_PAUSE), *self._final])]
         final = self._final[0]
-        text = {c: pd.array(np.array([key[i] for key in self._stop_keys], object)[final["key"]], pd.StringDtype())
-                for i, c in enumerate(STOP_KEY)}
-        return pd.DataFrame({**text, **{c: final[c] for c in FINAL_PAUSE.names if c != "key"}})[list(SUMMARY_INPUT)]
+        flags = {c: final[c] for c in FINAL_PAUSE.names if c != "key"}
+        return self._keys_of(final["key"]).assign(**flags)[list(SUMMARY_INPUT)]
+
+    def _keys_of(self, numbers: np.ndarray) -> pd.DataFrame:
+        """The (part_of, kind, name) of each of NUMBERS (of _stop_keys), as text columns."""
+        keys = pd.DataFrame(list(self._stop_keys), columns=list(STOP_KEY), dtype=pd.StringDtype())
+        return keys.iloc[numbers].reset_index(drop=True)
 
     def _affected_by(self, by: tuple[str, ...]) -> pd.Series:
         """Per `by` key: the distinct Python threads with an exact overlap."""
         key, thread = np.nonzero(self._affected)
-        names = pd.DataFrame(list(self._stop_keys), columns=["part_of", "kind", "name"])
-        affected = names.iloc[key].reset_index(drop=True).assign(thread=thread)
+        affected = self._keys_of(key).assign(thread=thread)
         if not len(affected):
             return pd.Series(dtype=np.int64)
         return affected.drop_duplicates([*by, "thread"]).groupby(list(by)).size()
