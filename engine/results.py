@@ -24,7 +24,7 @@ from engine.errors import TandemError
 from engine.facts import AnalysisFacts
 from engine.ingest.gil_stream import EventsGil
 from engine.ingest.inputs import gil_from
-from engine.store import read_metadata, read_table
+from engine.store import not_parquet, read_metadata, read_table
 
 
 ANALYSIS, LIVE, DATASET = "analysis", "live", "dataset"
@@ -107,7 +107,7 @@ class Results:
             try:
                 handle = pq.ParquetFile(path)
             except (OSError, ValueError) as err:
-                raise TandemError(f"{path}: not a readable Parquet table: {err}") from None
+                raise not_parquet(path, err) from None
             names = None if columns is None else [c for c in columns if c in handle.schema_arrow.names]
             yield from handle.iter_batches(batch_size=BATCH_ROWS, columns=names)
 

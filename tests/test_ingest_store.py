@@ -41,6 +41,12 @@ def test_not_parquet_is_one_line_error(tmp_path):
         read_table(bad)
 
 
+def test_a_jfr_recording_given_as_a_parquet_table_is_named_so(tmp_path):
+    # (the error a user given `--pauses recording.jfr` sees: what the file is, and where it goes)
+    with pytest.raises(TandemError, match=r"jdk21\.jfr: not a Parquet table but a JFR recording .*--jfr"):
+        read_table(SHARED_RECORDINGS / "jdk21.jfr")
+
+
 def test_table_writer_text_as_dictionary_reads_back_as_the_same_text(tmp_path):
     """gil.parquet's text columns are written dictionary-encoded (TableWriter's
     text_as_dictionary): a reader sees text, nulls where a name is unknown, the metadata kept."""

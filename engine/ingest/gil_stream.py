@@ -28,7 +28,7 @@ from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES
 from engine.correlate.tables import check_gil
 from engine.errors import TandemError
 from engine.ingest.gil import PROBE_CLOCK, EventsIntervals
-from engine.store import TableCopy, TableWriter, is_text, read_metadata
+from engine.store import TableCopy, TableWriter, is_text, not_parquet, read_metadata
 
 
 BLOCK_ROWS = 1 << 20
@@ -113,7 +113,7 @@ class ParquetGil:
         try:
             self.file = pq.ParquetFile(self.path, read_dictionary=["state"])
         except (OSError, ValueError) as err:
-            raise TandemError(f"{self.path}: not a readable Parquet table: {err}") from None
+            raise not_parquet(self.path, err) from None
         except KeyError:  # (no state column to read as a dictionary: said as the schema check says it)
             check_gil_schema(pq.read_schema(self.path), str(self.path))
             raise

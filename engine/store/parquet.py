@@ -341,6 +341,28 @@ class WriterThread:
         self._thread.join()
 
 
+# What a file given where a Parquet table belongs may be instead, by its first bytes (said so in
+# the error): JFR's chunk magic (docs/pauses.md), the probe's files (docs/ring.md), gzip.
+OTHER_FORMATS = {b"FLR\0": "a JFR recording (tandem reads those given with --jfr)",
+                 b"TNDMRING": "a GIL probe events file (give it with --gil, or its session)",
+                 b"TNDMPACK": "a packed segment of a session's GIL probe files (give its session)",
+                 b"\x1f\x8b": "gzip-compressed (a JFR recording so compressed is read with --jfr)"}
+
+
+def not_parquet(path: str | Path, err: Exception) -> TandemError:
+    """The one-line error for PATH, which Arrow could not read as Parquet (ERR): what the file is
+    instead when its first bytes say so."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        head = b""
+    for magic, what in OTHER_FORMATS.items():
+        if head.startswith(magic):
+            return TandemError(f"{path}: not a Parquet table but {what}")
+    return TandemError(f"{path}: not a readable Parquet table: {err}")
+
+
 def read_metadata(path: str | Path) -> dict:
     """The `tandem` metadata of a Parquet file, without reading its rows (`TableWriter` adds it to
     the file's key-value metadata at the end; files written before had it in the Arrow schema's)."""
@@ -349,7 +371,7 @@ def read_metadata(path: str | Path) -> dict:
     try:
         raw = (pq.read_metadata(path).metadata or {}).get(METADATA_KEY)
     except (OSError, ValueError) as err:
-        raise TandemError(f"{path}: not a readable Parquet table: {err}") from None
+        raise not_parquet(path, err) from None
     return json.loads(raw) if raw else {}
 
 
@@ -362,7 +384,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
     try:
         table = pq.read_table(path)
     except (OSError, ValueError) as err:
-        raise TandemError(f"{path}: not a readable Parquet table: {err}") from None
+        raise not_parquet(path, err) from None
     schema_metadata = table.schema.metadata or {}
     raw = schema_metadata.get(METADATA_KEY)
     # Written without pandas' own metadata (TableWriter): strings come back as pandas strings.
