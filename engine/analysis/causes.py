@@ -69,6 +69,7 @@ CAUSE_COLUMNS = ("caused_by_python", "cause_pid", "cause_tid", "cause_thread", "
 REQUESTER_COLUMNS = ("requester_os_thread_id", "system_gc_os_thread_id")
 CAUSE_INPUT_COLUMNS = (*REQUESTER_COLUMNS, "system_gc_frames", "asked_by_tandem", "cause")
 SYSTEM_GC = "System.gc()"
+STATE_NAMES = np.array(GIL_STATES, object)  # (by a GilRows state code)
 # A Python thread calling System.gc() through a JPype method releases the GIL for the call and
 # the stop of the world begins tens of microseconds to a millisecond later (measured on the
 # demo: 31 us - 0.92 ms); JDK 17 names no requester for that call either. A release this
@@ -190,17 +191,26 @@ def inference_candidates(pauses: pd.DataFrame, stop: np.ndarray, *, requester: p
 
 
 @njit(cache=True, nogil=True)
-def _in_order(dense, start, threads: int) -> bool:
-    """Whether each thread's rows (DENSE: its index, -1 for rows of no thread asked about) come
-    in start order."""
-    latest = np.full(threads, -(1 << 62), np.int64)
-    for r in range(dense.size):
-        d = dense[r]
+def _dense_in_order(tid, start, threads, lookup):
+    """Per row, its thread's index in THREADS (sorted; LOOKUP: those indexes by tid, its last
+    entry for any larger tid, or empty where tids are too large for one: then a binary search);
+    -1 for rows of no thread asked about. And whether each thread's rows come in start order."""
+    dense = np.empty(tid.size, np.int64)
+    latest = np.full(threads.size, -(1 << 62), np.int64)
+    in_order, last = True, lookup.size - 1
+    for r in range(tid.size):
+        if last >= 0:
+            d = lookup[min(max(tid[r], 0), last)]
+        else:
+            d = np.searchsorted(threads, tid[r])
+            if d == threads.size or threads[d] != tid[r]:
+                d = -1
+        dense[r] = d
         if d >= 0:
             if start[r] < latest[d]:
-                return False
+                in_order = False
             latest[d] = start[r]
-    return True
+    return dense, in_order
 
 
 @njit(cache=True, nogil=True)
@@ -312,7 +322,7 @@ class Causes:
         order = np.lexsort((starts[q_pause], q_tid))
         self.q_tid, self.q_s = q_tid[order], starts[q_pause[order]]
         self.threads = np.unique(self.q_tid)
-        self.lookup = None  # thread index by tid, as an array when tids are small (Linux: up to 2^22)
+        self.lookup = np.zeros(0, np.int64)  # thread index by tid, as an array when tids are small (Linux: up to 2^22)
         if self.threads.size and 0 <= self.threads[0] and self.threads[-1] < 1 << 23:
             self.lookup = np.full(int(self.threads[-1]) + 2, -1, np.int64)  # (the last entry: any larger tid)
             self.lookup[self.threads] = np.arange(self.threads.size)
@@ -363,9 +373,8 @@ class Causes:
         self.rows_seen += len(rows)
         if not len(rows) or not (self.threads.size or self.c_start.size):
             return
-        dense = self._dense(rows.tid)
-        order = (np.arange(len(rows)) if _in_order(dense, rows.start_ns, self.threads.size)
-                 else np.lexsort((rows.start_ns, dense)))
+        dense, in_order = _dense_in_order(rows.tid, rows.start_ns, self.threads, self.lookup)
+        order = np.arange(len(rows)) if in_order else np.lexsort((rows.start_ns, dense))
         _cause_rows(order, dense, rows.pid, rows.state, rows.start_ns, rows.end_ns, self.q_hi, self.q_s, self.done,
                     self.in_start, self.in_row, self.after_start, self.after_row, self.later_start,
                     self.first_start, self.first_row, self.last_start, self.last_end,
@@ -374,30 +383,30 @@ class Causes:
         found_first = np.flatnonzero(self.first_row >= 0)
         if not (found_in.size or found_after.size or found_first.size):
             return
-        mask = np.zeros(len(rows), bool)
-        for found, row in ((found_in, self.in_row), (found_after, self.after_row), (found_first, self.first_row)):
-            mask[row[found]] = True
-        taken = np.flatnonzero(mask)
-        frame = frame_of(mask)
+        # The rows found: their code, their state, and a thread's first row's pid and name. Rows
+        # that number their code (carried_key) have one row of each code read, not each row.
+        taken = np.unique(np.concatenate([self.in_row[found_in], self.after_row[found_after]]))
+        first_rows = self.first_row[found_first]
+        if rows.carried_key is not None and taken.size:
+            _, one, code_of = np.unique(rows.carried_key[taken], return_index=True, return_inverse=True)
+            read_site = taken[one]
+        else:
+            read_site, code_of = taken, np.arange(taken.size)
+        read = np.zeros(len(rows), bool)
+        read[read_site] = read[first_rows] = True
+        read_rows = np.flatnonzero(read)
+        frame = frame_of(read)
         column = lambda name: (frame[name].to_numpy(object) if name in frame.columns  # noqa: E731
                                else np.full(len(frame), None, object))
-        sites = _numbered(self._sites, zip(*(column(c).tolist() for c in ("function", "file", "line"))))
-        at = np.searchsorted(taken, self.in_row[found_in])
-        self.in_state[found_in] = _numbered(self._states, frame["state"].astype(str).to_numpy(object)[at].tolist())
-        self.in_site[found_in] = sites[at]
-        at = np.searchsorted(taken, self.after_row[found_after])
-        self.after_site[found_after] = sites[at]
-        at = np.searchsorted(taken, self.first_row[found_first])
-        self.first_pid[found_first] = frame["pid"].to_numpy(np.int64)[at]
-        self.first_name[found_first] = column("thread_name")[at]
+        read_sites = _numbered(self._sites, zip(*(column(c).tolist() for c in ("function", "file", "line"))))
+        sites = read_sites[np.searchsorted(read_rows, read_site)][code_of]  # (per row of TAKEN)
+        in_rows = self.in_row[found_in]
+        self.in_state[found_in] = _numbered(self._states, STATE_NAMES[rows.state[in_rows]].tolist())
+        self.in_site[found_in] = sites[np.searchsorted(taken, in_rows)]
+        self.after_site[found_after] = sites[np.searchsorted(taken, self.after_row[found_after])]
+        self.first_pid[found_first] = rows.pid[first_rows]
+        self.first_name[found_first] = column("thread_name")[np.searchsorted(read_rows, first_rows)]
         self.in_row[found_in] = self.after_row[found_after] = self.first_row[found_first] = -1
-
-    def _dense(self, tid: np.ndarray) -> np.ndarray:
-        """Per row, its thread's index in self.threads; -1 for a thread no query asks about."""
-        if self.lookup is not None:
-            return self.lookup[np.minimum(tid, self.lookup.size - 1).clip(0)]
-        at = np.searchsorted(self.threads, tid).clip(0, max(self.threads.size - 1, 0))
-        return np.where(self.threads[at] == tid, at, -1) if self.threads.size else np.full(tid.size, -1, np.int64)
 
     def overlaps(self, pause_id: np.ndarray, tid: np.ndarray, overlap_ns: np.ndarray, near_miss: np.ndarray) -> None:
         """Overlaps rows as the core makes them: the threads that overlapped each candidate."""
