@@ -256,10 +256,16 @@ def test_tandem_analyze_keeping_the_pause_columns_it_reads_finds_the_causes_of_t
     from engine.analysis import correlate, load_results
     from engine.analysis.stream import analyze_streamed
     from engine.ingest.gil_stream import ParquetGil
+    from engine.session import MEMORY_THREAD_NAME
     from engine.store import write_table
 
     pauses, gil = _inference_tables(7, "released")
     b = 100_000_000
+    # tandem's own thread (tid 3) holds the GIL through the collection too: never its requester.
+    # The gil table names its threads; the streamed drive reads no name with the blocks.
+    own = gil.iloc[[0, 1]].assign(tid=3, start_ns=[0, b + 255], end_ns=[b + 45, b + 265])
+    gil = pd.concat([gil, own], ignore_index=True)
+    gil["thread_name"] = pd.array(gil["tid"].map({1: "MainThread", 2: "churner", 3: MEMORY_THREAD_NAME}), dtype="string")
     more = pauses.iloc[[0, 0, 0]].assign(pause_id=[101, 102, 103], start_ns=[b + 205, b + 215, b + 225],
                                          end_ns=[b + 210, b + 220, b + 230], kind="safepoint", name="op")
     pauses = pd.concat([pauses, more], ignore_index=True)
@@ -276,7 +282,8 @@ def test_tandem_analyze_keeping_the_pause_columns_it_reads_finds_the_causes_of_t
     whole = correlate(pauses, gil)
     streamed = load_results(tmp_path / "out")
     impact = whole.pause_impact.set_index("pause_id")
-    assert impact.loc[100, "cause_inferred"] and impact.loc[101, "cause_tid"] == 1
+    assert impact.loc[100, "cause_inferred"] and impact.loc[100, "cause_thread"] == "churner"
+    assert impact.loc[101, "cause_tid"] == 1 and impact.loc[101, "cause_thread"] == "MainThread"
     assert not impact.loc[102, "caused_by_python"] and impact.loc[103, "cause_java_frames"].endswith("org.x.Y.z")
     for name in ("pause_impact", "pauses", "overlaps", "stops", "summary"):
         pd.testing.assert_frame_equal(streamed.tables()[name], whole.tables()[name], check_dtype=False, obj=name)

@@ -421,6 +421,16 @@ class Causes:
         hit = self.pair_key[at] == key
         self.busy[self.pair_query[at[hit]]] = True
 
+    def _name_threads(self, thread_names) -> None:
+        """The threads seen whose rows gave no name named by THREAD_NAMES (see `table`): the summary
+        names them, and tandem's own threads are known as such (never an inferred requester)."""
+        unnamed = np.flatnonzero((self.first_start != END) & np.array([n is None for n in self.first_name.tolist()], bool))
+        if unnamed.size:
+            keys = (self.first_pid[unnamed] << 32) | self.threads[unnamed]
+            names = thread_names(keys)
+            for d, key in zip(unnamed.tolist(), keys.tolist()):
+                self.first_name[d] = names.get(key)
+
     def inferred(self) -> np.ndarray:
         """Per pause, the query of its inferred requester (-1: none): the one thread of a
         candidate's process alive through it that no interval of overlapped, unless a thread of
@@ -436,8 +446,12 @@ class Causes:
         out[self.c_pause[self.c_veto]] = -1
         return out
 
-    def table(self) -> pd.DataFrame:
-        """CAUSE_COLUMNS per pause (pauses table order), once every block was pushed."""
+    def table(self, thread_names=None) -> pd.DataFrame:
+        """CAUSE_COLUMNS per pause (pauses table order), once every block was pushed.
+        THREAD_NAMES(keys): per thread ((pid << 32) | tid) whose rows came without a name, its
+        name (dict), from a source that reads names apart from the rows (ParquetGil)."""
+        if thread_names is not None:
+            self._name_threads(thread_names)
         n = self.n
         out = no_causes(n)
         inferred = self.inferred()

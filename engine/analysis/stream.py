@@ -393,7 +393,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         pauses.attrs = pause_facts
         summary, stops = core.summary(), core.stops()
         # (in the order the pauses were pushed: by start, PausesInTime)
-        impact = with_causes(to_pandas(sink.pause_impact(), "pause_impact"), pauses, stop, causes.table())
+        impact = with_causes(to_pandas(sink.pause_impact(), "pause_impact"), pauses, stop, causes.table(gil.thread_names))
         facts = analysis_facts(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns,
                                core.duplicate_gil_rows + gil.duplicate_rows,
                                # (docs/results.md, "gil.parquet"): the results name the GIL files

@@ -96,6 +96,9 @@ class FrameGil:
         self.frame, self.duplicate_rows = check_gil(self.frame, self.source)
         return thread_lifetimes(self.frame)
 
+    def thread_names(self, keys: np.ndarray) -> dict:
+        return {}  # (the blocks' rows name their threads)
+
     def pushes(self):
         frame = self.frame
         yield GilBlock(gil_rows_from_frame(frame), END, len(frame), frame_of=lambda mask: frame[mask])
@@ -187,6 +190,25 @@ class ParquetGil:
         self._later = _later_minimum([m for block_min, _ in done for m in block_min])
         return _lifetimes([hulls for _, hulls in done])
 
+    def thread_names(self, keys: np.ndarray) -> dict:
+        """The names of the threads KEYS ((pid << 32) | tid) at their first row in the table, where
+        it has thread_name (the blocks leave it out: a column a hundred times larger than the few
+        threads that need their name): its row groups read, three columns, until each is found."""
+        if "thread_name" not in self.file.schema_arrow.names or not keys.size:
+            return {}
+        wanted, names = set(keys.tolist()), {}
+        for group in range(self.file.metadata.num_row_groups):
+            for batch in self._group_blocks(group, ["pid", "tid", "thread_name"], read_dictionary=("thread_name",)):
+                key = (_int64(batch, "pid", self.source) << 32) | _int64(batch, "tid", self.source)
+                seen, first = np.unique(key, return_index=True)
+                column = batch.column("thread_name")
+                for k, at in zip(seen.tolist(), first.tolist()):
+                    if k in wanted and k not in names:
+                        names[k] = column[at].as_py()
+                if len(names) == len(wanted):
+                    return names
+        return names
+
     def pushes(self):
         """(GilRows, watermark, rows so far) per block."""
         columns = [c for c in (*GIL_COLUMNS, *GIL_CARRIED_COLUMNS) if c in self.file.schema_arrow.names]
@@ -249,6 +271,9 @@ class EventsGil:
         if len(processes) == 1:
             self.attrs.update(processes[0])
         return _lifetimes(bounds)
+
+    def thread_names(self, keys: np.ndarray) -> dict:
+        return {}  # (the blocks' rows name their threads: table_of)
 
     def pushes(self):
         """Blocks of every process's rows merged in start order. The files' blocks are read one
