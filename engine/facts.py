@@ -67,14 +67,25 @@ class Losses:
         `processes`) and the duplicate GIL rows the correlation dropped."""
         processes = gil_attrs.get("processes") or []
         sources = pause_attrs.get("sources") or []
+        # (a result table given again as input: its analysis's losses of that side stand)
+        pauses_before, gil_before = _results_losses(pause_attrs, "pauses"), _results_losses(gil_attrs, "gil")
         return cls(
-            dropped_events=_process_sum(gil_attrs, "dropped"),
-            drain_lost_events=_process_sum(gil_attrs, "drain_lost"),
-            kept_windows=tuple({"pid": p.get("pid"), **p["kept_window"]} for p in processes if p.get("kept_window")),
-            jfr_lost=JfrLost.of_sources(sources),
-            jvm_unflushed=tuple(s["unflushed"] for s in sources if s.get("unflushed")),
-            duplicate_gil_rows_dropped=int(duplicate_gil_rows),
+            dropped_events=gil_before.dropped_events if gil_before else _process_sum(gil_attrs, "dropped"),
+            drain_lost_events=gil_before.drain_lost_events if gil_before else _process_sum(gil_attrs, "drain_lost"),
+            kept_windows=(gil_before.kept_windows if gil_before else
+                          tuple({"pid": p.get("pid"), **p["kept_window"]} for p in processes if p.get("kept_window"))),
+            jfr_lost=pauses_before.jfr_lost if pauses_before else JfrLost.of_sources(sources),
+            jvm_unflushed=(pauses_before.jvm_unflushed if pauses_before else
+                           tuple(s["unflushed"] for s in sources if s.get("unflushed"))),
+            duplicate_gil_rows_dropped=int(duplicate_gil_rows) + (gil_before.duplicate_gil_rows_dropped if gil_before else 0),
         )
+
+
+def _results_losses(attrs: dict, table: str) -> Losses | None:
+    """The losses in the header of a result table TABLE given again as input, else None."""
+    if attrs.get("table") != table or not isinstance(attrs.get("analysis"), dict):
+        return None
+    return AnalysisFacts.from_metadata(attrs["analysis"]).losses
 
 
 def _process_sum(attrs: dict, key: str) -> int:

@@ -488,3 +488,52 @@ def test_durations_parse_as_a_user_writes_them():
     for bad in ("x", "5q", "1.2.3s", "m", "", "ms5", "-1s"):
         with pytest.raises(typer.BadParameter):
             parse_duration_ns(bad)
+
+
+def test_results_given_again_as_input_keep_their_clock_and_losses_and_give_the_same_results(tmp_path):
+    """OUT/pauses.parquet and OUT/gil.parquet carry the analysis's header, not their inputs'
+    metadata: given again to `tandem analyze` they keep each side's clock facts (the pauses an
+    explicit offset moved are on the GIL side's clock since) and losses, and give the same results."""
+    import pyarrow.parquet as pq
+
+    from conftest import SHARED_RECORDINGS
+    from engine.ingest.jfr import read_pauses
+
+    recording = SHARED_RECORDINGS / "jdk21.jfr"  # (a wall-clock recording: joined with an explicit offset)
+    starts = read_pauses(recording)["start_ns"].to_numpy(np.int64)
+    offset = 10**12 - int(starts.min())
+    span = int(starts.max() - starts.min()) + 10**9
+    rng = np.random.default_rng(3)
+    rows, t = [], 10**12 - 10**8
+    while t < 10**12 + span:  # two threads releasing the GIL for 0-30 ms at a time
+        for tid in (101, 102):
+            length = int(rng.integers(0, 30_000_000))
+            rows.append((7, tid, "released", t, t + length))
+        t += 40_000_000
+    gil = gil_frame(rows)
+    gil.attrs = {"clock": {"domain": "monotonic", "method": "clock_gettime(CLOCK_MONOTONIC)", "error_ns": 0},
+                 "processes": [{"pid": 7, "boot_id": "boot-1", "dropped": 5, "drain_lost": 2}]}
+    write_table(gil, tmp_path / "g.parquet")
+
+    def analyze_cli(out, *args):
+        done = subprocess.run([sys.executable, "-m", "engine", "analyze", *args, "-o", str(out)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(pq.read_metadata(out / "pause_impact.parquet").metadata[b"tandem"])["analysis"]
+
+    first = analyze_cli(tmp_path / "first", "--jfr", str(recording), "--gil", str(tmp_path / "g.parquet"),
+                        "--offset", str(offset))
+    again = analyze_cli(tmp_path / "again", "--pauses", str(tmp_path / "first" / "pauses.parquet"),
+                        "--gil", str(tmp_path / "first" / "gil.parquet"))
+    assert first["clock"]["pauses"]["domain"] == "wall" and first["dropped_events"] == 5
+    gil_clock = {k: v for k, v in first["clock"]["gil"].items() if k != "source"}
+    assert {k: v for k, v in again["clock"]["gil"].items() if k != "source"} == gil_clock
+    assert again["clock"]["pauses"]["domain"] == "monotonic"
+    assert again["clock"]["pauses"]["method"].startswith(f"explicit offset of {offset} ns")
+    assert again["alignment"] == "same_monotonic_clock" and again["offset_ns"] is None
+    for key in ("dropped_events", "drain_lost_events", "jfr_lost", "pauses", "gil_intervals", "span_ns", "why"):
+        assert again[key] == first[key], key
+    assert len(read_table(tmp_path / "first" / "overlaps.parquet")) > 0
+    for name in ("overlaps", "pause_impact", "gil_free", "stops", "summary"):
+        pd.testing.assert_frame_equal(read_table(tmp_path / "again" / f"{name}.parquet"),
+                                      read_table(tmp_path / "first" / f"{name}.parquet"), obj=name)

@@ -65,7 +65,30 @@ def clock_facts(attrs: dict, source: str) -> ClockFacts:
     )
 
 
+def recorded_clock(attrs: dict, source: str) -> ClockFacts | None:
+    """The clock facts of a result table given again as input (OUT/pauses.parquet or
+    OUT/gil.parquet: its metadata is the analysis's header, docs/results.md): its side's, as that
+    analysis found them; pauses an explicit offset put on the GIL side's clock are on that clock
+    since, to within what the offset was worth. None for any other table."""
+    analysis, table = attrs.get("analysis"), attrs.get("table")
+    if not isinstance(analysis, dict) or table not in ("pauses", "gil"):
+        return None
+    clocks = analysis.get("clock") if isinstance(analysis.get("clock"), dict) else {}
+    moved = table == "pauses" and bool(analysis.get("offset_ns"))
+    value = clocks.get("gil" if moved else table)
+    if not isinstance(value, dict):
+        return None
+    facts = ClockFacts.from_metadata({**value, "source": source})
+    if moved:
+        return ClockFacts(source, facts.domain, f"explicit offset of {analysis['offset_ns']} ns onto {facts.method}",
+                          None, facts.boot_ids)
+    return facts
+
+
 def _own_clock_facts(attrs: dict, source: str) -> ClockFacts:
+    recorded = recorded_clock(attrs, source)
+    if recorded is not None:
+        return recorded
     clock = attrs.get("clock") if isinstance(attrs.get("clock"), dict) else {}
     domain = attrs.get("clock_domain") or clock.get("domain") or (attrs.get("clock") if isinstance(attrs.get("clock"), str) else None)
     method = attrs.get("clock_method") or attrs.get("method") or clock.get("method")
