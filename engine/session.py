@@ -128,6 +128,10 @@ class Session:
         pythons = [_python_source(d) for d in sorted(path.glob(PYTHON_DIRS)) if d.is_dir()]
         jvms = [j for j in jvms if j.recordings]
         if not jvms and not pythons:
+            if (path / "pauses.parquet").is_file() and (path / "pause_impact.parquet").is_file():
+                gil = f" --gil {path / 'gil.parquet'}" if (path / "gil.parquet").is_file() else ""
+                raise TandemError(f"{path}: the results of `tandem analyze`, not a session (analyze them again with "
+                                  f"--pauses {path / 'pauses.parquet'}{gil}; read them with the notebook or `tandem export`)")
             raise TandemError(f"{path}: the session holds no JVM recording and no GIL events (was anything started under `tandem record`?)")
         return cls(path, read_json(path / SESSION_JSON, strict=True), jvms, pythons)
 

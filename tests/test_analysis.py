@@ -537,3 +537,9 @@ def test_results_given_again_as_input_keep_their_clock_and_losses_and_give_the_s
     for name in ("overlaps", "pause_impact", "gil_free", "stops", "summary"):
         pd.testing.assert_frame_equal(read_table(tmp_path / "again" / f"{name}.parquet"),
                                       read_table(tmp_path / "first" / f"{name}.parquet"), obj=name)
+    # the results directory given where a session belongs: said so, in one line, with what to give instead
+    done = subprocess.run([sys.executable, "-m", "engine", "analyze", str(tmp_path / "first"), "-o", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"the results of `tandem analyze`, not a session (analyze them again with --pauses {tmp_path / 'first'}" \
+        in done.stderr.replace("\n", "")
