@@ -12,7 +12,11 @@ alternating, after the files written are synced. The hour runs twice: as users r
 gil.parquet, 50 M rows written) and with --reference-gil (OUT names the events files). The same hour from MANY_PROCESSES
 processes at the same total rate runs once more beside it (best of two), and so does the same hour
 from short-lived worker processes (WORKERS an hour, WORKERS_ALIVE at a time, high thread ids: a
-Spark executor's Python workers). TANDEM_BENCH_SESSION_MINUTES=6 shrinks the long
+Spark executor's Python workers). The engine of ANCHOR_COMMIT (the synthetic hour's bar is "no
+slower than it") is built from this repository's history into the bench's directory and runs the
+hour in the same run (best of three, alternating with tandem's): this machine's speed varies from
+run to run by a fifth, a rate against a fixed number cannot tell that from the code. It wrote no
+gil.parquet (its results named the GIL files), so `--reference-gil` is its like. TANDEM_BENCH_SESSION_MINUTES=6 shrinks the long
 session (the short one is a sixth of it) for quick checks.
 
 The real shape beside it: the demo service (engine/demo/workload.py: JPype with its GC link,
@@ -49,6 +53,8 @@ THREADS = 16
 INTERVALS_PER_S = 14_000  # all processes together: 50.4 M intervals an hour
 PAUSES_PER_HOUR = 20_000
 DRAIN_NS = 20_000_000     # the probe's drain period: one pass of every lane
+# The engine the synthetic hour's bar was set against ("no slower than it"), run beside tandem's.
+ANCHOR_COMMIT = "18af951"
 
 
 def thread_events(rng, t0: int, span_ns: int, releases: int):
@@ -323,6 +329,33 @@ def real_shape(console, tmp: Path) -> list[Row]:
     return rows
 
 
+def anchor_engine(directory: Path, console) -> Path | None:
+    """ANCHOR_COMMIT's tree, its extensions built in place, in DIRECTORY; None (said) where this
+    checkout's history does not hold it or it does not build."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    tree = directory / "anchor"
+    tree.mkdir()
+    try:
+        archive = subprocess.run(["git", "-C", str(repo), "archive", ANCHOR_COMMIT], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, capture_output=True,
+                       check=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        console.print(f"the engine of {ANCHOR_COMMIT} is not run beside tandem's: {err}")
+        return None
+    return tree
+
+
+def engine_command(tree: Path | None, *args: str) -> list[str]:
+    """`python -m engine ARGS` of the engine in TREE (None: this checkout's)."""
+    if tree is None:
+        return [sys.executable, "-m", "engine", *args]
+    run = f"import runpy, sys; sys.path.insert(0, {str(tree)!r}); runpy.run_module('engine', run_name='__main__', alter_sys=True)"
+    return [sys.executable, "-c", run, *args]
+
+
 def main(console) -> list[Row]:
     rows = synthetic(console)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-real-") as tmp:
@@ -345,16 +378,27 @@ def synthetic(console) -> list[Row]:
 
         duck = [sys.executable, "-c", "import duckdb; duckdb.connect().execute({!r})".format(
             DUCKDB_OVERLAPS.format(pauses=long_pauses, gil=tmp / "G.parquet", out=tmp / "duck.parquet"))]
+        anchor = anchor_engine(tmp, console)
+
+        def anchored(session, pauses):  # (ANCHOR_COMMIT's engine, its default: OUT names the GIL files)
+            return engine_command(anchor, "analyze", "--pauses", str(pauses), "--gil", str(session),
+                                  "-o", str(tmp / f"anchor-out-{session.name}"))
+
         run_measured(tandem(short_session, short_pauses))  # warm-up: numba's cache
-        runs = {"long": [], "short": [], "duckdb": [], "named": []}
+        if anchor is not None:
+            run_measured(anchored(short_session, short_pauses))  # (its kernels compiled into its own cache)
+        runs = {"long": [], "short": [], "duckdb": [], "named": [], "anchor": []}
         for _ in range(3):
             runs["long"].append(run_measured(tandem(long_session, long_pauses)))
             runs["duckdb"].append(run_measured(duck))
             runs["short"].append(run_measured(tandem(short_session, short_pauses)))
             # OUT naming the events files instead of holding gil.parquet (50 M rows written)
             runs["named"].append(run_measured(tandem(long_session, long_pauses, "--reference-gil")))
+            if anchor is not None:
+                runs["anchor"].append(run_measured(anchored(long_session, long_pauses)))
         (long_s, long_gib), (short_s, short_gib), (duck_s, duck_gib), (named_s, named_gib) = (
             min(runs[k]) for k in ("long", "short", "duckdb", "named"))
+        anchor_s, anchor_gib = min(runs["anchor"]) if runs["anchor"] else (None, None)
         # The same hour's rate from MANY_PROCESSES processes (a host of many Python workers): the
         # cost of a session should not grow with how many processes share its intervals.
         many_session, _, n_many = write_session(tmp, minutes, seed=9, processes=MANY_PROCESSES)
@@ -370,6 +414,19 @@ def synthetic(console) -> list[Row]:
                   f"{named_gib:.2f} GiB; {minutes / 6:g} min: {short_s:.1f} s, {short_gib:.2f} GiB; "
                   f"DuckDB overlaps only: {duck_s:.1f} s, {duck_gib:.2f} GiB")
     label = f"{minutes:g}-min session, {n_long / 1e6:.0f} M intervals"
+    anchor_rows = []
+    if anchor_s is not None:
+        anchor_rate = n_long / anchor_s
+        console.print(f"{minutes:g} min, the engine of {ANCHOR_COMMIT} in the same run: {anchor_s:.1f} s "
+                      f"({anchor_rate / 1e6:.2f} M intervals/s), peak RSS {anchor_gib:.2f} GiB")
+        anchor_rows = [
+            Row("session", f"intervals/s, --reference-gil vs the engine of {ANCHOR_COMMIT} (OUT names the GIL files in "
+                f"both; {label}, same run)", named_rate, anchor_rate, "intervals/s", ">= 1x", named_rate >= anchor_rate),
+            Row("session", f"intervals/s, as users run it (OUT holds gil.parquet) vs the engine of {ANCHOR_COMMIT} "
+                f"({label}, same run)", rate, anchor_rate, "intervals/s", "-", None),
+            Row("session", f"peak RSS vs the engine of {ANCHOR_COMMIT} ({label}, same run)", long_gib, anchor_gib, "GiB",
+                "-", None),
+        ]
     many_rate = n_many / many_s
     console.print(f"{minutes:g} min from {MANY_PROCESSES} processes, {n_many / 1e6:.1f} M intervals: {many_s:.1f} s "
                   f"({many_rate / 1e6:.2f} M intervals/s), peak RSS {many_gib:.2f} GiB")
@@ -392,4 +449,5 @@ def synthetic(console) -> list[Row]:
         Row("session", f"peak RSS ({label}; anchor: DuckDB's)", long_gib, duck_gib, "GiB", "<= 1.5 GiB", long_gib <= 1.5),
         Row("session", f"peak RSS {minutes:g} min vs {minutes / 6:g} min", long_gib, short_gib, "GiB", "<= 1.2x",
             long_gib <= 1.2 * short_gib),
+        *anchor_rows,
     ]
