@@ -194,7 +194,11 @@ class ParquetGil:
         """The names of the threads KEYS ((pid << 32) | tid) at their first row in the table, where
         it has thread_name (the blocks leave it out: a column a hundred times larger than the few
         threads that need their name): its row groups read, three columns, until each is found."""
-        if "thread_name" not in self.file.schema_arrow.names or not keys.size:
+        schema = self.file.schema_arrow
+        kind = schema.field("thread_name").type if "thread_name" in schema.names else None
+        if kind is not None and pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        if kind is None or not is_text(kind) or not keys.size:  # (names are text; another column is no name)
             return {}
         wanted, names = set(keys.tolist()), {}
         for group in range(self.file.metadata.num_row_groups):
