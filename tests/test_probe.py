@@ -664,6 +664,8 @@ def test_session_start_imports_nothing_heavy(python, tmp_path):
     adding none of HEAVY_START_IMPORTS to the modules the same interpreter loads without tandem."""
     code = "import sys; print(' '.join(sorted(sys.modules)))"
     plain_env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_") and k != "PYTHONPATH"}
+    # (in both runs: should the hooked interpreter crash, it prints every thread's stack)
+    plain_env["PYTHONFAULTHANDLER"] = "1"
     plain = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=plain_env, check=True)
     env = probe_env(python, plain_env) | {"TANDEM_SESSION": str(tmp_path / "session")}
     hooked = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=60)
