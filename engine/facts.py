@@ -9,7 +9,7 @@ aside (`more`) and written back as it was.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from engine.clock.facts import ClockFacts
 
@@ -67,18 +67,16 @@ class Losses:
         `processes`) and the duplicate GIL rows the correlation dropped."""
         processes = gil_attrs.get("processes") or []
         sources = pause_attrs.get("sources") or []
-        # (a result table given again as input: its analysis's losses of that side stand)
-        pauses_before, gil_before = _results_losses(pause_attrs, "pauses"), _results_losses(gil_attrs, "gil")
-        return cls(
-            dropped_events=gil_before.dropped_events if gil_before else _process_sum(gil_attrs, "dropped"),
-            drain_lost_events=gil_before.drain_lost_events if gil_before else _process_sum(gil_attrs, "drain_lost"),
-            kept_windows=(gil_before.kept_windows if gil_before else
-                          tuple({"pid": p.get("pid"), **p["kept_window"]} for p in processes if p.get("kept_window"))),
-            jfr_lost=pauses_before.jfr_lost if pauses_before else JfrLost.of_sources(sources),
-            jvm_unflushed=(pauses_before.jvm_unflushed if pauses_before else
-                           tuple(s["unflushed"] for s in sources if s.get("unflushed"))),
-            duplicate_gil_rows_dropped=int(duplicate_gil_rows) + (gil_before.duplicate_gil_rows_dropped if gil_before else 0),
-        )
+        # Each side's: a result table given again as input keeps its analysis's of that side.
+        gil = _results_losses(gil_attrs, "gil") or cls(
+            dropped_events=_process_sum(gil_attrs, "dropped"),
+            drain_lost_events=_process_sum(gil_attrs, "drain_lost"),
+            kept_windows=tuple({"pid": p.get("pid"), **p["kept_window"]} for p in processes if p.get("kept_window")))
+        pauses = _results_losses(pause_attrs, "pauses") or cls(
+            jfr_lost=JfrLost.of_sources(sources),
+            jvm_unflushed=tuple(s["unflushed"] for s in sources if s.get("unflushed")))
+        return replace(gil, jfr_lost=pauses.jfr_lost, jvm_unflushed=pauses.jvm_unflushed,
+                       duplicate_gil_rows_dropped=gil.duplicate_gil_rows_dropped + int(duplicate_gil_rows))
 
 
 def _results_losses(attrs: dict, table: str) -> Losses | None:

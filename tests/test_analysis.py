@@ -494,10 +494,9 @@ def test_results_given_again_as_input_keep_their_clock_and_losses_and_give_the_s
     """OUT/pauses.parquet and OUT/gil.parquet carry the analysis's header, not their inputs'
     metadata: given again to `tandem analyze` they keep each side's clock facts (the pauses an
     explicit offset moved are on the GIL side's clock since) and losses, and give the same results."""
-    import pyarrow.parquet as pq
-
     from conftest import SHARED_RECORDINGS
     from engine.ingest.jfr import read_pauses
+    from engine.store import read_metadata
 
     recording = SHARED_RECORDINGS / "jdk21.jfr"  # (a wall-clock recording: joined with an explicit offset)
     starts = read_pauses(recording)["start_ns"].to_numpy(np.int64)
@@ -519,7 +518,7 @@ def test_results_given_again_as_input_keep_their_clock_and_losses_and_give_the_s
         done = subprocess.run([sys.executable, "-m", "engine", "analyze", *args, "-o", str(out)],
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-        return json.loads(pq.read_metadata(out / "pause_impact.parquet").metadata[b"tandem"])["analysis"]
+        return read_metadata(out / "pause_impact.parquet")["analysis"]
 
     first = analyze_cli(tmp_path / "first", "--jfr", str(recording), "--gil", str(tmp_path / "g.parquet"),
                         "--offset", str(offset))
