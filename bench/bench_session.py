@@ -348,10 +348,8 @@ def anchor_engine(directory: Path, console) -> Path | None:
     return tree
 
 
-def engine_command(tree: Path | None, *args: str) -> list[str]:
-    """`python -m engine ARGS` of the engine in TREE (None: this checkout's)."""
-    if tree is None:
-        return [sys.executable, "-m", "engine", *args]
+def anchor_command(tree: Path, *args: str) -> list[str]:
+    """`python -m engine ARGS` of the engine in TREE (anchor_engine's), not this checkout's."""
     run = f"import runpy, sys; sys.path.insert(0, {str(tree)!r}); runpy.run_module('engine', run_name='__main__', alter_sys=True)"
     return [sys.executable, "-c", run, *args]
 
@@ -381,7 +379,7 @@ def synthetic(console) -> list[Row]:
         anchor = anchor_engine(tmp, console)
 
         def anchored(session, pauses):  # (ANCHOR_COMMIT's engine, its default: OUT names the GIL files)
-            return engine_command(anchor, "analyze", "--pauses", str(pauses), "--gil", str(session),
+            return anchor_command(anchor, "analyze", "--pauses", str(pauses), "--gil", str(session),
                                   "-o", str(tmp / f"anchor-out-{session.name}"))
 
         run_measured(tandem(short_session, short_pauses))  # warm-up: numba's cache
