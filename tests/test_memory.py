@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import default_java_home
+from conftest import default_java_home, python_params
 from engine.jvm import jdk_tool
 from engine.memory.growth import kendall_tau, repeated_median_slope, who_grew
 from engine.memory.jvm import read_jvm_memory
@@ -221,6 +221,24 @@ def test_the_python_sampler_counts_small_objects_in_pymalloc_arenas(tmp_path):
     assert kept <= grown <= kept * 1.1  # pymalloc's 464-byte class and its pools' headers
     assert max(s["blocks"] for s in samples) - samples[0]["blocks"] >= 220_000  # (the last, at exit, after some frees)
     assert samples[-1]["malloc_in_use"] > 0 and "tracemalloc" not in samples[-1]
+
+
+@pytest.mark.parametrize("python", python_params())
+def test_the_python_samplers_thread_has_ended_when_the_interpreter_is_torn_down(python, tmp_path):
+    """A program that ends as the sampler starts: by the time the interpreter is torn down (after
+    the atexit callbacks; one registered before the sampler's runs after it) the sampler's thread
+    has ended, its last sample written. A daemon thread still running then (importing at its
+    start) crashed CPython 3.12 at exit."""
+    script = textwrap.dedent(f"""
+        import atexit, threading
+        atexit.register(lambda: print(sorted(t.name for t in threading.enumerate())))
+        from engine.probe import memory
+        memory.start({str(tmp_path)!r}, period_s=0.2)
+        """)
+    run = subprocess.run([str(python), "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[0] == "['MainThread']"
+    assert (tmp_path / "memory.jsonl").read_text().strip()  # (written by the exit's last sample at least)
 
 
 def test_numpy_buffers_are_counted_apart_when_the_service_traces_with_tracemalloc(tmp_path):

@@ -36,21 +36,21 @@ PERIOD_S = 1.0
 NUMPY_DOMAIN = 389047  # numpy's NPY_TRACE_DOMAIN: its data buffers in tracemalloc
 NUMPY_PERIOD_S = 10.0
 NUMPY_DUTY = 0.01  # the snapshots' share of the time at most
+JOIN_AT_EXIT_S = 1.0  # (a sampler stuck in a write does not hold the service's exit longer)
 
 _started_in_pid: int | None = None
 _thread: threading.Thread | None = None
 _stopping = threading.Event()
-_sampler: _Sampler | None = None  # (set by the thread once it can sample)
 
 
 def start(directory: str, period_s: float = PERIOD_S) -> None:
     """Sample this process into DIRECTORY/memory.jsonl from a daemon thread (once per process:
     a forked child calls this again from its own start), and once more as it exits."""
-    global _started_in_pid, _thread, _stopping, _sampler
+    global _started_in_pid, _thread, _stopping
     if _started_in_pid == os.getpid():
         return
     _started_in_pid = os.getpid()
-    _stopping, _sampler = threading.Event(), None  # (a forked child's own)
+    _stopping = threading.Event()  # (a forked child's own)
     _thread = threading.Thread(target=_sample_forever, args=(os.path.join(directory, FILE_NAME), period_s, _stopping),
                                name=THREAD_NAME, daemon=True)
     _thread.start()
@@ -62,36 +62,33 @@ def stop() -> None:
     of ours in the service)."""
     _end()
     if _thread is not None and _thread is not threading.current_thread():
-        _thread.join()
+        _thread.join()  # (not only JOIN_AT_EXIT_S: after a stop, none of ours runs on)
 
 
 def _end() -> None:
-    """The last sample, taken on the calling thread (at exit: a short program's end state comes
-    after its last second; waiting for the sampler's thread would be a GIL release of the
-    service's), then the sampling stops."""
+    """The sampling stops, its thread taking the last sample (at exit: a short program's end
+    state comes after its last second), and the thread is waited for: a few milliseconds. A
+    daemon thread still running Python while the interpreter is torn down can crash it (CPython
+    3.12, a program ending while this thread was still importing at its start)."""
     global _started_in_pid
     if _started_in_pid != os.getpid():
         return
     _started_in_pid = None
-    try:
-        if _sampler is not None:
-            _sampler.write()
-    except Exception:  # (never into the service, nor into its exit)
-        pass
     _stopping.set()
+    if _thread is not None and _thread is not threading.current_thread():
+        _thread.join(JOIN_AT_EXIT_S)
 
 
 def _sample_forever(path: str, period_s: float, stopping: threading.Event) -> None:
-    global _sampler
     try:
         sampler = _Sampler(path)
     except Exception:
         return
-    _sampler = sampler
     try:
-        while not stopping.is_set():
+        sampler.write()
+        while not stopping.wait(period_s):
             sampler.write()
-            stopping.wait(period_s)
+        sampler.write()  # (the last: the state as the sampling ends)
     except Exception:  # never into the service: the samples so far stay
         pass
     finally:
@@ -99,32 +96,22 @@ def _sample_forever(path: str, period_s: float, stopping: threading.Event) -> No
 
 
 class _Sampler:
-    """Writes samples to the file, from the sampler's thread or the last from the exiting one."""
+    """Writes samples to the file (on the sampler's thread, the only one that writes)."""
 
     def __init__(self, path: str):
         from engine.probe import _json  # (the probe's JSON writer: no json import in the service)
 
         self._json, self._read = _json, _Readers()
         self._cpu_clock = time.pthread_getcpuclockid(threading.get_ident())  # (the sampler thread's)
-        self._lock = threading.Lock()  # (samples in the file in time order; none after close)
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
     def write(self) -> None:
-        with self._lock:
-            if self._fd is None:
-                return
-            sample = self._read.sample()
-            try:
-                sample["cpu_ns"] = time.clock_gettime_ns(self._cpu_clock)  # the sampler thread's CPU so far: the sampling's cost
-            except OSError:  # (that thread has ended)
-                pass
-            os.write(self._fd, (self._json(sample) + "\n").encode())
+        sample = self._read.sample()
+        sample["cpu_ns"] = time.clock_gettime_ns(self._cpu_clock)  # the sampler thread's CPU so far: the sampling's cost
+        os.write(self._fd, (self._json(sample) + "\n").encode())
 
     def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        os.close(self._fd)
 
 
 class _Readers:
