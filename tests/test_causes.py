@@ -246,7 +246,7 @@ def _inference_case(jvm_pid: int, main_state: str | None, main_from: int = 0):
     return correlate(*_inference_tables(jvm_pid, main_state, main_from)).pause_impact.iloc[0]
 
 
-def test_tandem_analyze_keeping_the_pause_columns_it_reads_finds_the_causes_of_the_whole_table(tmp_path):
+def test_tandem_analyze_keeping_the_pause_columns_it_reads_finds_the_causes_of_the_whole_table(tmp_path, monkeypatch):
     """`tandem analyze` writes the pauses table as it starts and keeps only the columns the
     analysis reads (engine.analysis.stream.ANALYSIS_PAUSE_COLUMNS); the notebook's correlate keeps
     the whole table. Their results are the same, causes included: an inferred requester (cause,
@@ -254,6 +254,7 @@ def test_tandem_analyze_keeping_the_pause_columns_it_reads_finds_the_causes_of_t
     import pandas as pd
 
     from engine.analysis import correlate, load_results
+    from engine.analysis import stream
     from engine.analysis.stream import analyze_streamed
     from engine.ingest.gil_stream import ParquetGil
     from engine.session import MEMORY_THREAD_NAME
@@ -278,6 +279,7 @@ def test_tandem_analyze_keeping_the_pause_columns_it_reads_finds_the_causes_of_t
     pauses["source"] = pd.array(["recording.jfr"] * 4, dtype="string")  # (columns no stage reads)
     pauses["total_threads"] = pd.array([10, 11, 12, 13], dtype="Int64")
     write_table(gil, tmp_path / "g.parquet", {"source": "test"})
+    monkeypatch.setattr(stream, "IMPACT_BATCH_ROWS", 1)  # (causes and the summary's why added up a pause at a time)
     analyze_streamed(tmp_path / "out", pauses, ParquetGil(tmp_path / "g.parquet"))
     whole = correlate(pauses, gil)
     streamed = load_results(tmp_path / "out")

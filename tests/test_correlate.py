@@ -179,7 +179,8 @@ def test_more_than_a_thousand_new_threads_in_one_push():
 @pytest.mark.parametrize("block_rows", [7, 64, 1 << 20])
 def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch, seed, block_rows):
     """`tandem analyze --gil G.parquet` streams G in blocks; every table equals the in-memory analysis
-    (which keeps the whole pauses table, where the streamed one keeps the columns it reads)."""
+    (which keeps the whole pauses table, where the streamed one keeps the columns it reads). The
+    streamed one completes pause_impact (causes) a batch at a time: here as many batches as blocks."""
     import os
 
     from engine.analysis import correlate, load_results
@@ -206,6 +207,7 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
         pauses["total_threads"] = pd.array(list(range(n)), dtype="Int64")
     write_table(gil, tmp_path / "g.parquet", {"source": "test"})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(stream, "IMPACT_BATCH_ROWS", block_rows)
     old_mask = os.umask(0o027)
     try:
         streamed = stream.analyze_streamed(tmp_path / "out", pauses, gil_stream.ParquetGil(tmp_path / "g.parquet"), slack_ns=5)

@@ -50,6 +50,7 @@ from engine.store import TableWriter, WriterThread, is_text, publish, staging_di
 READ_AHEAD_BYTES = 64 << 20
 # OUT's file of pause_impact rows waiting for their causes (ParquetSink.pause_impact)
 IMPACT_ROWS = ".pause_impact-rows"
+IMPACT_BATCH_ROWS = 65_536  # (pause_impact completed and written this many rows at a time)
 
 
 # The pauses table's columns the analysis reads once it is checked (the core, the stops, causes,
@@ -227,12 +228,22 @@ class ParquetSink:
     def drain(self) -> None:
         self.background.drain()
 
-    def pause_impact(self) -> pa.Table:
-        """Every pause_impact row given, in the order given (call after `drain`)."""
+    def pause_impact(self, completed) -> None:
+        """Every pause_impact row given, in the order given, made whole by COMPLETED (a batch of
+        rows -> the DataFrame to write) a batch at a time into pause_impact.parquet, closed by
+        `finish` (call after `drain`). A batch, not the table: at the end of a long session the
+        whole table, read back and completed, is the largest thing in memory."""
         path = self.writers.pop("pause_impact").close({})
+        rows = pq.ParquetFile(path)
         try:
-            return pq.read_table(path)
+            parts = (pa.Table.from_batches([batch]) for batch in rows.iter_batches(batch_size=IMPACT_BATCH_ROWS))
+            for part in parts if rows.metadata.num_rows else [SCHEMAS["pause_impact"].empty_table()]:
+                table = pa.Table.from_pandas(completed(part), preserve_index=False)
+                if "pause_impact" not in self.writers:  # (the first part's schema: every part has its columns' types)
+                    self.writers["pause_impact"] = TableWriter(self.staging / "pause_impact.parquet", table.schema)
+                self.writers["pause_impact"].write(table)
         finally:
+            rows.close()
             path.unlink()
 
     def finish(self, header: dict, tables: dict[str, pd.DataFrame]) -> list[Path]:
@@ -292,13 +303,13 @@ class MemorySink:
     def drain(self) -> None:
         pass
 
-    def pause_impact(self) -> pa.Table:
-        return pa.concat_tables([SCHEMAS["pause_impact"].empty_table(), *self.parts.pop("pause_impact")])
+    def pause_impact(self, completed) -> None:
+        self.whole_impact = completed(pa.concat_tables([SCHEMAS["pause_impact"].empty_table(), *self.parts.pop("pause_impact")]))
 
     def finish(self, header: dict, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
         gil_free = pa.concat_tables(self.parts["gil_free"]).sort_by([("pid", "ascending"), ("start_ns", "ascending")])
-        return {**tables, "pauses": self.whole_pauses, "overlaps": to_pandas(pa.concat_tables(self.parts["overlaps"]), "overlaps"),
-                "gil_free": to_pandas(gil_free, "gil_free")}
+        return {**tables, "pauses": self.whole_pauses, "pause_impact": self.whole_impact,
+                "overlaps": to_pandas(pa.concat_tables(self.parts["overlaps"]), "overlaps"), "gil_free": to_pandas(gil_free, "gil_free")}
 
     def abort(self) -> None:
         pass
@@ -392,15 +403,23 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         sink.drain()
         pauses.attrs = pause_facts
         summary, stops = core.summary(), core.stops()
+        cause_columns, caused = causes.table(gil.thread_names), []
+
+        def caused_rows_kept(rows: pa.Table) -> pd.DataFrame:
+            """ROWS of pause_impact with their causes; those caused by Python kept for the summary."""
+            impact = with_causes(to_pandas(rows, "pause_impact"), pauses, stop, cause_columns)
+            caused.append(impact[impact["caused_by_python"].fillna(False).to_numpy(bool)])
+            return impact
+
         # (in the order the pauses were pushed: by start, PausesInTime)
-        impact = with_causes(to_pandas(sink.pause_impact(), "pause_impact"), pauses, stop, causes.table(gil.thread_names))
+        sink.pause_impact(caused_rows_kept)
         facts = analysis_facts(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns,
                                core.duplicate_gil_rows + gil.duplicate_rows,
                                # (docs/results.md, "gil.parquet"): the results name the GIL files
                                gil_table=None if gil.copy else gil.references,
-                               why=why_facts(impact, hits.table(core.carried_table), pauses, stop))
+                               why=why_facts(pd.concat(caused, ignore_index=True), hits.table(core.carried_table), pauses, stop))
         header = facts.as_metadata()
-        out = sink.finish(header, {"pause_impact": impact, "summary": summary, "stops": stops})
+        out = sink.finish(header, {"summary": summary, "stops": stops})
     except BaseException:
         sink.abort()
         raise
