@@ -53,6 +53,7 @@ per thread and per process; the summary's input, a few bytes per final pause.
 """
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,6 +82,30 @@ FINAL_PAUSE = np.dtype([("key", np.int32), ("overlap_ns", np.int64), ("hit_pytho
 SUMMARY_INPUT = ("kind", "name", "overlap_ns", "hit_python", "near_misses", "amplified", "part_of")
 # What the stop of a pause is found from (engine/correlate/stops.py), as columns of the pauses kept.
 STOP_ARRAYS = ("pause_id", "kind", "name", "start_ns", "end_ns", "_jvm", "_at_safepoint")
+
+
+class RecordsOffHeap:
+    """Records appended a push at a time and kept for the whole run, in an anonymous mapping of
+    their own (grown by doubling), not in glibc's heap: there, each push's few kilobytes would
+    sit between the blocks' large temporaries for good, leaving holes later blocks cannot reuse
+    (the heap of a long session would grow with them)."""
+
+    def __init__(self, dtype: np.dtype):
+        self._records = np.zeros(0, dtype)
+        self._size = 0
+
+    def append(self, rows: np.ndarray) -> None:
+        end = self._size + rows.size
+        if end > self._records.size:
+            capacity = max(end, 2 * self._records.size, mmap.PAGESIZE // self._records.itemsize)
+            grown = np.frombuffer(mmap.mmap(-1, capacity * self._records.itemsize), self._records.dtype)
+            grown[:self._size] = self._records[:self._size]
+            self._records = grown  # (the mapping is unmapped with the last array over it)
+        self._records[self._size:end] = rows
+        self._size = end
+
+    def records(self) -> np.ndarray:
+        return self._records[:self._size].copy()
 
 
 @dataclass
@@ -284,7 +309,7 @@ class Correlator:
         # Summary: what it reads of every final pause_impact row (FINAL_PAUSE: a few per second of
         # JVM pauses; the rows themselves go out in Rows) and the distinct (part_of, kind, name,
         # thread) with an exact overlap.
-        self._final: list[np.ndarray] = []
+        self._final = RecordsOffHeap(FINAL_PAUSE)
         self._stop_keys: dict[tuple[str, str, str], int] = {}  # (part_of, kind, name) -> number
         self._affected = np.zeros((0, 0), np.bool_)  # [number, thread index]: an exact overlap
         # Pauses that may lead a stop of the world a pause still to be finalized is inside
@@ -742,8 +767,6 @@ class Correlator:
         final["key"], final["overlap_ns"], final["hit_python"] = stop_key, columns[:, 4], columns[:, 4] > 0
         final["near_misses"], final["amplified"] = columns[:, 5] > 0, amplifying >= 0
         self._final.append(final)
-        if len(self._final) > 256:  # (a live run's batches are small and many)
-            self._final = [np.concatenate(self._final)]
         exact = np.flatnonzero(~near_miss)
         if exact.size:
             shape = (len(self._stop_keys), self.n_threads)
@@ -849,8 +872,7 @@ class Correlator:
 
     def _summary_input(self) -> pd.DataFrame:
         """SUMMARY_INPUT of every final pause so far (text as text; near_misses: whether any)."""
-        self._final = [np.concatenate([np.empty(0, FINAL_PAUSE), *self._final])]
-        final = self._final[0]
+        final = self._final.records()
         flags = {c: final[c] for c in FINAL_PAUSE.names if c != "key"}
         return self._keys_of(final["key"]).assign(**flags)[list(SUMMARY_INPUT)]
 
