@@ -302,11 +302,13 @@ class WriterThread:
     the GIL while it encodes and writes), so the computation goes on meanwhile. `drain()` waits
     for everything handed over and raises the first error the thread met."""
 
-    def __init__(self, depth: int = 4):
+    def __init__(self, depth: int = 2):
         import queue
         import threading
 
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)  # bounded: memory stays a few row groups
+        # bounded: memory stays a couple of row groups (a deeper queue fills only as the writer
+        # falls behind bit by bit over a long session: a long session's peak, not a short one's)
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="tandem-parquet-writer", daemon=True)
         self._thread.start()
