@@ -669,3 +669,23 @@ def test_live_causes_keep_the_gil_rows_of_their_window_and_each_threads_last(mon
     recent = kept["end_ns"] >= watermark - 2 * retain
     assert recent.sum() <= 2 * (2 * retain // step) and set(kept["tid"][recent].tolist()) == {2, 3}
     assert kept["tid"][~recent].tolist() == [4] and kept["end_ns"][~recent].tolist() == [4 * step + step // 2]
+
+
+def test_pause_rows_find_each_pause_once_and_refuse_unknown_or_repeated_ids():
+    """with_causes completes pause_impact a batch at a time from PauseRows (the ids sorted once):
+    each row found where it is in the table, in any order; an id the table lacks, or a table
+    naming a pause twice, is refused."""
+    import numpy as np
+    import pandas as pd
+
+    from engine.analysis.causes import PauseRows
+
+    rows = PauseRows(pd.DataFrame({"pause_id": [30, 10, 20]}))
+    assert rows.of(np.array([20, 30, 10, 20])).tolist() == [2, 0, 1, 2]
+    assert rows.of(np.zeros(0, np.int64)).tolist() == []
+    with pytest.raises(ValueError):
+        rows.of(np.array([15]))
+    with pytest.raises(ValueError):
+        PauseRows(pd.DataFrame({"pause_id": [10, 20, 10]})).of(np.array([20]))
+    with pytest.raises(ValueError):
+        PauseRows(pd.DataFrame({"pause_id": pd.Series([], dtype=np.int64)})).of(np.array([1]))

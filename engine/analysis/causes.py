@@ -499,15 +499,30 @@ class Causes:
         return pd.DataFrame(out)
 
 
-def with_causes(impact: pd.DataFrame, pauses: pd.DataFrame, stop: np.ndarray, causes: pd.DataFrame) -> pd.DataFrame:
+class PauseRows:
+    """A pauses table's rows found by pause_id: its ids sorted once, for every batch of
+    pause_impact rows `with_causes` completes."""
+
+    def __init__(self, pauses: pd.DataFrame):
+        self.ids = pauses["pause_id"].to_numpy(np.int64)
+        self.order = np.argsort(self.ids, kind="stable")
+        in_order = self.ids[self.order]
+        self.unique = not bool((in_order[1:] == in_order[:-1]).any())
+
+    def of(self, wanted: np.ndarray) -> np.ndarray:
+        """The row of each of WANTED (pause_ids); ValueError unless each names one pause of the table."""
+        ids = self.ids
+        at = self.order[np.searchsorted(ids, wanted, sorter=self.order).clip(0, max(ids.size - 1, 0))] if ids.size else wanted
+        if (wanted.size and (not ids.size or (ids[at] != wanted).any())) or not self.unique:
+            raise ValueError("pause_impact rows and the pauses table do not name the same pauses once each")
+        return at
+
+
+def with_causes(impact: pd.DataFrame, pauses: PauseRows, stop: np.ndarray, causes: pd.DataFrame) -> pd.DataFrame:
     """pause_impact with the stop each pause belongs to (`stop`: engine/correlate/stops.py,
     stop_ids) and who asked for it, when it was a Python thread (`causes`: Causes.table, per
     pause in pauses table order; engine/analysis/causes.py)."""
-    ids, wanted = pauses["pause_id"].to_numpy(np.int64), impact["pause_id"].to_numpy(np.int64)
-    order = np.argsort(ids, kind="stable")
-    at = order[np.searchsorted(ids, wanted, sorter=order).clip(0, max(ids.size - 1, 0))] if ids.size else wanted
-    if (wanted.size and (not ids.size or (ids[at] != wanted).any())) or np.unique(ids).size != ids.size:
-        raise ValueError("pause_impact rows and the pauses table do not name the same pauses once each")
+    at = pauses.of(impact["pause_id"].to_numpy(np.int64))
     out = impact.reset_index(drop=True)
     columns = {"stop_id": np.asarray(stop, np.int64)[at]}
     columns.update({name: causes[name].array.take(at) for name in causes.columns})
@@ -621,7 +636,9 @@ def why_facts(impact: pd.DataFrame, hits: pa.Table | None, pauses: pd.DataFrame,
     (per thread and code: stops of the world asked for, their total duration, how many with
     the GIL held, how many JPype's GC link); each stop counts once (`caused_stops`), and
     `jpype_gc_link_stops` is the sum of the per-cause link counts over every cause; and the
-    stops tandem's agent asked for as it started (`tandem_start`: stops, duration_ns)."""
+    stops tandem's agent asked for as it started (`tandem_start`: stops, duration_ns). IMPACT:
+    pause_impact rows with their causes; it reads those caused by Python only (all it is given
+    by `tandem analyze`, which completes the table a batch at a time)."""
     facts: dict = {"functions_hit": [], "caused_by_python": [], "jpype_gc_link_stops": 0,
                    "tandem_start": _tandem_start(pauses, stop)}
     if hits is not None and hits.num_rows:

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.analysis.causes import CAUSE_INPUT_COLUMNS, REQUESTER_COLUMNS, Causes, CodeHits, why_facts, with_causes
+from engine.analysis.causes import CAUSE_INPUT_COLUMNS, REQUESTER_COLUMNS, Causes, CodeHits, PauseRows, why_facts, with_causes
 from engine.analysis.facts import aligned_pauses, analysis_facts
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
 from engine.correlate.core import carried_key
@@ -403,11 +403,11 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         sink.drain()
         pauses.attrs = pause_facts
         summary, stops = core.summary(), core.stops()
-        cause_columns, caused = causes.table(gil.thread_names), []
+        cause_columns, pause_rows, caused = causes.table(gil.thread_names), PauseRows(pauses), []
 
         def caused_rows_kept(rows: pa.Table) -> pd.DataFrame:
             """ROWS of pause_impact with their causes; those caused by Python kept for the summary."""
-            impact = with_causes(to_pandas(rows, "pause_impact"), pauses, stop, cause_columns)
+            impact = with_causes(to_pandas(rows, "pause_impact"), pause_rows, stop, cause_columns)
             caused.append(impact[impact["caused_by_python"].fillna(False).to_numpy(bool)])
             return impact
 
