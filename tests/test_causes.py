@@ -522,7 +522,7 @@ def test_causes_fed_in_many_blocks_equal_one_block_and_the_plain_definitions(see
     overlaps = analysis.overlaps
     for part in np.array_split(np.arange(len(overlaps)), 5):
         causes.overlaps(*(overlaps[c].to_numpy()[part] for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
-    pd.testing.assert_frame_equal(causes.table(), expected)
+    pd.testing.assert_frame_equal(causes.table().frame(), expected)
     assert expected["caused_by_python"].any() or seed % 4, "too few caused pauses to tell"
 
 

@@ -446,20 +446,16 @@ class Causes:
         out[self.c_pause[self.c_veto]] = -1
         return out
 
-    def table(self, thread_names=None) -> pd.DataFrame:
-        """CAUSE_COLUMNS per pause (pauses table order), once every block was pushed.
+    def table(self, thread_names=None) -> "PauseCauses":
+        """CAUSE_COLUMNS of the pauses (by pauses table row) once every block was pushed.
         THREAD_NAMES(keys): per thread ((pid << 32) | tid) whose rows came without a name, its
         name (dict), from a source that reads names apart from the rows (ParquetGil)."""
         if thread_names is not None:
             self._name_threads(thread_names)
-        n = self.n
-        out = no_causes(n)
         inferred = self.inferred()
         query = np.where(self.named_query >= 0, self.named_query, inferred)
-        out["cause_inferred"] = (self.named_query < 0) & (inferred >= 0)
-        if n == 0 or not (query >= 0).any() or self.rows_seen == 0:
-            out["cause_inferred"] &= False
-            return pd.DataFrame(out)
+        if self.n == 0 or not (query >= 0).any() or self.rows_seen == 0:
+            return PauseCauses.none(self.n)
         pause = np.flatnonzero(query >= 0)
         q = query[pause]
         d = np.searchsorted(self.threads, self.q_tid[q])
@@ -467,15 +463,17 @@ class Causes:
         # the tid is this thread's at the time: not before its first interval, not after its last
         ok = (self.first_start[d] <= s) & (self.last_end[d] >= s)
         pause, q, d, s, e = pause[ok], q[ok], d[ok], s[ok], e[ok]
-        caused = out["caused_by_python"]
-        caused[pause] = True
+        out = no_causes(pause.size)  # (one row per pause caused by Python, in table order)
+        out["caused_by_python"][:] = True
+        inferred = self.named_query[pause] < 0  # (its query is the inferred requester's)
+        out["cause_inferred"] = inferred
         inside = self.in_start[q] != END
         overlapping = (inside & ((s < e) | (self.in_start[q] < s))) | (self.later_start[q] < e)
-        out["cause_pid"][pause] = self.first_pid[d]
-        out["cause_tid"][pause] = self.q_tid[q]
-        out["cause_thread"][pause] = pd.array(self.first_name[d], dtype="string")
+        out["cause_pid"][:] = self.first_pid[d]
+        out["cause_tid"][:] = self.q_tid[q]
+        out["cause_thread"][:] = pd.array(self.first_name[d], dtype="string")
         states = np.array(list(self._states), object)  # (dicts keep their order: number -> value)
-        out["cause_state"][pause] = pd.array(np.where(inside, states[self.in_state[q]], "holding"), dtype="string")
+        out["cause_state"][:] = pd.array(np.where(inside, states[self.in_state[q]], "holding"), dtype="string")
         # a holding thread's site: that of its next release when it came within SITE_WINDOW_NS of
         # the pause's end (else unknown: code from long after is not where it was)
         near = inside | (self.after_start[q] - e <= SITE_WINDOW_NS)
@@ -483,20 +481,43 @@ class Causes:
         codes = np.empty((len(self._sites), 3), object)
         codes[:] = list(self._sites)
         for k, name in enumerate(("function", "file", "line")):
-            out[f"cause_{name}"][pause] = pd.array(codes[site, k], dtype="Int64" if name == "line" else "string")
-        frames = (self.pauses["system_gc_frames"].astype("string") if "system_gc_frames" in self.pauses.columns
-                  else None)
-        if frames is not None:
-            out["cause_java_frames"][pause] = frames.array[pause]
-        out["cause_held_gil"][pause] = ~overlapping
-        held = np.zeros(n, bool)
-        held[pause] = ~overlapping
-        outside_jpype = _caller_outside_jpype(frames) if frames is not None else np.zeros(n, bool)
-        out["cause_inferred"] &= caused
-        frames_known = frames.notna().to_numpy(bool) if frames is not None else np.zeros(n, bool)
-        out["jpype_gc_link"] = (caused & held & self.system_gc & ~outside_jpype
-                                & (~out["cause_inferred"] | frames_known))
-        return pd.DataFrame(out)
+            out[f"cause_{name}"][:] = pd.array(codes[site, k], dtype="Int64" if name == "line" else "string")
+        held = ~overlapping
+        out["cause_held_gil"][:] = held
+        outside_jpype, frames_known = np.zeros(pause.size, bool), np.zeros(pause.size, bool)
+        if "system_gc_frames" in self.pauses.columns:
+            frames = self.pauses["system_gc_frames"].iloc[pause].astype("string")
+            out["cause_java_frames"][:] = frames.array
+            outside_jpype, frames_known = _caller_outside_jpype(frames), frames.notna().to_numpy(bool)
+        out["jpype_gc_link"] = held & self.system_gc[pause] & ~outside_jpype & (~inferred | frames_known)
+        return PauseCauses(self.n, pause, out)
+
+
+class PauseCauses:
+    """CAUSE_COLUMNS of a pauses table (Causes.table): kept for the pauses caused by Python
+    only (ROWS, their table rows, ascending; CAUSED, their columns), the others having none. A
+    column per pause of each would be the largest thing at the end of a long session."""
+
+    def __init__(self, n: int, rows: np.ndarray, caused: dict):
+        self.n, self.rows, self.caused = n, rows, caused
+
+    @classmethod
+    def none(cls, n: int) -> "PauseCauses":
+        return cls(n, np.zeros(0, np.int64), no_causes(0))
+
+    def take(self, at: np.ndarray) -> dict:
+        """CAUSE_COLUMNS of the table rows AT (any order, repeats allowed)."""
+        out = no_causes(at.size)
+        j = np.searchsorted(self.rows, at).clip(0, max(self.rows.size - 1, 0))
+        found = self.rows[j] == at if self.rows.size else np.zeros(at.size, bool)
+        if found.any():
+            for name, values in self.caused.items():
+                out[name][found] = values[j[found]]
+        return out
+
+    def frame(self) -> pd.DataFrame:
+        """Every pause's CAUSE_COLUMNS, in table order."""
+        return pd.DataFrame(self.take(np.arange(self.n)))
 
 
 class PauseRows:
@@ -518,14 +539,13 @@ class PauseRows:
         return at
 
 
-def with_causes(impact: pd.DataFrame, pauses: PauseRows, stop: np.ndarray, causes: pd.DataFrame) -> pd.DataFrame:
+def with_causes(impact: pd.DataFrame, pauses: PauseRows, stop: np.ndarray, causes: PauseCauses) -> pd.DataFrame:
     """pause_impact with the stop each pause belongs to (`stop`: engine/correlate/stops.py,
-    stop_ids) and who asked for it, when it was a Python thread (`causes`: Causes.table, per
-    pause in pauses table order; engine/analysis/causes.py)."""
+    stop_ids) and who asked for it, when it was a Python thread (`causes`: Causes.table)."""
     at = pauses.of(impact["pause_id"].to_numpy(np.int64))
     out = impact.reset_index(drop=True)
     columns = {"stop_id": np.asarray(stop, np.int64)[at]}
-    columns.update({name: causes[name].array.take(at) for name in causes.columns})
+    columns.update(causes.take(at))
     return pd.concat([out, pd.DataFrame(columns)], axis=1)
 
 

@@ -23,8 +23,8 @@ import time
 import numpy as np
 import pandas as pd
 
-from engine.analysis.causes import (CALL_WINDOW_NS, SITE_WINDOW_NS, SYSTEM_GC, Causes, PauseRows, inference_candidates,
-                                    no_causes, requester_tids, with_causes)
+from engine.analysis.causes import (CALL_WINDOW_NS, SITE_WINDOW_NS, SYSTEM_GC, Causes, PauseCauses, PauseRows,
+                                    inference_candidates, requester_tids, with_causes)
 from engine.correlate import GilRows
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import END, GIL_STATES
@@ -101,7 +101,7 @@ class LiveCauses:
         self.last_due = time.monotonic()
         reads_gil &= np.isin(ids, wanted[ready])
         causes = (self._causes(pauses, stop, reads_gil, watermark_ns, open_rows) if reads_gil.any()
-                  else pd.DataFrame(no_causes(len(pauses))))
+                  else PauseCauses.none(len(pauses)))
         out = with_causes(impact[ready], PauseRows(pauses), stop, causes)
         self.waiting = [impact[~ready]] if not ready.all() else []
         self._trim(watermark_ns)
