@@ -105,7 +105,8 @@ class RecordsOffHeap:
         self._size = end
 
     def records(self) -> np.ndarray:
-        return self._records[:self._size].copy()
+        """The records so far: a view, until the next append (a long run's are MiBs)."""
+        return self._records[:self._size]
 
 
 @dataclass
@@ -871,10 +872,17 @@ class Correlator:
         return max(0, self.span[1] - self.span[0]) if self.span[1] > NONE else 0
 
     def _summary_input(self) -> pd.DataFrame:
-        """SUMMARY_INPUT of every final pause so far (text as text; near_misses: whether any)."""
+        """SUMMARY_INPUT of every final pause so far (text as categories; near_misses: whether any)."""
         final = self._final.records()
         flags = {c: final[c] for c in FINAL_PAUSE.names if c != "key"}
-        return self._keys_of(final["key"]).assign(**flags)[list(SUMMARY_INPUT)]
+        # (the text as categories, sorted as text sorts: a long run's pauses are hundreds of
+        # thousands, their keys a few dozen)
+        keys = self._keys_of(np.arange(len(self._stop_keys)))
+        text = {}
+        for name in STOP_KEY:
+            known = pd.Categorical(keys[name])
+            text[name] = pd.Categorical.from_codes(np.asarray(known.codes)[final["key"]], dtype=known.dtype)
+        return pd.DataFrame({**text, **flags})[list(SUMMARY_INPUT)]
 
     def _keys_of(self, numbers: np.ndarray) -> pd.DataFrame:
         """The (part_of, kind, name) of each of NUMBERS (of _stop_keys), as text columns."""

@@ -23,7 +23,7 @@ def summary_table(impact: pd.DataFrame, affected: pd.Series, span_ns: int, by: t
     """
     hours = span_ns / NS_PER_HOUR if span_ns > 0 else np.nan
     rows = []
-    for key, group in impact.groupby(list(by), sort=True):
+    for key, group in impact.groupby(list(by), sort=True, observed=True):  # (keys may be categories)
         hit_ms = group.loc[group["hit_python"], "overlap_ns"].to_numpy(np.float64) / NS_PER_MS
         rows.append(
             {
