@@ -333,6 +333,46 @@ def test_the_command_writes_results_and_prints_the_summary(tmp_path):
                                      "(needs pid, tid, state, start_ns, end_ns)"
 
 
+def test_pauses_set_aside_come_back_in_start_order_for_any_watermarks_and_whole_in_table_order(tmp_path, monkeypatch):
+    """While the GIL blocks stream, `tandem analyze` keeps its pauses in a file (PausesOnDisk):
+    the core's pushes read them in start order, and the end gets the table back as it was (every
+    dtype, the table's order, the stop ids). One push equals many: the rows given before each of
+    any watermarks, together, are the table in start order (equal starts in table order)."""
+    from engine.analysis.stream import PausesAside, PausesInTime, PausesOnDisk
+    from engine.correlate import END
+
+    rng = np.random.default_rng(4)
+    n = 1_000
+    starts = rng.integers(0, 50, n) * 1_000  # (many equal starts, out of order)
+    pauses = pd.DataFrame({
+        "pause_id": rng.permutation(n).astype(np.int64),
+        "kind": pd.Categorical(rng.choice(["gc", "safepoint"], n), categories=pd.Index(["gc", "safepoint"], dtype="string")),
+        "start_ns": starts, "end_ns": starts + rng.integers(0, 5_000, n),
+        "jvm_pid": pd.array([None if i % 3 else 7 for i in range(n)], dtype="Int64"),
+        "at_safepoint": pd.array([None if i % 5 else bool(i % 2) for i in range(n)], dtype="boolean"),
+        "asked_by_tandem": np.arange(n) % 7 == 0,
+    })
+    stop = rng.integers(0, n, n)
+    columns = ["pause_id", "kind", "start_ns", "end_ns", "jvm_pid"]
+    by_start = pauses.iloc[np.argsort(starts, kind="stable"), [0, 1, 2, 3, 4]].reset_index(drop=True)
+    monkeypatch.setattr(PausesAside, "batch_rows", 64)
+    for aside in (PausesAside(pauses, stop), PausesOnDisk(pauses, stop, tmp_path / "aside")):
+        for cuts in (rng.integers(0, 60_000, 7), [END], rng.integers(0, 60_000, 200)):
+            coming, given = PausesInTime(aside.in_start_order(columns)), []
+            for watermark in [*np.sort(cuts).tolist(), END]:
+                part = coming.before(int(watermark))
+                if part is not None:
+                    assert (part["start_ns"] < watermark).all() or watermark == END
+                    given.append(part)
+            assert not coming.left()
+            pd.testing.assert_frame_equal(pd.concat(given, ignore_index=True), by_start)
+        back, back_stop = aside.back(["start_ns", "pause_id", "kind", "at_safepoint", "asked_by_tandem"])
+        pd.testing.assert_frame_equal(back.reset_index(drop=True),
+                                      pauses[["start_ns", "pause_id", "kind", "at_safepoint", "asked_by_tandem"]])
+        assert back_stop.tolist() == stop.tolist()
+    assert not (tmp_path / "aside").exists()  # (its file gone once the table is back)
+
+
 def test_read_ahead_hands_over_every_item_in_order_then_the_producers_error_and_closes_a_generator_left_early():
     """The streamed analysis reads the next GIL block in a thread of its own (read_ahead)."""
     import threading

@@ -208,6 +208,7 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
     write_table(gil, tmp_path / "g.parquet", {"source": "test"})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", block_rows)
     monkeypatch.setattr(stream, "IMPACT_BATCH_ROWS", block_rows)
+    monkeypatch.setattr(stream.PausesAside, "batch_rows", 1 + seed)  # (the pauses set aside read back in batches)
     old_mask = os.umask(0o027)
     try:
         streamed = stream.analyze_streamed(tmp_path / "out", pauses, gil_stream.ParquetGil(tmp_path / "g.parquet"), slack_ns=5)

@@ -10,12 +10,14 @@ The GIL side is a stream of blocks (engine/ingest/gil_stream.py: a Parquet gil t
 probe's events files): a first pass learns each block's watermark and each thread's lifetime;
 the second pushes the blocks, read and paired by a thread of its own up to READ_AHEAD_BYTES
 ahead of the core (`read_ahead`). The pauses table (a few rows per second of recording) is
-written to OUT/pauses.parquet as the drive starts; the columns the analysis reads stay in
-memory. The core is given its pauses in start order, those starting before each push's
-watermark (`PausesInTime`), so it holds only the pauses not final yet. Peak memory is those
-columns, causes' per-query state, about one block per process, the blocks read ahead, and the
-intervals a pause still in progress may pair with. The GIL intervals are copied to OUT/gil.parquet as
-they are pushed, unless the results name the GIL files instead (docs/results.md, "gil.parquet").
+written to OUT/pauses.parquet as the drive starts; the columns the analysis reads are set aside
+(`PausesOnDisk`: a file of OUT's staging directory) while the blocks stream, read back in start
+order by the core's pushes, those starting before each push's watermark (`PausesInTime`), and
+whole once the stream is done, for the end tables. The core holds only the pauses not final yet.
+Peak memory is causes' per-query state, the summary's few bytes a pause, about one block per
+process, the blocks read ahead, and the intervals a pause still in progress may pair with. The
+GIL intervals are copied to OUT/gil.parquet as they are pushed, unless the results name the GIL
+files instead (docs/results.md, "gil.parquet").
 """
 from __future__ import annotations
 
@@ -51,11 +53,16 @@ READ_AHEAD_BYTES = 64 << 20
 # OUT's file of pause_impact rows waiting for their causes (ParquetSink.pause_impact)
 IMPACT_ROWS = ".pause_impact-rows"
 IMPACT_BATCH_ROWS = 65_536  # (pause_impact completed and written this many rows at a time)
+# OUT's file of the pauses the analysis reads, set aside while the GIL blocks stream (PausesOnDisk)
+SPILLED_PAUSES = ".pauses-aside"
 
 
 # The pauses table's columns the analysis reads once it is checked (the core, the stops, causes,
 # the summary's facts); the others go to pauses.parquet only.
 ANALYSIS_PAUSE_COLUMNS = (*PAUSE_COLUMNS, *PAUSE_FACT_COLUMNS, *CAUSE_INPUT_COLUMNS)
+# Of those, the ones read once the stream is done (the header's facts: analysis_facts, why_facts;
+# pause_impact's rows found by pause_id), when present.
+END_PAUSE_COLUMNS = (*PAUSE_COLUMNS, "jvm_pid", "cause", "asked_by_tandem")
 
 
 @dataclass
@@ -203,8 +210,8 @@ class ParquetSink:
         self.background = WriterThread()
 
     def pauses(self, pauses: pd.DataFrame, facts: dict) -> pd.DataFrame:
-        """The checked pauses table into OUT/pauses.parquet now (its metadata at `finish`); only
-        the columns the analysis reads stay in memory, their text as categories (a long session's
+        """The checked pauses table into OUT/pauses.parquet now (its metadata at `finish`); the
+        columns the analysis reads are returned, their text as categories (a long session's
         table is ~270 bytes a pause, half of it text and counts only the file holds; its kinds,
         names and causes are a few dozen strings)."""
         with_facts = pauses.copy(deep=False)
@@ -216,6 +223,9 @@ class ParquetSink:
         kept = pauses[[c for c in pauses.columns if c in ANALYSIS_PAUSE_COLUMNS]]
         return kept.assign(**{c: kept[c].astype("category") for c in kept.columns
                               if isinstance(kept[c].dtype, pd.StringDtype)})
+
+    def set_aside(self, pauses: pd.DataFrame, stop: np.ndarray) -> PausesAside:
+        return PausesOnDisk(pauses, stop, self.staging / SPILLED_PAUSES)
 
     def rows(self, rows: Rows) -> None:
         for name, table in rows.tables().items():
@@ -292,6 +302,9 @@ class MemorySink:
         self.whole_pauses = pauses  # (the caller's table comes back whole)
         return pauses
 
+    def set_aside(self, pauses: pd.DataFrame, stop: np.ndarray) -> PausesAside:
+        return PausesAside(pauses, stop)
+
     def rows(self, rows: Rows) -> None:
         self.parts["overlaps"].append(rows.overlaps)
         self.parts["gil_free"].append(rows.gil_free)
@@ -320,29 +333,102 @@ class MemorySink:
 
 class PausesInTime:
     """A pauses table handed to the core in start order, each push the pauses starting before its
-    watermark: the core holds only the pauses not final yet, not the whole session's. COLUMNS:
-    those the core reads, taken of each push's rows (a copy of them for the whole session would
-    be one more per-pause state: ~45 bytes a pause)."""
+    watermark: the core holds only the pauses not final yet, not the whole session's. BATCHES:
+    the table's rows in start order, a DataFrame at a time (PausesAside.in_start_order)."""
 
-    def __init__(self, pauses: pd.DataFrame, columns: list[str]):
-        self.pauses = pauses
-        self.columns = [pauses.columns.get_loc(c) for c in columns]
-        starts = pauses["start_ns"].to_numpy(np.int64)
-        in_order = bool((starts[1:] >= starts[:-1]).all())
-        self.order = None if in_order else np.argsort(starts, kind="stable")  # (equal starts keep the table's order)
-        self.starts = starts if in_order else starts[self.order]
-        self.given = 0
+    def __init__(self, batches):
+        self.batches = iter(batches)
+        self.held = None  # (the rows of the batch read last not given yet)
 
     def before(self, watermark_ns: int) -> pd.DataFrame | None:
-        upto = int(np.searchsorted(self.starts, watermark_ns, "left")) if watermark_ns < END else len(self.starts)
-        if upto <= self.given:
+        parts = []
+        while self.left():
+            starts = self.held["start_ns"].to_numpy(np.int64)
+            upto = len(starts) if watermark_ns >= END else int(np.searchsorted(starts, watermark_ns, "left"))
+            if upto:
+                parts.append(self.held.iloc[:upto])
+            if upto < len(starts):
+                self.held = self.held.iloc[upto:]
+                break
+            self.held = None
+        if not parts:
             return None
-        rows = slice(self.given, upto) if self.order is None else self.order[self.given:upto]
-        self.given = upto
-        return self.pauses.iloc[rows, self.columns]
+        return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
 
     def left(self) -> bool:
-        return self.given < len(self.starts)
+        if self.held is None:
+            self.held = next(self.batches, None)
+        return self.held is not None
+
+
+class PausesAside:
+    """The pauses the analysis reads (a DataFrame) and their stops (`stop_ids`), set aside while
+    the GIL blocks stream: read back in start order by the core's pushes (`in_start_order`), and
+    whole once the stream is done (`back`). In memory: the caller's table, kept."""
+
+    batch_rows = 16_384  # (pauses a batch of in_start_order holds)
+
+    def __init__(self, pauses: pd.DataFrame, stop: np.ndarray):
+        self.pauses, self.stop = pauses, stop
+
+    def in_start_order(self, columns: list[str]):
+        pauses = self.pauses
+        starts = pauses["start_ns"].to_numpy(np.int64)
+        order = np.argsort(starts, kind="stable")  # (equal starts keep the table's order)
+        at = [pauses.columns.get_loc(c) for c in columns]
+        for k in range(0, len(order), self.batch_rows):
+            yield pauses.iloc[order[k:k + self.batch_rows], at]
+
+    def back(self, columns: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
+        """The table's COLUMNS, in table order, and the stops."""
+        return self.pauses[columns], self.stop
+
+
+class PausesOnDisk(PausesAside):
+    """PausesAside in a file of the run's staging directory (Arrow IPC, in start order): a long
+    session's pauses are tens of MiB the stream does without. Text comes back with the same
+    categories (pandas' own dtype, as given), the rows in table order."""
+
+    def __init__(self, pauses: pd.DataFrame, stop: np.ndarray, path: Path):
+        self.path, self.dtypes = path, pauses.dtypes
+        starts = pauses["start_ns"].to_numpy(np.int64)
+        order = np.argsort(starts, kind="stable")
+        table = pa.Table.from_pandas(pauses, preserve_index=False).append_column("_stop", pa.array(stop, pa.int64()))
+        self.in_order = bool((order == np.arange(order.size)).all())
+        if not self.in_order:
+            table = table.append_column("_row", pa.array(np.arange(order.size))).take(pa.array(order))
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=self.batch_rows):
+                writer.write_batch(batch)
+
+    def _frame(self, table: pa.Table, columns) -> pd.DataFrame:
+        # (each column's Arrow memory freed as it is converted: the table is the caller's no more)
+        frame = table.select(columns).to_pandas(split_blocks=True, self_destruct=True)
+        for name in columns:  # (to_pandas makes categories of its own text type: the given dtype's back)
+            dtype = self.dtypes[name]
+            if isinstance(dtype, pd.CategoricalDtype):
+                codes = frame[name].cat.codes.to_numpy()
+                same = list(frame[name].cat.categories) == list(dtype.categories)
+                frame[name] = pd.Categorical.from_codes(codes, dtype=dtype) if same else frame[name].astype(dtype)
+        return frame
+
+    def in_start_order(self, columns: list[str]):
+        with pa.OSFile(str(self.path)) as source:  # (read, not mapped: a page once read would stay resident)
+            reader = pa.ipc.open_file(source)
+            for k in range(reader.num_record_batches):
+                yield self._frame(pa.Table.from_batches([reader.get_batch(k)]), columns)
+
+    def back(self, columns: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
+        with pa.OSFile(str(self.path)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        if not self.in_order:
+            row = table.column("_row").to_numpy()
+            table = table.take(pa.array(np.argsort(row)))
+        stop = table.column("_stop").to_numpy()
+        pauses = self._frame(table, columns)
+        del table
+        self.path.unlink()
+        return pauses, stop
 
 
 @dataclass
@@ -389,7 +475,10 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         # (numbering makes the carried text dictionaries: only for a sink that takes text so)
         blocks = carried_numbered(gil.pushes()) if sink.text_as_dictionary else gil.pushes()
         blocks = causes_fed(blocks, causes)  # (in the reading thread: the core's thread is the busier)
-        coming = PausesInTime(pauses, core_columns(pauses))  # (the core keeps what it reads, not every column)
+        # (the core keeps what it reads, not every column; the pauses wait outside memory, as the sink keeps them)
+        aside, kept_columns = sink.set_aside(pauses, stop), list(pauses.columns)
+        coming = PausesInTime(aside.in_start_order(core_columns(pauses)))
+        del pauses, stop
         for block in read_ahead(blocks, budget=READ_AHEAD_BYTES, size=block_bytes):
             rows = block.rows
             emit(core.push(pauses=coming.before(block.watermark_ns), gil=rows, watermark_ns=block.watermark_ns))
@@ -401,6 +490,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
             emit(core.push(pauses=coming.before(END), watermark_ns=END))
         emit(core.finish())
         sink.drain()
+        pauses, stop = aside.back([c for c in END_PAUSE_COLUMNS if c in kept_columns])
         pauses.attrs = pause_facts
         summary, stops = core.summary(), core.stops()
         cause_columns, pause_rows, caused = causes.table(gil.thread_names), PauseRows(pauses), []
@@ -411,7 +501,6 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
             caused.append(impact[impact["caused_by_python"].fillna(False).to_numpy(bool)])
             return impact
 
-        # (in the order the pauses were pushed: by start, PausesInTime)
         sink.pause_impact(caused_rows_kept)
         facts = analysis_facts(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns,
                                core.duplicate_gil_rows + gil.duplicate_rows,
