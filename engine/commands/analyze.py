@@ -114,8 +114,11 @@ def _received_spans(session: Path | None) -> Path | None:
     return path if path is not None and path.is_file() and path.stat().st_size > 0 else None
 
 
-# Free bytes glibc's heap may hold before they are given back (below).
-FREE_HEAP_LIMIT = 256 << 20
+# Free bytes glibc's heap may hold before they are given back (below). A short session's blocks
+# leave 180-260 MiB free; a long one's stays there while its holes move up the heap, so its RSS
+# creeps. Under this, a long session trims after most blocks: a fifth more time for a peak near a
+# short session's (docs/join.md, "Allocators").
+FREE_HEAP_LIMIT = 192 << 20
 
 
 def _tune_allocators():
@@ -125,8 +128,7 @@ def _tune_allocators():
     kernel then zeroes 2 MiB at each first touch: more than half the process's system time); and
     Arrow allocate from jemalloc, where the wheel has it (a lower peak than its default mimalloc on
     long sessions, as fast). Returns what to call after each block: the heap's free pages given
-    back once they pass FREE_HEAP_LIMIT (freed arrays kept between long-lived ones pile up over a
-    long session; a block's worth is well under it)."""
+    back once they pass FREE_HEAP_LIMIT."""
     import ctypes
     import ctypes.util
 
