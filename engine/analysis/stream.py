@@ -501,6 +501,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
             caused.append(impact[impact["caused_by_python"].fillna(False).to_numpy(bool)])
             return impact
 
+        # (in the order the pauses were pushed: by start, PausesInTime)
         sink.pause_impact(caused_rows_kept)
         facts = analysis_facts(core, pauses, gil.attrs, pause_clock, gil_clock, alignment, offset_ns,
                                core.duplicate_gil_rows + gil.duplicate_rows,
