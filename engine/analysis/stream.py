@@ -361,6 +361,11 @@ class PausesInTime:
         return self.held is not None
 
 
+def start_order(pauses: pd.DataFrame) -> np.ndarray:
+    """The rows of PAUSES by start (equal starts keep the table's order)."""
+    return np.argsort(pauses["start_ns"].to_numpy(np.int64), kind="stable")
+
+
 class PausesAside:
     """The pauses the analysis reads (a DataFrame) and their stops (`stop_ids`), set aside while
     the GIL blocks stream: read back in start order by the core's pushes (`in_start_order`), and
@@ -373,8 +378,7 @@ class PausesAside:
 
     def in_start_order(self, columns: list[str]):
         pauses = self.pauses
-        starts = pauses["start_ns"].to_numpy(np.int64)
-        order = np.argsort(starts, kind="stable")  # (equal starts keep the table's order)
+        order = start_order(pauses)
         at = [pauses.columns.get_loc(c) for c in columns]
         for k in range(0, len(order), self.batch_rows):
             yield pauses.iloc[order[k:k + self.batch_rows], at]
@@ -391,8 +395,7 @@ class PausesOnDisk(PausesAside):
 
     def __init__(self, pauses: pd.DataFrame, stop: np.ndarray, path: Path):
         self.path, self.dtypes = path, pauses.dtypes
-        starts = pauses["start_ns"].to_numpy(np.int64)
-        order = np.argsort(starts, kind="stable")
+        order = start_order(pauses)
         table = pa.Table.from_pandas(pauses, preserve_index=False).append_column("_stop", pa.array(stop, pa.int64()))
         self.in_order = bool((order == np.arange(order.size)).all())
         if not self.in_order:
@@ -476,7 +479,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         blocks = carried_numbered(gil.pushes()) if sink.text_as_dictionary else gil.pushes()
         blocks = causes_fed(blocks, causes)  # (in the reading thread: the core's thread is the busier)
         # (the core keeps what it reads, not every column; the pauses wait outside memory, as the sink keeps them)
-        aside, kept_columns = sink.set_aside(pauses, stop), list(pauses.columns)
+        aside, end_columns = sink.set_aside(pauses, stop), [c for c in END_PAUSE_COLUMNS if c in pauses.columns]
         coming = PausesInTime(aside.in_start_order(core_columns(pauses)))
         del pauses, stop
         for block in read_ahead(blocks, budget=READ_AHEAD_BYTES, size=block_bytes):
@@ -490,7 +493,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
             emit(core.push(pauses=coming.before(END), watermark_ns=END))
         emit(core.finish())
         sink.drain()
-        pauses, stop = aside.back([c for c in END_PAUSE_COLUMNS if c in kept_columns])
+        pauses, stop = aside.back(end_columns)
         pauses.attrs = pause_facts
         summary, stops = core.summary(), core.stops()
         cause_columns, pause_rows, caused = causes.table(gil.thread_names), PauseRows(pauses), []
