@@ -28,7 +28,9 @@ TANDEM_BENCH_SESSION_8H=1) 8 hours, written as `--pauses P --gil G` Parquet inpu
 computes only the overlaps of the hour. TANDEM_BENCH_SESSION_MINUTES shrinks the hour here too;
 TANDEM_BENCH_DEMO_SESSION=DIR takes an existing recording of the demo instead of making one.
 The 8 hours and their 10 minutes run once more with no requester named for a System.gc() stop
-(as JDK 17 records JPype's GC link; a recording may name them or not): the requesters inferred.
+(as JDK 17 records JPype's GC link; a recording may name them or not): the requesters inferred;
+and again so with SLEEPING_THREADS idle Python threads added to the JPype process (`sleeping_rows`),
+each alive through every pause whose requester is inferred.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ WORKERS = 2400
 WORKERS_ALIVE = 60
 WORKER_THREADS = 4
 DEMO_SECONDS = 30
+SLEEPING_THREADS = 48     # idle Python threads added to the demo's JPype process (8 h only)
 THREADS = 16
 INTERVALS_PER_S = 14_000  # all processes together: 50.4 M intervals an hour
 PAUSES_PER_HOUR = 20_000
@@ -201,9 +204,10 @@ def record_demo(session: Path, seconds: float = DEMO_SECONDS) -> Path:
     return session
 
 
-def repeat_recording(session: Path, directory: Path, minutes: float) -> tuple[Path, Path, dict]:
+def repeat_recording(session: Path, directory: Path, minutes: float, sleeping_threads: int = 0) -> tuple[Path, Path, dict]:
     """P and G (Parquet) of SESSION's pauses and GIL intervals repeated in time to MINUTES; the
-    GIL rows in start order. Returns (P, G, counts)."""
+    GIL rows in start order. SLEEPING_THREADS: that many more Python threads in the JVM's
+    process (`sleeping_rows`). Returns (P, G, counts)."""
     import pandas as pd
     import pyarrow as pa
 
@@ -215,11 +219,15 @@ def repeat_recording(session: Path, directory: Path, minutes: float) -> tuple[Pa
 
     pauses, _ = pauses_from(session=session)
     gil, _ = gil_from(session=session)
-    gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)
     first = min(int(pauses["start_ns"].min()), int(gil["start_ns"].min()))
     span = max(int(pauses["end_ns"].max()), int(gil["end_ns"].max())) - first + 1
+    if sleeping_threads:
+        gil = pd.concat([gil, sleeping_rows(gil, pauses, sleeping_threads, first, first + span)], ignore_index=True)
+    gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)
     copies = max(1, round(minutes * 60e9 / span))
-    pauses_out, gil_out = directory / f"P-real-{minutes:g}min.parquet", directory / f"G-real-{minutes:g}min.parquet"
+    more = f"-{sleeping_threads}-sleeping" if sleeping_threads else ""
+    pauses_out, gil_out = (directory / f"P-real-{minutes:g}min.parquet",
+                           directory / f"G-real-{minutes:g}min{more}.parquet")
     ids = {c: int(pauses[c].max()) + 1 for c in ("pause_id", "safepoint_id", "gc_id")
            if c in pauses.columns and pauses[c].notna().any()}
     parts = []
@@ -251,6 +259,24 @@ def repeat_recording(session: Path, directory: Path, minutes: float) -> tuple[Pa
     unnamed = int(inference_candidates(pauses, stop_ids(pauses)).sum())
     return pauses_out, gil_out, {"intervals": copies * len(gil), "pauses": len(repeated),
                                  "system_gc_unnamed": copies * unnamed, "copies": copies}
+
+
+def sleeping_rows(gil, pauses, threads: int, start: int, end: int):
+    """GIL rows of THREADS more Python threads in the JVM's process (the pauses' most common
+    jvm_pid: JPype's), each asleep from START to END in back-to-back 200 ms releases, the GIL
+    taken back for 20 us between them (a pool of idle workers): each alive through every pause."""
+    import pandas as pd
+
+    step, held = 200_000_000, 20_000
+    pid = int(pauses["jvm_pid"].mode().iloc[0])
+    tids = int(gil["tid"].max()) + 1 + np.arange(threads)
+    at = np.arange(start, end - step, step, dtype=np.int64)
+    tid, begin = np.repeat(tids, at.size), np.tile(at, threads) + np.repeat(np.arange(threads) * 1_000, at.size)
+    rows = pd.DataFrame({"pid": pid, "tid": tid, "thread_name": [f"sleeper-{t - tids[0]}" for t in tid.tolist()],
+                         "state": "released", "start_ns": begin, "end_ns": begin + step - held,
+                         "function": "sleep", "file": "worker.py", "line": 7})
+    return rows[[c for c in gil.columns if c in rows.columns]].astype(
+        {c: t for c, t in gil.dtypes.items() if c in rows.columns})
 
 
 def without_system_gc_requesters(pauses: Path, out: Path) -> tuple[Path, int]:
@@ -373,6 +399,23 @@ def real_shape(console, tmp: Path) -> list[Row]:
         rows.append(Row("session", f"peak RSS real shape 8 h vs {short_minutes:g} min, no System.gc() requester named "
                                    "(requesters inferred)", u_long_gib, u_short_gib, "GiB", "<= 1.2x",
                         u_long_gib <= 1.2 * u_short_gib))
+        # The same, in a JPype process with a pool of idle Python threads: each is alive through
+        # every inference candidate, so the causes ask each of them about each candidate.
+        sleeping = {m: repeat_recording(session, tmp, m, sleeping_threads=SLEEPING_THREADS)[1] for m in (short_minutes, 480)}
+
+        def with_sleepers(minutes):
+            command = tandem(minutes, unnamed[minutes][0])
+            command[command.index("--gil") + 1] = str(sleeping[minutes])
+            return command
+
+        s_short, s_long = ([run_measured(with_sleepers(m)) for _ in range(3)] for m in (short_minutes, 480))
+        (s_short_s, s_short_gib), (s_long_s, s_long_gib) = (fastest_and_median_peak(r) for r in (s_short, s_long))
+        console.print(f"the same with {SLEEPING_THREADS} idle threads more in the JPype process: 8 h {s_long_s:.1f} s, "
+                      f"peak RSS {s_long_gib:.2f} GiB; {short_minutes:g} min {s_short_s:.1f} s, {s_short_gib:.2f} GiB "
+                      f"({s_long_gib / s_short_gib:.2f}x)")
+        rows.append(Row("session", f"peak RSS real shape 8 h vs {short_minutes:g} min, requesters inferred, "
+                                   f"{SLEEPING_THREADS} idle Python threads more in the JPype process",
+                        s_long_gib, s_short_gib, "GiB", "<= 1.2x", s_long_gib <= 1.2 * s_short_gib))
     return rows
 
 

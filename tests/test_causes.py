@@ -519,11 +519,64 @@ def test_causes_fed_in_many_blocks_equal_one_block_and_the_plain_definitions(see
         if seed % 2:  # rows numbering their code, as a streamed Parquet table's: one row of each code is read
             rows = replace(rows, carried_key=carried_key(rows.carried))
         causes.push(rows, watermark, lambda mask, block=block: block[mask])
-    overlaps = analysis.overlaps
-    for part in np.array_split(np.arange(len(overlaps)), 5):
-        causes.overlaps(*(overlaps[c].to_numpy()[part] for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
     pd.testing.assert_frame_equal(causes.table().frame(), expected)
     assert expected["caused_by_python"].any() or seed % 4, "too few caused pauses to tell"
+
+
+def test_causes_keep_little_per_pause_however_many_threads_and_pauses():
+    """A long session's worth of System.gc() pauses with no requester named, in a JPype process
+    of many sleeping threads: Causes closes each pause's queries once the watermark is past its
+    site window, keeping the holder's record only (at most HOLDERS_KEPT where events were lost,
+    and then nothing is inferred); fed in many blocks it gives what one block gives."""
+    import numpy as np
+    import pandas as pd
+
+    from engine.analysis.causes import SITE_WINDOW_NS, Causes
+    from engine.correlate import END
+    from engine.correlate.inputs import gil_rows_from_frame
+    from engine.correlate.stops import stop_ids
+    from engine.correlate.tables import check_gil, check_pauses
+    from engine.ingest.gil_stream import thread_lifetimes
+
+    ms, t0, n = 1_000_000, 10**12, 300
+    start = t0 + np.arange(n, dtype=np.int64) * 1000 * ms + 50 * ms
+    end = start + 5 * ms
+    pauses = check_pauses(pd.DataFrame({
+        "pause_id": np.arange(n, dtype=np.int64), "kind": pd.array(["gc"] * n, dtype="string"),
+        "name": pd.array(["G1Full"] * n, dtype="string"), "start_ns": start, "end_ns": end,
+        "cause": pd.array(["System.gc()"] * n, dtype="string"), "jvm_pid": pd.array([7] * n, dtype="Int64")}))
+    rows = []
+    for tid in range(100, 120):  # sleeping: back-to-back releases, the GIL taken back for 10 us between them
+        at = np.arange(t0, t0 + n * 1000 * ms, 100 * ms)
+        rows += [(tid, a, a + 100 * ms - 10_000) for a in at.tolist()]
+    # the holder (71): released but around each pause; six threads (90-95) whose events were lost
+    # around the odd pauses: seven possible holders there, so nothing is inferred
+    gaps = {71: np.arange(n), **{tid: np.arange(1, n, 2) for tid in range(90, 96)}}
+    for tid, around in gaps.items():
+        edges = np.r_[t0, np.ravel(np.c_[start[around] - ms, end[around] + ms]), t0 + n * 1000 * ms]
+        rows += [(tid, a, b) for a, b in zip(edges[0::2].tolist(), edges[1::2].tolist())]
+    gil = pd.DataFrame(rows, columns=["tid", "start_ns", "end_ns"]).assign(pid=7, state="released")
+    gil = check_gil(gil.sort_values("start_ns", kind="stable", ignore_index=True))[0]
+    stop = stop_ids(pauses)
+
+    whole = Causes(pauses, stop, thread_lifetimes(gil), every_thread=True)
+    whole.push(gil_rows_from_frame(gil), END, lambda mask: gil[mask])
+    expected = whole.table().frame()
+    assert expected["cause_tid"].tolist() == [71 if i % 2 == 0 else pd.NA for i in range(n)]
+    assert expected["cause_inferred"].sum() == n // 2 and expected["cause_held_gil"].sum() == n // 2
+
+    causes = Causes(pauses, stop, thread_lifetimes(gil), every_thread=True)
+    cuts = np.searchsorted(gil["start_ns"].to_numpy(), t0 + np.arange(1, n) * 1000 * ms)
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(gil)]):
+        block = gil.iloc[lo:hi].reset_index(drop=True)
+        watermark = int(gil["start_ns"].iloc[hi]) if hi < len(gil) else END
+        causes.push(gil_rows_from_frame(block), watermark, lambda mask, block=block: block[mask])
+        # open: the queries of the pauses the rows have reached and the site window not passed
+        # (27 threads each); closed: the holders' records
+        assert causes.open["pause"].size <= 2 * 27
+        closed = sum(part["pause"].size for part in causes.closed)
+        assert closed <= 3 * np.count_nonzero(end + SITE_WINDOW_NS < watermark)  # (HOLDERS_KEPT)
+    pd.testing.assert_frame_equal(causes.table().frame(), expected)
 
 
 def test_stops_of_jpypes_reference_queue_thread_are_set_off_by_the_collection_before_them():
@@ -619,17 +672,17 @@ def test_live_causes_come_when_due_and_equal_offline(monkeypatch):
     no_open = lambda: (live_causes.GilRows.empty(), np.zeros(0, np.uint64))  # noqa: E731
     live = live_causes.LiveCauses(30_000_000_000, code_names, lambda pid, tid: True)
     impact = pauses[["pause_id", "kind", "name", "start_ns", "end_ns"]]
-    live.add(pauses, gil.iloc[:2], None, None, impact)  # both final; thread 2's next release not read yet
+    live.add(pauses, gil.iloc[:2], None, impact)  # both final; thread 2's next release not read yet
     first = live.due(end + 1, no_open)
     assert first["pause_id"].tolist() == [100]
     assert live.next_due_ns() == end + SITE_WINDOW_NS
     assert live.due(end + SITE_WINDOW_NS - 1, no_open) is None
-    live.add(None, gil.iloc[2:], None, None, None)
+    live.add(None, gil.iloc[2:], None, None)
     second = live.due(end + SITE_WINDOW_NS, no_open)
     assert second["pause_id"].tolist() == [101]
     # The same, thread 2's next release still open when the row is due: its DROP's code names the site.
     again = live_causes.LiveCauses(30_000_000_000, code_names, lambda pid, tid: True)
-    again.add(pauses, gil.iloc[:2], None, None, impact)
+    again.add(pauses, gil.iloc[:2], None, impact)
     assert again.due(end + 1, no_open)["pause_id"].tolist() == [100]
     release = live_causes.GilRows(np.array([7]), np.array([2]), np.array([0], np.int8), np.array([end + 30_000_000]),
                                   np.array([end + 30_000_000]))
@@ -661,7 +714,7 @@ def test_live_causes_keep_the_gil_rows_of_their_window_and_each_threads_last(mon
         gil = gil_frame([(7, tid, "released", t + tid, t + step // 2) for tid in threads]).assign(
             code=np.zeros(len(threads), np.uint64), thread_name=pd.array([f"t{tid}" for tid in threads], dtype="string"))
         pause = pauses_frame([(t + 10, t + 20)], kinds=["safepoint"]).assign(pause_id=np.int64(i), jvm_pid=pd.array([9], dtype="Int64"))
-        live.add(pause, gil, None, None, pause[["pause_id", "kind", "name", "start_ns", "end_ns"]])
+        live.add(pause, gil, None, pause[["pause_id", "kind", "name", "start_ns", "end_ns"]])
         due = live.due(t + step, no_open)
         assert due is not None and due["pause_id"].tolist() == [i]
     kept = {name: np.concatenate([chunk[name] for chunk in live.gil]) for name in ("tid", "end_ns")}

@@ -214,25 +214,24 @@ def _dense_in_order(tid, start, threads, lookup):
 
 
 @njit(cache=True, nogil=True)
-def _cause_rows(order, dense, pid, state, start, end, q_hi, q_s, done, in_start, in_row, after_start, after_row,
-                later_start, first_start, first_row, last_start, last_end, c_pids, c_start, c_pid, c_end, c_veto,
-                window, watermark):
+def _cause_rows(order, dense, pid, state, start, end, q_lo, q_hi, q_s, in_start, in_row, after_start, after_row,
+                later_start, later_overlap_start, first_start, first_row, last_start, last_end, c_pids, c_start, c_pid,
+                c_end, c_veto, window):
     """One block of GIL rows (ORDER: each thread's rows in start order, ties in input order)
-    against the queries of their thread (q_*: sorted by thread, then pause start s): per query
+    against the queries of their thread (q_lo[d]:q_hi[d], sorted by pause start s): per query
     the first row holding s (in_*), the first row starting at or after s (after_*), the first
-    start after s (later_start); per thread its first and last row; per inference candidate
-    (c_*: sorted by its stop's start) a released row of its process from WINDOW before that
-    start to the pause's end (c_veto). Rows found in this block are given by block row (*_row);
-    queries whose answers no later row can change (they start at or after WATERMARK) are done."""
+    start after s (later_start) and that of a row of some length (later_overlap_start); per
+    thread its first and last row; per inference candidate (c_*: sorted by its stop's start) a
+    released row of its process from WINDOW before that start to the pause's end (c_veto). Rows
+    found in this block are given by block row (*_row)."""
     def candidate_pid(value) -> bool:  # (a closure: an array passed per row costs two atomic operations)
         for v in c_pids:
             if v == value:
                 return True
         return False
 
-    threads = q_hi.size
-    walk_later, walk_after = done.copy(), done.copy()
-    walk_call = np.full(threads, -1, np.int64)
+    walk_later, walk_after, walk_overlap = q_lo.copy(), q_lo.copy(), q_lo.copy()
+    walk_call = np.full(q_lo.size, -1, np.int64)
     n_calls = c_start.size
     for k in range(order.size):
         r = order[k]
@@ -257,6 +256,13 @@ def _cause_rows(order, dense, pid, state, start, end, q_hi, q_s, done, in_start,
         if a >= last_start[d]:
             last_start[d], last_end[d] = a, b
         hi = q_hi[d]
+        if b > a:
+            q = walk_overlap[d]
+            while q < hi and q_s[q] < a:
+                if a < later_overlap_start[q]:
+                    later_overlap_start[q] = a
+                q += 1
+            walk_overlap[d] = q
         q = walk_later[d]
         while q < hi and q_s[q] < a:
             if a < later_start[q]:
@@ -273,30 +279,43 @@ def _cause_rows(order, dense, pid, state, start, end, q_hi, q_s, done, in_start,
                 after_start[q], after_row[q] = a, r
             q += 1
         walk_after[d] = q
-    for d in range(threads):
-        q = done[d]
-        while q < q_hi[d] and q_s[q] < watermark and after_start[q] <= watermark and later_start[q] <= watermark:
-            q += 1
-        done[d] = q
+
+
+# A query (Causes): a pause, a thread (its index d), the pause's span, whether the query is one
+# of an inference candidate's threads, and what the rows answered so far (see _cause_rows; the
+# state and code found, as numbers of Causes._states / Causes._sites, 0: none found).
+QUERY = (("pause", np.int64, 0), ("d", np.int64, 0), ("s", np.int64, 0), ("e", np.int64, 0), ("pair", np.bool_, False),
+         ("in_start", np.int64, END), ("after_start", np.int64, END), ("later_start", np.int64, END),
+         ("later_overlap_start", np.int64, END), ("in_row", np.int32, -1), ("after_row", np.int32, -1),
+         ("in_state", np.int32, 0), ("in_site", np.int32, 0), ("after_site", np.int32, 0))
+
+
+# (one query is closed per thread of each candidate: see Causes._close)
+HOLDERS_KEPT = len(PROBE_THREAD_NAMES) + 2
 
 
 class Causes:
     """CAUSE_COLUMNS for every pause of PAUSES, as a stage of the stream: fed the GIL rows block
     by block as they stream past (`push`: GilRows, the watermark after them, and a way to read
-    some of them as a gil-table DataFrame) and the core's overlaps rows (`overlaps`); `table()`
-    once everything is fed. The in-memory analysis feeds the whole gil table as one block.
+    some of them as a gil-table DataFrame); `table()` once everything is fed. The in-memory
+    analysis feeds the whole gil table as one block.
 
-    No GIL row is kept. The state is per query, one per (pause, thread) that may have asked for
-    the pause: the thread JFR names, else, for an inference candidate, every thread of its JVM's
-    process alive through it (`lifetimes`: pid, tid, start_ns, end_ns, known up front). Per
-    query, sorted by thread and pause start: the first interval holding the pause's start, the
-    first starting at or after it (the code of a holding thread), the first start after it
-    (with the former: did the thread overlap the pause); per thread its first interval (its pid
-    and name) and its last (is the tid this thread's at the time); per candidate whether a
-    thread of its process went into a Java call just before its stop (CALL_WINDOW_NS) and the
-    threads that overlapped it. A numba pass per block walks each thread's rows in start order
-    against that thread's pending queries; queries the watermark has passed are not walked
-    again, so a block costs its rows plus the pauses still open."""
+    No GIL row is kept, and what is kept per pause stays small whatever the length of the
+    session. A query asks, of one thread, about one pause that it may have asked for: the thread
+    JFR names, else, for an inference candidate, every thread of its JVM's process alive through
+    it (`lifetimes`: pid, tid, start_ns, end_ns, known up front). A query is made once the rows
+    reach its pause (once a row of a thread asked about ends at or after its start: no earlier
+    row can answer it), and answered by a numba pass per block walking each thread's rows in
+    start order against that thread's open queries: the first interval holding the pause's
+    start, the first starting at or after it (the code of a holding thread), the first start
+    after it (with the former: did the thread overlap the pause). Once the watermark is
+    SITE_WINDOW_NS past the pause's end, no later row can change the answer: the query is
+    closed into a record of the answer, kept for a named requester and, of a candidate's
+    threads, for those no interval overlapped (the possible holders: one a pause, more only
+    where events were lost; at most HOLDERS_KEPT). Per thread: its first interval (its pid and
+    name) and its last (is the tid this thread's at the time); per candidate whether a thread of
+    its process went into a Java call just before its stop (CALL_WINDOW_NS). A block costs its
+    rows plus the queries open."""
 
     def __init__(self, pauses: pd.DataFrame, stop: np.ndarray, lifetimes: pd.DataFrame, *, every_thread: bool = False):
         """EVERY_THREAD: LIFETIMES holds every thread the GIL rows will have (an offline drive's
@@ -306,7 +325,7 @@ class Causes:
         self.n = n
         self.system_gc = _system_gc_pauses(pauses)
         # (what `table` reads of the pauses: the requesters' columns are read here only)
-        self.pauses = pauses[[c for c in ("end_ns", "system_gc_frames") if c in pauses.columns]]
+        self.frames = pauses["system_gc_frames"] if "system_gc_frames" in pauses.columns else None
         requester = requester_tids(pauses)
         starts, ends = pauses["start_ns"].to_numpy(np.int64), pauses["end_ns"].to_numpy(np.int64)
         asked = requester.notna().to_numpy(bool)
@@ -315,49 +334,31 @@ class Causes:
         named = np.flatnonzero(asked)
         candidates = (np.flatnonzero(inference_candidates(pauses, stop, requester=requester, system_gc=self.system_gc))
                       if len(lifetimes) else np.zeros(0, np.int64))
-        pair_pause, pair_tid = _alive_threads(pauses, candidates, lifetimes)
-        q_pause = np.r_[named, pair_pause].astype(np.int64)
-        q_tid = np.r_[requester.to_numpy(np.int64, na_value=0)[named], pair_tid].astype(np.int64)
+        # the queries to make, by pause start: the named requesters', and the candidates' (their threads found then)
+        named = named[np.argsort(starts[named], kind="stable")]
+        self.named = named, requester.to_numpy(np.int64, na_value=0)[named], starts[named], ends[named]
         del requester
-        order = np.lexsort((starts[q_pause], q_tid))
-        self.q_tid, self.q_s = q_tid[order], starts[q_pause[order]]
-        self.threads = np.unique(self.q_tid)
+        jvm = pauses["jvm_pid"].to_numpy(np.int64, na_value=-1) if candidates.size else np.zeros(n, np.int64)
+        by_start = candidates[np.argsort(starts[candidates], kind="stable")]
+        self.candidates = by_start, jvm[by_start], starts[by_start], ends[by_start]
+        self.made_named = self.made_candidates = 0
+        self.horizon = -END  # (the queries of every pause starting up to it are made)
+        mine = lifetimes["pid"].isin(np.unique(jvm[candidates])).to_numpy(bool)
+        self.lifetimes = tuple(lifetimes[c].to_numpy(np.int64)[mine] for c in ("pid", "tid", "start_ns", "end_ns"))
+        self.threads = np.unique(np.r_[self.named[1], self.lifetimes[1]])
         self.lookup = np.zeros(0, np.int64)  # thread index by tid, as an array when tids are small (Linux: up to 2^22)
         if self.threads.size and 0 <= self.threads[0] and self.threads[-1] < 1 << 23:
             self.lookup = np.full(int(self.threads[-1]) + 2, -1, np.int64)  # (the last entry: any larger tid)
             self.lookup[self.threads] = np.arange(self.threads.size)
-        self.q_hi = np.searchsorted(self.q_tid, self.threads, "right").astype(np.int64)
-        self.done = np.searchsorted(self.q_tid, self.threads, "left").astype(np.int64)
-        query_of = np.empty(order.size, np.int64)
-        query_of[order] = np.arange(order.size)
-        self.named_query = np.full(n, -1, np.int32)
-        self.named_query[named] = query_of[:named.size]
-        # (pause, thread) -> query, for the candidates: their threads' overlaps and the one holder
-        pair_query = query_of[named.size:]
-        pair_key = (pair_pause.astype(np.int64) << 32) | pair_tid.astype(np.int64)
-        by_key = np.argsort(pair_key, kind="stable")
-        self.pair_key, self.pair_query = pair_key[by_key], pair_query[by_key]
-        self.pair_pause = pair_pause[by_key]
-        self.busy = np.zeros(order.size, bool)
-        # the candidates' pause ids, sorted, and their rows: what an overlaps row is looked up in
-        candidate_ids = pauses["pause_id"].to_numpy(np.int64)[candidates]
-        by_id = np.argsort(candidate_ids, kind="stable")
-        self.candidate_ids, self.candidate_rows = candidate_ids[by_id], candidates[by_id]
         # the candidates by the start of their stop, for the Java-call window
         stop_start = pd.Series(starts).groupby(stop).transform("min").to_numpy(np.int64) if n else starts
-        by_start = candidates[np.argsort(stop_start[candidates], kind="stable")]
-        self.c_pause, self.c_start = by_start, stop_start[by_start]
-        self.c_pid = pauses["jvm_pid"].to_numpy(np.int64, na_value=-1)[by_start] if by_start.size else np.zeros(0, np.int64)
-        self.c_end = ends[by_start]
+        by_stop = candidates[np.argsort(stop_start[candidates], kind="stable")]
+        self.c_pause, self.c_start = by_stop, stop_start[by_stop]
+        self.c_pid, self.c_end = jvm[by_stop], ends[by_stop]
         self.c_pids = np.unique(self.c_pid)
-        self.c_veto = np.zeros(by_start.size, bool)
-        # per query: the first interval holding s, the first starting at or after s, the first start after s
-        q = order.size
-        self.in_start, self.after_start, self.later_start = (np.full(q, END, np.int64) for _ in range(3))
-        self.in_row, self.after_row = np.full(q, -1, np.int32), np.full(q, -1, np.int32)  # (rows of one block)
-        # the state and code (function, file, line) found, as numbers of self._states / self._sites
-        # (a few hundred distinct among hundreds of thousands of queries; 0: none found)
-        self.in_state, self.in_site, self.after_site = (np.zeros(q, np.int32) for _ in range(3))
+        self.c_veto = np.zeros(by_stop.size, bool)
+        self.open = {name: np.zeros(0, kind) for name, kind, _ in QUERY}  # (sorted by thread, then pause start)
+        self.closed: list[dict] = []
         t = self.threads.size
         self.first_start, self.first_row = np.full(t, END, np.int64), np.full(t, -1, np.int64)
         self.last_start, self.last_end = np.full(t, -END, np.int64), np.full(t, -END, np.int64)
@@ -371,21 +372,30 @@ class Causes:
         FRAME_OF(mask): the rows of a boolean mask as a gil-table DataFrame (thread_name,
         state and the code columns, when the input has them)."""
         self.rows_seen += len(rows)
-        if not len(rows) or not (self.threads.size or self.c_start.size):
-            return
+        if len(rows) and (self.threads.size or self.c_start.size):
+            self._walk(rows, frame_of)
+        self._close(watermark_ns)
+
+    def _walk(self, rows, frame_of) -> None:
         dense, in_order = _dense_in_order(rows.tid, rows.start_ns, self.threads, self.lookup)
+        asked = dense >= 0
+        if asked.any():
+            self._make_queries(int(rows.end_ns[asked].max()))
         order = np.arange(len(rows)) if in_order else np.lexsort((rows.start_ns, dense))
-        _cause_rows(order, dense, rows.pid, rows.state, rows.start_ns, rows.end_ns, self.q_hi, self.q_s, self.done,
-                    self.in_start, self.in_row, self.after_start, self.after_row, self.later_start,
+        q = self.open
+        each = np.arange(self.threads.size)
+        _cause_rows(order, dense, rows.pid, rows.state, rows.start_ns, rows.end_ns,
+                    np.searchsorted(q["d"], each, "left"), np.searchsorted(q["d"], each, "right"), q["s"],
+                    q["in_start"], q["in_row"], q["after_start"], q["after_row"], q["later_start"], q["later_overlap_start"],
                     self.first_start, self.first_row, self.last_start, self.last_end,
-                    self.c_pids, self.c_start, self.c_pid, self.c_end, self.c_veto, CALL_WINDOW_NS, int(watermark_ns))
-        found_in, found_after = np.flatnonzero(self.in_row >= 0), np.flatnonzero(self.after_row >= 0)
+                    self.c_pids, self.c_start, self.c_pid, self.c_end, self.c_veto, CALL_WINDOW_NS)
+        found_in, found_after = np.flatnonzero(q["in_row"] >= 0), np.flatnonzero(q["after_row"] >= 0)
         found_first = np.flatnonzero(self.first_row >= 0)
         if not (found_in.size or found_after.size or found_first.size):
             return
         # The rows found: their code, their state, and a thread's first row's pid and name. Rows
         # that number their code (carried_key) have one row of each code read, not each row.
-        taken = np.unique(np.concatenate([self.in_row[found_in], self.after_row[found_after]]))
+        taken = np.unique(np.concatenate([q["in_row"][found_in], q["after_row"][found_after]]))
         first_rows = self.first_row[found_first]
         if rows.carried_key is not None and taken.size:
             _, one, code_of = np.unique(rows.carried_key[taken], return_index=True, return_inverse=True)
@@ -400,26 +410,68 @@ class Causes:
                                else np.full(len(frame), None, object))
         read_sites = _numbered(self._sites, zip(*(column(c).tolist() for c in ("function", "file", "line"))))
         sites = read_sites[np.searchsorted(read_rows, read_site)][code_of]  # (per row of TAKEN)
-        in_rows = self.in_row[found_in]
-        self.in_state[found_in] = _numbered(self._states, STATE_NAMES[rows.state[in_rows]].tolist())
-        self.in_site[found_in] = sites[np.searchsorted(taken, in_rows)]
-        self.after_site[found_after] = sites[np.searchsorted(taken, self.after_row[found_after])]
+        in_rows = q["in_row"][found_in]
+        q["in_state"][found_in] = _numbered(self._states, STATE_NAMES[rows.state[in_rows]].tolist())
+        q["in_site"][found_in] = sites[np.searchsorted(taken, in_rows)]
+        q["after_site"][found_after] = sites[np.searchsorted(taken, q["after_row"][found_after])]
         self.first_pid[found_first] = rows.pid[first_rows]
         self.first_name[found_first] = column("thread_name")[np.searchsorted(read_rows, first_rows)]
-        self.in_row[found_in] = self.after_row[found_after] = self.first_row[found_first] = -1
+        q["in_row"][found_in] = q["after_row"][found_after] = self.first_row[found_first] = -1
 
-    def overlaps(self, pause_id: np.ndarray, tid: np.ndarray, overlap_ns: np.ndarray, near_miss: np.ndarray) -> None:
-        """Overlaps rows as the core makes them: the threads that overlapped each candidate."""
-        if not self.pair_key.size or not pause_id.size:
+    def _make_queries(self, horizon: int) -> None:
+        """The queries of the pauses starting up to HORIZON (the latest end of a row of a thread
+        asked about: a later pause's start is past every row so far)."""
+        if horizon <= self.horizon:
             return
-        exact = ~near_miss & (overlap_ns > 0)
-        pause_id, tid = pause_id[exact], tid[exact]
-        at = np.searchsorted(self.candidate_ids, pause_id).clip(0, max(self.candidate_ids.size - 1, 0))
-        known = self.candidate_ids[at] == pause_id if self.candidate_ids.size else np.zeros(pause_id.size, bool)
-        key = (self.candidate_rows[at[known]].astype(np.int64) << 32) | tid[known]
-        at = np.searchsorted(self.pair_key, key).clip(0, self.pair_key.size - 1)
-        hit = self.pair_key[at] == key
-        self.busy[self.pair_query[at[hit]]] = True
+        self.horizon = horizon
+        pause, tid, s, e = self.named
+        a, self.made_named = self.made_named, int(np.searchsorted(s, horizon, "right"))
+        named = (pause[a:self.made_named], tid[a:self.made_named], s[a:self.made_named], e[a:self.made_named])
+        pause, jvm, s, e = self.candidates
+        a, self.made_candidates = self.made_candidates, int(np.searchsorted(s, horizon, "right"))
+        at, pair_tid = _alive_threads(jvm[a:self.made_candidates], s[a:self.made_candidates], e[a:self.made_candidates],
+                                      *self.lifetimes)
+        at += a
+        made = {"pause": np.r_[named[0], pause[at]], "s": np.r_[named[2], s[at]], "e": np.r_[named[3], e[at]],
+                "d": np.searchsorted(self.threads, np.r_[named[1], pair_tid]),
+                "pair": np.r_[np.zeros(named[0].size, bool), np.ones(at.size, bool)]}
+        if not made["pause"].size:
+            return
+        both = {name: np.r_[self.open[name], made[name] if name in made else np.full(made["pause"].size, fill, kind)]
+                for name, kind, fill in QUERY}
+        order = np.lexsort((both["s"], both["d"]))
+        self.open = {name: values[order] for name, values in both.items()}
+
+    def _close(self, watermark_ns: int, every: bool = False) -> None:
+        """Close the queries no row to come can change (their pause ended SITE_WINDOW_NS before
+        WATERMARK_NS; EVERY: all), keeping the record of each that can name a requester."""
+        q = self.open
+        done = np.ones(q["e"].size, bool) if every else q["e"] + SITE_WINDOW_NS < watermark_ns
+        if not (every or done.any()):
+            return
+        r = {name: values[done] for name, values in q.items()}
+        self.open = {name: values[~done] for name, values in q.items()}
+        s, e, inside = r["s"], r["e"], r["in_start"] != END
+        # held: no interval of the thread from the pause's start to its end (a zero-length pause
+        # inside a release counts as not held); the inference asks that no interval overlapped
+        # the pause by a nanosecond or more, as the core's overlaps rows do
+        held = ~((inside & ((s < e) | (r["in_start"] < s))) | (r["later_start"] < e))
+        overlapped = (inside & (s < e)) | (r["later_overlap_start"] < e)
+        # a holding thread's site: that of its next release when it came within SITE_WINDOW_NS of
+        # the pause's end (else unknown: code from long after is not where it was)
+        near = inside | (r["after_start"] - e <= SITE_WINDOW_NS)
+        site = np.where(inside, r["in_site"], np.where(near, r["after_site"], 0))
+        # (a named thread with no row before the pause is not that tid's thread then)
+        keep = np.where(r["pair"], ~overlapped, self.first_start[r["d"]] <= s)
+        # A candidate's possible holders: a thread with no interval at the pause held the GIL or
+        # lost its events, so a lossy session can have many. Past HOLDERS_KEPT, two at least are
+        # not tandem's own (names are known only at the end): nothing is inferred whichever are kept.
+        holders = np.flatnonzero(keep & r["pair"])
+        holders = holders[np.argsort(r["pause"][holders], kind="stable")]
+        _, first, count = np.unique(r["pause"][holders], return_index=True, return_counts=True)
+        keep[holders[np.arange(holders.size) - np.repeat(first, count) >= HOLDERS_KEPT]] = False
+        self.closed.append({"pause": r["pause"][keep], "d": r["d"][keep], "s": s[keep], "pair": r["pair"][keep],
+                            "inside": inside[keep], "state": r["in_state"][keep], "site": site[keep], "held": held[keep]})
 
     def _name_threads(self, thread_names) -> None:
         """The threads seen whose rows gave no name named by THREAD_NAMES (see `table`): the summary
@@ -431,20 +483,23 @@ class Causes:
             for d, key in zip(unnamed.tolist(), keys.tolist()):
                 self.first_name[d] = names.get(key)
 
-    def inferred(self) -> np.ndarray:
-        """Per pause, the query of its inferred requester (-1: none): the one thread of a
-        candidate's process alive through it that no interval of overlapped, unless a thread of
-        that process went into a Java call just before the stop and was in it to the end."""
-        holding = ~self.busy[self.pair_query]
+    def _requesters(self, closed: dict) -> np.ndarray:
+        """Per pause, the record in CLOSED of its requester (-1: none): the named one, else the
+        inferred one: the one thread of a candidate's process alive through it that no interval
+        overlapped, unless a thread of that process went into a Java call just before the stop
+        and was in it to the end."""
+        record = np.arange(closed["pause"].size)
+        out = np.full(self.n, -1, np.int64)
+        out[closed["pause"][~closed["pair"]]] = record[~closed["pair"]]
         # (tandem's own threads in the service ask for no collection: a pause they ran through is not theirs)
         own = np.array([isinstance(name, str) and name in PROBE_THREAD_NAMES for name in self.first_name.tolist()], bool)
-        holding &= ~own[np.searchsorted(self.threads, self.q_tid[self.pair_query])]
-        count = np.bincount(self.pair_pause[holding], minlength=self.n)
-        out = np.full(self.n, -1, np.int64)
-        one = holding & (count[self.pair_pause] == 1)
-        out[self.pair_pause[one]] = self.pair_query[one]
-        out[self.c_pause[self.c_veto]] = -1
-        return out
+        holding = closed["pair"] & ~own[closed["d"]]
+        count = np.bincount(closed["pause"][holding], minlength=self.n)
+        one = holding & (count[closed["pause"]] == 1)
+        inferred = np.full(self.n, -1, np.int64)
+        inferred[closed["pause"][one]] = record[one]
+        inferred[self.c_pause[self.c_veto]] = -1
+        return np.where(out >= 0, out, inferred)
 
     def table(self, thread_names=None) -> "PauseCauses":
         """CAUSE_COLUMNS of the pauses (by pauses table row) once every block was pushed.
@@ -452,41 +507,35 @@ class Causes:
         name (dict), from a source that reads names apart from the rows (ParquetGil)."""
         if thread_names is not None:
             self._name_threads(thread_names)
-        inferred = self.inferred()
-        query = np.where(self.named_query >= 0, self.named_query, inferred)
-        if self.n == 0 or not (query >= 0).any() or self.rows_seen == 0:
+        self._close(END, every=True)
+        closed = {name: np.concatenate([part[name] for part in self.closed]) for name in self.closed[0]}
+        record = self._requesters(closed) if self.n else np.zeros(0, np.int64)
+        if self.n == 0 or not (record >= 0).any() or self.rows_seen == 0:
             return PauseCauses.none(self.n)
-        pause = np.flatnonzero(query >= 0)
-        q = query[pause]
-        d = np.searchsorted(self.threads, self.q_tid[q])
-        s, e = self.q_s[q], self.pauses["end_ns"].to_numpy(np.int64)[pause]
+        pause = np.flatnonzero(record >= 0)
+        k = record[pause]
+        d, s = closed["d"][k], closed["s"][k]
         # the tid is this thread's at the time: not before its first interval, not after its last
         ok = (self.first_start[d] <= s) & (self.last_end[d] >= s)
-        pause, q, d, s, e = pause[ok], q[ok], d[ok], s[ok], e[ok]
+        pause, k, d = pause[ok], k[ok], d[ok]
         out = no_causes(pause.size)  # (one row per pause caused by Python, in table order)
         out["caused_by_python"][:] = True
-        inferred = self.named_query[pause] < 0  # (its query is the inferred requester's)
+        inferred = closed["pair"][k]
         out["cause_inferred"] = inferred
-        inside = self.in_start[q] != END
-        overlapping = (inside & ((s < e) | (self.in_start[q] < s))) | (self.later_start[q] < e)
         out["cause_pid"][:] = self.first_pid[d]
-        out["cause_tid"][:] = self.q_tid[q]
+        out["cause_tid"][:] = self.threads[d]
         out["cause_thread"][:] = pd.array(self.first_name[d], dtype="string")
         states = np.array(list(self._states), object)  # (dicts keep their order: number -> value)
-        out["cause_state"][:] = pd.array(np.where(inside, states[self.in_state[q]], "holding"), dtype="string")
-        # a holding thread's site: that of its next release when it came within SITE_WINDOW_NS of
-        # the pause's end (else unknown: code from long after is not where it was)
-        near = inside | (self.after_start[q] - e <= SITE_WINDOW_NS)
-        site = np.where(inside, self.in_site[q], np.where(near, self.after_site[q], 0))
+        out["cause_state"][:] = pd.array(np.where(closed["inside"][k], states[closed["state"][k]], "holding"), dtype="string")
         codes = np.empty((len(self._sites), 3), object)
         codes[:] = list(self._sites)
-        for k, name in enumerate(("function", "file", "line")):
-            out[f"cause_{name}"][:] = pd.array(codes[site, k], dtype="Int64" if name == "line" else "string")
-        held = ~overlapping
+        for j, name in enumerate(("function", "file", "line")):
+            out[f"cause_{name}"][:] = pd.array(codes[closed["site"][k], j], dtype="Int64" if name == "line" else "string")
+        held = closed["held"][k]
         out["cause_held_gil"][:] = held
         outside_jpype, frames_known = np.zeros(pause.size, bool), np.zeros(pause.size, bool)
-        if "system_gc_frames" in self.pauses.columns:
-            frames = self.pauses["system_gc_frames"].iloc[pause].astype("string")
+        if self.frames is not None:
+            frames = self.frames.iloc[pause].astype("string")
             out["cause_java_frames"][:] = frames.array
             outside_jpype, frames_known = _caller_outside_jpype(frames), frames.notna().to_numpy(bool)
         out["jpype_gc_link"] = held & self.system_gc[pause] & ~outside_jpype & (~inferred | frames_known)
@@ -566,22 +615,17 @@ def _numbered(known: dict, values) -> np.ndarray:
     return np.fromiter((known.setdefault(v, len(known)) for v in values), np.int32)
 
 
-def _alive_threads(pauses: pd.DataFrame, candidates: np.ndarray, lifetimes: pd.DataFrame):
-    """(pause, tid) of every thread of each candidate's JVM process alive through it."""
-    pair_pause, pair_tid = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    if candidates.size:
-        jvm = pauses["jvm_pid"].to_numpy(np.int64, na_value=-1)[candidates]
-        starts = pauses["start_ns"].to_numpy(np.int64)[candidates]
-        ends = pauses["end_ns"].to_numpy(np.int64)[candidates]
-        l_pid, l_tid = lifetimes["pid"].to_numpy(np.int64), lifetimes["tid"].to_numpy(np.int64)
-        l_start, l_end = lifetimes["start_ns"].to_numpy(np.int64), lifetimes["end_ns"].to_numpy(np.int64)
-        for pid in np.unique(jvm):  # (a few JVMs, each a few threads)
-            mine, threads = np.flatnonzero(jvm == pid), np.flatnonzero(l_pid == pid)
-            alive = (l_start[threads][None, :] <= starts[mine][:, None]) & (l_end[threads][None, :] >= ends[mine][:, None])
-            c, t = np.nonzero(alive)
-            pair_pause.append(candidates[mine[c]])
-            pair_tid.append(l_tid[threads[t]])
-    return np.concatenate(pair_pause), np.concatenate(pair_tid)
+def _alive_threads(jvm, starts, ends, l_pid, l_tid, l_start, l_end):
+    """(index, tid) of every thread (L_*: lifetimes) of each candidate's JVM process (JVM, its
+    pid) alive through it (STARTS, ENDS)."""
+    at, tids = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for pid in np.unique(jvm):  # (a few JVMs, each a few threads)
+        mine, threads = np.flatnonzero(jvm == pid), np.flatnonzero(l_pid == pid)
+        alive = (l_start[threads][None, :] <= starts[mine][:, None]) & (l_end[threads][None, :] >= ends[mine][:, None])
+        c, t = np.nonzero(alive)
+        at.append(mine[c])
+        tids.append(l_tid[threads[t]])
+    return np.concatenate(at), np.concatenate(tids)
 
 
 class CodeHits:

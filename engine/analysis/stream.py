@@ -14,7 +14,7 @@ written to OUT/pauses.parquet as the drive starts; the columns the analysis read
 (`PausesOnDisk`: a file of OUT's staging directory) while the blocks stream, read back in start
 order by the core's pushes, those starting before each push's watermark (`PausesInTime`), and
 whole once the stream is done, for the end tables. The core holds only the pauses not final yet.
-Peak memory is causes' per-query state, the summary's few bytes a pause, about one block per
+Peak memory is the summary's few bytes a pause, causes' few a pause asked for by a Python thread, about one block per
 process, the blocks read ahead, and the intervals a pause still in progress may pair with. The
 GIL intervals are copied to OUT/gil.parquet as they are pushed, unless the results name the GIL
 files instead (docs/results.md, "gil.parquet").
@@ -171,8 +171,7 @@ def carried_numbered(blocks):
 
 
 def causes_fed(blocks, causes: Causes):
-    """The blocks, each given to CAUSES on its way (Causes.push reads the rows alone; what the
-    core makes reaches it through Causes.overlaps, whose state is apart)."""
+    """The blocks, each given to CAUSES on its way (Causes reads the rows alone, apart from the core)."""
     try:
         for block in blocks:
             causes.push(block.rows, block.watermark_ns, lambda mask, block=block: rows_frame(block, mask))
@@ -458,11 +457,6 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
     # (pandas deep-copies a frame's attrs in every operation on it: the recordings' facts wait for the header)
     pause_facts, pauses.attrs = pauses.attrs, {}
 
-    def emit(rows: Rows) -> None:
-        sink.rows(rows)
-        if rows.overlaps.num_rows:
-            causes.overlaps(*(rows.overlaps[c].to_numpy() for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
-
     try:
         sink.open(gil)
         pauses = sink.pauses(pauses, pause_facts)  # (written now: what the analysis reads is kept)
@@ -471,7 +465,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
                           pauses_source=pause_clock.source, text_as_dictionary=sink.text_as_dictionary,
                           jvm_tids=jvm_threads(pauses))
         stop = stop_ids(pauses)  # each pause's stop: code hits count a stop once; causes and inference read it
-        # who asked for each pause: fed the rows and overlaps as they pass (the first pass knows every thread)
+        # who asked for each pause: fed the rows as they pass (the first pass knows every thread)
         causes = Causes(pauses, stop, lifetimes, every_thread=True)
         pauses = pauses.drop(columns=list(REQUESTER_COLUMNS), errors="ignore")  # (read by Causes only, and now)
         hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
@@ -484,14 +478,14 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         del pauses, stop
         for block in read_ahead(blocks, budget=READ_AHEAD_BYTES, size=block_bytes):
             rows = block.rows
-            emit(core.push(pauses=coming.before(block.watermark_ns), gil=rows, watermark_ns=block.watermark_ns))
+            sink.rows(core.push(pauses=coming.before(block.watermark_ns), gil=rows, watermark_ns=block.watermark_ns))
             if block.copy is not None:
                 sink.gil_rows(block.copy)
             if progress is not None:
                 progress(block.rows_so_far)
         if coming.left():
-            emit(core.push(pauses=coming.before(END), watermark_ns=END))
-        emit(core.finish())
+            sink.rows(core.push(pauses=coming.before(END), watermark_ns=END))
+        sink.rows(core.finish())
         sink.drain()
         pauses, stop = aside.back(end_columns)
         pauses.attrs = pause_facts

@@ -9,8 +9,7 @@ the intervals' watermark, without the hold a young open release puts on the core
 (engine/live/watermark.py), which the row has already waited for to be final. Any other pause
 (nearly all) reads no GIL row and is due as soon as the core made it final. Its pause_impact
 row waits until then.
-Kept for it, as the core keeps rows for late pauses: the pauses, GIL rows and System.gc() calls of the last `retain_ns`, and the overlaps rows of
-those pauses. Each due batch is one `Causes` over the kept pauses (a stop's rows count
+Kept for it, as the core keeps rows for late pauses: the pauses, GIL rows and System.gc() calls of the last `retain_ns`. Each due batch is one `Causes` over the kept pauses (a stop's rows count
 together: the requester of its safepoint, its collection's cause), fed the kept GIL rows as
 one block with the intervals open now. What the pause ring does not carry is filled in as
 the recording's reader does (docs/ring.md, "Java writer"): a GC pause's cause from its
@@ -49,14 +48,13 @@ class LiveCauses:
         self.thread_names: dict[tuple[int, int], str] = {}
         self.python_tids: set[int] = set()  # every thread seen in the GIL rows
         self.named_tids: set[int] = set()
-        self.overlaps: list[pd.DataFrame] = []
         self.waiting: list[pd.DataFrame] = []  # pause_impact rows whose causes are not due yet
         self.last_due = 0.0
         self.added = False     # rows came since the last batch
         self.recheck_ns = END  # the watermark at which a row waiting for its site window is due
 
-    def add(self, pauses: pd.DataFrame | None, gil: pd.DataFrame | None, overlaps: pd.DataFrame | None,
-            calls: pd.DataFrame | None, impact: pd.DataFrame | None) -> None:
+    def add(self, pauses: pd.DataFrame | None, gil: pd.DataFrame | None, calls: pd.DataFrame | None,
+            impact: pd.DataFrame | None) -> None:
         if pauses is not None and len(pauses):
             self.pause_frames.append(pauses[[c for c in PAUSE_FACTS if c in pauses.columns]])
         if gil is not None and len(gil):
@@ -67,8 +65,6 @@ class LiveCauses:
                 self.thread_names.update(zip(zip(named["pid"].tolist(), named["tid"].tolist()), named["thread_name"].tolist()))
                 self.named_tids.update(named["tid"].tolist())
             self.python_tids.update(tids)
-        if overlaps is not None and len(overlaps):
-            self.overlaps.append(overlaps[["pause_id", "tid", "overlap_ns", "near_miss"]])
         for kept, frame in ((self.calls, calls), (self.waiting, impact)):
             if frame is not None and len(frame):
                 kept.append(frame)
@@ -136,10 +132,6 @@ class LiveCauses:
                         open_rows())
         causes = Causes(pauses, stop, self._lifetimes(gil, watermark_ns))
         causes.push(gil_rows_from_frame(gil), min(int(watermark_ns), END), lambda mask: self._named(gil[mask]))
-        if self.overlaps:
-            overlaps = pd.concat(self.overlaps, ignore_index=True)
-            overlaps = overlaps[overlaps["pause_id"].isin(pauses["pause_id"])]
-            causes.overlaps(*(overlaps[c].to_numpy() for c in ("pause_id", "tid", "overlap_ns", "near_miss")))
         return causes.table()
 
     def _lifetimes(self, gil: pd.DataFrame, watermark_ns: int) -> pd.DataFrame:
@@ -219,10 +211,6 @@ class LiveCauses:
             old = (pauses["end_ns"].to_numpy(np.int64) < horizon) & ~np.isin(pauses["pause_id"].to_numpy(np.int64), waiting)
             if old.any():
                 self.pause_frames = [pauses[~old].reset_index(drop=True)]
-                if self.overlaps:
-                    overlaps = pd.concat(self.overlaps, ignore_index=True) if len(self.overlaps) > 1 else self.overlaps[0]
-                    kept = np.isin(overlaps["pause_id"].to_numpy(np.int64), self.pause_frames[0]["pause_id"].to_numpy(np.int64))
-                    self.overlaps = [overlaps[kept].reset_index(drop=True)] if kept.any() else []
         # (the oldest chunk first: once it ends before the horizon, the chunks are made one again)
         if self.gil and self.gil[0]["end_ns"].size and int(self.gil[0]["end_ns"].max()) < horizon:
             self.gil = [self._kept_since(horizon)]

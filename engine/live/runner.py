@@ -200,7 +200,7 @@ class LiveRun:
         tables = {name: to_pandas(table, name) if table.num_rows else None for name, table in rows.tables().items()}
         impact, overlaps, free = tables["pause_impact"], tables["overlaps"], tables["gil_free"]
         calls, self._calls = (pd.concat(self._calls, ignore_index=True) if self._calls else None), []
-        self.causes.add(pauses, gil, overlaps, calls, impact)
+        self.causes.add(pauses, gil, calls, impact)
         gil = gil.drop(columns="code", errors="ignore")  # (the parts' gil table has no code columns)
         if len(pauses):
             pauses = pauses.assign(arrived_ns=now)
