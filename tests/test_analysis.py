@@ -213,6 +213,14 @@ def test_a_mix_of_inputs_keeps_every_parts_clock_facts(tmp_path):
     assert proc.returncode == 0, proc.stderr
     clock = read_table(tmp_path / "out" / "pauses.parquet").attrs["analysis"]["clock"]["pauses"]
     assert (clock["domain"], clock["error_ns"], clock["boot_ids"]) == ("monotonic", 7, ["boot-M"]), clock
+    # The same of the GIL side: several Parquet gil tables are streamed side by side, each part's facts kept.
+    write_table(gil, tmp_path / "g-wall.parquet", {"clock_domain": "wall", "clock_method": "chunk_header_wall"})
+    for order in (("g", "g-wall"), ("g-wall", "g")):
+        args = [a for name in order for a in ("--gil", str(tmp_path / f"{name}.parquet"))]
+        proc = subprocess.run([str(tandem), "analyze", "--pauses", str(tmp_path / "mono.parquet"), *args,
+                               "-o", str(tmp_path / "out")], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (order, proc.stderr)
+        assert f"{tmp_path / 'g-wall.parquet'} is on the wall clock" in proc.stderr, (order, proc.stderr)
 
 
 def test_refuses_tables_from_different_clocks_unless_given_an_offset():

@@ -236,6 +236,73 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
         pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("block_rows", [7, 64])
+def test_several_parquet_gil_tables_stream_as_their_concatenation(tmp_path, monkeypatch, seed, block_rows):
+    """`tandem analyze --gil A.parquet --gil B.parquet ...` streams the tables side by side (each
+    in its order, the next block from the table whose blocks to come start earliest): every table
+    equals the in-memory analysis of their concatenation, the header too, and the copy of the
+    GIL side holds every table's rows."""
+    from engine.analysis import correlate
+    from engine.analysis import stream
+    from engine.ingest import gil_stream
+    from engine.ingest.inputs import gil_from, streamable_gil
+    from engine.store import read_table, write_table
+
+    pauses, gil = adversarial_tables(seed) if seed % 2 else random_scenario(seed)
+    if seed >= 2:
+        gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)
+    # parts mixing threads and time: a thread's rows in two tables, a table's rows from all along
+    part = (gil["tid"].to_numpy() + np.arange(len(gil)) // 50) % 3
+    paths = []
+    for k in range(3):
+        paths.append(tmp_path / f"g{k}.parquet")
+        write_table(gil[part == k].reset_index(drop=True), paths[-1], {"source": f"part {k}"})
+    monkeypatch.setattr(gil_stream, "BLOCK_ROWS", block_rows)
+    source = streamable_gil(None, paths, copy=seed == 3)
+    assert isinstance(source, gil_stream.ParquetGil)
+    streamed = stream.analyze_streamed(tmp_path / "out", pauses, source, slack_ns=5)
+    whole, names = gil_from(paths=paths)
+    expected = correlate(pauses, whole, slack_ns=5, gil_source=names)
+    if seed == 3:  # (the rows as they were pushed)
+        by = ["pid", "tid", "start_ns", "end_ns", "state"]
+        pd.testing.assert_frame_equal(read_table(tmp_path / "out" / "gil.parquet").sort_values(by, ignore_index=True),
+                                      whole.sort_values(by, ignore_index=True), check_dtype=False)
+    else:
+        assert streamed.header.pop("gil_table") == [str(p) for p in paths]
+    assert streamed.header == expected.header
+    for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops"):
+        back = read_table(tmp_path / "out" / f"{name}.parquet")
+        table = getattr(expected, "summary_table" if name == "summary" else name)
+        if name in ("gil_free", "overlaps"):  # (rows of one moment in the order their tables gave them)
+            columns = [c for c in ("pause_id", "pid", "tid", "start_ns", "end_ns", "state") if c in back.columns]
+            back = back.sort_values(columns, ignore_index=True)
+            table = table.sort_values(columns, ignore_index=True)
+        pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
+
+
+def test_several_parquet_gil_tables_are_pushed_side_by_side_in_time(tmp_path, monkeypatch):
+    """Three tables of the same hour (three processes): their blocks come in the order they start,
+    so the rows pushed that the watermark has not passed yet (what the core holds) stay about a
+    block a table, not a whole table."""
+    from engine.ingest import gil_stream
+    from engine.store import write_table
+
+    paths = []
+    for k in range(3):
+        paths.append(tmp_path / f"g{k}.parquet")
+        starts = np.arange(300, dtype=np.int64) * 1_000 + k * 7
+        write_table(gil_frame([(k + 1, 10 + k, "released", s, s + 500) for s in starts.tolist()]), paths[-1], {})
+    monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 16)
+    source = gil_stream.ParquetGil(paths)
+    source.first_pass()
+    pushed, waiting = [], []
+    for block in source.pushes():
+        pushed.append(block.rows.start_ns)
+        waiting.append(sum(int((s >= block.watermark_ns).sum()) for s in pushed))
+    assert sum(s.size for s in pushed) == 900 and max(waiting) <= 3 * 16
+
+
 def test_a_parquet_tables_first_pass_over_row_groups_side_by_side_equals_one_pass(tmp_path, monkeypatch):
     """ParquetGil's first pass reads its row groups side by side: each thread's lifetime (a thread
     in several groups, one with only empty intervals) and each block's later minimum are those
@@ -258,9 +325,9 @@ def test_a_parquet_tables_first_pass_over_row_groups_side_by_side_equals_one_pas
     lifetimes = source.first_pass().sort_values(["pid", "tid"], ignore_index=True)
     whole = gil_stream.thread_lifetimes(gil).sort_values(["pid", "tid"], ignore_index=True)
     pd.testing.assert_frame_equal(lifetimes, whole)
-    block_min = [int(b.column("start_ns").to_numpy().min()) for b in source._blocks(["start_ns"])]
+    block_min = [int(b.column("start_ns").to_numpy().min()) for b in source._blocks(0, ["start_ns"])]
     later = np.minimum.accumulate(np.array(block_min[::-1]))[::-1]
-    assert source._later.tolist() == [*later.tolist(), END]
+    assert source._later[0].tolist() == [*later.tolist(), END]
 
 
 def test_overlaps_carry_the_code_of_their_gil_interval():

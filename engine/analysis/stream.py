@@ -258,7 +258,7 @@ class ParquetSink:
     def finish(self, header: dict, tables: dict[str, pd.DataFrame]) -> list[Path]:
         meta = lambda name: {"table": name, "analysis": header}  # noqa: E731
         paths = [self.writers.pop(name).close(meta(name)) for name in list(self.writers)]
-        if isinstance(self.gil, ParquetGil) and self.gil.copy:
+        if isinstance(self.gil, ParquetGil) and self.gil.copy and self.gil.copy_schema is None:
             paths.append(self.gil.write_copy(self.staging / "gil.parquet", meta("gil")))
         for name, table in tables.items():
             paths.append(write_table(table, self.staging / f"{name}.parquet", meta(name)))

@@ -48,8 +48,8 @@ def _nested_clock_errors(attrs: dict) -> list[int]:
 
 def clock_facts(attrs: dict, source: str) -> ClockFacts:
     """Read clock facts from either producer's metadata keys (JFR ingest, GIL ingest, or plain
-    keys). A table made of several inputs carries each one's facts (`clock_parts`, written by
-    engine.ingest.inputs): one off the monotonic clock makes the whole table so, named."""
+    keys). A table made of several inputs carries each one's facts (`clock_parts`, below): one
+    off the monotonic clock makes the whole table so, named."""
     parts = [ClockFacts(**{**part, "boot_ids": tuple(part.get("boot_ids") or ())}) for part in attrs.get("clock_parts") or []]
     facts = _own_clock_facts(attrs, source)
     if not parts:
@@ -119,3 +119,10 @@ def check_same_clock(pauses: ClockFacts, gil: ClockFacts, offset_ns: int | None)
             "of one boot (pass --offset NS to shift the pauses onto the GIL clock yourself)"
         )
     return "same_monotonic_clock"
+
+
+def clock_parts(attrs: list[dict], names: list[str]) -> list[dict]:
+    """Each part's clock facts, of a table made of parts (ATTRS: each part's metadata; NAMES:
+    where each is from): the clock check refuses a mix with one part off the monotonic clock
+    as it refuses that part alone."""
+    return [clock_facts(a, name).as_metadata() for a, name in zip(attrs, names)]

@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from engine.clock.facts import clock_parts
 from engine.correlate import END, GilRows, kernels
 from engine.correlate.inputs import _int64, check_gil_schema, gil_rows_from_arrow, gil_rows_from_frame
 from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES, to_pandas
@@ -105,49 +106,49 @@ class FrameGil:
 
 
 class ParquetGil:
-    """A gil table in a Parquet file, read in blocks of BLOCK_ROWS rows."""
+    """Gil tables in Parquet files, read in blocks of BLOCK_ROWS rows: one table, or several
+    with the same columns (each process's, or a session's in parts), their blocks taken in the
+    order their rows start (`pushes`)."""
 
     duplicate_rows = 0  # (duplicates are dropped, and counted, by the core as they pass)
 
-    def __init__(self, path: Path, copy: bool = False):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise TandemError(f"{self.path}: no such file")
-        try:
-            self.file = pq.ParquetFile(self.path, read_dictionary=["state"])
-        except (OSError, ValueError) as err:
-            raise not_parquet(self.path, err) from None
-        except KeyError:  # (no state column to read as a dictionary: said as the schema check says it)
-            check_gil_schema(pq.read_schema(self.path), str(self.path))
-            raise
-        check_gil_schema(self.file.schema_arrow, str(self.path))
-        self.attrs = read_metadata(self.path)
-        self.source = str(self.path)
-        self.references = [str(self.path.resolve())]
-        self.carried = [self.file.schema_arrow.field(c) for c in GIL_CARRIED_COLUMNS if c in self.file.schema_arrow.names]
+    def __init__(self, paths: Path | list[Path], copy: bool = False):
+        self.paths = [Path(p) for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
+        self.files = [_parquet_gil(path) for path in self.paths]
+        self.file = self.files[0]
+        schema = self.file.schema_arrow
+        for path, file in zip(self.paths[1:], self.files[1:]):
+            if not file.schema_arrow.remove_metadata().equals(schema.remove_metadata()):
+                raise TandemError(f"{path}: its columns are not those of {self.paths[0]} (several gil tables are "
+                                  f"read as one: {', '.join(f'{f.name} {f.type}' for f in schema)})")
+        self.attrs = gil_parts_attrs([read_metadata(path) for path in self.paths], [str(p) for p in self.paths])
+        self.source = ", ".join(str(p) for p in self.paths)
+        self.references = [str(p.resolve()) for p in self.paths]
+        self.carried = [schema.field(c) for c in GIL_CARRIED_COLUMNS if c in schema.names]
         self.copy = copy  # (the file itself is copied to OUT: docs/results.md, "gil.parquet")
-        self.copy_schema = None
+        # (one table's pages are copied as they are; several tables' rows, as they are pushed)
+        self.copy_schema = schema if copy and len(self.paths) > 1 else None
         self._copy = None  # (the copy begun: begin_copy)
 
-    def _blocks(self, columns=None, read_dictionary=("state",)):
-        """The batches of up to BLOCK_ROWS rows, row group by row group, each group from a reader
-        of its own: one ParquetFile's iter_batches keeps about a third of every batch it made until
-        the file is closed (1.4 GB over 98 M rows), and it ends a batch at a row group's end when a
-        column is read as a dictionary (state) but not otherwise, so the first pass (times only)
-        and the pushes would cut the file into different blocks."""
-        for group in range(self.file.metadata.num_row_groups):
-            yield from self._group_blocks(group, columns, read_dictionary)
+    def _blocks(self, f: int, columns=None, read_dictionary=("state",)):
+        """File F's batches of up to BLOCK_ROWS rows, row group by row group, each group from a
+        reader of its own: one ParquetFile's iter_batches keeps about a third of every batch it
+        made until the file is closed (1.4 GB over 98 M rows), and it ends a batch at a row
+        group's end when a column is read as a dictionary (state) but not otherwise, so the first
+        pass (times only) and the pushes would cut the file into different blocks."""
+        for group in range(self.files[f].metadata.num_row_groups):
+            yield from self._group_blocks(f, group, columns, read_dictionary)
 
-    def _group_blocks(self, group: int, columns=None, read_dictionary=("state",)):
-        reader = pq.ParquetFile(self.path, metadata=self.file.metadata, read_dictionary=list(read_dictionary))
+    def _group_blocks(self, f: int, group: int, columns=None, read_dictionary=("state",)):
+        reader = pq.ParquetFile(self.paths[f], metadata=self.files[f].metadata, read_dictionary=list(read_dictionary))
         yield from reader.iter_batches(batch_size=BLOCK_ROWS, row_groups=[group], columns=columns)
 
     def begin_copy(self, path: Path) -> None:
-        """Begin copying the table as it is, every column, into PATH: its pages as they are, in a
-        thread of their own (TableCopy), unless its footer cannot be remade (`write_copy` then
-        reads and writes it again)."""
+        """Begin copying the (one) table as it is, every column, into PATH: its pages as they are,
+        in a thread of their own (TableCopy), unless its footer cannot be remade (`write_copy`
+        then reads and writes it again)."""
         try:
-            self._copy = TableCopy(self.path, path)
+            self._copy = TableCopy(self.paths[0], path)
         except ValueError:
             self._copy = None
 
@@ -157,15 +158,15 @@ class ParquetGil:
             self._copy = None
 
     def write_copy(self, path: Path, meta: dict) -> Path:
-        """The table as it is, every column, into PATH (atomically): the copy `begin_copy` began,
-        else (its footer cannot be remade) read and written again block by block."""
+        """The (one) table as it is, every column, into PATH (atomically): the copy `begin_copy`
+        began, else read and written again block by block."""
         if self._copy is not None:
             copy, self._copy = self._copy, None
             return copy.close(meta)
-        source = pq.ParquetFile(self.path)  # (its own types: no dictionary read for state)
+        source = pq.ParquetFile(self.paths[0])  # (its own types: no dictionary read for state)
         writer = TableWriter(path, source.schema_arrow)
         try:
-            for batch in self._blocks(read_dictionary=()):
+            for batch in self._blocks(0, read_dictionary=()):
                 writer.write(pa.Table.from_batches([batch]).replace_schema_metadata(writer.schema.metadata))
         except BaseException:
             writer.abort()
@@ -175,25 +176,26 @@ class ParquetGil:
     def first_pass(self) -> pd.DataFrame:
         """Each thread's lifetime (pid, tid, start_ns, end_ns); the watermarks for `pushes`."""
 
-        def one_group(group: int) -> tuple[list[int], pd.DataFrame]:
+        def one_group(at: tuple[int, int]) -> tuple[list[int], pd.DataFrame]:
             block_min, hulls = [], ThreadHulls()
-            for batch in self._group_blocks(group, list(TIME_COLUMNS)):
-                pid, tid, start, end = (_int64(batch, c, self.source) for c in TIME_COLUMNS)
+            for batch in self._group_blocks(*at, list(TIME_COLUMNS)):
+                pid, tid, start, end = (_int64(batch, c, str(self.paths[at[0]])) for c in TIME_COLUMNS)
                 block_min.append(int(start.min()) if start.size else END)
                 hulls.add(pid, tid, start, end)
             return block_min, hulls.table()
 
         # Row groups side by side (decoding and the hulls release the GIL), as EventsGil's files.
-        groups = self.file.metadata.num_row_groups
-        with ThreadPoolExecutor(max_workers=min(groups, os.cpu_count() or 1, FIRST_PASS_THREADS) or 1) as pool:
-            done = list(pool.map(one_group, range(groups)))
-        self._later = _later_minimum([m for block_min, _ in done for m in block_min])
+        groups = [(f, g) for f, file in enumerate(self.files) for g in range(file.metadata.num_row_groups)]
+        with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1, FIRST_PASS_THREADS) or 1) as pool:
+            done = list(pool.map(one_group, groups))
+        self._later = [_later_minimum([m for (g, _), (block_min, _) in zip(groups, done) if g == f for m in block_min])
+                       for f in range(len(self.files))]
         return _lifetimes([hulls for _, hulls in done])
 
     def thread_names(self, keys: np.ndarray) -> dict:
-        """The names of the threads KEYS ((pid << 32) | tid) at their first row in the table, where
-        it has thread_name (the blocks leave it out: a column a hundred times larger than the few
-        threads that need their name): its row groups read, three columns, until each is found."""
+        """The names of the threads KEYS ((pid << 32) | tid) at their first row in the tables, where
+        they have thread_name (the blocks leave it out: a column a hundred times larger than the few
+        threads that need their name): their row groups read, three columns, until each is found."""
         schema = self.file.schema_arrow
         kind = schema.field("thread_name").type if "thread_name" in schema.names else None
         if kind is not None and pa.types.is_dictionary(kind):
@@ -201,8 +203,8 @@ class ParquetGil:
         if kind is None or not is_text(kind) or not keys.size:  # (names are text; another column is no name)
             return {}
         wanted, names = set(keys.tolist()), {}
-        for group in range(self.file.metadata.num_row_groups):
-            for batch in self._group_blocks(group, ["pid", "tid", "thread_name"], read_dictionary=("thread_name",)):
+        for f in range(len(self.files)):
+            for batch in self._blocks(f, ["pid", "tid", "thread_name"], read_dictionary=("thread_name",)):
                 key = (_int64(batch, "pid", self.source) << 32) | _int64(batch, "tid", self.source)
                 seen, first = np.unique(key, return_index=True)
                 column = batch.column("thread_name")
@@ -214,16 +216,52 @@ class ParquetGil:
         return names
 
     def pushes(self):
-        """(GilRows, watermark, rows so far) per block."""
-        columns = [c for c in (*GIL_COLUMNS, *GIL_CARRIED_COLUMNS) if c in self.file.schema_arrow.names]
+        """(GilRows, watermark, rows so far) per block: of the tables, next the one whose blocks
+        not pushed yet start earliest (each read in its order), so that the watermark, the earliest
+        start of any block to come, follows them all."""
+        schema = self.file.schema_arrow
+        columns = [c for c in (*GIL_COLUMNS, *GIL_CARRIED_COLUMNS) if c in schema.names]
         first_row = 0
         # text read as dictionaries: a file's dictionary pages become the blocks' dictionaries,
-        # not a string per row hashed again (carried_numbered)
-        text = ["state", *(f.name for f in self.carried if is_text(f.type))]
-        for k, batch in enumerate(self._blocks(columns, read_dictionary=text)):
-            rows = gil_rows_from_arrow(batch, self.source, first_row)
+        # not a string per row hashed again (carried_numbered); every column when copied
+        text = ["state", *(f.name for f in (schema if self.copy_schema else self.carried) if is_text(f.type))]
+        read = None if self.copy_schema else columns
+        blocks = [self._blocks(f, read, read_dictionary=text) for f in range(len(self.files))]
+        pushed = [0] * len(blocks)
+        left = [f for f in range(len(blocks)) if self._later[f].size > 1]
+        while left:
+            f = min(left, key=lambda f: self._later[f][pushed[f]])
+            batch = next(blocks[f])
+            pushed[f] += 1
+            if pushed[f] == self._later[f].size - 1:
+                left.remove(f)
+            rows = gil_rows_from_arrow(batch.select(columns), str(self.paths[f]), first_row)
             first_row += batch.num_rows
-            yield GilBlock(rows, int(self._later[k + 1]), first_row)
+            yield GilBlock(rows, int(min(later[n] for later, n in zip(self._later, pushed))), first_row,
+                           copy=pa.Table.from_batches([batch]) if self.copy_schema else None)
+
+
+def _parquet_gil(path: Path) -> pq.ParquetFile:
+    """PATH opened as a gil table (its state column read as a dictionary), or a clear error."""
+    if not path.is_file():
+        raise TandemError(f"{path}: no such file")
+    try:
+        file = pq.ParquetFile(path, read_dictionary=["state"])
+    except (OSError, ValueError) as err:
+        raise not_parquet(path, err) from None
+    except KeyError:  # (no state column to read as a dictionary: said as the schema check says it)
+        check_gil_schema(pq.read_schema(path), str(path))
+        raise
+    check_gil_schema(file.schema_arrow, str(path))
+    return file
+
+
+def gil_parts_attrs(attrs: list[dict], names: list[str]) -> dict:
+    """The facts of a gil table made of parts (ATTRS: each part's; NAMES: where each is from):
+    one part's as they are; of several, every part's processes and clock facts."""
+    if len(attrs) == 1:
+        return attrs[0]
+    return {"processes": [p for a in attrs for p in a.get("processes", [a])], "clock_parts": clock_parts(attrs, names)}
 
 
 class EventsGil:

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
+import pyarrow.parquet as pq
 
-from engine.clock.facts import MONOTONIC, NOT_RECORDED, clock_facts
+from engine.clock.facts import MONOTONIC, NOT_RECORDED, clock_parts
 from engine.correlate.schema import empty_frame
 from engine.errors import TandemError
 from engine.ingest.gil import _events_files, read_gil
-from engine.ingest.gil_stream import EventsGil, ParquetGil
+from engine.ingest.gil_stream import EventsGil, ParquetGil, gil_parts_attrs
 from engine.ingest.jfr import read_pauses
 from engine.session import Session
 from engine.store import read_table
@@ -70,6 +71,15 @@ def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[p
     return _concat(frames, names), ", ".join(names)
 
 
+def _same_columns(tables: list[Path]) -> bool:
+    """The Parquet TABLES have the same columns (or one cannot be read: the reader says why)."""
+    try:
+        schemas = [pq.read_schema(path).remove_metadata() for path in tables]
+    except (OSError, ValueError):
+        return True
+    return all(schema.equals(schemas[0]) for schema in schemas[1:])
+
+
 def unrecorded_side(name: str) -> pd.DataFrame:
     """The empty pauses or gil table of a side the session did not record."""
     table = empty_frame(name)
@@ -77,19 +87,11 @@ def unrecorded_side(name: str) -> pd.DataFrame:
     return table
 
 
-def _clock_parts(frames: list[pd.DataFrame], names: list[str]) -> list[dict]:
-    """Each input's clock facts, kept in the concatenated table's metadata: the clock check
-    refuses a mix with one part off the monotonic clock as it refuses that part alone."""
-    return [clock_facts(frame.attrs, name).as_metadata() for frame, name in zip(frames, names)]
-
-
 def _concat(frames: list[pd.DataFrame], names: list[str]) -> pd.DataFrame:
     if len(frames) == 1:
         return frames[0]
     out = pd.concat(frames, ignore_index=True)
-    # Metadata of every part survives as a list of processes/sources; the clock check reads them.
-    out.attrs = {"processes": [p for f in frames for p in f.attrs.get("processes", [f.attrs])],
-                 "clock_parts": _clock_parts(frames, names)}
+    out.attrs = gil_parts_attrs([f.attrs for f in frames], names)
     return out
 
 
@@ -97,7 +99,7 @@ def _concat_pauses(frames: list[pd.DataFrame], names: list[str]) -> pd.DataFrame
     if len(frames) == 1:
         return frames[0]
     sources = [s for f in frames for s in f.attrs.get("sources") or []]  # (each JVM run's facts)
-    attrs = {**frames[0].attrs, **({"sources": sources} if sources else {}), "clock_parts": _clock_parts(frames, names)}
+    attrs = {**frames[0].attrs, **({"sources": sources} if sources else {}), "clock_parts": clock_parts([f.attrs for f in frames], names)}
     offset = 0
     renumbered = []
     for frame in frames:  # pause_id must stay unique across the parts
@@ -111,11 +113,11 @@ def _concat_pauses(frames: list[pd.DataFrame], names: list[str]) -> pd.DataFrame
 
 
 def streamable_gil(session: Path | None, gil: list[Path], copy: bool = False):
-    """The GIL side as a stream when it is one Parquet table or only events files (a session's,
-    or given as paths); None for what is read whole (rings, several tables). COPY: the results
-    hold a gil.parquet of their own instead of naming these files."""
-    if len(gil) == 1 and gil[0].suffix == ".parquet":
-        return ParquetGil(gil[0], copy=copy)
+    """The GIL side as a stream when it is only Parquet tables of the same columns or only events
+    files (a session's, or given as paths); None for what is read whole (rings, a mix). COPY: the
+    results hold a gil.parquet of their own instead of naming these files."""
+    if gil and all(p.suffix == ".parquet" for p in gil):
+        return ParquetGil(gil, copy=copy) if _same_columns(gil) else None
     if any(p.suffix in (".parquet", ".ring") for p in gil):
         return None
     try:
