@@ -257,18 +257,8 @@ def _cause_rows(order, dense, pid, state, start, end, q_lo, q_hi, q_s, in_start,
             last_start[d], last_end[d] = a, b
         hi = q_hi[d]
         if b > a:
-            q = walk_overlap[d]
-            while q < hi and q_s[q] < a:
-                if a < later_overlap_start[q]:
-                    later_overlap_start[q] = a
-                q += 1
-            walk_overlap[d] = q
-        q = walk_later[d]
-        while q < hi and q_s[q] < a:
-            if a < later_start[q]:
-                later_start[q] = a
-            q += 1
-        walk_later[d] = q
+            walk_overlap[d] = _starts_after(walk_overlap[d], hi, q_s, a, later_overlap_start)
+        q = walk_later[d] = _starts_after(walk_later[d], hi, q_s, a, later_start)
         while q < hi and q_s[q] < b:  # (s in [a, b): the row holds s)
             if a < in_start[q]:
                 in_start[q], in_row[q] = a, r
@@ -279,6 +269,17 @@ def _cause_rows(order, dense, pid, state, start, end, q_lo, q_hi, q_s, in_start,
                 after_start[q], after_row[q] = a, r
             q += 1
         walk_after[d] = q
+
+
+@njit(cache=True, nogil=True)
+def _starts_after(q, hi, q_s, a, first):
+    """A row starting at A starts after the pauses of queries Q.. whose start is before it: the
+    first such start of each (FIRST); returns the first query it does not start after."""
+    while q < hi and q_s[q] < a:
+        if a < first[q]:
+            first[q] = a
+        q += 1
+    return q
 
 
 # A query (Causes): a pause, a thread (its index d), the pause's span, whether the query is one
