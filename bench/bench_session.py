@@ -25,7 +25,8 @@ GIL intervals repeated in time (`repeat_recording`: each copy shifted by the rec
 pids, tids, code, thread names, jvm_pid, requester columns and System.gc() causes as they are;
 pause, safepoint and GC ids renumbered per copy) to 10 minutes, 1 hour and (with
 TANDEM_BENCH_SESSION_8H=1) 8 hours, written as `--pauses P --gil G` Parquet inputs; DuckDB
-computes only the overlaps of the hour. TANDEM_BENCH_SESSION_MINUTES shrinks the hour here too;
+computes only the overlaps of the hour, and the hour runs again given as two Parquet gil tables
+(`split_by_thread`). TANDEM_BENCH_SESSION_MINUTES shrinks the hour here too;
 TANDEM_BENCH_DEMO_SESSION=DIR takes an existing recording of the demo instead of making one.
 The 8 hours and their 10 minutes run once more with no requester named for a System.gc() stop
 (as JDK 17 records JPype's GC link; a recording may name them or not): the requesters inferred;
@@ -279,6 +280,26 @@ def sleeping_rows(gil, pauses, threads: int, start: int, end: int):
         {c: t for c, t in gil.dtypes.items() if c in rows.columns})
 
 
+def split_by_thread(gil: Path, directory: Path) -> list[Path]:
+    """GIL's rows in two Parquet tables, by the parity of their tid, each with GIL's metadata."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    source = pq.ParquetFile(gil)
+    facts = {k: v for k, v in (source.metadata.metadata or {}).items() if k == b"tandem"}
+    halves = [directory / f"{gil.stem}-{name}.parquet" for name in ("odd", "even")]
+    writers = [pq.ParquetWriter(path, source.schema_arrow) for path in halves]
+    for group in range(source.metadata.num_row_groups):
+        rows = source.read_row_group(group)
+        odd = pc.equal(pc.bit_wise_and(rows.column("tid"), 1), 1)
+        writers[0].write_table(rows.filter(odd))
+        writers[1].write_table(rows.filter(pc.invert(odd)))
+    for writer in writers:
+        writer.add_key_value_metadata(facts)
+        writer.close()
+    return halves
+
+
 def without_system_gc_requesters(pauses: Path, out: Path) -> tuple[Path, int]:
     """PAUSES with no requester named for any stop of the world holding a System.gc() pause (as
     JDK 17 records a System.gc() called through JNI by a thread it did not start: JPype's GC
@@ -363,6 +384,15 @@ def real_shape(console, tmp: Path) -> list[Row]:
         Row("session", f"peak RSS ({label}; anchor: DuckDB's)", long_gib, duck_gib, "GiB", "<= 1.5 GiB", long_gib <= 1.5),
         Row("session", f"peak RSS real shape {hour:g} min vs {short_minutes:g} min", long_gib, short_gib, "GiB", "-", None),
     ]
+    # The same hour given as two Parquet gil tables (its threads split by tid parity): streamed side by side
+    halves = split_by_thread(hour_gil, tmp)
+    split = tandem(hour)
+    at = split.index("--gil")
+    split[at:at + 2] = [a for half in halves for a in ("--gil", str(half))]
+    split_s, split_gib = fastest_and_median_peak([run_measured(split) for _ in range(3)])
+    console.print(f"real shape, {hour:g} min as two gil tables: {split_s:.1f} s, peak RSS {split_gib:.2f} GiB")
+    rows += [Row("session", f"tandem analyze, {label} as two Parquet gil tables vs one", split_s, long_s, "s", "-", None),
+             Row("session", f"peak RSS, {label} as two Parquet gil tables vs one", split_gib, long_gib, "GiB", "-", None)]
     if 480 in inputs:
         days = [run_measured(tandem(480)) for _ in range(3)]
         day_s, day_gib = fastest_and_median_peak(days)
