@@ -7,6 +7,7 @@ clock; begin/end events sorted by time (stably, file order at one instant) and m
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -343,6 +344,38 @@ def test_a_window_draws_what_reaches_into_it(tmp_path, analysis, fmt):
     run = subprocess.run([str(tandem), "export", "perfetto", str(out), "-o", str(tmp_path / "last.pftrace"), "--window", "-1s.."],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_signal_another_thread_receives_waits_for_the_claim_to_end():
+    """The export's scratch file is made and claimed with SIGINT and SIGTERM held: a SIGTERM the
+    kernel hands to another thread (the process has several) raises nothing inside the block,
+    and is raised once it ends."""
+    import signal
+    import threading
+    import time
+
+    from engine.report.perfetto import _signals_held
+
+    class Raised(BaseException):
+        pass
+
+    def handler(_signum, _frame):
+        raise Raised()
+
+    old, inside = signal.signal(signal.SIGTERM, handler), False
+    try:
+        with pytest.raises(Raised):
+            with _signals_held():
+                sender = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM))
+                sender.start()
+                sender.join()
+                for _ in range(100):  # (bytecodes, calls and sleeps: where a pending handler would run)
+                    time.sleep(0.001)
+                inside = True
+            assert False, "not raised at the block's end"
+        assert inside, "raised inside the block"
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def test_sigterm_mid_export_leaves_nothing_behind(tmp_path):

@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -952,12 +953,22 @@ def _claim(tmp: Path, output: Path) -> int:
 
 @contextlib.contextmanager
 def _signals_held():
-    """SIGINT and SIGTERM held back in the block; one that came meanwhile is handled at its end."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """SIGINT and SIGTERM held back in the block; one that came meanwhile is raised at its end.
+    Their handlers wait, not the signals: the kernel gives a signal to any thread not blocking
+    it (Arrow's, the progress bar's), and Python runs its handler in the main thread at once."""
+    if threading.current_thread() is not threading.main_thread():  # (only the main thread runs handlers)
+        yield
+        return
+    came, kept = [], {}
     try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            kept[signum] = signal.signal(signum, lambda number, _frame: came.append(number))
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
+        if came:
+            signal.raise_signal(came[0])
 
 
 def _read_causes(results: Results) -> pd.DataFrame:
