@@ -343,10 +343,10 @@ def real_shape(console, tmp: Path) -> list[Row]:
                       f"{counts['pauses']:,} pauses, {counts['system_gc_unnamed']:,} System.gc() pauses with no requester")
     os.sync()
 
-    def tandem(minutes, pauses=None):
-        given, gil, _ = inputs[minutes]
-        pauses = pauses or given
-        return [sys.executable, "-m", "engine", "analyze", "--pauses", str(pauses), "--gil", str(gil),
+    def tandem(minutes, pauses=None, gil=None):  # (GIL: a list of tables in place of the recording's)
+        given_pauses, given_gil, _ = inputs[minutes]
+        gils = [a for table in (gil or [given_gil]) for a in ("--gil", str(table))]
+        return [sys.executable, "-m", "engine", "analyze", "--pauses", str(pauses or given_pauses), *gils,
                 "-o", str(tmp / f"out-real-{minutes:g}min")]
 
     short_minutes = hour / 6
@@ -386,10 +386,7 @@ def real_shape(console, tmp: Path) -> list[Row]:
     ]
     # The same hour given as two Parquet gil tables (its threads split by tid parity): streamed side by side
     halves = split_by_thread(hour_gil, tmp)
-    split = tandem(hour)
-    at = split.index("--gil")
-    split[at:at + 2] = [a for half in halves for a in ("--gil", str(half))]
-    split_s, split_gib = fastest_and_median_peak([run_measured(split) for _ in range(3)])
+    split_s, split_gib = fastest_and_median_peak([run_measured(tandem(hour, gil=halves)) for _ in range(3)])
     console.print(f"real shape, {hour:g} min as two gil tables: {split_s:.1f} s, peak RSS {split_gib:.2f} GiB")
     rows += [Row("session", f"tandem analyze, {label} as two Parquet gil tables vs one", split_s, long_s, "s", "-", None),
              Row("session", f"peak RSS, {label} as two Parquet gil tables vs one", split_gib, long_gib, "GiB", "-", None)]
@@ -416,8 +413,8 @@ def real_shape(console, tmp: Path) -> list[Row]:
         rows.append(Row("session", f"peak RSS real shape 8 h with no pauses vs {short_minutes:g} min (the GIL side alone)",
                         bare_gib, short_gib, "GiB", "-", None))
         # The same 8 h and 10 minutes with JFR naming no requester of a System.gc() stop (a
-        # recording where it did): each such pause's requester is inferred, the causes' per-query
-        # state held for every thread of its JVM alive through it.
+        # recording where it did): each such pause's requester is inferred, the causes asking
+        # every thread of its JVM alive through it.
         unnamed = {m: without_system_gc_requesters(inputs[m][0], tmp / f"P-unnamed-{m:g}min.parquet")
                    for m in (short_minutes, 480)}
         short_unnamed = [run_measured(tandem(short_minutes, unnamed[short_minutes][0])) for _ in range(3)]
@@ -432,13 +429,8 @@ def real_shape(console, tmp: Path) -> list[Row]:
         # The same, in a JPype process with a pool of idle Python threads: each is alive through
         # every inference candidate, so the causes ask each of them about each candidate.
         sleeping = {m: repeat_recording(session, tmp, m, sleeping_threads=SLEEPING_THREADS)[1] for m in (short_minutes, 480)}
-
-        def with_sleepers(minutes):
-            command = tandem(minutes, unnamed[minutes][0])
-            command[command.index("--gil") + 1] = str(sleeping[minutes])
-            return command
-
-        s_short, s_long = ([run_measured(with_sleepers(m)) for _ in range(3)] for m in (short_minutes, 480))
+        s_short, s_long = ([run_measured(tandem(m, unnamed[m][0], [sleeping[m]])) for _ in range(3)]
+                           for m in (short_minutes, 480))
         (s_short_s, s_short_gib), (s_long_s, s_long_gib) = (fastest_and_median_peak(r) for r in (s_short, s_long))
         console.print(f"the same with {SLEEPING_THREADS} idle threads more in the JPype process: 8 h {s_long_s:.1f} s, "
                       f"peak RSS {s_long_gib:.2f} GiB; {short_minutes:g} min {s_short_s:.1f} s, {s_short_gib:.2f} GiB "

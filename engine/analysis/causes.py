@@ -425,17 +425,14 @@ class Causes:
         if horizon <= self.horizon:
             return
         self.horizon = horizon
-        pause, tid, s, e = self.named
-        a, self.made_named = self.made_named, int(np.searchsorted(s, horizon, "right"))
-        named = (pause[a:self.made_named], tid[a:self.made_named], s[a:self.made_named], e[a:self.made_named])
-        pause, jvm, s, e = self.candidates
-        a, self.made_candidates = self.made_candidates, int(np.searchsorted(s, horizon, "right"))
-        at, pair_tid = _alive_threads(jvm[a:self.made_candidates], s[a:self.made_candidates], e[a:self.made_candidates],
-                                      *self.lifetimes)
-        at += a
-        made = {"pause": np.r_[named[0], pause[at]], "s": np.r_[named[2], s[at]], "e": np.r_[named[3], e[at]],
-                "d": np.searchsorted(self.threads, np.r_[named[1], pair_tid]),
-                "pair": np.r_[np.zeros(named[0].size, bool), np.ones(at.size, bool)]}
+        a, self.made_named = self.made_named, int(np.searchsorted(self.named[2], horizon, "right"))
+        pause, tid, s, e = (column[a:self.made_named] for column in self.named)
+        a, self.made_candidates = self.made_candidates, int(np.searchsorted(self.candidates[2], horizon, "right"))
+        c_pause, jvm, c_s, c_e = (column[a:self.made_candidates] for column in self.candidates)
+        at, pair_tid = _alive_threads(jvm, c_s, c_e, *self.lifetimes)
+        made = {"pause": np.r_[pause, c_pause[at]], "s": np.r_[s, c_s[at]], "e": np.r_[e, c_e[at]],
+                "d": np.searchsorted(self.threads, np.r_[tid, pair_tid]),
+                "pair": np.r_[np.zeros(pause.size, bool), np.ones(at.size, bool)]}
         if not made["pause"].size:
             return
         both = {name: np.r_[self.open[name], made[name] if name in made else np.full(made["pause"].size, fill, kind)]
@@ -448,7 +445,7 @@ class Causes:
         WATERMARK_NS; EVERY: all), keeping the record of each that can name a requester."""
         q = self.open
         done = np.ones(q["e"].size, bool) if every else q["e"] + SITE_WINDOW_NS < watermark_ns
-        if not (every or done.any()):
+        if not (every or done.any()):  # (EVERY adds a part even if empty: `table` reads one at least)
             return
         r = {name: values[done] for name, values in q.items()}
         self.open = {name: values[~done] for name, values in q.items()}

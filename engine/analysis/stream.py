@@ -14,10 +14,10 @@ written to OUT/pauses.parquet as the drive starts; the columns the analysis read
 (`PausesOnDisk`: a file of OUT's staging directory) while the blocks stream, read back in start
 order by the core's pushes, those starting before each push's watermark (`PausesInTime`), and
 whole once the stream is done, for the end tables. The core holds only the pauses not final yet.
-Peak memory is the summary's few bytes a pause, causes' few a pause asked for by a Python thread, about one block per
-process, the blocks read ahead, and the intervals a pause still in progress may pair with. The
-GIL intervals are copied to OUT/gil.parquet as they are pushed, unless the results name the GIL
-files instead (docs/results.md, "gil.parquet").
+Peak memory is the summary's few bytes a pause, causes' few a pause asked for by a Python
+thread, about one block per process, the blocks read ahead, and the intervals a pause still in
+progress may pair with. The GIL intervals are copied to OUT/gil.parquet as they are pushed,
+unless the results name the GIL files instead (docs/results.md, "gil.parquet").
 """
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ class ParquetGil:
         self.file = self.files[0]
         schema = self.file.schema_arrow
         for path, file in zip(self.paths[1:], self.files[1:]):
-            if not file.schema_arrow.remove_metadata().equals(schema.remove_metadata()):
+            if not same_columns([schema, file.schema_arrow]):
                 raise TandemError(f"{path}: its columns are not those of {self.paths[0]} (several gil tables are "
                                   f"read as one: {', '.join(f'{f.name} {f.type}' for f in schema)})")
         self.attrs = gil_parts_attrs([read_metadata(path) for path in self.paths], [str(p) for p in self.paths])
@@ -254,6 +254,11 @@ def _parquet_gil(path: Path) -> pq.ParquetFile:
         raise
     check_gil_schema(file.schema_arrow, str(path))
     return file
+
+
+def same_columns(schemas: list[pa.Schema]) -> bool:
+    """The gil tables of SCHEMAS have the same columns (what one ParquetGil reads of several)."""
+    return all(schema.remove_metadata().equals(schemas[0].remove_metadata()) for schema in schemas[1:])
 
 
 def gil_parts_attrs(attrs: list[dict], names: list[str]) -> dict:

@@ -18,7 +18,7 @@ from engine.clock.facts import MONOTONIC, NOT_RECORDED, clock_parts
 from engine.correlate.schema import empty_frame
 from engine.errors import TandemError
 from engine.ingest.gil import _events_files, read_gil
-from engine.ingest.gil_stream import EventsGil, ParquetGil, gil_parts_attrs
+from engine.ingest.gil_stream import EventsGil, ParquetGil, gil_parts_attrs, same_columns
 from engine.ingest.jfr import read_pauses
 from engine.session import Session
 from engine.store import read_table
@@ -74,10 +74,9 @@ def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[p
 def _same_columns(tables: list[Path]) -> bool:
     """The Parquet TABLES have the same columns (or one cannot be read: the reader says why)."""
     try:
-        schemas = [pq.read_schema(path).remove_metadata() for path in tables]
+        return same_columns([pq.read_schema(path) for path in tables])
     except (OSError, ValueError):
         return True
-    return all(schema.equals(schemas[0]) for schema in schemas[1:])
 
 
 def unrecorded_side(name: str) -> pd.DataFrame:
@@ -99,7 +98,8 @@ def _concat_pauses(frames: list[pd.DataFrame], names: list[str]) -> pd.DataFrame
     if len(frames) == 1:
         return frames[0]
     sources = [s for f in frames for s in f.attrs.get("sources") or []]  # (each JVM run's facts)
-    attrs = {**frames[0].attrs, **({"sources": sources} if sources else {}), "clock_parts": clock_parts([f.attrs for f in frames], names)}
+    attrs = {**frames[0].attrs, **({"sources": sources} if sources else {}),
+             "clock_parts": clock_parts([f.attrs for f in frames], names)}
     offset = 0
     renumbered = []
     for frame in frames:  # pause_id must stay unique across the parts

@@ -9,9 +9,10 @@ the intervals' watermark, without the hold a young open release puts on the core
 (engine/live/watermark.py), which the row has already waited for to be final. Any other pause
 (nearly all) reads no GIL row and is due as soon as the core made it final. Its pause_impact
 row waits until then.
-Kept for it, as the core keeps rows for late pauses: the pauses, GIL rows and System.gc() calls of the last `retain_ns`. Each due batch is one `Causes` over the kept pauses (a stop's rows count
-together: the requester of its safepoint, its collection's cause), fed the kept GIL rows as
-one block with the intervals open now. What the pause ring does not carry is filled in as
+Kept for it, as the core keeps rows for late pauses: the pauses, GIL rows and System.gc() calls
+of the last `retain_ns`. Each due batch is one `Causes` over the kept pauses (a stop's rows
+count together: the requester of its safepoint, its collection's cause), fed the kept GIL rows
+as one block with the intervals open now. What the pause ring does not carry is filled in as
 the recording's reader does (docs/ring.md, "Java writer"): a GC pause's cause from its
 collection, the System.gc() call a pause lies in.
 """
