@@ -628,26 +628,28 @@ def _alive_threads(jvm, starts, ends, l_pid, l_tid, l_start, l_end):
 
 class CodeHits:
     """The summary's code hit most: exact overlaps rows per (function, file, line), total
-    overlap_ns ("sum") and rows ("size"), in order of first appearance. Fed the rows as the core
-    makes them (`Correlator.overlaps_codes`: added up by carried code, not by text). leaders:
-    the pause_ids leading a stop of the world (engine/correlate/stops.py): only their rows
-    count, so a stop's safepoint, GC pause and collection hit a release once."""
+    overlap_ns ("sum") and rows ("size"), in order of first appearance. A sink of the driver
+    (engine/correlate/drive.py): the rows added up by their carried code (Rows.overlaps_code),
+    not by text. leaders: the pause_ids leading a stop of the world (engine/correlate/stops.py):
+    only their rows count, so a stop's safepoint, GC pause and collection hit a release once."""
 
     def __init__(self, leaders: np.ndarray | None):
         self.leaders = None if leaders is None else np.asarray(leaders, np.int64)
         self.sums = np.zeros(0, np.int64)
         self.counts = np.zeros(0, np.int64)
         self.first = np.zeros(0, np.int64)  # the first row (over every part) of each code; -1: none
-        self.rows = 0
+        self.rows_added = 0
 
     @classmethod
-    def fed_by(cls, core, pauses: pd.DataFrame, stop: np.ndarray) -> "CodeHits":
-        """The hits of the pauses leading a stop (STOP: stop_ids of PAUSES), fed by CORE (a
-        Correlator) as it makes overlaps rows."""
+    def of(cls, pauses: pd.DataFrame, stop: np.ndarray) -> "CodeHits":
+        """The hits of the pauses leading a stop (STOP: stop_ids of PAUSES)."""
         pause_id = pauses["pause_id"].to_numpy(np.int64)
-        hits = cls(pause_id[stop == pause_id])
-        core.overlaps_codes = hits.add
-        return hits
+        return cls(pause_id[stop == pause_id])
+
+    def rows(self, step, rows) -> None:
+        if rows.overlaps_code is not None and rows.overlaps.num_rows:
+            overlaps = rows.overlaps
+            self.add(*(overlaps.column(c).to_numpy() for c in ("pause_id", "overlap_ns", "near_miss")), rows.overlaps_code)
 
     def add(self, pause_id: np.ndarray, overlap_ns: np.ndarray, near_miss: np.ndarray, code: np.ndarray) -> None:
         keep = ~near_miss
@@ -658,13 +660,13 @@ class CodeHits:
             self.sums = np.concatenate([self.sums, np.zeros(grow, np.int64)])
             self.counts = np.concatenate([self.counts, np.zeros(grow, np.int64)])
             self.first = np.concatenate([self.first, np.full(grow, -1, np.int64)])
-        code_totals(keep, code.astype(np.int64, copy=False), overlap_ns.astype(np.int64, copy=False), self.rows,
+        code_totals(keep, code.astype(np.int64, copy=False), overlap_ns.astype(np.int64, copy=False), self.rows_added,
                     self.sums, self.counts, self.first)
-        self.rows += code.size
+        self.rows_added += code.size
 
     def table(self, carried: pa.Table | None) -> pa.Table | None:
         """The hits (function, file, line, sum, size), or None if no row carried a function."""
-        if carried is None or "function" not in carried.column_names or not self.rows:
+        if carried is None or "function" not in carried.column_names or not self.rows_added:
             return None
         seen = np.flatnonzero(self.counts)
         seen = seen[np.argsort(self.first[seen], kind="stable")]  # in order of first appearance

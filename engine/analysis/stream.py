@@ -1,10 +1,10 @@
-"""The offline driver: a GIL source's blocks through the correlation core into a sink, in bounded
-memory. `tandem analyze`, the fleet's workers and the notebook's `correlate` all run `drive`:
+"""A recorded session through the correlation core into a sink, in bounded memory: the GIL
+source's blocks are the steps of the core's driver (engine/correlate/drive.py; `tandem live`
+runs it on the live sources' polls). `tandem analyze`, the fleet's workers and the notebook's
+`correlate` all run `drive`:
 
     ParquetGil | EventsGil (files, block by block) -> ParquetSink -> OUT/*.parquet as rows become final
     FrameGil (a table in memory, one block)          -> MemorySink  -> the result tables as DataFrames
-
-(The core's other driver is `tandem live`, engine/live/runner.py, fed by the live sources.)
 
 The GIL side is a stream of blocks (engine/ingest/gil_stream.py: a Parquet gil table or the
 probe's events files): a first pass learns each block's watermark and each thread's lifetime;
@@ -38,6 +38,7 @@ from engine.analysis.causes import CAUSE_INPUT_COLUMNS, REQUESTER_COLUMNS, Cause
 from engine.analysis.facts import aligned_pauses, analysis_facts
 from engine.correlate import END, Correlator, KnownLifetimes, Rows
 from engine.correlate.core import carried_key
+from engine.correlate.drive import Step, run_core
 from engine.correlate.schema import PAUSE_COLUMNS, PAUSE_FACT_COLUMNS, RESULT_TABLES, SCHEMAS, core_columns, to_pandas
 from engine.correlate.stops import jvm_threads, stop_ids
 from engine.ingest.gil_stream import ParquetGil, rows_frame
@@ -226,13 +227,12 @@ class ParquetSink:
     def set_aside(self, pauses: pd.DataFrame, stop: np.ndarray) -> PausesAside:
         return PausesOnDisk(pauses, stop, self.staging / SPILLED_PAUSES)
 
-    def rows(self, rows: Rows) -> None:
+    def rows(self, step: Step | None, rows: Rows) -> None:
         for name, table in rows.tables().items():
             if name in self.writers:
                 self.background.write(self.writers[name], table)
-
-    def gil_rows(self, table: pa.Table) -> None:
-        self.background.write(self.writers["gil"], table)
+        if step is not None and step.read is not None and step.read.copy is not None:
+            self.background.write(self.writers["gil"], step.read.copy)  # (the GIL block's rows, as pushed)
 
     def drain(self) -> None:
         self.background.drain()
@@ -304,13 +304,10 @@ class MemorySink:
     def set_aside(self, pauses: pd.DataFrame, stop: np.ndarray) -> PausesAside:
         return PausesAside(pauses, stop)
 
-    def rows(self, rows: Rows) -> None:
+    def rows(self, step: Step | None, rows: Rows) -> None:
         self.parts["overlaps"].append(rows.overlaps)
         self.parts["gil_free"].append(rows.gil_free)
         self.parts["pause_impact"].append(rows.pause_impact)
-
-    def gil_rows(self, table: pa.Table) -> None:
-        pass  # (the gil table is the caller's, already in memory)
 
     def drain(self) -> None:
         pass
@@ -433,6 +430,17 @@ class PausesOnDisk(PausesAside):
         return pauses, stop
 
 
+def block_steps(blocks, coming: PausesInTime, progress=None):
+    """A GIL source's blocks as the core's steps, each with the pauses starting before its
+    watermark; the pauses left, once the blocks end. PROGRESS(rows so far), after each block's push."""
+    for block in blocks:
+        yield Step(block.watermark_ns, pauses=coming.before(block.watermark_ns), gil=block.rows, read=block)
+        if progress is not None:
+            progress(block.rows_so_far)
+    if coming.left():
+        yield Step(END, pauses=coming.before(END))
+
+
 @dataclass
 class Driven:
     """What one drive made: the header, the summary and stops, and what the sink gave back."""
@@ -468,7 +476,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         # who asked for each pause: fed the rows as they pass (the first pass knows every thread)
         causes = Causes(pauses, stop, lifetimes, every_thread=True)
         pauses = pauses.drop(columns=list(REQUESTER_COLUMNS), errors="ignore")  # (read by Causes only, and now)
-        hits = CodeHits.fed_by(core, pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
+        hits = CodeHits.of(pauses, stop)  # the summary's "why": overlap per code, added up as the core makes the rows
         # (numbering makes the carried text dictionaries: only for a sink that takes text so)
         blocks = carried_numbered(gil.pushes()) if sink.text_as_dictionary else gil.pushes()
         blocks = causes_fed(blocks, causes)  # (in the reading thread: the core's thread is the busier)
@@ -476,16 +484,7 @@ def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int 
         aside, end_columns = sink.set_aside(pauses, stop), [c for c in END_PAUSE_COLUMNS if c in pauses.columns]
         coming = PausesInTime(aside.in_start_order(core_columns(pauses)))
         del pauses, stop
-        for block in read_ahead(blocks, budget=READ_AHEAD_BYTES, size=block_bytes):
-            rows = block.rows
-            sink.rows(core.push(pauses=coming.before(block.watermark_ns), gil=rows, watermark_ns=block.watermark_ns))
-            if block.copy is not None:
-                sink.gil_rows(block.copy)
-            if progress is not None:
-                progress(block.rows_so_far)
-        if coming.left():
-            sink.rows(core.push(pauses=coming.before(END), watermark_ns=END))
-        sink.rows(core.finish())
+        run_core(core, block_steps(read_ahead(blocks, budget=READ_AHEAD_BYTES, size=block_bytes), coming, progress), [sink, hits])
         sink.drain()
         pauses, stop = aside.back(end_columns)
         pauses.attrs = pause_facts

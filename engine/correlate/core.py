@@ -54,7 +54,6 @@ per thread and per process; the summary's input, a few bytes per final pause.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,6 +137,9 @@ class Rows:
     overlaps: pa.Table
     pause_impact: pa.Table
     gil_free: pa.Table
+    # Per overlaps row, the carried code of its GIL row (Correlator.carried_table's row), when
+    # the GIL rows carry values: a sink totals overlaps per code without reading their text.
+    overlaps_code: np.ndarray | None = None
 
     def tables(self) -> dict[str, pa.Table]:
         return {"overlaps": self.overlaps, "pause_impact": self.pause_impact, "gil_free": self.gil_free}
@@ -290,10 +292,8 @@ class Correlator:
         self._carried_codes: dict[tuple, int] = {}
         self._carried_schema: pa.Schema | None = None
         self._carried_table: pa.Table | None = None
-        # Called with (pause_id, overlap_ns, near_miss, carried code) of every overlaps table made
-        # from GIL rows that carry values, in the order the tables are emitted: lets a driver
-        # total overlaps per code (engine/analysis/causes.py CodeHits) without reading their text.
-        self.overlaps_codes: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None] | None = None
+        # The carried codes of the overlaps tables made in this push, in the order they go out (Rows.overlaps_code)
+        self._made_codes: list[np.ndarray] = []
         # gil_free segments a pending or later pause may still overlap.
         self.f_start = np.zeros(0, np.int64)
         self.f_end = np.zeros(0, np.int64)
@@ -672,7 +672,9 @@ class Correlator:
         free = self._sweep(frontier, span_end)
         overlaps, impact = self._finalize_pauses(frontier, final)
         self._prune()
-        return Rows(overlaps, impact, free)
+        made, self._made_codes = self._made_codes, []
+        codes = (np.concatenate(made) if made else np.zeros(0, np.int64)) if self._carried_table is not None else None
+        return Rows(overlaps, impact, free, codes)
 
     def _sweep(self, frontier: int, span_end: np.ndarray) -> pa.Table:
         if frontier <= self._swept:
@@ -799,8 +801,7 @@ class Correlator:
         overlaps = pa.table({**columns, "near_miss": near_miss[emit]}).select(list(SCHEMAS["overlaps"].names))
         if self._carried_table is not None:
             codes = self.r_carried[pair_a[emit]]
-            if self.overlaps_codes is not None:
-                self.overlaps_codes(columns["pause_id"], columns["overlap_ns"], near_miss[emit], codes)
+            self._made_codes.append(codes)
             index = pa.array(codes.astype(np.int32))
             for field, values in zip(self._carried_table.schema, self._carried_table.columns):
                 values = values.combine_chunks()

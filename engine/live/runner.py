@@ -1,10 +1,10 @@
-"""The live loop: a driver of the correlation core (engine/correlate) fed by the live sources.
+"""The live loop: the live sources' polls as the steps of the core's driver (engine/correlate/drive.py).
 
 Each step reads what the sources have (pause rings or the JFR repository, GIL rings), pushes it
 to the core with the watermark and the GIL intervals open now, and hands the rows that came out
 to the writer, the alerts and the view: the pauses read and their overlaps rows with closed GIL
-intervals at once (the core's eager_pairs), pause_impact and gil_free rows once final. `tandem analyze` drives the same core over a
-recorded session (engine/analysis/stream.py): both produce their rows with the same code.
+intervals at once (the core's eager_pairs), pause_impact and gil_free rows once final.
+`tandem analyze` runs the same driver over a recorded session (engine/analysis/stream.py).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from engine.correlate import Correlator, GilRows, Rows
+from engine.correlate.drive import Step, run_core
 from engine.correlate.core import warm_up
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import END, GIL_COLUMNS, GIL_STATES, core_columns, empty_frame, to_pandas
@@ -132,10 +133,10 @@ class LiveRun:
         due, now = self._next_due_ns(), time.monotonic_ns()
         return poll if due is None or due <= now else min(poll, (due - now) / 1e9)
 
-    def step(self, *, final: bool = False) -> None:
+    def step(self, *, final: bool = False) -> Step | None:
         """One turn of the loop: the pause sources are polled every RING_POLL_S with pause rings
         (JVM_POLL_S with the JFR repository alone); the GIL rings when pauses came, when a pending
-        pause is due, or every GIL_POLL_S; then one push to the core."""
+        pause is due, or every GIL_POLL_S; then the core's step (None: nothing to push this turn)."""
         began = time.monotonic()
         if final or began - self._last_scan >= SCAN_EVERY_S:
             self._scan(began)
@@ -143,15 +144,13 @@ class LiveRun:
         pauses = self._poll_jvm() if final or rings or began - self._last_jvm_poll >= JVM_POLL_S else empty_frame("pauses")
         if not (final or len(pauses) or began - self._last_gil_poll >= GIL_POLL_S or self._final_due(began)):
             self._emit_causes()  # (rows that waited for a causes batch)
-            return
+            return None
         self._last_gil_poll = time.monotonic()
         if self._last_scan < began:
             self._scan(self._last_gil_poll)  # (the watermark is bounded by the last scan: a fresh one)
         # /proc before the rings: a thread gone in the snapshot has all its events in this read.
         self.lifetimes.snapshot([s.pid for s in self.watcher.gil.values() if s.pid])
-        gil = self._poll_gil()
-        self._push(pauses, gil, final)
-        self.step_seconds.append(time.monotonic() - began)
+        return self._step(pauses, self._poll_gil(), final)
 
     def _scan(self, now: float) -> None:
         self._last_scan = now
@@ -172,23 +171,28 @@ class LiveRun:
         """The intervals open now and their codes, none once the watermark has passed everything."""
         return self._open_intervals() if self.watermark_ns < END else (GilRows.empty(), np.zeros(0, np.uint64))
 
-    def _push(self, pauses: pd.DataFrame, gil: pd.DataFrame, final: bool) -> None:
+    def _step(self, pauses: pd.DataFrame, gil: pd.DataFrame, final: bool) -> Step:
         opened = None if final else self._open_intervals()[0]
         releases = None if final else np.array([(b, h) for s in self.watcher.gil.values() if not s.done
                                                 for p, t, b, h in s.open_releases() if self.lifetimes.alive(p, t)],
                                                np.int64).reshape(-1, 2)
         intervals = wm.intervals_watermark(self.watcher.gil.values(), self.watcher.scanned_ns)
         w, self._held_until_ns = wm.held_watermark(intervals, releases)
-        # (the parts get every column of the pauses)
-        rows = self.core.push(pauses=pauses[core_columns(pauses)] if len(pauses) else None,
-                              gil=gil_rows_from_frame(gil[list(GIL_COLUMNS)]) if len(gil) else None,
-                              open=opened, watermark_ns=max(w, self.core.watermark_ns))
+        # (the core reads its columns; the parts get every column of the pauses: `read`)
+        return Step(max(w, self.core.watermark_ns), pauses=pauses[core_columns(pauses)] if len(pauses) else None,
+                    gil=gil_rows_from_frame(gil[list(GIL_COLUMNS)]) if len(gil) else None, open=opened,
+                    read=(pauses, gil, intervals))
+
+    def rows(self, step: Step | None, rows: Rows) -> None:
+        """The driver's sink (engine/correlate/drive.py): a push's rows, with what its step read."""
+        if step is None:  # (the core's finish)
+            self.watermark_ns = self.intervals_ns = END
+            self._emit(rows, empty_frame("pauses"), empty_frame("gil"))
+            return
+        pauses, gil, intervals = step.read
         self.watermark_ns = self.core.watermark_ns
         self.intervals_ns = max(intervals, self.watermark_ns, self.intervals_ns or self.watermark_ns)
         self._emit(rows, pauses, gil)
-        if final:
-            self.watermark_ns = self.intervals_ns = END
-            self._emit(self.core.finish(), empty_frame("pauses"), empty_frame("gil"))
 
     def _emit(self, rows: Rows, pauses: pd.DataFrame, gil: pd.DataFrame) -> None:
         """Rows that came out to the current part, the alerts and the view, with the pauses and
@@ -263,8 +267,6 @@ class LiveRun:
 
     def run(self) -> None:
         """Until stop is set, or the command has exited and its processes are done (or LINGER_S)."""
-        last_view = 0.0
-        done_since = None
         # Everything loaded so far (pandas, numpy, the JVM bridge: ~160k objects) lives as long
         # as the process: out of the cyclic GC's full collections, which otherwise stop this
         # loop for 0.1-0.4 s every few seconds.
@@ -279,24 +281,12 @@ class LiveRun:
         gc.set_threshold(young, middle, FULL_GC_EVERY)
         self.memory.start()
         try:
-            while not self.stop.is_set():
-                self.step()
-                if self.writer.due():
-                    self.roll()
-                if self.writer.error is not None:
-                    raise self.writer.error
-                if self.view is not None and time.monotonic() - last_view >= VIEW_EVERY_S:
-                    last_view = time.monotonic()
-                    self.view.update(self)
-                if self.follow_recorder and "end_monotonic_ns" in read_json(self.session / SESSION_JSON):
-                    self.command_done.set()  # the recorder (`tandem record`) has seen its command end
-                if self.command_done.is_set():
-                    done_since = done_since or time.monotonic()
-                    lingered = time.monotonic() - done_since
-                    if self.all_done() or (lingered > LINGER_S and not (self._reading_last() and lingered < LAST_READ_S)):
-                        break
-                self.stop.wait(self._wait_s())
-            self.finish()
+            run_core(self.core, self._steps(), [self])
+            self.memory.stop()
+            self.roll(wait=True, final=True)
+            if self.view is not None:
+                self.view.update(self)
+                self.view.final(self)
         except BaseException as err:  # reported by the caller (the loop may run in a thread)
             self.error = err
             try:
@@ -305,11 +295,31 @@ class LiveRun:
                 pass
             raise
 
-    def finish(self) -> None:
-        """Everything still readable, pushed; the core finished; the last part written."""
-        self.step(final=True)
-        self.memory.stop()
-        self.roll(wait=True, final=True)
-        if self.view is not None:
-            self.view.update(self)
-            self.view.final(self)
+    def _steps(self):
+        """The loop's steps, each pushed (and its rows taken) before the loop goes on, until stop
+        is set, or the command has exited and its processes are done (or LINGER_S); the last one
+        reads everything still readable."""
+        last_view = 0.0
+        done_since = None
+        while not self.stop.is_set():
+            began = time.monotonic()
+            step = self.step()
+            if step is not None:
+                yield step
+                self.step_seconds.append(time.monotonic() - began)
+            if self.writer.due():
+                self.roll()
+            if self.writer.error is not None:
+                raise self.writer.error
+            if self.view is not None and time.monotonic() - last_view >= VIEW_EVERY_S:
+                last_view = time.monotonic()
+                self.view.update(self)
+            if self.follow_recorder and "end_monotonic_ns" in read_json(self.session / SESSION_JSON):
+                self.command_done.set()  # the recorder (`tandem record`) has seen its command end
+            if self.command_done.is_set():
+                done_since = done_since or time.monotonic()
+                lingered = time.monotonic() - done_since
+                if self.all_done() or (lingered > LINGER_S and not (self._reading_last() and lingered < LAST_READ_S)):
+                    break
+            self.stop.wait(self._wait_s())
+        yield self.step(final=True)
