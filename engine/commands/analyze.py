@@ -116,9 +116,11 @@ def _received_spans(session: Path | None) -> Path | None:
 
 # Free bytes glibc's heap may hold before they are given back (below). A short session's blocks
 # leave 180-260 MiB free; a long one's stays there while its holes move up the heap, so its RSS
-# creeps. Under this, a long session trims after most blocks: a fifth more time for a peak near a
-# short session's (docs/join.md, "Allocators").
+# creeps. Under this, a long session's peak stays near a short session's (docs/join.md, "Allocators").
 FREE_HEAP_LIMIT = 192 << 20
+# Blocks between two looks at the free heap: the next blocks fault in again the pages a trim gave
+# back, which after every block cost a fifth of a real hour's time; the creep is slow.
+TRIM_EVERY_BLOCKS = 4
 
 
 def _tune_allocators():
@@ -128,9 +130,10 @@ def _tune_allocators():
     kernel then zeroes 2 MiB at each first touch: more than half the process's system time); and
     Arrow allocate from jemalloc, where the wheel has it (a lower peak than its default mimalloc on
     long sessions, as fast). Returns what to call after each block: the heap's free pages given
-    back once they pass FREE_HEAP_LIMIT."""
+    back once they pass FREE_HEAP_LIMIT, looked at every TRIM_EVERY_BLOCKS blocks."""
     import ctypes
     import ctypes.util
+    import itertools
 
     try:  # (numpy 2; numpy 1.26 has it in numpy.core)
         from numpy._core.multiarray import _set_madvise_hugepage
@@ -155,8 +158,10 @@ def _tune_allocators():
     if libc is not None and hasattr(libc, "mallinfo2"):  # (glibc 2.33 and later)
         libc.mallinfo2.restype = MallInfo2
 
+        blocks = itertools.count(1)
+
         def trim() -> None:
-            if libc.mallinfo2().fordblks > FREE_HEAP_LIMIT:
+            if next(blocks) % TRIM_EVERY_BLOCKS == 0 and libc.mallinfo2().fordblks > FREE_HEAP_LIMIT:
                 libc.malloc_trim(0)
     else:
         trim = lambda: None  # noqa: E731
