@@ -305,8 +305,9 @@ def test_several_parquet_gil_tables_are_pushed_side_by_side_in_time(tmp_path, mo
 
 def test_a_parquet_tables_first_pass_over_row_groups_side_by_side_equals_one_pass(tmp_path, monkeypatch):
     """ParquetGil's first pass reads its row groups side by side: each thread's lifetime (a thread
-    in several groups, one with only empty intervals) and each block's later minimum are those
-    of the whole table read in order."""
+    in several groups, one with only empty intervals) is that of the whole table read in order,
+    and after any row the watermark is at most the earliest start of the rows after it: that
+    start itself after a block's last row."""
     import pyarrow as pa
 
     from engine.ingest import gil_stream
@@ -325,9 +326,50 @@ def test_a_parquet_tables_first_pass_over_row_groups_side_by_side_equals_one_pas
     lifetimes = source.first_pass().sort_values(["pid", "tid"], ignore_index=True)
     whole = gil_stream.thread_lifetimes(gil).sort_values(["pid", "tid"], ignore_index=True)
     pd.testing.assert_frame_equal(lifetimes, whole)
-    block_min = [int(b.column("start_ns").to_numpy().min()) for b in source._blocks(0, ["start_ns"])]
-    later = np.minimum.accumulate(np.array(block_min[::-1]))[::-1]
-    assert source._later[0].tolist() == [*later.tolist(), END]
+    starts = np.concatenate([b.column("start_ns").to_numpy() for b in source._blocks(0, ["start_ns"])])
+    after = np.append(np.minimum.accumulate(starts[::-1])[::-1], END)  # (the earliest start from each row on)
+    ahead = source._ahead[0]
+    bounds = np.array([ahead.earliest_from(row) for row in range(len(starts) + 1)])
+    assert (bounds <= after).all()
+    ends = np.cumsum([b.num_rows for b in source._blocks(0, ["start_ns"])])
+    assert (bounds[ends] == after[ends]).all() and bounds[-1] == END
+
+
+@pytest.mark.parametrize("first_rows, push_rows", [(8, 5), (3, 16), (16, 16)])
+def test_parquet_blocks_cut_unlike_the_first_passes_keep_every_row_and_result(tmp_path, monkeypatch, first_rows, push_rows):
+    """The pushes of Parquet gil tables need not cut their blocks where the first pass did (a
+    reader may end a batch at a dictionary page): every row is pushed and every result equals
+    the in-memory analysis of the tables' concatenation."""
+    from engine.analysis import correlate
+    from engine.analysis import stream
+    from engine.ingest import gil_stream
+    from engine.ingest.inputs import gil_from
+    from engine.store import read_table, write_table
+
+    pauses, gil = random_scenario(6)
+    gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)
+    paths = []
+    for k in range(2):
+        paths.append(tmp_path / f"g{k}.parquet")
+        write_table(gil[gil["tid"].to_numpy() % 2 == k].reset_index(drop=True), paths[-1], {"source": f"part {k}"})
+    monkeypatch.setattr(gil_stream, "BLOCK_ROWS", first_rows)
+    source = gil_stream.ParquetGil(paths)
+    first_pass = source.first_pass
+
+    def then_other_cuts():
+        lifetimes = first_pass()
+        gil_stream.BLOCK_ROWS = push_rows
+        return lifetimes
+
+    source.first_pass = then_other_cuts
+    stream.analyze_streamed(tmp_path / "out", pauses, source, slack_ns=5)
+    whole, names = gil_from(paths=paths)
+    expected = correlate(pauses, whole, slack_ns=5, gil_source=names)
+    for name in ("overlaps", "pause_impact", "gil_free"):
+        back, table = read_table(tmp_path / "out" / f"{name}.parquet"), getattr(expected, name)
+        columns = [c for c in ("pause_id", "pid", "tid", "start_ns", "end_ns", "state") if c in back.columns]
+        pd.testing.assert_frame_equal(back.sort_values(columns, ignore_index=True),
+                                      table.sort_values(columns, ignore_index=True), check_dtype=False, obj=name)
 
 
 def test_overlaps_carry_the_code_of_their_gil_interval():

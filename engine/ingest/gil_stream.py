@@ -11,6 +11,7 @@ blocks, from the processes' files in the order their intervals start.
 from __future__ import annotations
 
 import heapq
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ from engine.store import TableCopy, TableWriter, is_text, not_parquet, read_meta
 
 
 BLOCK_ROWS = 1 << 20
+# Rows of a Parquet table's row group under one watermark bound at most (RowsAhead: the largest
+# divisor of BLOCK_ROWS up to this, so that blocks cut as the first pass's get exact watermarks).
+WATERMARK_ROWS = 1 << 16
 MIN_FILE_BLOCK = 1 << 12  # records of a block of one process's events file, with many processes
 FIRST_PASS_THREADS = 8
 TIME_COLUMNS = ("pid", "tid", "start_ns", "end_ns")
@@ -174,21 +178,26 @@ class ParquetGil:
         return writer.close(meta)
 
     def first_pass(self) -> pd.DataFrame:
-        """Each thread's lifetime (pid, tid, start_ns, end_ns); the watermarks for `pushes`."""
+        """Each thread's lifetime (pid, tid, start_ns, end_ns); the watermarks for `pushes`: the
+        earliest start in each `chunk` rows of each row group (RowsAhead)."""
+        chunk = math.gcd(BLOCK_ROWS, WATERMARK_ROWS)
 
-        def one_group(at: tuple[int, int]) -> tuple[list[int], pd.DataFrame]:
-            block_min, hulls = [], ThreadHulls()
-            for batch in self._group_blocks(*at, list(TIME_COLUMNS)):
-                pid, tid, start, end = (_int64(batch, c, str(self.paths[at[0]])) for c in TIME_COLUMNS)
-                block_min.append(int(start.min()) if start.size else END)
+        def one_group(at: tuple[int, int]) -> tuple[np.ndarray, pd.DataFrame]:
+            f, g = at
+            chunk_min = np.full(-(-self.files[f].metadata.row_group(g).num_rows // chunk), END, np.int64)
+            hulls, offset = ThreadHulls(), 0
+            for batch in self._group_blocks(f, g, list(TIME_COLUMNS)):
+                pid, tid, start, end = (_int64(batch, c, str(self.paths[f])) for c in TIME_COLUMNS)
+                _chunk_minima(chunk_min, start, offset, chunk)
                 hulls.add(pid, tid, start, end)
-            return block_min, hulls.table()
+                offset += batch.num_rows
+            return chunk_min, hulls.table()
 
         # Row groups side by side (decoding and the hulls release the GIL), as EventsGil's files.
         groups = [(f, g) for f, file in enumerate(self.files) for g in range(file.metadata.num_row_groups)]
         with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1, FIRST_PASS_THREADS) or 1) as pool:
             done = list(pool.map(one_group, groups))
-        self._later = [_later_minimum([m for (g, _), (block_min, _) in zip(groups, done) if g == f for m in block_min])
+        self._ahead = [RowsAhead(self.files[f].metadata, chunk, [chunk_min for (g, _), (chunk_min, _) in zip(groups, done) if g == f])
                        for f in range(len(self.files))]
         return _lifetimes([hulls for _, hulls in done])
 
@@ -227,18 +236,54 @@ class ParquetGil:
         text = ["state", *(f.name for f in (schema if self.copy_schema else self.carried) if is_text(f.type))]
         read = None if self.copy_schema else columns
         blocks = [self._blocks(f, read, read_dictionary=text) for f in range(len(self.files))]
-        pushed = [0] * len(blocks)
-        left = [f for f in range(len(blocks)) if self._later[f].size > 1]
+        read_rows = [0] * len(blocks)
+        left = [f for f in range(len(blocks)) if self._ahead[f].rows]
         while left:
-            f = min(left, key=lambda f: self._later[f][pushed[f]])
-            batch = next(blocks[f])
-            pushed[f] += 1
-            if pushed[f] == self._later[f].size - 1:
+            f = min(left, key=lambda f: self._ahead[f].earliest_from(read_rows[f]))
+            batch = next(blocks[f], None)
+            if batch is None:  # (fewer rows than the footer says: a file changed since the first pass)
+                raise TandemError(f"{self.paths[f]}: ends at row {read_rows[f]:,} of {self._ahead[f].rows:,} (changed while read?)")
+            read_rows[f] += batch.num_rows
+            if read_rows[f] >= self._ahead[f].rows:
                 left.remove(f)
             rows = gil_rows_from_arrow(batch.select(columns), str(self.paths[f]), first_row)
             first_row += batch.num_rows
-            yield GilBlock(rows, int(min(later[n] for later, n in zip(self._later, pushed))), first_row,
-                           copy=pa.Table.from_batches([batch]) if self.copy_schema else None)
+            watermark = min((self._ahead[f].earliest_from(read_rows[f]) for f in left), default=END)
+            yield GilBlock(rows, int(watermark), first_row, copy=pa.Table.from_batches([batch]) if self.copy_schema else None)
+
+
+class RowsAhead:
+    """Where the rows of a Parquet table not read yet start at the earliest, whatever batches its
+    reader cuts: the earliest start of each CHUNK rows of each row group (from the first pass),
+    so that after any row, the earliest of the chunk it lies in and every chunk after it bounds
+    what is left (rows of that chunk already read only make the bound earlier: still a watermark)."""
+
+    def __init__(self, metadata: pq.FileMetaData, chunk: int, chunk_min: list[np.ndarray]):
+        self.chunk = chunk
+        group_rows = np.array([metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)], np.int64)
+        self.rows = int(group_rows.sum())
+        self.group_start = np.concatenate([[0], np.cumsum(group_rows)])  # (a row's group: by its number)
+        self.chunk_base = np.concatenate([[0], np.cumsum([c.size for c in chunk_min])])  # (a group's first chunk)
+        flat = np.concatenate([*chunk_min, [END]]).astype(np.int64)
+        self.later = np.minimum.accumulate(flat[::-1])[::-1]  # (per chunk, the earliest of it and every later one)
+
+    def earliest_from(self, row: int) -> int:
+        """The earliest start of rows ROW on (END past the last)."""
+        if row >= self.rows:
+            return END
+        g = int(np.searchsorted(self.group_start, row, "right")) - 1
+        return int(self.later[self.chunk_base[g] + (row - self.group_start[g]) // self.chunk])
+
+
+def _chunk_minima(chunk_min: np.ndarray, start: np.ndarray, offset: int, chunk: int) -> None:
+    """CHUNK_MIN (per CHUNK rows of a row group) lowered by START, rows OFFSET on of the group."""
+    if not start.size:
+        return
+    first = offset // chunk
+    cuts = np.arange((first + 1) * chunk - offset, start.size, chunk)
+    at = np.concatenate([[0], cuts])
+    chunks = first + np.arange(at.size)
+    chunk_min[chunks] = np.minimum(chunk_min[chunks], np.minimum.reduceat(start, at))
 
 
 def _parquet_gil(path: Path) -> pq.ParquetFile:
