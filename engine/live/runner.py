@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from engine.correlate import Correlator, GilRows, Rows
-from engine.correlate.drive import Step, run_core
 from engine.correlate.core import warm_up
+from engine.correlate.drive import Step, run_core
 from engine.correlate.inputs import gil_rows_from_frame
 from engine.correlate.schema import END, GIL_COLUMNS, GIL_STATES, core_columns, empty_frame, to_pandas
 from engine.live import watermark as wm
