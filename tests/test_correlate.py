@@ -761,3 +761,65 @@ def test_carried_key_numbers_equal_values_alike_in_the_order_they_first_come(see
     rows = list(zip(*(table.column(name).to_pylist() for name in table.column_names))) if n else []
     expected, _ = pd.factorize(pd.Series(rows, dtype=object)) if rows else (np.zeros(0, np.int64), None)
     assert np.array_equal(carried_key(table), expected)
+
+
+@pytest.mark.parametrize("tables", [1, 2])
+def test_a_parquet_table_sorted_by_thread_is_pushed_by_time_in_bounded_memory(tmp_path, monkeypatch, tables):
+    """A gil table in thread order (each thread's rows, then the next thread's: a table a tool
+    wrote grouped by thread) read in its order would have the core hold nearly every row, the
+    watermark held back by the last thread's first start. The first pass sees it and its rows are
+    pushed by time (through time buckets on disk): each push leaves at most about a block's rows
+    the watermark has not passed, and every result equals the in-memory analysis; in time order
+    the same rows are pushed as they stand. Copied, gil.parquet holds every row."""
+    from engine.analysis import correlate
+    from engine.analysis import stream
+    from engine.ingest import gil_stream
+    from engine.ingest.inputs import gil_from
+    from engine.store import read_table, write_table
+
+    rng = np.random.default_rng(11)
+    rows = []
+    for tid in range(20, 32):  # twelve threads over the same time, their rows in start order
+        t = int(rng.integers(0, 50))
+        for _ in range(60):
+            t += int(rng.integers(1, 40))
+            length = int(rng.integers(0, 30))
+            rows.append((9, tid, str(rng.choice(["released", "waiting"])), t, t + length))
+            t += length
+    gil = gil_frame(rows)
+    gil["function"] = pd.array([f"f{i % 5}" for i in range(len(gil))], dtype="string")
+    starts = rng.integers(0, 2_000, 40)
+    pauses = pauses_frame([(int(s), int(s) + int(rng.integers(0, 60))) for s in starts])
+    by_thread = gil.sort_values(["pid", "tid", "start_ns"], kind="stable", ignore_index=True)
+    paths = []
+    for k in range(tables):
+        paths.append(tmp_path / f"g{k}.parquet")
+        write_table(by_thread[by_thread["tid"].to_numpy() % tables == k].reset_index(drop=True), paths[-1], {})
+    monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 64)
+    source = gil_stream.ParquetGil(paths, copy=True)
+    source.first_pass()
+    assert source._edges is not None and source._edges.size >= 5
+    pushed, waiting = [], []
+    for block in source.pushes():
+        pushed.append(block.rows.start_ns)
+        waiting.append(sum(int((s >= block.watermark_ns).sum()) for s in pushed))
+    assert sum(s.size for s in pushed) == len(gil) and max(waiting) <= 2 * 64
+
+    streamed = stream.analyze_streamed(tmp_path / "out", pauses, gil_stream.ParquetGil(paths, copy=True), slack_ns=5)
+    assert all(p.suffix == ".parquet" for p in (tmp_path / "out").iterdir())  # (the buckets, gone with the staging)
+    whole, names = gil_from(paths=paths)
+    expected = correlate(pauses, whole, slack_ns=5, gil_source=names)
+    assert streamed.header == expected.header
+    for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops", "gil"):
+        back = read_table(tmp_path / "out" / f"{name}.parquet")
+        table = getattr(expected, "summary_table" if name == "summary" else name)
+        columns = [c for c in ("pause_id", "pid", "tid", "start_ns", "end_ns", "state") if c in back.columns]
+        if columns and name not in ("summary", "stops"):
+            back, table = back.sort_values(columns, ignore_index=True), table.sort_values(columns, ignore_index=True)
+        pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
+
+    in_time = tmp_path / "in-time.parquet"
+    write_table(gil.sort_values("start_ns", kind="stable", ignore_index=True), in_time, {})
+    source = gil_stream.ParquetGil(in_time)
+    source.first_pass()
+    assert source._edges is None

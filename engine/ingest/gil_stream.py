@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.clock.facts import clock_parts
@@ -34,9 +36,17 @@ from engine.store import TableCopy, TableWriter, is_text, not_parquet, read_meta
 
 
 BLOCK_ROWS = 1 << 20
+SCRATCH_IPC = pa.ipc.IpcWriteOptions(compression="lz4")  # (rows waiting on disk: _by_time)
+SCRATCH_ROWS = 1 << 16  # (rows of a block written to their time buckets at once)
 # Rows of a Parquet table's row group under one watermark bound at most (RowsAhead: the largest
 # divisor of BLOCK_ROWS up to this, so that blocks cut as the first pass's get exact watermarks).
 WATERMARK_ROWS = 1 << 16
+# A Parquet table not in time order (sorted by thread, say) read in its order would have the core
+# hold every row the watermark has not passed: past HELD_BLOCKS blocks of them (estimated by the
+# first pass), its rows are pushed by time instead (ParquetGil._by_time). SAMPLES_A_BLOCK starts
+# of each block's worth of rows place the time buckets.
+HELD_BLOCKS = 1
+SAMPLES_A_BLOCK = 256
 MIN_FILE_BLOCK = 1 << 12  # records of a block of one process's events file, with many processes
 FIRST_PASS_THREADS = 8
 TIME_COLUMNS = ("pid", "tid", "start_ns", "end_ns")
@@ -133,6 +143,8 @@ class ParquetGil:
         # (one table's pages are copied as they are; several tables' rows, as they are pushed)
         self.copy_schema = schema if copy and len(self.paths) > 1 else None
         self._copy = None  # (the copy begun: begin_copy)
+        self.scratch: Path | None = None  # (where rows pushed by time wait: the results' staging directory)
+        self._edges: np.ndarray | None = None  # (the time buckets' edges, when pushed by time)
 
     def _blocks(self, f: int, columns=None, read_dictionary=("state",)):
         """File F's batches of up to BLOCK_ROWS rows, row group by row group, each group from a
@@ -181,25 +193,32 @@ class ParquetGil:
         """Each thread's lifetime (pid, tid, start_ns, end_ns); the watermarks for `pushes`: the
         earliest start in each `chunk` rows of each row group (RowsAhead)."""
         chunk = math.gcd(BLOCK_ROWS, WATERMARK_ROWS)
+        every = max(BLOCK_ROWS // SAMPLES_A_BLOCK, 1)
 
-        def one_group(at: tuple[int, int]) -> tuple[np.ndarray, pd.DataFrame]:
+        def one_group(at: tuple[int, int]):
             f, g = at
-            chunk_min = np.full(-(-self.files[f].metadata.row_group(g).num_rows // chunk), END, np.int64)
-            hulls, offset = ThreadHulls(), 0
+            n = -(-self.files[f].metadata.row_group(g).num_rows // chunk)
+            chunk_min, chunk_max = np.full(n, END, np.int64), np.full(n, -END, np.int64)
+            hulls, offset, sample = ThreadHulls(), 0, []
             for batch in self._group_blocks(f, g, list(TIME_COLUMNS)):
                 pid, tid, start, end = (_int64(batch, c, str(self.paths[f])) for c in TIME_COLUMNS)
-                _chunk_minima(chunk_min, start, offset, chunk)
+                _chunk_bounds(chunk_min, chunk_max, start, offset, chunk)
                 hulls.add(pid, tid, start, end)
+                sample.append(start[(-offset) % every::every])
                 offset += batch.num_rows
-            return chunk_min, hulls.table()
+            return chunk_min, chunk_max, np.concatenate(sample) if sample else np.zeros(0, np.int64), hulls.table()
 
         # Row groups side by side (decoding and the hulls release the GIL), as EventsGil's files.
         groups = [(f, g) for f, file in enumerate(self.files) for g in range(file.metadata.num_row_groups)]
         with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1, FIRST_PASS_THREADS) or 1) as pool:
             done = list(pool.map(one_group, groups))
-        self._ahead = [RowsAhead(self.files[f].metadata, chunk, [chunk_min for (g, _), (chunk_min, _) in zip(groups, done) if g == f])
-                       for f in range(len(self.files))]
-        return _lifetimes([hulls for _, hulls in done])
+        of_file = [[d for (g, _), d in zip(groups, done) if g == f] for f in range(len(self.files))]
+        self._ahead = [RowsAhead(self.files[f].metadata, chunk, [d[0] for d in of_file[f]]) for f in range(len(self.files))]
+        held = sum(ahead.rows_held([d[1] for d in parts]) for ahead, parts in zip(self._ahead, of_file))
+        if held > HELD_BLOCKS * BLOCK_ROWS:
+            rows = sum(ahead.rows for ahead in self._ahead)
+            self._edges = time_edges(np.concatenate([d[2] for d in done]), -(-rows // BLOCK_ROWS))
+        return _lifetimes([d[3] for d in done])
 
     def thread_names(self, keys: np.ndarray) -> dict:
         """The names of the threads KEYS ((pid << 32) | tid) at their first row in the tables, where
@@ -235,6 +254,9 @@ class ParquetGil:
         # not a string per row hashed again (carried_numbered); every column when copied
         text = ["state", *(f.name for f in (schema if self.copy_schema else self.carried) if is_text(f.type))]
         read = None if self.copy_schema else columns
+        if self._edges is not None:
+            yield from self._by_time(columns, read, text)
+            return
         blocks = [self._blocks(f, read, read_dictionary=text) for f in range(len(self.files))]
         read_rows = [0] * len(blocks)
         left = [f for f in range(len(blocks)) if self._ahead[f].rows]
@@ -250,6 +272,50 @@ class ParquetGil:
             first_row += batch.num_rows
             watermark = min((self._ahead[f].earliest_from(read_rows[f]) for f in left), default=END)
             yield GilBlock(rows, int(watermark), first_row, copy=pa.Table.from_batches([batch]) if self.copy_schema else None)
+
+    def _by_time(self, columns: list[str], read, text: list[str]):
+        """The pushes of tables not in time order: every row first written to the time bucket its
+        start falls in (self._edges: about BLOCK_ROWS rows each, from the first pass's sample; an
+        Arrow file each, in a scratch directory), then each bucket pushed in turn, its rows sorted
+        by start; the watermark after a bucket is the next one's edge."""
+        with tempfile.TemporaryDirectory(prefix=".gil-by-time-", dir=self.scratch) as scratch:
+            paths = [Path(scratch) / f"{b}.arrow" for b in range(self._edges.size + 1)]
+            writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+            schema = None
+            try:
+                for f in range(len(self.files)):
+                    for batch in self._blocks(f, read, read_dictionary=text):
+                        schema = schema or batch.schema
+                        for at in range(0, batch.num_rows, SCRATCH_ROWS):  # (each piece's text made whole: a piece at a time)
+                            piece = pa.Table.from_batches([batch.slice(at, SCRATCH_ROWS)])
+                            piece = piece.cast(pa.schema([pa.field(c.name, c.type.value_type) if pa.types.is_dictionary(c.type)
+                                                          else c for c in piece.schema]))  # (a dictionary a batch: not in one file)
+                            bucket = np.searchsorted(self._edges, _int64(piece, "start_ns", str(self.paths[f])), "right")
+                            piece = piece.take(pa.array(np.argsort(bucket, kind="stable")))
+                            first = 0
+                            for b, n in enumerate(np.bincount(bucket, minlength=len(paths)).tolist()):
+                                if n:
+                                    if b not in writers:
+                                        writers[b] = pa.ipc.new_file(str(paths[b]), piece.schema, options=SCRATCH_IPC)
+                                    writers[b].write_table(piece.slice(first, n))
+                                    first += n
+            finally:
+                for writer in writers.values():
+                    writer.close()
+            rows_so_far = 0
+            for b in sorted(writers):
+                with pa.OSFile(str(paths[b])) as source:  # (text as dictionaries again, a piece at a time)
+                    reader = pa.ipc.open_file(source)
+                    table = pa.concat_tables([pa.Table.from_batches([reader.get_batch(i)]).cast(schema)
+                                              for i in range(reader.num_record_batches)])
+                paths[b].unlink()
+                table = table.take(pc.sort_indices(table, [("start_ns", "ascending")])).combine_chunks()
+                rows = gil_rows_from_arrow(table.to_batches()[0].select(columns) if table.num_rows else
+                                           table.select(columns).to_batches()[0], self.source, rows_so_far)
+                rows_so_far += table.num_rows
+                later = [e for e in sorted(writers) if e > b]
+                watermark = int(self._edges[later[0] - 1]) if later else END
+                yield GilBlock(rows, watermark, rows_so_far, copy=table if self.copy_schema else None)
 
 
 class RowsAhead:
@@ -267,6 +333,22 @@ class RowsAhead:
         flat = np.concatenate([*chunk_min, [END]]).astype(np.int64)
         self.later = np.minimum.accumulate(flat[::-1])[::-1]  # (per chunk, the earliest of it and every later one)
 
+    def rows_held(self, chunk_max: list[np.ndarray]) -> int:
+        """At most how many rows the core would hold at once were the table pushed in its order:
+        after each chunk read, those of the chunks read so far whose latest start (CHUNK_MAX, per
+        row group) the watermark has not passed, each chunk counted whole."""
+        top = np.concatenate(chunk_max) if chunk_max else np.zeros(0, np.int64)
+        k = np.arange(top.size)
+        group = np.searchsorted(self.chunk_base, k, "right") - 1
+        sizes = np.minimum(self.chunk, np.diff(self.group_start)[group] - (k - self.chunk_base[group]) * self.chunk)
+        # (the watermark after each chunk only grows: a chunk is held from its own to the last before it passes its top)
+        last = np.searchsorted(self.later[1:], top, "right") - 1
+        held = last >= k
+        change = np.zeros(top.size + 1, np.int64)
+        np.add.at(change, k[held], sizes[held])
+        np.add.at(change, last[held] + 1, -sizes[held])
+        return int(np.cumsum(change).max(initial=0))
+
     def earliest_from(self, row: int) -> int:
         """The earliest start of rows ROW on (END past the last)."""
         if row >= self.rows:
@@ -275,8 +357,8 @@ class RowsAhead:
         return int(self.later[self.chunk_base[g] + (row - self.group_start[g]) // self.chunk])
 
 
-def _chunk_minima(chunk_min: np.ndarray, start: np.ndarray, offset: int, chunk: int) -> None:
-    """CHUNK_MIN (per CHUNK rows of a row group) lowered by START, rows OFFSET on of the group."""
+def _chunk_bounds(chunk_min: np.ndarray, chunk_max: np.ndarray, start: np.ndarray, offset: int, chunk: int) -> None:
+    """CHUNK_MIN and CHUNK_MAX (per CHUNK rows of a row group) widened by START, rows OFFSET on of the group."""
     if not start.size:
         return
     first = offset // chunk
@@ -284,6 +366,14 @@ def _chunk_minima(chunk_min: np.ndarray, start: np.ndarray, offset: int, chunk: 
     at = np.concatenate([[0], cuts])
     chunks = first + np.arange(at.size)
     chunk_min[chunks] = np.minimum(chunk_min[chunks], np.minimum.reduceat(start, at))
+    chunk_max[chunks] = np.maximum(chunk_max[chunks], np.maximum.reduceat(start, at))
+
+
+def time_edges(sample: np.ndarray, buckets: int) -> np.ndarray:
+    """The inner edges of about BUCKETS time buckets holding as many rows each, by a SAMPLE of the starts."""
+    if buckets <= 1 or not sample.size:
+        return np.zeros(0, np.int64)
+    return np.unique(np.quantile(np.sort(sample), np.arange(1, buckets) / buckets, method="lower").astype(np.int64))
 
 
 def _parquet_gil(path: Path) -> pq.ParquetFile:
