@@ -26,7 +26,8 @@ pids, tids, code, thread names, jvm_pid, requester columns and System.gc() cause
 pause, safepoint and GC ids renumbered per copy) to 10 minutes, 1 hour and (with
 TANDEM_BENCH_SESSION_8H=1) 8 hours, written as `--pauses P --gil G` Parquet inputs; DuckDB
 computes only the overlaps of the hour, and the hour runs again given as two Parquet gil tables
-(`split_by_thread`). TANDEM_BENCH_SESSION_MINUTES shrinks the hour here too;
+(`split_by_thread`), and with its 10 minutes as one table grouped by thread (`grouped_by_thread`).
+TANDEM_BENCH_SESSION_MINUTES shrinks the hour here too;
 TANDEM_BENCH_DEMO_SESSION=DIR takes an existing recording of the demo instead of making one.
 The 8 hours and their 10 minutes run once more with no requester named for a System.gc() stop
 (as JDK 17 records JPype's GC link; a recording may name them or not): the requesters inferred;
@@ -300,6 +301,17 @@ def split_by_thread(gil: Path, directory: Path) -> list[Path]:
     return halves
 
 
+def grouped_by_thread(gil: Path, directory: Path) -> Path:
+    """GIL's rows grouped by thread (by pid, tid, start: a tool writing a thread at a time), with GIL's metadata."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(gil)
+    out = directory / f"{gil.stem}-by-thread.parquet"
+    pq.write_table(table.sort_by([("pid", "ascending"), ("tid", "ascending"), ("start_ns", "ascending")]), out,
+                   row_group_size=1 << 20)
+    return out
+
+
 def without_system_gc_requesters(pauses: Path, out: Path) -> tuple[Path, int]:
     """PAUSES with no requester named for any stop of the world holding a System.gc() pause (as
     JDK 17 records a System.gc() called through JNI by a thread it did not start: JPype's GC
@@ -390,6 +402,18 @@ def real_shape(console, tmp: Path) -> list[Row]:
     console.print(f"real shape, {hour:g} min as two gil tables: {split_s:.1f} s, peak RSS {split_gib:.2f} GiB")
     rows += [Row("session", f"tandem analyze, {label} as two Parquet gil tables vs one", split_s, long_s, "s", "-", None),
              Row("session", f"peak RSS, {label} as two Parquet gil tables vs one", split_gib, long_gib, "GiB", "-", None)]
+    # The same hour and its short session as one table grouped by thread: pushed by time, through buckets
+    grouped = {m: grouped_by_thread(inputs[m][1], tmp) for m in (short_minutes, hour)}
+    (g_short_s, g_short_gib), (g_long_s, g_long_gib) = (
+        fastest_and_median_peak([run_measured(tandem(m, gil=[grouped[m]])) for _ in range(3)]) for m in (short_minutes, hour))
+    for m in grouped.values():
+        m.unlink()
+    console.print(f"real shape grouped by thread: {hour:g} min {g_long_s:.1f} s, peak RSS {g_long_gib:.2f} GiB; "
+                  f"{short_minutes:g} min {g_short_s:.1f} s, {g_short_gib:.2f} GiB")
+    rows += [Row("session", f"tandem analyze, {label} grouped by thread vs in time order", g_long_s, long_s, "s", "-", None),
+             Row("session", f"peak RSS, {label} grouped by thread vs in time order", g_long_gib, long_gib, "GiB", "-", None),
+             Row("session", f"peak RSS real shape grouped by thread, {hour:g} min vs {short_minutes:g} min", g_long_gib,
+                 g_short_gib, "GiB", "<= 1.2x", g_long_gib <= 1.2 * g_short_gib)]
     if 480 in inputs:
         days = [run_measured(tandem(480)) for _ in range(3)]
         day_s, day_gib = fastest_and_median_peak(days)

@@ -47,6 +47,7 @@ WATERMARK_ROWS = 1 << 16
 # of each block's worth of rows place the time buckets.
 HELD_BLOCKS = 1
 SAMPLES_A_BLOCK = 256
+MAX_BUCKETS = 512  # (a file open for each while they are written; past it, buckets of more than a block)
 MIN_FILE_BLOCK = 1 << 12  # records of a block of one process's events file, with many processes
 FIRST_PASS_THREADS = 8
 TIME_COLUMNS = ("pid", "tid", "start_ns", "end_ns")
@@ -217,7 +218,7 @@ class ParquetGil:
         held = sum(ahead.rows_held([d[1] for d in parts]) for ahead, parts in zip(self._ahead, of_file))
         if held > HELD_BLOCKS * BLOCK_ROWS:
             rows = sum(ahead.rows for ahead in self._ahead)
-            self._edges = time_edges(np.concatenate([d[2] for d in done]), -(-rows // BLOCK_ROWS))
+            self._edges = time_edges(np.concatenate([d[2] for d in done]), min(-(-rows // BLOCK_ROWS), MAX_BUCKETS))
         return _lifetimes([d[3] for d in done])
 
     def thread_names(self, keys: np.ndarray) -> dict:
@@ -310,8 +311,7 @@ class ParquetGil:
                                               for i in range(reader.num_record_batches)])
                 paths[b].unlink()
                 table = table.take(pc.sort_indices(table, [("start_ns", "ascending")])).combine_chunks()
-                rows = gil_rows_from_arrow(table.to_batches()[0].select(columns) if table.num_rows else
-                                           table.select(columns).to_batches()[0], self.source, rows_so_far)
+                rows = gil_rows_from_arrow(table.select(columns).to_batches()[0], self.source, rows_so_far)
                 rows_so_far += table.num_rows
                 later = [e for e in sorted(writers) if e > b]
                 watermark = int(self._edges[later[0] - 1]) if later else END
