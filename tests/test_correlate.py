@@ -823,3 +823,36 @@ def test_a_parquet_table_sorted_by_thread_is_pushed_by_time_in_bounded_memory(tm
     source = gil_stream.ParquetGil(in_time)
     source.first_pass()
     assert source._edges is None
+
+
+def test_a_parquet_table_of_small_row_groups_is_pushed_in_blocks_of_many_groups(tmp_path, monkeypatch):
+    """A table written in small row groups (a streaming writer's) is pushed in blocks of about
+    BLOCK_ROWS rows, its groups' batches made one (a push costs more than its rows), with the
+    results of the in-memory analysis."""
+    import pyarrow as pa
+
+    from engine.analysis import correlate
+    from engine.analysis import stream
+    from engine.ingest import gil_stream
+    from engine.store import TableWriter, read_table
+
+    pauses, gil = random_scenario(8)
+    gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)
+    gil["function"] = pd.array([f"f{i % 3}" for i in range(len(gil))], dtype="string")
+    table = pa.Table.from_pandas(gil, preserve_index=False)
+    writer = TableWriter(tmp_path / "g.parquet", table.schema, text_as_dictionary=True)
+    for at in range(0, table.num_rows, 3):
+        writer.write(table.slice(at, 3))
+    path = writer.close({"table": "gil"})
+    monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 16)
+    source = gil_stream.ParquetGil(path)
+    source.first_pass()
+    sizes = [len(block.rows) for block in source.pushes()]
+    assert sum(sizes) == len(gil) and all(n >= 16 for n in sizes[:-1]) and len(sizes) == -(-len(gil) // 18)
+    stream.analyze_streamed(tmp_path / "out", pauses, gil_stream.ParquetGil(path), slack_ns=5)
+    expected = correlate(pauses, read_table(path), slack_ns=5)
+    for name in ("overlaps", "pause_impact", "gil_free"):
+        back, table = read_table(tmp_path / "out" / f"{name}.parquet"), getattr(expected, name)
+        if name == "gil_free":  # (the stream writes each push's segments: by process, in time)
+            back, table = (t.sort_values(["pid", "start_ns"], ignore_index=True) for t in (back, table))
+        pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)

@@ -263,12 +263,17 @@ class ParquetGil:
         left = [f for f in range(len(blocks)) if self._ahead[f].rows]
         while left:
             f = min(left, key=lambda f: self._ahead[f].earliest_from(read_rows[f]))
-            batch = next(blocks[f], None)
-            if batch is None:  # (fewer rows than the footer says: a file changed since the first pass)
-                raise TandemError(f"{self.paths[f]}: ends at row {read_rows[f]:,} of {self._ahead[f].rows:,} (changed while read?)")
-            read_rows[f] += batch.num_rows
+            parts = []  # (small row groups' batches made one block: a push costs more than its rows)
+            while not parts or (sum(p.num_rows for p in parts) < BLOCK_ROWS and read_rows[f] < self._ahead[f].rows):
+                batch = next(blocks[f], None)
+                if batch is None:  # (fewer rows than the footer says: a file changed since the first pass)
+                    raise TandemError(f"{self.paths[f]}: ends at row {read_rows[f]:,} of {self._ahead[f].rows:,} "
+                                      "(changed while read?)")
+                parts.append(batch)
+                read_rows[f] += batch.num_rows
             if read_rows[f] >= self._ahead[f].rows:
                 left.remove(f)
+            batch = parts[0] if len(parts) == 1 else pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
             rows = gil_rows_from_arrow(batch.select(columns), str(self.paths[f]), first_row)
             first_row += batch.num_rows
             watermark = min((self._ahead[f].earliest_from(read_rows[f]) for f in left), default=END)
