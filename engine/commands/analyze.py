@@ -118,8 +118,8 @@ def _received_spans(session: Path | None) -> Path | None:
 # leave 180-260 MiB free; a long one's stays there while its holes move up the heap, so its RSS
 # creeps. Under this, a long session's peak stays near a short session's (docs/join.md, "Allocators").
 FREE_HEAP_LIMIT = 192 << 20
-# Blocks between two looks at the free heap: the next blocks fault in again the pages a trim gave
-# back, which after every block cost a fifth of a real hour's time; the creep is slow.
+# Blocks between two looks at the free heap: the next blocks fault in again the pages a trim gives
+# back, a cost at every trim; the creep it holds back is slow.
 TRIM_EVERY_BLOCKS = 4
 
 
