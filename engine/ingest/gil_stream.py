@@ -283,7 +283,10 @@ class ParquetGil:
         """The pushes of tables not in time order: every row first written to the time bucket its
         start falls in (self._edges: about BLOCK_ROWS rows each, from the first pass's sample; an
         Arrow file each, in a scratch directory), then each bucket pushed in turn, its rows sorted
-        by start; the watermark after a bucket is the next one's edge."""
+        by start; the watermark after a bucket is the next one's edge. While the rows are written,
+        an empty block after each batch read (the watermark: the tables' earliest start), so that
+        the drive can stop it (Ctrl-C) without waiting for the whole table."""
+        earliest = min(ahead.earliest_from(0) for ahead in self._ahead)
         with tempfile.TemporaryDirectory(prefix=".gil-by-time-", dir=self.scratch) as scratch:
             paths = [Path(scratch) / f"{b}.arrow" for b in range(self._edges.size + 1)]
             writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
@@ -305,6 +308,7 @@ class ParquetGil:
                                         writers[b] = pa.ipc.new_file(str(paths[b]), piece.schema, options=SCRATCH_IPC)
                                     writers[b].write_table(piece.slice(first, n))
                                     first += n
+                        yield GilBlock(GilRows.empty(), earliest, 0)
             finally:
                 for writer in writers.values():
                     writer.close()
