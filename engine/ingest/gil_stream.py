@@ -213,7 +213,7 @@ class ParquetGil:
         groups = [(f, g) for f, file in enumerate(self.files) for g in range(file.metadata.num_row_groups)]
         with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1, FIRST_PASS_THREADS) or 1) as pool:
             done = list(pool.map(one_group, groups))
-        of_file = [[d for (g, _), d in zip(groups, done) if g == f] for f in range(len(self.files))]
+        of_file = [[d for (in_file, _), d in zip(groups, done) if in_file == f] for f in range(len(self.files))]
         self._ahead = [RowsAhead(self.files[f].metadata, chunk, [d[0] for d in of_file[f]]) for f in range(len(self.files))]
         held = sum(ahead.rows_held([d[1] for d in parts]) for ahead, parts in zip(self._ahead, of_file))
         if held > HELD_BLOCKS * BLOCK_ROWS:
@@ -263,20 +263,21 @@ class ParquetGil:
         left = [f for f in range(len(blocks)) if self._ahead[f].rows]
         while left:
             f = min(left, key=lambda f: self._ahead[f].earliest_from(read_rows[f]))
-            parts = []  # (small row groups' batches made one block: a push costs more than its rows)
-            while not parts or (sum(p.num_rows for p in parts) < BLOCK_ROWS and read_rows[f] < self._ahead[f].rows):
+            parts, taken = [], 0  # (small row groups' batches made one block: a push costs more than its rows)
+            while not parts or (taken < BLOCK_ROWS and read_rows[f] < self._ahead[f].rows):
                 batch = next(blocks[f], None)
                 if batch is None:  # (fewer rows than the footer says: a file changed since the first pass)
                     raise TandemError(f"{self.paths[f]}: ends at row {read_rows[f]:,} of {self._ahead[f].rows:,} "
                                       "(changed while read?)")
                 parts.append(batch)
+                taken += batch.num_rows
                 read_rows[f] += batch.num_rows
             if read_rows[f] >= self._ahead[f].rows:
                 left.remove(f)
             batch = parts[0] if len(parts) == 1 else pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
             rows = gil_rows_from_arrow(batch.select(columns), str(self.paths[f]), first_row)
             first_row += batch.num_rows
-            watermark = min((self._ahead[f].earliest_from(read_rows[f]) for f in left), default=END)
+            watermark = min((self._ahead[k].earliest_from(read_rows[k]) for k in left), default=END)
             yield GilBlock(rows, int(watermark), first_row, copy=pa.Table.from_batches([batch]) if self.copy_schema else None)
 
     def _by_time(self, columns: list[str], read, text: list[str]):
@@ -296,24 +297,13 @@ class ParquetGil:
                     for batch in self._blocks(f, read, read_dictionary=text):
                         schema = schema or batch.schema
                         for at in range(0, batch.num_rows, SCRATCH_ROWS):  # (each piece's text made whole: a piece at a time)
-                            piece = pa.Table.from_batches([batch.slice(at, SCRATCH_ROWS)])
-                            piece = piece.cast(pa.schema([pa.field(c.name, c.type.value_type) if pa.types.is_dictionary(c.type)
-                                                          else c for c in piece.schema]))  # (a dictionary a batch: not in one file)
-                            bucket = np.searchsorted(self._edges, _int64(piece, "start_ns", str(self.paths[f])), "right")
-                            piece = piece.take(pa.array(np.argsort(bucket, kind="stable")))
-                            first = 0
-                            for b, n in enumerate(np.bincount(bucket, minlength=len(paths)).tolist()):
-                                if n:
-                                    if b not in writers:
-                                        writers[b] = pa.ipc.new_file(str(paths[b]), piece.schema, options=SCRATCH_IPC)
-                                    writers[b].write_table(piece.slice(first, n))
-                                    first += n
+                            self._to_buckets(pa.Table.from_batches([batch.slice(at, SCRATCH_ROWS)]), writers, paths, f)
                         yield GilBlock(GilRows.empty(), earliest, 0)
             finally:
                 for writer in writers.values():
                     writer.close()
-            rows_so_far = 0
-            for b in sorted(writers):
+            rows_so_far, filled = 0, sorted(writers)
+            for i, b in enumerate(filled):
                 with pa.OSFile(str(paths[b])) as source:  # (text as dictionaries again, a piece at a time)
                     reader = pa.ipc.open_file(source)
                     table = pa.concat_tables([pa.Table.from_batches([reader.get_batch(i)]).cast(schema)
@@ -322,9 +312,23 @@ class ParquetGil:
                 table = table.take(pc.sort_indices(table, [("start_ns", "ascending")])).combine_chunks()
                 rows = gil_rows_from_arrow(table.select(columns).to_batches()[0], self.source, rows_so_far)
                 rows_so_far += table.num_rows
-                later = [e for e in sorted(writers) if e > b]
-                watermark = int(self._edges[later[0] - 1]) if later else END
+                watermark = int(self._edges[filled[i + 1] - 1]) if i + 1 < len(filled) else END  # (the next bucket's lower edge)
                 yield GilBlock(rows, watermark, rows_so_far, copy=table if self.copy_schema else None)
+
+    def _to_buckets(self, piece: pa.Table, writers: dict, paths: list[Path], f: int) -> None:
+        """PIECE's rows (of file F) appended to the time buckets their starts fall in (PATHS),
+        each bucket's file begun with its first rows (WRITERS)."""
+        piece = piece.cast(pa.schema([pa.field(c.name, c.type.value_type) if pa.types.is_dictionary(c.type) else c
+                                      for c in piece.schema]))  # (a dictionary a batch: not in one file)
+        bucket = np.searchsorted(self._edges, _int64(piece, "start_ns", str(self.paths[f])), "right")
+        piece = piece.take(pa.array(np.argsort(bucket, kind="stable")))
+        first = 0
+        for b, n in enumerate(np.bincount(bucket, minlength=len(paths)).tolist()):
+            if n:
+                if b not in writers:
+                    writers[b] = pa.ipc.new_file(str(paths[b]), piece.schema, options=SCRATCH_IPC)
+                writers[b].write_table(piece.slice(first, n))
+                first += n
 
 
 class RowsAhead:
