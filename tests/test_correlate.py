@@ -281,6 +281,72 @@ def test_several_parquet_gil_tables_stream_as_their_concatenation(tmp_path, monk
         pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_parquet_gil_tables_of_other_columns_stream_as_their_concatenation(tmp_path, monkeypatch, seed):
+    """Tables from different recordings need not have the same columns: one with code columns,
+    one with thread names and 32-bit ids, one with neither. They stream as one table of every
+    column (nulls where a table has none), and every result equals the in-memory analysis of
+    their concatenation; the copy of the GIL side holds every row with the columns' union."""
+    from engine.analysis import correlate
+    from engine.analysis import stream
+    from engine.ingest import gil_stream
+    from engine.ingest.inputs import gil_from, streamable_gil
+    from engine.store import read_table, write_table
+
+    pauses, gil = adversarial_tables(seed) if seed % 2 else random_scenario(seed)
+    if seed >= 2:  # (in time order: read in it; else pushed by time)
+        gil = gil.sort_values("start_ns", kind="stable", ignore_index=True)
+    part = (gil["tid"].to_numpy() + np.arange(len(gil)) // 5) % 3
+    rng = np.random.default_rng(seed)
+    paths = []
+    for k in range(3):
+        table = gil[part == k].reset_index(drop=True)
+        if k == 0:
+            table["function"] = pd.array([f"f{i}" for i in rng.integers(0, 4, len(table))], dtype="string")
+            table["file"] = pd.array(["w.py"] * len(table), dtype="string")
+            table["line"] = pd.array(rng.integers(1, 9, len(table)), dtype="Int64")
+        elif k == 1:
+            table["thread_name"] = pd.array([f"t{t}" for t in table["tid"]], dtype="string")
+            table["tid"] = table["tid"].astype("int32")
+        paths.append(tmp_path / f"g{k}.parquet")
+        write_table(table, paths[-1], {"source": f"part {k}"})
+    monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 8)
+    copy = seed in (0, 3)  # (copied: every column read; else the pushed ones alone)
+    source = streamable_gil(None, paths, copy=copy)
+    assert isinstance(source, gil_stream.ParquetGil)
+    streamed = stream.analyze_streamed(tmp_path / "out", pauses, source, slack_ns=5)
+    whole, names = gil_from(paths=paths)
+    expected = correlate(pauses, whole, slack_ns=5, gil_source=names)
+    if copy:
+        by = ["pid", "tid", "start_ns", "end_ns", "state"]
+        copied = read_table(tmp_path / "out" / "gil.parquet")
+        assert set(copied.columns) == set(whole.columns)
+        pd.testing.assert_frame_equal(copied[whole.columns].sort_values(by, ignore_index=True),
+                                      whole.sort_values(by, ignore_index=True), check_dtype=False)
+    else:
+        assert streamed.header.pop("gil_table") == [str(p) for p in paths]
+    assert streamed.header == expected.header
+    for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops"):
+        back = read_table(tmp_path / "out" / f"{name}.parquet")
+        table = getattr(expected, "summary_table" if name == "summary" else name)
+        if name in ("gil_free", "overlaps"):
+            columns = [c for c in ("pause_id", "pid", "tid", "start_ns", "end_ns", "state") if c in back.columns]
+            back = back.sort_values(columns, ignore_index=True)
+            table = table.sort_values(columns, ignore_index=True)
+        pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
+
+
+def test_parquet_gil_tables_whose_column_types_cannot_be_one_are_refused_by_name(tmp_path):
+    from engine.ingest import gil_stream
+    from engine.store import write_table
+
+    gil = gil_frame([(1, 10, "released", 0, 5), (1, 10, "waiting", 6, 9)])
+    write_table(gil.assign(line=pd.array([1, 2], dtype="Int64")), tmp_path / "a.parquet", {})
+    write_table(gil.assign(line=pd.array(["x", "y"], dtype="string")), tmp_path / "b.parquet", {})
+    with pytest.raises(TandemError, match=r"b\.parquet: its columns cannot be read with those of .*a\.parquet"):
+        gil_stream.ParquetGil([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+
+
 def test_several_parquet_gil_tables_are_pushed_side_by_side_in_time(tmp_path, monkeypatch):
     """Three tables of the same hour (three processes): their blocks come in the order they start,
     so the rows pushed that the watermark has not passed yet (what the core holds) stay about a
@@ -322,7 +388,7 @@ def test_a_parquet_tables_first_pass_over_row_groups_side_by_side_equals_one_pas
     for at in range(0, table.num_rows, 5):  # (row groups of 5 rows: blocks of 2, 2, 1)
         writer.write(table.slice(at, 5))
     source = gil_stream.ParquetGil(writer.close({"table": "gil"}))
-    assert source.file.metadata.num_row_groups > 3
+    assert source.files[0].metadata.num_row_groups > 3
     lifetimes = source.first_pass().sort_values(["pid", "tid"], ignore_index=True)
     whole = gil_stream.thread_lifetimes(gil).sort_values(["pid", "tid"], ignore_index=True)
     pd.testing.assert_frame_equal(lifetimes, whole)

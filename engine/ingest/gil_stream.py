@@ -130,12 +130,9 @@ class ParquetGil:
     def __init__(self, paths: Path | list[Path], copy: bool = False):
         self.paths = [Path(p) for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
         self.files = [_parquet_gil(path) for path in self.paths]
-        self.file = self.files[0]
-        schema = self.file.schema_arrow
-        for path, file in zip(self.paths[1:], self.files[1:]):
-            if not same_columns([schema, file.schema_arrow]):
-                raise TandemError(f"{path}: its columns are not those of {self.paths[0]} (several gil tables are "
-                                  f"read as one: {', '.join(f'{f.name} {f.type}' for f in schema)})")
+        self.schema = schema = union_schema(self.paths, [file.schema_arrow for file in self.files])
+        # (a table with the union's columns and types is read as it is; another is conformed: _conform)
+        self._alike = [file.schema_arrow.remove_metadata().equals(schema) for file in self.files]
         self.attrs = gil_parts_attrs([read_metadata(path) for path in self.paths], [str(p) for p in self.paths])
         self.source = ", ".join(str(p) for p in self.paths)
         self.references = [str(p.resolve()) for p in self.paths]
@@ -157,8 +154,34 @@ class ParquetGil:
             yield from self._group_blocks(f, group, columns, read_dictionary)
 
     def _group_blocks(self, f: int, group: int, columns=None, read_dictionary=("state",)):
-        reader = pq.ParquetFile(self.paths[f], metadata=self.files[f].metadata, read_dictionary=list(read_dictionary))
-        yield from reader.iter_batches(batch_size=BLOCK_ROWS, row_groups=[group], columns=columns)
+        """(COLUMNS, READ_DICTIONARY: of the union; those file F has are read, the others made nulls.)"""
+        names = self.files[f].schema_arrow.names
+        reader = pq.ParquetFile(self.paths[f], metadata=self.files[f].metadata,
+                                read_dictionary=[c for c in read_dictionary if c in names])
+        for batch in reader.iter_batches(batch_size=BLOCK_ROWS, row_groups=[group],
+                                         columns=None if columns is None else [c for c in columns if c in names]):
+            yield batch if self._alike[f] else self._conform(batch, columns or self.schema.names, read_dictionary)
+
+    def _conform(self, batch: pa.RecordBatch, columns: list[str], read_dictionary) -> pa.RecordBatch:
+        """BATCH of a table whose columns differ from the union's, made the union's COLUMNS: a
+        column it lacks as nulls (dictionary-encoded where READ_DICTIONARY reads it so), another
+        type cast to the union's (text: its dictionary's values)."""
+        arrays = []
+        for name in columns:
+            kind = self.schema.field(name).type
+            if name not in batch.schema.names:
+                column = pa.nulls(batch.num_rows, kind)
+                if name in read_dictionary and not pa.types.is_dictionary(kind):
+                    column = pa.DictionaryArray.from_arrays(pa.nulls(batch.num_rows, pa.int32()), pa.array([], kind))
+            else:
+                column = batch.column(name)
+                if pa.types.is_dictionary(column.type) and not pa.types.is_dictionary(kind):
+                    if column.type.value_type != kind:
+                        column = pa.DictionaryArray.from_arrays(column.indices, column.dictionary.cast(kind))
+                elif column.type != kind and (name not in TIME_COLUMNS or pa.types.is_integer(kind)):
+                    column = column.cast(kind)  # (times that are not integers: refused by their own table's name)
+            arrays.append(column)
+        return pa.RecordBatch.from_arrays(arrays, names=list(columns))
 
     def begin_copy(self, path: Path) -> None:
         """Begin copying the (one) table as it is, every column, into PATH: its pages as they are,
@@ -225,7 +248,7 @@ class ParquetGil:
         """The names of the threads KEYS ((pid << 32) | tid) at their first row in the tables, where
         they have thread_name (the blocks leave it out: a column a hundred times larger than the few
         threads that need their name): their row groups read, three columns, until each is found."""
-        schema = self.file.schema_arrow
+        schema = self.schema
         kind = schema.field("thread_name").type if "thread_name" in schema.names else None
         if kind is not None and pa.types.is_dictionary(kind):
             kind = kind.value_type
@@ -233,6 +256,8 @@ class ParquetGil:
             return {}
         wanted, names = set(keys.tolist()), {}
         for f in range(len(self.files)):
+            if "thread_name" not in self.files[f].schema_arrow.names:
+                continue
             for batch in self._blocks(f, ["pid", "tid", "thread_name"], read_dictionary=("thread_name",)):
                 key = (_int64(batch, "pid", self.source) << 32) | _int64(batch, "tid", self.source)
                 seen, first = np.unique(key, return_index=True)
@@ -248,7 +273,7 @@ class ParquetGil:
         """(GilRows, watermark, rows so far) per block: of the tables, next the one whose blocks
         not pushed yet start earliest (each read in its order), so that the watermark, the earliest
         start of any block to come, follows them all."""
-        schema = self.file.schema_arrow
+        schema = self.schema
         columns = [c for c in (*GIL_COLUMNS, *GIL_CARRIED_COLUMNS) if c in schema.names]
         first_row = 0
         # text read as dictionaries: a file's dictionary pages become the blocks' dictionaries,
@@ -404,9 +429,18 @@ def _parquet_gil(path: Path) -> pq.ParquetFile:
     return file
 
 
-def same_columns(schemas: list[pa.Schema]) -> bool:
-    """The gil tables of SCHEMAS have the same columns (what one ParquetGil reads of several)."""
-    return all(schema.remove_metadata().equals(schemas[0].remove_metadata()) for schema in schemas[1:])
+def union_schema(paths: list[Path], schemas: list[pa.Schema]) -> pa.Schema:
+    """The columns of several gil tables read as one (ParquetGil): each column any of them has (a
+    table without it: nulls), its type widened where they differ (int32 and int64: int64; string
+    and large_string: large_string); a clear error where a column's types cannot be one."""
+    union = schemas[0].remove_metadata()
+    for path, schema in zip(paths[1:], schemas[1:]):
+        try:
+            union = pa.unify_schemas([union, schema.remove_metadata()], promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
+            raise TandemError(f"{path}: its columns cannot be read with those of {paths[0]} "
+                              f"(several gil tables are read as one): {str(err).splitlines()[0]}") from None
+    return union
 
 
 def gil_parts_attrs(attrs: list[dict], names: list[str]) -> dict:

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
-import pyarrow.parquet as pq
 
 from engine.clock.facts import MONOTONIC, NOT_RECORDED, clock_parts
 from engine.correlate.schema import empty_frame
 from engine.errors import TandemError
 from engine.ingest.gil import _events_files, read_gil
-from engine.ingest.gil_stream import EventsGil, ParquetGil, gil_parts_attrs, same_columns
+from engine.ingest.gil_stream import EventsGil, ParquetGil, gil_parts_attrs
 from engine.ingest.jfr import read_pauses
 from engine.session import Session
 from engine.store import read_table
@@ -71,14 +70,6 @@ def gil_from(session: Path | None = None, paths: Iterable[Path] = ()) -> tuple[p
     return _concat(frames, names), ", ".join(names)
 
 
-def _same_columns(tables: list[Path]) -> bool:
-    """The Parquet TABLES have the same columns (or one cannot be read: the reader says why)."""
-    try:
-        return same_columns([pq.read_schema(path) for path in tables])
-    except (OSError, ValueError):
-        return True
-
-
 def unrecorded_side(name: str) -> pd.DataFrame:
     """The empty pauses or gil table of a side the session did not record."""
     table = empty_frame(name)
@@ -113,11 +104,12 @@ def _concat_pauses(frames: list[pd.DataFrame], names: list[str]) -> pd.DataFrame
 
 
 def streamable_gil(session: Path | None, gil: list[Path], copy: bool = False):
-    """The GIL side as a stream when it is only Parquet tables of the same columns or only events
-    files (a session's, or given as paths); None for what is read whole (rings, a mix). COPY: the
+    """The GIL side as a stream when it is only Parquet tables (read as one: their columns'
+    union) or only events files (a session's, or given as paths); None for what is read whole
+    (rings, a mix of kinds). COPY: the
     results hold a gil.parquet of their own instead of naming these files."""
     if gil and all(p.suffix == ".parquet" for p in gil):
-        return ParquetGil(gil, copy=copy) if _same_columns(gil) else None
+        return ParquetGil(gil, copy=copy)
     if any(p.suffix in (".parquet", ".ring") for p in gil):
         return None
     try:
