@@ -619,6 +619,56 @@ def test_processes_running_at_once_are_pushed_merged_in_start_order(tmp_path):
                                   check_dtype=False)
 
 
+@pytest.mark.parametrize("by_thread", [False, True])
+def test_parquet_tables_beside_events_files_stream_merged_in_time(tmp_path, monkeypatch, by_thread):
+    """`tandem analyze --gil p0.events --gil p1.events --gil p2.parquet`: three processes at once,
+    one of them given as a Parquet table without code or thread names (in time order, or grouped
+    by thread: pushed through time buckets). The two kinds stream side by side (MergedGil), in
+    small blocks: every table equals the in-memory analysis of the whole tables, and the copied
+    gil.parquet holds every row."""
+    import subprocess
+    import sys
+
+    from engine.analysis import correlate
+    from engine.analysis.stream import analyze_streamed
+    from engine.ingest import gil_stream
+    from engine.ingest.gil_merged import MergedGil
+    from engine.ingest.inputs import gil_from, streamable_gil
+    from engine.store import read_table, write_table
+
+    files = [tmp_path / f"p{i}.events" for i in range(3)]
+    running = [subprocess.Popen([sys.executable, "-c", PROBED, str(f)]) for f in files]
+    assert [p.wait(timeout=120) for p in running] == [0, 0, 0]
+    table, _ = gil_from(paths=files[2:])
+    if by_thread:
+        table = table.sort_values(["tid", "start_ns"], kind="stable", ignore_index=True)
+    write_table(table.drop(columns=["thread_name", "function", "file", "line"], errors="ignore"),
+                tmp_path / "p2.parquet", {"source": "p2"})
+    given = [*files[:2], tmp_path / "p2.parquet"]
+    monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 256)
+    monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 128)
+    source = streamable_gil(None, given, copy=False)
+    assert isinstance(source, MergedGil)
+    if by_thread:
+        source.first_pass()
+        assert source.sources[1]._edges is not None  # (the table's rows go through time buckets)
+    gil, names = gil_from(paths=given)
+    rng = np.random.default_rng(3)
+    starts = np.sort(rng.integers(int(gil.start_ns.min()), int(gil.end_ns.max()), 200))
+    pauses = pauses_frame([(s, s + int(rng.integers(0, 2_000_000))) for s in starts])
+    streamed = analyze_streamed(tmp_path / "out", pauses, source, slack_ns=20_000)
+    expected = correlate(pauses, gil, slack_ns=20_000, gil_source=names)
+    assert streamed.header == expected.header
+    for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops", "gil"):
+        back = read_table(tmp_path / "out" / f"{name}.parquet")
+        table = getattr(expected, "summary_table" if name == "summary" else name)
+        if name in ("gil_free", "overlaps", "gil"):  # (rows of one moment in the order their sources gave them)
+            columns = [c for c in ("pause_id", "pid", "tid", "start_ns", "end_ns", "state") if c in back.columns]
+            back = back[table.columns].astype({"state": "string"} if name == "gil" else {})
+            back, table = (t.sort_values(columns, ignore_index=True) for t in (back, table))
+        pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
+
+
 class _Told:
     """Lifetimes a test sets by hand: threads in `gone` (and their processes) have exited, the others live on."""
 

@@ -124,7 +124,7 @@ def analyze_to(out: str | os.PathLike, *, session: str | os.PathLike | None = No
                slack_ns: int = 0, offset_ns: int | None = None, progress=None, reference_gil: bool = False):
     """What `tandem analyze -o OUT` does: a SESSION, or the JVM side (jfr/pauses) and the GIL
     side (gil) given apart, correlated into OUT/*.parquet; streamed through the core in bounded
-    memory when the GIL side is events files or one Parquet table, else read whole. Every table
+    memory when the GIL side is events files or Parquet tables (or both), else read whole. Every table
     is written into OUT, gil.parquet included, unless REFERENCE_GIL: then a streamed GIL side
     whose files are closed is named by the results instead (docs/results.md, "gil.parquet").
     Returns the summary, the header and the files written

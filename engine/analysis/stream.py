@@ -197,7 +197,7 @@ class ParquetSink:
         self.out.mkdir(parents=True, exist_ok=True)
         self.staging = staging = staging_directory(self.out)
         self.gil = gil
-        if isinstance(gil, ParquetGil):
+        if hasattr(gil, "scratch"):
             gil.scratch = staging  # (rows it pushes by time wait there: ParquetGil._by_time)
         self.writers = {"overlaps": TableWriter(staging / "overlaps.parquet", pa.schema([*SCHEMAS["overlaps"], *gil.carried]),
                                                 text_as_dictionary=True),

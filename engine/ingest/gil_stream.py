@@ -131,8 +131,8 @@ class ParquetGil:
         self.paths = [Path(p) for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
         self.files = [_parquet_gil(path) for path in self.paths]
         self.schema = schema = union_schema(self.paths, [file.schema_arrow for file in self.files])
-        # (a table with the union's columns and types is read as it is; another is conformed: _conform)
-        self._alike = [file.schema_arrow.remove_metadata().equals(schema) for file in self.files]
+        # (a table with the union's columns and types is read as it is; another is conformed)
+        self._alike = [plain_schema(file.schema_arrow).equals(schema) for file in self.files]
         self.attrs = gil_parts_attrs([read_metadata(path) for path in self.paths], [str(p) for p in self.paths])
         self.source = ", ".join(str(p) for p in self.paths)
         self.references = [str(p.resolve()) for p in self.paths]
@@ -160,28 +160,12 @@ class ParquetGil:
                                 read_dictionary=[c for c in read_dictionary if c in names])
         for batch in reader.iter_batches(batch_size=BLOCK_ROWS, row_groups=[group],
                                          columns=None if columns is None else [c for c in columns if c in names]):
-            yield batch if self._alike[f] else self._conform(batch, columns or self.schema.names, read_dictionary)
+            yield batch if self._alike[f] else conformed(batch, self.schema, columns or self.schema.names, read_dictionary)
 
-    def _conform(self, batch: pa.RecordBatch, columns: list[str], read_dictionary) -> pa.RecordBatch:
-        """BATCH of a table whose columns differ from the union's, made the union's COLUMNS: a
-        column it lacks as nulls (dictionary-encoded where READ_DICTIONARY reads it so), another
-        type cast to the union's (text: its dictionary's values)."""
-        arrays = []
-        for name in columns:
-            kind = self.schema.field(name).type
-            if name not in batch.schema.names:
-                column = pa.nulls(batch.num_rows, kind)
-                if name in read_dictionary and not pa.types.is_dictionary(kind):
-                    column = pa.DictionaryArray.from_arrays(pa.nulls(batch.num_rows, pa.int32()), pa.array([], kind))
-            else:
-                column = batch.column(name)
-                if pa.types.is_dictionary(column.type) and not pa.types.is_dictionary(kind):
-                    if column.type.value_type != kind:
-                        column = pa.DictionaryArray.from_arrays(column.indices, column.dictionary.cast(kind))
-                elif column.type != kind and (name not in TIME_COLUMNS or pa.types.is_integer(kind)):
-                    column = column.cast(kind)  # (times that are not integers: refused by their own table's name)
-            arrays.append(column)
-        return pa.RecordBatch.from_arrays(arrays, names=list(columns))
+    def copy_rows(self) -> None:
+        """Each block's rows as a table of every column (GilBlock.copy), not the file's pages
+        copied: for MergedGil's one copy of several sources."""
+        self.copy, self.copy_schema = True, self.schema
 
     def begin_copy(self, path: Path) -> None:
         """Begin copying the (one) table as it is, every column, into PATH: its pages as they are,
@@ -429,18 +413,50 @@ def _parquet_gil(path: Path) -> pq.ParquetFile:
     return file
 
 
-def union_schema(paths: list[Path], schemas: list[pa.Schema]) -> pa.Schema:
-    """The columns of several gil tables read as one (ParquetGil): each column any of them has (a
-    table without it: nulls), its type widened where they differ (int32 and int64: int64; string
-    and large_string: large_string); a clear error where a column's types cannot be one."""
-    union = schemas[0].remove_metadata()
-    for path, schema in zip(paths[1:], schemas[1:]):
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """SCHEMA without metadata, its dictionary-encoded columns as their values' type."""
+    return pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                      for f in schema.remove_metadata()])
+
+
+def union_schema(names: list, schemas: list[pa.Schema]) -> pa.Schema:
+    """The columns of several gil tables read as one (NAMES: where each is from): each column any
+    of them has (a table without it: nulls), its type widened where they differ (int32 and int64:
+    int64; string and large_string: large_string), dictionary-encoded or not alike; a clear error
+    where a column's types cannot be one."""
+    union = plain_schema(schemas[0])
+    for name, schema in zip(names[1:], schemas[1:]):
         try:
-            union = pa.unify_schemas([union, schema.remove_metadata()], promote_options="permissive")
+            union = pa.unify_schemas([union, plain_schema(schema)], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
-            raise TandemError(f"{path}: its columns cannot be read with those of {paths[0]} "
+            raise TandemError(f"{name}: its columns cannot be read with those of {names[0]} "
                               f"(several gil tables are read as one): {str(err).splitlines()[0]}") from None
     return union
+
+
+def conformed(data: pa.RecordBatch | pa.Table, schema: pa.Schema, columns, as_dictionary=()):
+    """DATA (a batch or table of one of several gil tables) with the COLUMNS of SCHEMA (their
+    union_schema): a column it lacks as nulls (dictionary-encoded where in AS_DICTIONARY), another
+    type cast to the union's; text dictionary-encoded stays so (its dictionary cast, where wider)."""
+    arrays = []
+    for name in columns:
+        kind = schema.field(name).type
+        if name not in data.schema.names:
+            column = pa.nulls(data.num_rows, kind)
+            if name in as_dictionary:
+                column = pa.DictionaryArray.from_arrays(pa.nulls(data.num_rows, pa.int32()), pa.array([], kind))
+        else:
+            column = data.column(name)
+            if isinstance(column, pa.ChunkedArray):
+                column = column.combine_chunks()
+            if pa.types.is_dictionary(column.type):
+                if column.type.value_type != kind:
+                    column = pa.DictionaryArray.from_arrays(column.indices, column.dictionary.cast(kind))
+            elif column.type != kind and (name not in TIME_COLUMNS or pa.types.is_integer(kind)):
+                column = column.cast(kind)  # (times that are not integers: refused by their own table's name)
+        arrays.append(column)
+    make = pa.RecordBatch.from_arrays if isinstance(data, pa.RecordBatch) else pa.Table.from_arrays
+    return make(arrays, names=list(columns))
 
 
 def gil_parts_attrs(attrs: list[dict], names: list[str]) -> dict:
@@ -482,6 +498,10 @@ class EventsGil:
         self.copy_schema = self.schema if self.copy else None
         self.attrs: dict = {}
         self.codes = ProcessCodes(len(self.files))  # (kept with the files: they number their codes once)
+
+    def copy_rows(self) -> None:
+        """Each block's rows as read_gil's table (GilBlock.copy): for MergedGil's one copy of several sources."""
+        self.copy, self.copy_schema = True, self.schema
 
     def first_pass(self) -> pd.DataFrame:
         def one_file(f):

@@ -17,6 +17,7 @@ from engine.clock.facts import MONOTONIC, NOT_RECORDED, clock_parts
 from engine.correlate.schema import empty_frame
 from engine.errors import TandemError
 from engine.ingest.gil import _events_files, read_gil
+from engine.ingest.gil_merged import MergedGil
 from engine.ingest.gil_stream import EventsGil, ParquetGil, gil_parts_attrs
 from engine.ingest.jfr import read_pauses
 from engine.session import Session
@@ -104,16 +105,20 @@ def _concat_pauses(frames: list[pd.DataFrame], names: list[str]) -> pd.DataFrame
 
 
 def streamable_gil(session: Path | None, gil: list[Path], copy: bool = False):
-    """The GIL side as a stream when it is only Parquet tables (read as one: their columns'
-    union) or only events files (a session's, or given as paths); None for what is read whole
-    (rings, a mix of kinds). COPY: the
-    results hold a gil.parquet of their own instead of naming these files."""
-    if gil and all(p.suffix == ".parquet" for p in gil):
-        return ParquetGil(gil, copy=copy)
-    if any(p.suffix in (".parquet", ".ring") for p in gil):
+    """The GIL side as a stream: Parquet tables (read as one: their columns' union), events files
+    (a session's, or given as paths), or both (MergedGil, always copied); None for what is read
+    whole (rings). COPY: the results hold a gil.parquet of their own instead of naming these files."""
+    if any(p.suffix == ".ring" for p in gil):
         return None
+    tables = [p for p in gil if p.suffix == ".parquet"]
+    probe_files = [p for p in gil if p.suffix != ".parquet"] or ([session] if session is not None and not gil else [])
+    sources = [ParquetGil(tables, copy=copy)] if tables else []
     try:
-        files = [f for p in ([session] if session is not None else gil) for f in _events_files(Path(p))]
+        files = [f for p in probe_files for f in _events_files(Path(p))]
     except TandemError:  # (reported by the whole-table path, which reads the same inputs)
         return None
-    return EventsGil(files, copy=copy) if files else None
+    if files:
+        sources.append(EventsGil(files, copy=copy))
+    if len(sources) > 1:  # (the kind named first, first: the facts' parts in about the order given)
+        return MergedGil(sources[::-1] if gil[0].suffix != ".parquet" else sources, ", ".join(str(p) for p in gil))
+    return sources[0] if sources else None
