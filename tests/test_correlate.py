@@ -259,6 +259,7 @@ def test_several_parquet_gil_tables_stream_as_their_concatenation(tmp_path, monk
         paths.append(tmp_path / f"g{k}.parquet")
         write_table(gil[part == k].reset_index(drop=True), paths[-1], {"source": f"part {k}"})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 1)  # (each table read a few rows at a time)
     source = streamable_gil(None, paths, copy=seed == 3)
     assert isinstance(source, gil_stream.ParquetGil)
     streamed = stream.analyze_streamed(tmp_path / "out", pauses, source, slack_ns=5)
@@ -311,6 +312,7 @@ def test_parquet_gil_tables_of_other_columns_stream_as_their_concatenation(tmp_p
         paths.append(tmp_path / f"g{k}.parquet")
         write_table(table, paths[-1], {"source": f"part {k}"})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 8)
+    monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 1)  # (each table read a few rows at a time)
     copy = seed in (0, 3)  # (copied: every column read; else the pushed ones alone)
     source = streamable_gil(None, paths, copy=copy)
     assert isinstance(source, gil_stream.ParquetGil)
@@ -348,9 +350,9 @@ def test_parquet_gil_tables_whose_column_types_cannot_be_one_are_refused_by_name
 
 
 def test_several_parquet_gil_tables_are_pushed_side_by_side_in_time(tmp_path, monkeypatch):
-    """Three tables of the same hour (three processes): their blocks come in the order they start,
-    so the rows pushed that the watermark has not passed yet (what the core holds) stay about a
-    block a table, not a whole table."""
+    """Three tables of the same hour (three processes): read a third of a block at a time, from
+    the table whose rows to come start earliest, and pushed merged: each push in start order and
+    before its watermark, so the core appends and holds no row the watermark has not passed."""
     from engine.ingest import gil_stream
     from engine.store import write_table
 
@@ -360,13 +362,15 @@ def test_several_parquet_gil_tables_are_pushed_side_by_side_in_time(tmp_path, mo
         starts = np.arange(300, dtype=np.int64) * 1_000 + k * 7
         write_table(gil_frame([(k + 1, 10 + k, "released", s, s + 500) for s in starts.tolist()]), paths[-1], {})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 16)
+    monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 1)
     source = gil_stream.ParquetGil(paths)
     source.first_pass()
     pushed, waiting = [], []
     for block in source.pushes():
         pushed.append(block.rows.start_ns)
         waiting.append(sum(int((s >= block.watermark_ns).sum()) for s in pushed))
-    assert sum(s.size for s in pushed) == 900 and max(waiting) <= 3 * 16
+    assert sum(s.size for s in pushed) == 900 and max(s.size for s in pushed) <= 3 * 16 and max(waiting) == 0
+    assert (np.diff(np.concatenate(pushed)) >= 0).all()
 
 
 def test_a_parquet_tables_first_pass_over_row_groups_side_by_side_equals_one_pass(tmp_path, monkeypatch):
@@ -419,6 +423,7 @@ def test_parquet_blocks_cut_unlike_the_first_passes_keep_every_row_and_result(tm
         paths.append(tmp_path / f"g{k}.parquet")
         write_table(gil[gil["tid"].to_numpy() % 2 == k].reset_index(drop=True), paths[-1], {"source": f"part {k}"})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", first_rows)
+    monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 1)  # (each table read a few rows at a time)
     source = gil_stream.ParquetGil(paths)
     first_pass = source.first_pass
 

@@ -144,21 +144,21 @@ class ParquetGil:
         self.scratch: Path | None = None  # (where rows pushed by time wait: the results' staging directory)
         self._edges: np.ndarray | None = None  # (the time buckets' edges, when pushed by time)
 
-    def _blocks(self, f: int, columns=None, read_dictionary=("state",)):
-        """File F's batches of up to BLOCK_ROWS rows, row group by row group, each group from a
+    def _blocks(self, f: int, columns=None, read_dictionary=("state",), batch_rows=None):
+        """File F's batches of up to BATCH_ROWS (BLOCK_ROWS) rows, row group by row group, each group from a
         reader of its own: one ParquetFile's iter_batches keeps about a third of every batch it
         made until the file is closed (1.4 GB over 98 M rows), and it ends a batch at a row
         group's end when a column is read as a dictionary (state) but not otherwise, so the first
         pass (times only) and the pushes would cut the file into different blocks."""
         for group in range(self.files[f].metadata.num_row_groups):
-            yield from self._group_blocks(f, group, columns, read_dictionary)
+            yield from self._group_blocks(f, group, columns, read_dictionary, batch_rows)
 
-    def _group_blocks(self, f: int, group: int, columns=None, read_dictionary=("state",)):
+    def _group_blocks(self, f: int, group: int, columns=None, read_dictionary=("state",), batch_rows=None):
         """(COLUMNS, READ_DICTIONARY: of the union; those file F has are read, the others made nulls.)"""
         names = self.files[f].schema_arrow.names
         reader = pq.ParquetFile(self.paths[f], metadata=self.files[f].metadata,
                                 read_dictionary=[c for c in read_dictionary if c in names])
-        for batch in reader.iter_batches(batch_size=BLOCK_ROWS, row_groups=[group],
+        for batch in reader.iter_batches(batch_size=batch_rows or BLOCK_ROWS, row_groups=[group],
                                          columns=None if columns is None else [c for c in columns if c in names]):
             yield batch if self._alike[f] else conformed(batch, self.schema, columns or self.schema.names, read_dictionary)
 
@@ -267,6 +267,9 @@ class ParquetGil:
         if self._edges is not None:
             yield from self._by_time(columns, read, text)
             return
+        if len(self.files) > 1:
+            yield from self._side_by_side(columns, read, text)
+            return
         blocks = [self._blocks(f, read, read_dictionary=text) for f in range(len(self.files))]
         read_rows = [0] * len(blocks)
         left = [f for f in range(len(blocks)) if self._ahead[f].rows]
@@ -288,6 +291,57 @@ class ParquetGil:
             first_row += batch.num_rows
             watermark = min((self._ahead[k].earliest_from(read_rows[k]) for k in left), default=END)
             yield GilBlock(rows, int(watermark), first_row, copy=pa.Table.from_batches([batch]) if self.copy_schema else None)
+
+    def _side_by_side(self, columns: list[str], read, text: list[str]):
+        """The pushes of several tables. Each read is about BLOCK_ROWS over the number of tables,
+        from the table whose rows not read yet start earliest, and is a run (sorted by start if it
+        was not); the runs' rows that start before the watermark (the earliest start of any row
+        not read yet) are final, and once half a block of them are (or the tables end) they are
+        pushed merged in start order (merged_before), the others wait. So the core appends rows
+        in order and holds about a block, however many tables (EventsGil does so with the
+        processes' files). A run's carried_key says where its rows were read: their code and
+        copied columns are taken by it (`tables`: each read's, by its first key)."""
+        n = len(self.files)
+        blocks = [self._blocks(f, read, read_dictionary=text, batch_rows=max(BLOCK_ROWS // n, MIN_FILE_BLOCK))
+                  for f in range(n)]
+        read_rows, left = [0] * n, [f for f in range(n) if self._ahead[f].rows]
+        waiting: list[GilRows] = []
+        tables: dict[int, pa.Table] = {}
+        keys = rows_so_far = 0
+        while left or waiting:
+            watermark = END
+            if left:
+                f = min(left, key=lambda f: self._ahead[f].earliest_from(read_rows[f]))
+                batch = next(blocks[f], None)
+                if batch is None:  # (fewer rows than the footer says: a file changed since the first pass)
+                    raise TandemError(f"{self.paths[f]}: ends at row {read_rows[f]:,} of {self._ahead[f].rows:,} "
+                                      "(changed while read?)")
+                rows = gil_rows_from_arrow(batch.select(columns), str(self.paths[f]), read_rows[f])
+                read_rows[f] += batch.num_rows
+                if read_rows[f] >= self._ahead[f].rows:
+                    left.remove(f)
+                table = pa.Table.from_batches([batch]) if self.copy_schema else rows.carried
+                arrays = [rows.pid, rows.tid, rows.state, rows.start_ns, rows.end_ns]
+                if rows.start_ns.size > 1 and (np.diff(rows.start_ns) < 0).any():
+                    order = np.argsort(rows.start_ns, kind="stable")
+                    arrays = [a[order] for a in arrays]
+                    table = table.take(pa.array(order)) if table is not None else None
+                if table is not None:
+                    tables[keys] = table
+                waiting.append(GilRows(*arrays, None, np.arange(keys, keys + len(rows), dtype=np.int64)))
+                keys += len(rows)
+                watermark = min((self._ahead[k].earliest_from(read_rows[k]) for k in left), default=END)
+                if left and sum(int(np.searchsorted(r.start_ns, watermark, "left")) for r in waiting) < BLOCK_ROWS // 2:
+                    continue
+            arrays, waiting = merged_before(waiting, watermark)
+            taken = _taken(tables, arrays[5]) if tables else None
+            kept = {_read_at(tables, int(r.carried_key[0])) for r in waiting} if tables else set()
+            for first in [k for k in tables if k not in kept]:  # (reads whose every row is pushed)
+                del tables[first]
+            carried = (taken.select([f.name for f in self.carried]) if self.copy_schema else taken) if self.carried else None
+            rows_so_far += arrays[3].size
+            yield GilBlock(GilRows(*arrays[:5], carried), int(watermark), rows_so_far,
+                           copy=taken if self.copy_schema else None)
 
     def _by_time(self, columns: list[str], read, text: list[str]):
         """The pushes of tables not in time order: every row first written to the time bucket its
@@ -338,6 +392,19 @@ class ParquetGil:
                     writers[b] = pa.ipc.new_file(str(paths[b]), piece.schema, options=SCRATCH_IPC)
                 writers[b].write_table(piece.slice(first, n))
                 first += n
+
+
+def _read_at(tables: dict[int, pa.Table], key: int) -> int:
+    """The first key of the read (a key of TABLES) that holds KEY."""
+    return max(first for first in tables if first <= key)
+
+
+def _taken(tables: dict[int, pa.Table], keys: np.ndarray) -> pa.Table:
+    """The rows KEYS of the reads TABLES (each by its first key; its rows numbered on from it), in that order."""
+    firsts = np.array(sorted(tables), np.int64)
+    offsets = np.cumsum([0, *(tables[k].num_rows for k in firsts.tolist())])
+    which = np.searchsorted(firsts, keys, "right") - 1
+    return pa.concat_tables([tables[k] for k in firsts.tolist()]).take(pa.array(offsets[which] + keys - firsts[which]))
 
 
 class RowsAhead:
@@ -561,7 +628,8 @@ class EventsGil:
                     continue
             elif not waiting:
                 return
-            rows, waiting = _before(waiting, watermark, self.codes)
+            arrays, waiting = merged_before(waiting, watermark)
+            rows = GilRows(*arrays[:5], self.codes.columns(arrays[5]), arrays[5])
             waiting_rows = sum(len(r) for r in waiting)
             yield GilBlock(rows, watermark, rows_so_far, self._table(rows) if self.copy else None,
                            lambda mask, rows=rows: self._table(rows, mask))
@@ -607,11 +675,13 @@ class EventsGil:
         return self._names_of[pid]
 
 
-def _before(runs: list[GilRows], watermark: int, codes: "ProcessCodes") -> tuple[GilRows, list[GilRows]]:
+def merged_before(runs: list[GilRows], watermark: int) -> tuple[list[np.ndarray], list[GilRows]]:
     """The rows of RUNS (each sorted by start, then pid, tid) that start before WATERMARK, merged
-    in that order (rows equal in it: the earlier run's first), and what is left of the runs. A
-    run left with less than half its arrays is copied out of them (each row copied a few times
-    at most): a block read is not kept whole for its last rows."""
+    in that order (rows equal in it: the earlier run's first), as the arrays pid, tid, state,
+    start_ns, end_ns and carried_key (what each run's rows carry along: their code's number, or
+    where they were read); and what is left of the runs. A run left with less than half its
+    arrays is copied out of them (each row copied a few times at most): a block read is not kept
+    whole for its last rows."""
     cuts = [int(np.searchsorted(r.start_ns, watermark, "left")) for r in runs]
     names = ("pid", "tid", "state", "start_ns", "end_ns", "carried_key")
     parts = [[getattr(r, n)[:cut] for n in names] for r, cut in zip(runs, cuts) if cut]
@@ -641,7 +711,7 @@ def _before(runs: list[GilRows], watermark: int, codes: "ProcessCodes") -> tuple
         kernels.merge_runs(bounds, start, pid, tid, state, end, key, *(arrays[k] for k in (3, 0, 1, 2, 4, 5)))
         for a, t in zip(arrays, tails):
             a[a.size - t.size:] = t
-    return GilRows(*arrays[:5], codes.columns(arrays[5]), arrays[5]), left
+    return arrays, left
 
 
 class ProcessCodes:
