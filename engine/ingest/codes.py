@@ -110,24 +110,23 @@ def resolve(aux: np.ndarray, table: dict[int, CodeEntry], recorded: bool) -> pd.
     table exists); otherwise every row is missing."""
     aux = np.asarray(aux, dtype=np.uint64)
     n = len(aux)
-    function = pd.array([pd.NA] * n, dtype="string")
-    file = pd.array([pd.NA] * n, dtype="string")
-    line = pd.array([pd.NA] * n, dtype="Int64")
-    if recorded and n:
-        uniques, inverse = np.unique(aux, return_inverse=True)
-        u_function, u_file, u_line = [], [], []
-        for value in uniques.tolist():
-            code_id, lasti = value & 0xFFFFFFFF, value >> 32
-            entry = table.get(code_id) if code_id >= FIRST_ID else None
-            if entry is not None:
-                u_function.append(entry.qualname)
-                u_file.append(entry.filename)
-                u_line.append(line_of(entry, lasti))
-            else:
-                u_function.append(NO_FRAME_NAME if code_id == NO_FRAME else UNKNOWN_NAME if code_id != NOT_RECORDED else None)
-                u_file.append(None)
-                u_line.append(None)
-        function = pd.array(np.array(u_function, dtype=object)[inverse], dtype="string")
-        file = pd.array(np.array(u_file, dtype=object)[inverse], dtype="string")
-        line = pd.array(np.array(u_line, dtype=object)[inverse], dtype="Int64")
+    if not (recorded and n):
+        return pd.DataFrame({"function": pd.array([pd.NA] * n, dtype="string"),
+                             "file": pd.array([pd.NA] * n, dtype="string"), "line": pd.array([pd.NA] * n, dtype="Int64")})
+    uniques, inverse = np.unique(aux, return_inverse=True)
+    u_function, u_file, u_line = [], [], []
+    for value in uniques.tolist():
+        code_id, lasti = value & 0xFFFFFFFF, value >> 32
+        entry = table.get(code_id) if code_id >= FIRST_ID else None
+        if entry is not None:
+            u_function.append(entry.qualname)
+            u_file.append(entry.filename)
+            u_line.append(line_of(entry, lasti))
+        else:
+            u_function.append(NO_FRAME_NAME if code_id == NO_FRAME else UNKNOWN_NAME if code_id != NOT_RECORDED else None)
+            u_file.append(None)
+            u_line.append(None)
+    function = pd.array(np.array(u_function, dtype=object)[inverse], dtype="string")
+    file = pd.array(np.array(u_file, dtype=object)[inverse], dtype="string")
+    line = pd.array(np.array(u_line, dtype=object)[inverse], dtype="Int64")
     return pd.DataFrame({"function": function, "file": file, "line": line})

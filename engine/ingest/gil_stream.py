@@ -607,6 +607,7 @@ class EventsGil:
         heapq.heapify(unread)
         waiting: list[GilRows] = []
         rows_so_far = waiting_rows = 0
+        recount_at = self.push_rows  # (the waiting rows at which the final ones are counted again)
         watermark = END
         while True:
             if unread:
@@ -622,15 +623,19 @@ class EventsGil:
                 waiting_rows += len(read)
                 rows_so_far += len(read)
                 watermark = unread[0][0] if unread else END
-                # (the rows' count first: counting the final ones of each run read costs, with many processes)
-                if waiting_rows < self.push_rows or sum(
-                        int(np.searchsorted(r.start_ns, watermark, "left")) for r in waiting) < self.push_rows:
+                # (the rows' count first, and the final ones counted again only once an eighth of a
+                # push more waits: counting them costs a search per run, and with many processes
+                # hundreds of runs wait)
+                if waiting_rows < recount_at:
+                    continue
+                if sum(int(np.searchsorted(r.start_ns, watermark, "left")) for r in waiting) < self.push_rows:
+                    recount_at = waiting_rows + self.push_rows // 8
                     continue
             elif not waiting:
                 return
             arrays, waiting = merged_before(waiting, watermark)
             rows = GilRows(*arrays[:5], self.codes.columns(arrays[5]), arrays[5])
-            waiting_rows = sum(len(r) for r in waiting)
+            waiting_rows, recount_at = sum(len(r) for r in waiting), self.push_rows
             yield GilBlock(rows, watermark, rows_so_far, self._table(rows) if self.copy else None,
                            lambda mask, rows=rows: self._table(rows, mask))
 
@@ -722,8 +727,10 @@ class ProcessCodes:
 
     def __init__(self, files: int):
         self.of_file = [np.zeros(0, np.int64) for _ in range(files)]  # a file's numbers -> these
-        self._named(pd.DataFrame({"function": pd.array([], "string"), "file": pd.array([], "string"),
-                                  "line": pd.array([], "Int64")}))
+        # per code: its function's and file's text ("" unnamed) and whether unnamed; its line and whether none
+        self._text = {c: (pa.array([], pa.string()), np.zeros(0, bool)) for c in ("function", "file")}
+        self._line = np.zeros(0, np.int64), np.zeros(0, bool)
+        self._index = np.zeros(0, np.int32)  # (each code's index into the text columns)
         self._count = 0
         self._new: list[pd.DataFrame] = []  # names numbered since the columns were last made
 
@@ -736,17 +743,20 @@ class ProcessCodes:
         return self.of_file[file][numbers]
 
     def _named(self, names: pd.DataFrame) -> None:
-        self.names = names
-        self._text = {}
+        """The codes numbered next named NAMES (function, file, line), appended to those before."""
         for c in ("function", "file"):
             unnamed = names[c].isna().to_numpy(bool)
-            self._text[c] = pa.array(names[c].astype(object).where(~unnamed, ""), pa.string()), unnamed
-        self._line = names["line"].fillna(0).to_numpy(np.int64), names["line"].isna().to_numpy(bool)
-        self._index = np.arange(len(names), dtype=np.int32)  # (each code's index into the text columns)
+            text, before = self._text[c]
+            self._text[c] = (pa.concat_arrays([text, pa.array(names[c].astype(object).where(~unnamed, ""), pa.string())]),
+                             np.concatenate([before, unnamed]))
+        line, no_line = self._line
+        self._line = (np.concatenate([line, names["line"].fillna(0).to_numpy(np.int64)]),
+                      np.concatenate([no_line, names["line"].isna().to_numpy(bool)]))
+        self._index = np.arange(self._line[0].size, dtype=np.int32)
 
     def columns(self, numbers: np.ndarray) -> pa.Table:
         if self._new:  # (made once per push, not per file's block: a session of many processes)
-            self._named(pd.concat([self.names, *self._new], ignore_index=True))
+            self._named(pd.concat(self._new, ignore_index=True))
             self._new = []
         index = pa.array(numbers.astype(np.int32))  # (shared by the text columns whose codes all have text: most)
         line, no_line = self._line
