@@ -236,6 +236,36 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
         pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
 
 
+def _streamed_equals_whole(out, pauses, paths, source, slack_ns: int) -> None:
+    """SOURCE (of the GIL tables or files PATHS) streamed into OUT: the header and every result
+    table equal the in-memory analysis of PATHS read whole and concatenated (rows of one moment in
+    any order); OUT's copy of the GIL side, when it has one, holds every row and every column of
+    them, else the header names PATHS."""
+    from engine.analysis import correlate
+    from engine.analysis.stream import analyze_streamed
+    from engine.ingest.inputs import gil_from
+    from engine.store import read_table
+
+    streamed = analyze_streamed(out, pauses, source, slack_ns=slack_ns)
+    whole, names = gil_from(paths=paths)
+    expected = correlate(pauses, whole, slack_ns=slack_ns, gil_source=names)
+    if not source.copy:
+        assert streamed.header.pop("gil_table") == [str(p) for p in paths]
+    assert streamed.header == expected.header
+    for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops", *(("gil",) if source.copy else ())):
+        back = read_table(out / f"{name}.parquet")
+        # (the copy: every row given, duplicates too, which the analysis drops)
+        table = whole if name == "gil" else getattr(expected, "summary_table" if name == "summary" else name)
+        if name in ("gil_free", "overlaps", "gil"):  # (rows of one moment in the order their sources gave them)
+            columns = [c for c in ("pause_id", "pid", "tid", "start_ns", "end_ns", "state") if c in back.columns]
+            if name == "gil":
+                assert set(back.columns) == set(table.columns)
+                back = back[table.columns].astype({"state": "string"})
+                table = table.astype({"state": "string"})
+            back, table = (t.sort_values(columns, ignore_index=True) for t in (back, table))
+        pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("block_rows", [7, 64])
 def test_several_parquet_gil_tables_stream_as_their_concatenation(tmp_path, monkeypatch, seed, block_rows):
@@ -243,11 +273,9 @@ def test_several_parquet_gil_tables_stream_as_their_concatenation(tmp_path, monk
     in its order, the next block from the table whose blocks to come start earliest): every table
     equals the in-memory analysis of their concatenation, the header too, and the copy of the
     GIL side holds every table's rows."""
-    from engine.analysis import correlate
-    from engine.analysis import stream
     from engine.ingest import gil_stream
-    from engine.ingest.inputs import gil_from, streamable_gil
-    from engine.store import read_table, write_table
+    from engine.ingest.inputs import streamable_gil
+    from engine.store import write_table
 
     pauses, gil = adversarial_tables(seed) if seed % 2 else random_scenario(seed)
     if seed >= 2:
@@ -262,24 +290,7 @@ def test_several_parquet_gil_tables_stream_as_their_concatenation(tmp_path, monk
     monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 1)  # (each table read a few rows at a time)
     source = streamable_gil(None, paths, copy=seed == 3)
     assert isinstance(source, gil_stream.ParquetGil)
-    streamed = stream.analyze_streamed(tmp_path / "out", pauses, source, slack_ns=5)
-    whole, names = gil_from(paths=paths)
-    expected = correlate(pauses, whole, slack_ns=5, gil_source=names)
-    if seed == 3:  # (the rows as they were pushed)
-        by = ["pid", "tid", "start_ns", "end_ns", "state"]
-        pd.testing.assert_frame_equal(read_table(tmp_path / "out" / "gil.parquet").sort_values(by, ignore_index=True),
-                                      whole.sort_values(by, ignore_index=True), check_dtype=False)
-    else:
-        assert streamed.header.pop("gil_table") == [str(p) for p in paths]
-    assert streamed.header == expected.header
-    for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops"):
-        back = read_table(tmp_path / "out" / f"{name}.parquet")
-        table = getattr(expected, "summary_table" if name == "summary" else name)
-        if name in ("gil_free", "overlaps"):  # (rows of one moment in the order their tables gave them)
-            columns = [c for c in ("pause_id", "pid", "tid", "start_ns", "end_ns", "state") if c in back.columns]
-            back = back.sort_values(columns, ignore_index=True)
-            table = table.sort_values(columns, ignore_index=True)
-        pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
+    _streamed_equals_whole(tmp_path / "out", pauses, paths, source, slack_ns=5)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -288,11 +299,9 @@ def test_parquet_gil_tables_of_other_columns_stream_as_their_concatenation(tmp_p
     one with thread names and 32-bit ids, one with neither. They stream as one table of every
     column (nulls where a table has none), and every result equals the in-memory analysis of
     their concatenation; the copy of the GIL side holds every row with the columns' union."""
-    from engine.analysis import correlate
-    from engine.analysis import stream
     from engine.ingest import gil_stream
-    from engine.ingest.inputs import gil_from, streamable_gil
-    from engine.store import read_table, write_table
+    from engine.ingest.inputs import streamable_gil
+    from engine.store import write_table
 
     pauses, gil = adversarial_tables(seed) if seed % 2 else random_scenario(seed)
     if seed >= 2:  # (in time order: read in it; else pushed by time)
@@ -313,29 +322,9 @@ def test_parquet_gil_tables_of_other_columns_stream_as_their_concatenation(tmp_p
         write_table(table, paths[-1], {"source": f"part {k}"})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 8)
     monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 1)  # (each table read a few rows at a time)
-    copy = seed in (0, 3)  # (copied: every column read; else the pushed ones alone)
-    source = streamable_gil(None, paths, copy=copy)
+    source = streamable_gil(None, paths, copy=seed in (0, 3))  # (copied: every column read; else the pushed ones)
     assert isinstance(source, gil_stream.ParquetGil)
-    streamed = stream.analyze_streamed(tmp_path / "out", pauses, source, slack_ns=5)
-    whole, names = gil_from(paths=paths)
-    expected = correlate(pauses, whole, slack_ns=5, gil_source=names)
-    if copy:
-        by = ["pid", "tid", "start_ns", "end_ns", "state"]
-        copied = read_table(tmp_path / "out" / "gil.parquet")
-        assert set(copied.columns) == set(whole.columns)
-        pd.testing.assert_frame_equal(copied[whole.columns].sort_values(by, ignore_index=True),
-                                      whole.sort_values(by, ignore_index=True), check_dtype=False)
-    else:
-        assert streamed.header.pop("gil_table") == [str(p) for p in paths]
-    assert streamed.header == expected.header
-    for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops"):
-        back = read_table(tmp_path / "out" / f"{name}.parquet")
-        table = getattr(expected, "summary_table" if name == "summary" else name)
-        if name in ("gil_free", "overlaps"):
-            columns = [c for c in ("pause_id", "pid", "tid", "start_ns", "end_ns", "state") if c in back.columns]
-            back = back.sort_values(columns, ignore_index=True)
-            table = table.sort_values(columns, ignore_index=True)
-        pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
+    _streamed_equals_whole(tmp_path / "out", pauses, paths, source, slack_ns=5)
 
 
 def test_parquet_gil_tables_whose_column_types_cannot_be_one_are_refused_by_name(tmp_path):
@@ -634,12 +623,10 @@ def test_parquet_tables_beside_events_files_stream_merged_in_time(tmp_path, monk
     import subprocess
     import sys
 
-    from engine.analysis import correlate
-    from engine.analysis.stream import analyze_streamed
     from engine.ingest import gil_stream
     from engine.ingest.gil_merged import MergedGil
     from engine.ingest.inputs import gil_from, streamable_gil
-    from engine.store import read_table, write_table
+    from engine.store import write_table
 
     files = [tmp_path / f"p{i}.events" for i in range(3)]
     running = [subprocess.Popen([sys.executable, "-c", PROBED, str(f)]) for f in files]
@@ -657,21 +644,11 @@ def test_parquet_tables_beside_events_files_stream_merged_in_time(tmp_path, monk
     if by_thread:
         source.first_pass()
         assert source.sources[1]._edges is not None  # (the table's rows go through time buckets)
-    gil, names = gil_from(paths=given)
+    gil, _ = gil_from(paths=given)
     rng = np.random.default_rng(3)
     starts = np.sort(rng.integers(int(gil.start_ns.min()), int(gil.end_ns.max()), 200))
     pauses = pauses_frame([(s, s + int(rng.integers(0, 2_000_000))) for s in starts])
-    streamed = analyze_streamed(tmp_path / "out", pauses, source, slack_ns=20_000)
-    expected = correlate(pauses, gil, slack_ns=20_000, gil_source=names)
-    assert streamed.header == expected.header
-    for name in ("overlaps", "pause_impact", "gil_free", "summary", "stops", "gil"):
-        back = read_table(tmp_path / "out" / f"{name}.parquet")
-        table = getattr(expected, "summary_table" if name == "summary" else name)
-        if name in ("gil_free", "overlaps", "gil"):  # (rows of one moment in the order their sources gave them)
-            columns = [c for c in ("pause_id", "pid", "tid", "start_ns", "end_ns", "state") if c in back.columns]
-            back = back[table.columns].astype({"state": "string"} if name == "gil" else {})
-            back, table = (t.sort_values(columns, ignore_index=True) for t in (back, table))
-        pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False, obj=name)
+    _streamed_equals_whole(tmp_path / "out", pauses, given, source, slack_ns=20_000)
 
 
 class _Told:
