@@ -861,6 +861,32 @@ def test_carried_key_numbers_equal_values_alike_in_the_order_they_first_come(see
     assert np.array_equal(carried_key(table), expected)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_text_numbers_give_back_each_pieces_text_whatever_its_dictionary(seed):
+    """Rows waiting in time buckets hold their text as numbers for the whole table (TextNumbers):
+    pieces read with dictionaries of their own (values in another order, a null entry, a null
+    index, an entry no row uses), numbered, then concatenated and taken in another order, come
+    back with each row's text; a column it does not number is left as it is."""
+    from engine.ingest.gil_stream import TextNumbers
+
+    rng = np.random.default_rng(seed)
+    words = ["released", "waiting", "main", "worker-1", None]
+    numbers, pieces = TextNumbers(), []
+    for _ in range(int(rng.integers(1, 5))):
+        n = int(rng.integers(0, 40))
+        dictionary = pa.array(list(rng.permutation(np.array(words, object))), pa.string())
+        index = pa.array(rng.integers(0, len(words), n).astype(np.int32), mask=rng.random(n) < 0.1)
+        piece = pa.table({"thread_name": pa.DictionaryArray.from_arrays(index, dictionary),
+                          "file": pa.array(["a.py"] * n).dictionary_encode(), "other": pa.array(np.arange(n))})
+        pieces.append((piece, numbers.numbered(piece)))
+    assert all(p.schema.field("thread_name").type == pa.int32() for _, p in pieces)
+    order = rng.permutation(sum(p.num_rows for p, _ in pieces))
+    back = numbers.text(pa.concat_tables([p for _, p in pieces]).combine_chunks().take(pa.array(order)))
+    for name in ("thread_name", "file", "other"):
+        given = [value for p, _ in pieces for value in p.column(name).to_pylist()]
+        assert back.column(name).to_pylist() == [given[i] for i in order], name
+
+
 @pytest.mark.parametrize("tables", [1, 2])
 def test_a_parquet_table_sorted_by_thread_is_pushed_by_time_in_bounded_memory(tmp_path, monkeypatch, tables):
     """A gil table in thread order (each thread's rows, then the next thread's: a table a tool

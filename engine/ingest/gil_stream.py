@@ -22,7 +22,6 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.clock.facts import clock_parts
@@ -354,25 +353,24 @@ class ParquetGil:
         with tempfile.TemporaryDirectory(prefix=".gil-by-time-", dir=self.scratch) as scratch:
             paths = [Path(scratch) / f"{b}.arrow" for b in range(self._edges.size + 1)]
             writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
-            schema = None
+            numbered = TextNumbers()
             try:
                 for f in range(len(self.files)):
                     for batch in self._blocks(f, read, read_dictionary=text):
-                        schema = schema or batch.schema
                         for at in range(0, batch.num_rows, SCRATCH_ROWS):  # (each piece's text made whole: a piece at a time)
-                            self._to_buckets(pa.Table.from_batches([batch.slice(at, SCRATCH_ROWS)]), writers, paths, f)
+                            piece = numbered.numbered(pa.Table.from_batches([batch.slice(at, SCRATCH_ROWS)]))
+                            self._to_buckets(piece, writers, paths, f)
                         yield GilBlock(GilRows.empty(), earliest, 0)
             finally:
                 for writer in writers.values():
                     writer.close()
             rows_so_far, filled = 0, sorted(writers)
             for i, b in enumerate(filled):
-                with pa.OSFile(str(paths[b])) as source:  # (text as dictionaries again, a piece at a time)
-                    reader = pa.ipc.open_file(source)
-                    table = pa.concat_tables([pa.Table.from_batches([reader.get_batch(i)]).cast(schema)
-                                              for i in range(reader.num_record_batches)])
+                with pa.OSFile(str(paths[b])) as source:
+                    table = pa.ipc.open_file(source).read_all().combine_chunks()
                 paths[b].unlink()
-                table = table.take(pc.sort_indices(table, [("start_ns", "ascending")])).combine_chunks()
+                order = np.argsort(table.column("start_ns").to_numpy(), kind="stable")
+                table = numbered.text(table.take(pa.array(order)))
                 rows = gil_rows_from_arrow(table.select(columns).to_batches()[0], self.source, rows_so_far)
                 rows_so_far += table.num_rows
                 watermark = int(self._edges[filled[i + 1] - 1]) if i + 1 < len(filled) else END  # (the next bucket's lower edge)
@@ -405,6 +403,41 @@ def _taken(tables: dict[int, pa.Table], keys: np.ndarray) -> pa.Table:
     offsets = np.cumsum([0, *(tables[k].num_rows for k in firsts.tolist())])
     which = np.searchsorted(firsts, keys, "right") - 1
     return pa.concat_tables([tables[k] for k in firsts.tolist()]).take(pa.array(offsets[which] + keys - firsts[which]))
+
+
+class TextNumbers:
+    """The text columns of few values a gil table has (state, thread names, code) as int32
+    numbers into one set of values per column for the whole table (`numbered`), and back as
+    dictionary-encoded text (`text`): rows waiting in time buckets hold integers, whatever
+    dictionary each batch was read with, and are sorted and taken as integers."""
+
+    COLUMNS = ("state", "thread_name", "function", "file")
+
+    def __init__(self):
+        self.numbers: dict[str, dict] = {}  # column -> value -> number
+        self.types: dict[str, pa.DataType] = {}
+
+    def numbered(self, piece: pa.Table) -> pa.Table:
+        for i, field in enumerate(piece.schema):
+            if field.name not in self.COLUMNS or not pa.types.is_dictionary(field.type):
+                continue
+            column = piece.column(i).combine_chunks()
+            numbers = self.numbers.setdefault(field.name, {})
+            self.types.setdefault(field.name, field.type.value_type)
+            of_entry = np.array([-1 if v is None else numbers.setdefault(v, len(numbers))
+                                 for v in column.dictionary.to_pylist()] + [-1], np.int32)
+            entry = column.indices.fill_null(len(column.dictionary)).to_numpy(zero_copy_only=False)
+            number = of_entry[entry]
+            piece = piece.set_column(i, field.name, pa.array(number, pa.int32(), mask=number < 0))
+        return piece
+
+    def text(self, table: pa.Table) -> pa.Table:
+        for name, numbers in self.numbers.items():
+            if name in table.column_names:
+                values = pa.array(list(numbers), self.types[name])
+                i = table.column_names.index(name)
+                table = table.set_column(i, name, pa.DictionaryArray.from_arrays(table.column(i).combine_chunks(), values))
+        return table
 
 
 class RowsAhead:
