@@ -26,7 +26,8 @@ pids, tids, code, thread names, jvm_pid, requester columns and System.gc() cause
 pause, safepoint and GC ids renumbered per copy) to 10 minutes, 1 hour and (with
 TANDEM_BENCH_SESSION_8H=1) 8 hours, written as `--pauses P --gil G` Parquet inputs; DuckDB
 computes only the overlaps of the hour, and the hour runs again given as two Parquet gil tables
-(`split_by_thread`), and with its 10 minutes as one table grouped by thread (`grouped_by_thread`).
+(`split_by_thread`), as DEALT_TABLES tables each holding a share of the whole hour (`dealt`), and
+with its 10 minutes as one table grouped by thread (`grouped_by_thread`).
 TANDEM_BENCH_SESSION_MINUTES shrinks the hour here too;
 TANDEM_BENCH_DEMO_SESSION=DIR takes an existing recording of the demo instead of making one.
 The 8 hours and their 10 minutes run once more with no requester named for a System.gc() stop
@@ -56,6 +57,7 @@ WORKERS_ALIVE = 60
 WORKER_THREADS = 4
 DEMO_SECONDS = 30
 SLEEPING_THREADS = 48     # idle Python threads added to the demo's JPype process (8 h only)
+DEALT_TABLES, DEALT_RUN_ROWS = 12, 1_000  # the real hour as tables of processes side by side (`dealt`)
 THREADS = 16
 INTERVALS_PER_S = 14_000  # all processes together: 50.4 M intervals an hour
 PAUSES_PER_HOUR = 20_000
@@ -301,6 +303,27 @@ def split_by_thread(gil: Path, directory: Path) -> list[Path]:
     return halves
 
 
+def dealt(gil: Path, directory: Path, tables: int = DEALT_TABLES, run_rows: int = DEALT_RUN_ROWS) -> list[Path]:
+    """GIL's rows dealt into TABLES Parquet tables, RUN_ROWS rows at a time in turn: each table a
+    share of the whole span in time order, as the tables of processes running side by side."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = pq.ParquetFile(gil)
+    paths = [directory / f"{gil.stem}-dealt-{k}.parquet" for k in range(tables)]
+    writers = [pq.ParquetWriter(path, source.schema_arrow) for path in paths]
+    first = 0
+    for group in range(source.metadata.num_row_groups):
+        rows = source.read_row_group(group)
+        table = (np.arange(first, first + rows.num_rows) // run_rows) % tables
+        first += rows.num_rows
+        for k, writer in enumerate(writers):
+            writer.write_table(rows.filter(pa.array(table == k)))
+    for writer in writers:
+        writer.close()
+    return paths
+
+
 def grouped_by_thread(gil: Path, directory: Path) -> Path:
     """GIL's rows grouped by thread (by pid, tid, start: a tool writing a thread at a time), with GIL's metadata."""
     import pyarrow.parquet as pq
@@ -402,6 +425,18 @@ def real_shape(console, tmp: Path) -> list[Row]:
     console.print(f"real shape, {hour:g} min as two gil tables: {split_s:.1f} s, peak RSS {split_gib:.2f} GiB")
     rows += [Row("session", f"tandem analyze, {label} as two Parquet gil tables vs one", split_s, long_s, "s", "-", None),
              Row("session", f"peak RSS, {label} as two Parquet gil tables vs one", split_gib, long_gib, "GiB", "-", None)]
+    for path in halves:
+        path.unlink()
+    # ... and dealt into DEALT_TABLES tables, each a share of the whole hour (processes side by side)
+    tables = dealt(hour_gil, tmp)
+    dealt_s, dealt_gib = fastest_and_median_peak([run_measured(tandem(hour, gil=tables)) for _ in range(3)])
+    console.print(f"real shape, {hour:g} min dealt into {len(tables)} gil tables: {dealt_s:.1f} s, peak RSS {dealt_gib:.2f} GiB")
+    rows += [Row("session", f"tandem analyze, {label} dealt into {len(tables)} Parquet gil tables vs one", dealt_s, long_s,
+                 "s", "-", None),
+             Row("session", f"peak RSS, {label} dealt into {len(tables)} Parquet gil tables vs one", dealt_gib, long_gib,
+                 "GiB", "-", None)]
+    for path in tables:
+        path.unlink()
     # The same hour and its short session as one table grouped by thread: pushed by time, through buckets
     grouped = {m: grouped_by_thread(inputs[m][1], tmp) for m in (short_minutes, hour)}
     (g_short_s, g_short_gib), (g_long_s, g_long_gib) = (
