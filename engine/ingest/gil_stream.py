@@ -120,9 +120,9 @@ class FrameGil:
 
 
 class ParquetGil:
-    """Gil tables in Parquet files, read in blocks of BLOCK_ROWS rows: one table, or several
-    with the same columns (each process's, or a session's in parts), their blocks taken in the
-    order their rows start (`pushes`)."""
+    """Gil tables in Parquet files, read in blocks of BLOCK_ROWS rows: one table, or several read
+    as one table of their columns' union (each process's, or a session's in parts), their rows
+    merged in the order they start (`pushes`)."""
 
     duplicate_rows = 0  # (duplicates are dropped, and counted, by the core as they pass)
 
@@ -253,12 +253,11 @@ class ParquetGil:
         return names
 
     def pushes(self):
-        """(GilRows, watermark, rows so far) per block: of the tables, next the one whose blocks
-        not pushed yet start earliest (each read in its order), so that the watermark, the earliest
-        start of any block to come, follows them all."""
+        """(GilRows, watermark, rows so far) per block: one table's blocks in its order, the
+        watermark after each the earliest start of the rows after it (RowsAhead); several tables
+        merged (`_side_by_side`); a table not in time order through time buckets (`_by_time`)."""
         schema = self.schema
         columns = [c for c in (*GIL_COLUMNS, *GIL_CARRIED_COLUMNS) if c in schema.names]
-        first_row = 0
         # text read as dictionaries: a file's dictionary pages become the blocks' dictionaries,
         # not a string per row hashed again (carried_numbered); every column when copied
         text = ["state", *(f.name for f in (schema if self.copy_schema else self.carried) if is_text(f.type))]
@@ -269,27 +268,24 @@ class ParquetGil:
         if len(self.files) > 1:
             yield from self._side_by_side(columns, read, text)
             return
-        blocks = [self._blocks(f, read, read_dictionary=text) for f in range(len(self.files))]
-        read_rows = [0] * len(blocks)
-        left = [f for f in range(len(blocks)) if self._ahead[f].rows]
-        while left:
-            f = min(left, key=lambda f: self._ahead[f].earliest_from(read_rows[f]))
-            parts, taken = [], 0  # (small row groups' batches made one block: a push costs more than its rows)
-            while not parts or (taken < BLOCK_ROWS and read_rows[f] < self._ahead[f].rows):
-                batch = next(blocks[f], None)
-                if batch is None:  # (fewer rows than the footer says: a file changed since the first pass)
-                    raise TandemError(f"{self.paths[f]}: ends at row {read_rows[f]:,} of {self._ahead[f].rows:,} "
-                                      "(changed while read?)")
-                parts.append(batch)
-                taken += batch.num_rows
-                read_rows[f] += batch.num_rows
-            if read_rows[f] >= self._ahead[f].rows:
-                left.remove(f)
+        ahead, batches, read_rows = self._ahead[0], self._blocks(0, read, read_dictionary=text), 0
+        while read_rows < ahead.rows:
+            parts, first_row = [], read_rows  # (small row groups' batches made one block: a push costs more than its rows)
+            while not parts or (read_rows - first_row < BLOCK_ROWS and read_rows < ahead.rows):
+                parts.append(self._next_batch(batches, 0, read_rows))
+                read_rows += parts[-1].num_rows
             batch = parts[0] if len(parts) == 1 else pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
-            rows = gil_rows_from_arrow(batch.select(columns), str(self.paths[f]), first_row)
-            first_row += batch.num_rows
-            watermark = min((self._ahead[k].earliest_from(read_rows[k]) for k in left), default=END)
-            yield GilBlock(rows, int(watermark), first_row, copy=pa.Table.from_batches([batch]) if self.copy_schema else None)
+            rows = gil_rows_from_arrow(batch.select(columns), str(self.paths[0]), first_row)
+            yield GilBlock(rows, int(ahead.earliest_from(read_rows)), read_rows,
+                           copy=pa.Table.from_batches([batch]) if self.copy_schema else None)
+
+    def _next_batch(self, batches, f: int, read_rows: int) -> pa.RecordBatch:
+        """The next of file F's BATCHES, READ_ROWS read so far: an error where the file ends before
+        its footer's rows (it changed since the first pass)."""
+        batch = next(batches, None)
+        if batch is None:
+            raise TandemError(f"{self.paths[f]}: ends at row {read_rows:,} of {self._ahead[f].rows:,} (changed while read?)")
+        return batch
 
     def _side_by_side(self, columns: list[str], read, text: list[str]):
         """The pushes of several tables. Each read is about BLOCK_ROWS over the number of tables,
@@ -311,10 +307,7 @@ class ParquetGil:
             watermark = END
             if left:
                 f = min(left, key=lambda f: self._ahead[f].earliest_from(read_rows[f]))
-                batch = next(blocks[f], None)
-                if batch is None:  # (fewer rows than the footer says: a file changed since the first pass)
-                    raise TandemError(f"{self.paths[f]}: ends at row {read_rows[f]:,} of {self._ahead[f].rows:,} "
-                                      "(changed while read?)")
+                batch = self._next_batch(blocks[f], f, read_rows[f])
                 rows = gil_rows_from_arrow(batch.select(columns), str(self.paths[f]), read_rows[f])
                 read_rows[f] += batch.num_rows
                 if read_rows[f] >= self._ahead[f].rows:
