@@ -60,16 +60,16 @@ class MergedGil:
                 s.scratch = self.scratch
         streams = [s.pushes() for s in self.sources]
         ahead = [next(stream, None) for stream in streams]
+        bounds = [_bound(block) for block in ahead]  # (each source's, kept as its next block is read)
         rows_so_far = 0
         try:
             while any(block is not None for block in ahead):
-                bounds = [_bound(block) for block in ahead]
-                k = int(np.argmin(bounds))
+                k = min((i for i, block in enumerate(ahead) if block is not None), key=bounds.__getitem__)
                 block, ahead[k] = ahead[k], next(streams[k], None)
+                bounds[k] = _bound(ahead[k])
                 rows_so_far += len(block.rows)
                 copy = None if block.copy is None else conformed(block.copy, self.copy_schema, self.copy_schema.names)
-                yield GilBlock(self._carried(block.rows), min(_bound(b) for b in ahead), rows_so_far, copy,
-                               block.table_of, block.frame_of)
+                yield GilBlock(self._carried(block.rows), min(bounds), rows_so_far, copy, block.table_of, block.frame_of)
         finally:
             for stream in streams:
                 stream.close()
