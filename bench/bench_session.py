@@ -283,45 +283,40 @@ def sleeping_rows(gil, pauses, threads: int, start: int, end: int):
         {c: t for c, t in gil.dtypes.items() if c in rows.columns})
 
 
-def split_by_thread(gil: Path, directory: Path) -> list[Path]:
-    """GIL's rows in two Parquet tables, by the parity of their tid, each with GIL's metadata."""
-    import pyarrow.compute as pc
+def split_table(gil: Path, directory: Path, names: list[str], part_of) -> list[Path]:
+    """GIL's rows in Parquet tables DIRECTORY/<stem>-<name>.parquet, one per NAMES, each with GIL's
+    metadata: PART_OF(rows, first) says which table each row of a row group goes to (FIRST: the
+    group's first row's number in GIL)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     source = pq.ParquetFile(gil)
     facts = {k: v for k, v in (source.metadata.metadata or {}).items() if k == b"tandem"}
-    halves = [directory / f"{gil.stem}-{name}.parquet" for name in ("odd", "even")]
-    writers = [pq.ParquetWriter(path, source.schema_arrow) for path in halves]
+    paths = [directory / f"{gil.stem}-{name}.parquet" for name in names]
+    writers = [pq.ParquetWriter(path, source.schema_arrow) for path in paths]
+    first = 0
     for group in range(source.metadata.num_row_groups):
         rows = source.read_row_group(group)
-        odd = pc.equal(pc.bit_wise_and(rows.column("tid"), 1), 1)
-        writers[0].write_table(rows.filter(odd))
-        writers[1].write_table(rows.filter(pc.invert(odd)))
+        part = part_of(rows, first)
+        first += rows.num_rows
+        for k, writer in enumerate(writers):
+            writer.write_table(rows.filter(pa.array(part == k)))
     for writer in writers:
         writer.add_key_value_metadata(facts)
         writer.close()
-    return halves
+    return paths
+
+
+def split_by_thread(gil: Path, directory: Path) -> list[Path]:
+    """GIL's rows in two Parquet tables, by the parity of their tid (odd ones first)."""
+    return split_table(gil, directory, ["odd", "even"], lambda rows, first: 1 - rows.column("tid").to_numpy() % 2)
 
 
 def dealt(gil: Path, directory: Path, tables: int = DEALT_TABLES, run_rows: int = DEALT_RUN_ROWS) -> list[Path]:
     """GIL's rows dealt into TABLES Parquet tables, RUN_ROWS rows at a time in turn: each table a
     share of the whole span in time order, as the tables of processes running side by side."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    source = pq.ParquetFile(gil)
-    paths = [directory / f"{gil.stem}-dealt-{k}.parquet" for k in range(tables)]
-    writers = [pq.ParquetWriter(path, source.schema_arrow) for path in paths]
-    first = 0
-    for group in range(source.metadata.num_row_groups):
-        rows = source.read_row_group(group)
-        table = (np.arange(first, first + rows.num_rows) // run_rows) % tables
-        first += rows.num_rows
-        for k, writer in enumerate(writers):
-            writer.write_table(rows.filter(pa.array(table == k)))
-    for writer in writers:
-        writer.close()
-    return paths
+    return split_table(gil, directory, [f"dealt-{k}" for k in range(tables)],
+                       lambda rows, first: (np.arange(first, first + rows.num_rows) // run_rows) % tables)
 
 
 def grouped_by_thread(gil: Path, directory: Path) -> Path:
