@@ -795,18 +795,28 @@ def test_a_session_of_many_short_lived_processes_holds_those_running_not_every_o
     """Processes that come and go (a Spark executor's Python workers), streamed (EventsGil.pushes):
     the tables equal read_gil + correlate's, and a process's events file is closed and unmapped
     once its last block is read, so what is open while pushing is the processes of the moment,
-    not every one of the session."""
+    not every one of the session. Each file's span, read from its first and last records, lies in
+    the recording's and covers most of it: the blocks are sized by the 3 processes recorded at
+    once, not the 12."""
     import os
     import subprocess
     import sys
 
-    from engine.ingest.gil_stream import EventsGil
+    from engine.ingest.gil_stream import EventsGil, most_at_once
     from engine.ingest.inputs import gil_from
+    from engine.ring import read_events
 
     files = [tmp_path / f"p{i}.events" for i in range(12)]
     for at in range(0, len(files), 3):  # three at a time, one round after another
         running = [subprocess.Popen([sys.executable, "-c", PROBED, str(f)]) for f in files[at:at + 3]]
         assert [p.wait(timeout=120) for p in running] == [0, 0, 0]
+    spans = [f.span for f in EventsGil(files).files]
+    for path, (first, last) in zip(files, spans):
+        times = read_events(path).records["mono_ns"]
+        assert times.min() <= first < last <= times.max()
+        assert last - first >= 0.8 * (times.max() - times.min()), path
+    assert most_at_once(spans) == 3
+    assert most_at_once([*spans, None]) == 4 and most_at_once([None]) == most_at_once([]) == 1
     source = EventsGil(files, block_records=500, copy=True)
     source.first_pass()
     fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731

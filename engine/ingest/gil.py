@@ -454,6 +454,7 @@ class EventsIntervals:
         self.header = first.header
         # A flight recorder's segments rotate away: never a file that results can name.
         self.segmented = isinstance(first, SegmentedBlocks)
+        self.span = first.span()  # (start, end) of the recording, or None: not known
         self.pid = int(self.header.producer_pid)
         self.meta = _description(self.path)
         # code_numbers' state: the file's codes numbered as they come, and the names they have

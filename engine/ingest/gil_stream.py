@@ -68,20 +68,22 @@ class ThreadHulls:
         kernels.group_bounds(index, start, end, self.lo, self.hi)
         return self
 
-    def table(self) -> pd.DataFrame:
-        return pd.DataFrame({"key": self.numbers.keys, "start_ns": self.lo, "end_ns": self.hi})
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """key, start_ns, end_ns per thread (a frame is made once, of every part: _lifetimes)."""
+        return self.numbers.keys, self.lo, self.hi
 
 
 def thread_lifetimes(gil: pd.DataFrame) -> pd.DataFrame:
     """pid, tid, start_ns, end_ns: each thread's lifetime in a whole GIL table (the hull of its
     non-empty intervals), as a streamed session's first pass gives it."""
     columns = (gil[c].to_numpy(np.int64) for c in ("pid", "tid", "start_ns", "end_ns"))
-    return _lifetimes([ThreadHulls().add(*columns).table()])
+    return _lifetimes([ThreadHulls().add(*columns).arrays()])
 
 
-def _lifetimes(bounds: list[pd.DataFrame]) -> pd.DataFrame:
-    threads = pd.concat(bounds, ignore_index=True) if bounds else pd.DataFrame(
-        {"key": np.zeros(0, np.int64), "start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64)})
+def _lifetimes(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> pd.DataFrame:
+    """pid, tid, start_ns, end_ns of each thread from the hulls of PARTS (ThreadHulls.arrays)."""
+    threads = pd.DataFrame({name: np.concatenate([np.zeros(0, np.int64), *(part[k] for part in parts)])
+                            for k, name in enumerate(("key", "start_ns", "end_ns"))})
     threads = threads[threads.end_ns > threads.start_ns].groupby("key", as_index=False).agg(
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
     key = threads["key"].to_numpy(np.int64)
@@ -213,7 +215,7 @@ class ParquetGil:
                 hulls.add(pid, tid, start, end)
                 sample.append(start[(-offset) % every::every])
                 offset += batch.num_rows
-            return chunk_min, chunk_max, np.concatenate(sample) if sample else np.zeros(0, np.int64), hulls.table()
+            return chunk_min, chunk_max, np.concatenate(sample) if sample else np.zeros(0, np.int64), hulls.arrays()
 
         # Row groups side by side (decoding and the hulls release the GIL), as EventsGil's files.
         groups = [(f, g) for f, file in enumerate(self.files) for g in range(file.metadata.num_row_groups)]
@@ -566,11 +568,16 @@ class EventsGil:
     duplicate_rows = 0  # (duplicates are dropped, and counted, by the core as they pass)
 
     def __init__(self, paths: list[Path], block_records: int | None = None, copy: bool = False):
-        # (a block of each file in memory at once, about BLOCK_ROWS records together: `pushes`)
-        block_records = block_records or max(BLOCK_ROWS // max(len(paths), 1), MIN_FILE_BLOCK)
-        self.files = [EventsIntervals(Path(p), block_records) for p in paths]
+        self.files = [EventsIntervals(Path(p)) for p in paths]
+        # (a block of each file recorded at the same time in memory at once, about BLOCK_ROWS
+        # records together: `pushes`; processes that came and went one after another are not
+        # read in blocks of their total number's share)
+        at_once = most_at_once([f.span for f in self.files])
+        block_records = block_records or max(BLOCK_ROWS // at_once, MIN_FILE_BLOCK)
+        for f in self.files:
+            f.block_records = block_records
         # (rows of a push, once that many are final: about a block's, ~1.7 records an interval)
-        self.push_rows = min(BLOCK_ROWS, block_records * max(len(paths), 1)) // 2
+        self.push_rows = min(BLOCK_ROWS, block_records * at_once) // 2
         self._names_of: dict[int, dict[int, str]] = {}  # pid -> tid -> thread name
         self._files_of: dict[int, list[EventsIntervals]] = {}  # pid -> its files (a pid may be used again)
         for f in self.files:
@@ -599,7 +606,7 @@ class EventsGil:
     def first_pass(self) -> pd.DataFrame:
         def one_file(f):
             block_min, tid, lo, hi = f.bounds()  # (the blocks paired, their rows not made)
-            return _later_minimum(block_min), pd.DataFrame({"key": f.pid << 32 | tid, "start_ns": lo, "end_ns": hi})
+            return _later_minimum(block_min), (f.pid << 32 | tid, lo, hi)
 
         # Files are read side by side (reading and pairing release the GIL), a thread each up to
         # FIRST_PASS_THREADS: three files on two cores take 1.5 times one file's pass, not 2.
@@ -624,8 +631,8 @@ class EventsGil:
         final in order, and once `push_rows` of them are (or the files end) they are pushed, the
         others wait. The core takes rows already in start order: not a process's block to merge
         into what it holds of every other process, a cost that grew with their number. A file's
-        block is BLOCK_ROWS records over the number of files, so what waits stays about one
-        block, however many processes. `copy`: the rows pushed, as read_gil's table."""
+        block is BLOCK_ROWS records over the most files recorded at one time, so what waits
+        stays about one block, however many processes. `copy`: the rows pushed, as read_gil's table."""
         streams = [f.blocks() for f in self.files]
         position = [0] * len(self.files)
         # the files with blocks left, by the earliest start of what is left of them (ties: file order)
@@ -704,6 +711,18 @@ class EventsGil:
             for f in reversed(self._files_of.get(pid, [])):  # (the first file's name of a tid wins)
                 self._names_of[pid].update(f.thread_names())
         return self._names_of[pid]
+
+
+def most_at_once(spans: list[tuple[int, int] | None]) -> int:
+    """The most of SPANS ((start, end); None: not known, taken to overlap every other) that
+    overlap at one time; at least 1."""
+    known = [s for s in spans if s is not None]
+    unknown = len(spans) - len(known)
+    if not known:
+        return max(unknown, 1)
+    starts, ends = np.sort([s for s, _ in known]), np.sort([e for _, e in known])
+    # at each start: the spans begun by then, less those ended before it
+    return unknown + int((np.arange(1, starts.size + 1) - np.searchsorted(ends, starts, "left")).max())
 
 
 def merged_before(runs: list[GilRows], watermark: int) -> tuple[list[np.ndarray], list[GilRows]]:

@@ -303,6 +303,11 @@ class PackedBlocks:
         self.lane_lost: tuple[int, ...] = ()
         self.trailing_bytes = 0
 
+    def span(self) -> tuple[int, int] | None:
+        """(earliest, latest) event time (EventsBlocks.span)."""
+        first, last = time_span(self._rows)
+        return (first, last) if last else None
+
     def __iter__(self):
         header = self.header
         check = _EventsCheck(self.path, header.record_dtype, header.lane_count, first_seq(header))
@@ -345,6 +350,9 @@ class SegmentedBlocks:
         self.trailing_bytes = 0
         self.drain_lost = 0
         self.window = SegmentWindow.of(self.header)
+
+    def span(self) -> None:
+        return None  # (segments rotate away as they are read: not known up front)
 
     def _first_header(self) -> RingHeader:
         while self.segments:

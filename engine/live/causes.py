@@ -138,9 +138,8 @@ class LiveCauses:
     def _lifetimes(self, gil: pd.DataFrame, watermark_ns: int) -> pd.DataFrame:
         """pid, tid, start_ns, end_ns: each thread's hull of rows; a thread alive now (/proc)
         lives on to the watermark."""
-        hulls = ThreadHulls().add(*(gil[c].to_numpy(np.int64) for c in ("pid", "tid", "start_ns", "end_ns"))).table()
-        keys, end = hulls["key"].to_numpy(np.int64), hulls["end_ns"].to_numpy(np.int64)
-        lifetimes = pd.DataFrame({"pid": keys >> 32, "tid": keys & 0xFFFFFFFF, "start_ns": hulls["start_ns"], "end_ns": end})
+        keys, start, end = ThreadHulls().add(*(gil[c].to_numpy(np.int64) for c in ("pid", "tid", "start_ns", "end_ns"))).arrays()
+        lifetimes = pd.DataFrame({"pid": keys >> 32, "tid": keys & 0xFFFFFFFF, "start_ns": start, "end_ns": end})
         alive = np.array([self.alive(p, t) for p, t in zip(lifetimes["pid"].tolist(), lifetimes["tid"].tolist())], bool)
         lifetimes.loc[alive, "end_ns"] = np.maximum(end[alive], min(int(watermark_ns), END))
         return lifetimes[lifetimes["end_ns"] > lifetimes["start_ns"]]

@@ -111,6 +111,7 @@ class EventsFile:
 # cache and reading costs about one pass over memory, like np.fromfile.
 CHUNK_BYTES = 1 << 20
 WHOLE_FILE = 1 << 62  # (EventsBlocks' block_records: one block)
+SPAN_RECORDS = 256  # (the last records EventsBlocks.span reads: a drain pass's batches of a few lanes)
 
 
 def read_events(path: str | os.PathLike) -> EventsFile:
@@ -183,6 +184,28 @@ class EventsBlocks:
         self.lane_records: tuple[int, ...] = ()
         self.lane_lost: tuple[int, ...] = ()
         self.trailing_bytes = (self.size - self.header.records_offset) % self.header.record_size  # (cut by SIGKILL)
+
+    def span(self) -> tuple[int, int] | None:
+        """(start, end) of a closed file's recording, for sizing blocks: the earliest and latest
+        events among its first and last records, records of one drain pass or two (not checked:
+        an estimate); None when not known (a file still written to, no event there)."""
+        header = self.header
+        count = (self.size - header.records_offset) // header.record_size
+        if not self.closed or not count or "mono_ns" not in header.record_dtype.names:
+            return None
+        ends = []
+        fd, _ = _open_checked(self.path, "events")
+        try:
+            for first in (0, max(count - SPAN_RECORDS, 0)):
+                raw = bytearray(min(count, SPAN_RECORDS) * header.record_size)
+                _read_exactly(fd, memoryview(raw), header.records_offset + first * header.record_size, self.path)
+                records = np.frombuffer(raw, header.record_dtype)
+                ends.append(records["mono_ns"][records["seq"] != 0])
+        finally:
+            os.close(fd)
+        if not (ends[0].size and ends[1].size):
+            return None
+        return int(ends[0].min()), int(ends[1].max())
 
     def __iter__(self):
         """Blocks of records (LOST markers out). Use each block before asking for the next one
