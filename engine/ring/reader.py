@@ -111,7 +111,7 @@ class EventsFile:
 # cache and reading costs about one pass over memory, like np.fromfile.
 CHUNK_BYTES = 1 << 20
 WHOLE_FILE = 1 << 62  # (EventsBlocks' block_records: one block)
-SPAN_RECORDS = 256  # (the last records EventsBlocks.span reads: a drain pass's batches of a few lanes)
+SPAN_RECORDS = 256  # (the first and the last records EventsBlocks.span reads: a drain pass's batches of a few lanes)
 
 
 def read_events(path: str | os.PathLike) -> EventsFile:
@@ -193,19 +193,19 @@ class EventsBlocks:
         count = (self.size - header.records_offset) // header.record_size
         if not self.closed or not count or "mono_ns" not in header.record_dtype.names:
             return None
-        ends = []
+        times = []
         fd, _ = _open_checked(self.path, "events")
         try:
             for first in (0, max(count - SPAN_RECORDS, 0)):
                 raw = bytearray(min(count, SPAN_RECORDS) * header.record_size)
                 _read_exactly(fd, memoryview(raw), header.records_offset + first * header.record_size, self.path)
                 records = np.frombuffer(raw, header.record_dtype)
-                ends.append(records["mono_ns"][records["seq"] != 0])
+                times.append(records["mono_ns"][records["seq"] != 0])
         finally:
             os.close(fd)
-        if not (ends[0].size and ends[1].size):
+        if not (times[0].size and times[1].size) or times[0].min() > times[1].max():
             return None
-        return int(ends[0].min()), int(ends[1].max())
+        return int(times[0].min()), int(times[1].max())
 
     def __iter__(self):
         """Blocks of records (LOST markers out). Use each block before asking for the next one
