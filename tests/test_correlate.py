@@ -959,6 +959,56 @@ def test_a_parquet_table_sorted_by_thread_is_pushed_by_time_in_bounded_memory(tm
     assert source._edges is None
 
 
+@pytest.mark.parametrize("tables", [1, 2])
+def test_a_parquet_table_of_a_few_runs_in_start_order_is_read_a_run_at_a_time(tmp_path, monkeypatch, tables):
+    """A gil table grouped by thread in row groups smaller than a thread's rows (a tool writing a
+    thread at a time): its runs in start order are found by the first pass (each thread's rows
+    here) and read side by side, as several tables are, not through time buckets: each push
+    leaves at most about a block's rows the watermark has not passed, and every result equals the
+    in-memory analysis. Past MAX_RUNS runs it goes through time buckets, as it does where the
+    runs' readers would decode each row group several times (runs smaller than the groups)."""
+    import pyarrow.parquet as pq
+
+    from engine.ingest import gil_stream
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for tid in range(40, 46):  # six threads over the same time, 400 rows each
+        t = int(rng.integers(0, 50))
+        for _ in range(400):
+            t += int(rng.integers(1, 40))
+            length = int(rng.integers(0, 30))
+            rows.append((9, tid, str(rng.choice(["released", "waiting"])), t, t + length))
+            t += length
+    gil = gil_frame(rows)
+    gil["function"] = pd.array([f"f{i % 7}" for i in range(len(gil))], dtype="string")
+    by_thread = gil.sort_values(["pid", "tid", "start_ns"], kind="stable", ignore_index=True)
+    paths = []
+    for k in range(tables):
+        paths.append(tmp_path / f"g{k}.parquet")
+        part = by_thread[by_thread["tid"].to_numpy() % tables == k].reset_index(drop=True)
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), paths[-1], row_group_size=150)
+    monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 64)
+    source = gil_stream.ParquetGil(paths)
+    source.first_pass()
+    assert source._edges is None
+    assert [(f, first, end) for f, first, end, _ in source._runs] == [
+        (k, 400 * j, 400 * (j + 1)) for k in range(tables) for j in range(6 // tables)]
+    pushed, waiting = [], []
+    for block in source.pushes():
+        pushed.append(block.rows.start_ns)
+        waiting.append(sum(int((s >= block.watermark_ns).sum()) for s in pushed))
+    assert sum(s.size for s in pushed) == len(gil) and max(waiting) <= 2 * 64
+    starts = rng.integers(0, 20_000, 60)
+    pauses = pauses_frame([(int(s), int(s) + int(rng.integers(0, 60))) for s in starts])
+    _streamed_equals_whole(tmp_path / "out", pauses, paths, gil_stream.ParquetGil(paths, copy=tables == 1), slack_ns=5)
+
+    monkeypatch.setattr(gil_stream, "MAX_RUNS", 6 // tables - 1)
+    source = gil_stream.ParquetGil(paths)
+    source.first_pass()
+    assert source._runs is None and source._edges is not None
+
+
 def test_a_parquet_table_of_small_row_groups_is_pushed_in_blocks_of_many_groups(tmp_path, monkeypatch):
     """A table written in small row groups (a streaming writer's) is pushed in blocks of about
     BLOCK_ROWS rows, its groups' batches made one (a push costs more than its rows), with the

@@ -48,6 +48,12 @@ HELD_BLOCKS = 1
 SAMPLES_A_BLOCK = 256
 MAX_BUCKETS = 512  # (a file open for each while they are written; past it, buckets of more than a block)
 MIN_FILE_BLOCK = 1 << 12  # records of a block of one process's events file, with many processes
+# A table not in time order made of at most MAX_RUNS runs in start order (a thread's rows, then
+# the next thread's) is read a run at a time side by side, as several tables are, not through
+# time buckets: unless its runs' readers would decode more than RUN_DECODES times its rows (a
+# reader decodes every row group its run lies in, whole).
+MAX_RUNS = 64
+RUN_DECODES = 2
 FIRST_PASS_THREADS = 8
 TIME_COLUMNS = ("pid", "tid", "start_ns", "end_ns")
 
@@ -144,6 +150,8 @@ class ParquetGil:
         self._copy = None  # (the copy begun: begin_copy)
         self.scratch: Path | None = None  # (where rows pushed by time wait: the results' staging directory)
         self._edges: np.ndarray | None = None  # (the time buckets' edges, when pushed by time)
+        # (file, first row, end row, first start) of each run in start order, when read a run at a time
+        self._runs: list[tuple[int, int, int, int]] | None = None
 
     def _blocks(self, f: int, columns=None, read_dictionary=("state",), batch_rows=None):
         """File F's batches of up to BATCH_ROWS (BLOCK_ROWS) rows, row group by row group, each group from a
@@ -162,6 +170,20 @@ class ParquetGil:
         for batch in reader.iter_batches(batch_size=batch_rows or BLOCK_ROWS, row_groups=[group],
                                          columns=None if columns is None else [c for c in columns if c in names]):
             yield batch if self._alike[f] else conformed(batch, self.schema, columns or self.schema.names, read_dictionary)
+
+    def _run_blocks(self, f: int, first: int, end: int, columns, read_dictionary, batch_rows):
+        """File F's rows FIRST..END-1 (a run), in _group_blocks' batches of the row groups they lie
+        in, cut to them."""
+        starts = self._ahead[f].group_start
+        for g in range(int(np.searchsorted(starts, first, "right")) - 1, starts.size - 1):
+            at = int(starts[g])
+            for batch in self._group_blocks(f, g, columns, read_dictionary, batch_rows):
+                lo, hi = max(first - at, 0), min(end - at, batch.num_rows)
+                at += batch.num_rows
+                if hi > lo:
+                    yield batch if hi - lo == batch.num_rows else batch.slice(lo, hi - lo)
+                if at >= end:
+                    return
 
     def copy_rows(self) -> None:
         """Each block's rows as a table of every column (GilBlock.copy), not the file's pages
@@ -209,13 +231,23 @@ class ParquetGil:
             n = -(-self.files[f].metadata.row_group(g).num_rows // chunk)
             chunk_min, chunk_max = np.full(n, END, np.int64), np.full(n, -END, np.int64)
             hulls, offset, sample = ThreadHulls(), 0, []
+            breaks, ends = [], []  # (where a run in start order begins, and its start; the group's first and last start)
             for batch in self._group_blocks(f, g, list(TIME_COLUMNS)):
                 pid, tid, start, end = (_int64(batch, c, str(self.paths[f])) for c in TIME_COLUMNS)
                 _chunk_bounds(chunk_min, chunk_max, start, offset, chunk)
                 hulls.add(pid, tid, start, end)
                 sample.append(start[(-offset) % every::every])
+                if start.size and breaks is not None:
+                    down = np.flatnonzero(start[1:] < start[:-1]) + 1
+                    if ends and start[0] < ends[-1]:
+                        down = np.r_[0, down]
+                    breaks = (breaks + list(zip((down + offset).tolist(), start[down].tolist()))
+                              if len(breaks) + down.size <= MAX_RUNS else None)
+                if start.size:
+                    ends = [ends[0] if ends else int(start[0]), int(start[-1])]
                 offset += batch.num_rows
-            return chunk_min, chunk_max, np.concatenate(sample) if sample else np.zeros(0, np.int64), hulls.arrays()
+            return (chunk_min, chunk_max, np.concatenate(sample) if sample else np.zeros(0, np.int64), hulls.arrays(),
+                    breaks, ends)
 
         # Row groups side by side (decoding and the hulls release the GIL), as EventsGil's files.
         groups = [(f, g) for f, file in enumerate(self.files) for g in range(file.metadata.num_row_groups)]
@@ -225,9 +257,33 @@ class ParquetGil:
         self._ahead = [RowsAhead(self.files[f].metadata, chunk, [d[0] for d in of_file[f]]) for f in range(len(self.files))]
         held = sum(ahead.rows_held([d[1] for d in parts]) for ahead, parts in zip(self._ahead, of_file))
         if held > HELD_BLOCKS * BLOCK_ROWS:
-            rows = sum(ahead.rows for ahead in self._ahead)
-            self._edges = time_edges(np.concatenate([d[2] for d in done]), min(-(-rows // BLOCK_ROWS), MAX_BUCKETS))
+            self._runs = self._sorted_runs([[(d[4], d[5]) for d in parts] for parts in of_file])
+            if self._runs is None:
+                rows = sum(ahead.rows for ahead in self._ahead)
+                self._edges = time_edges(np.concatenate([d[2] for d in done]), min(-(-rows // BLOCK_ROWS), MAX_BUCKETS))
         return _lifetimes([d[3] for d in done])
+
+    def _sorted_runs(self, groups: list[list[tuple]]) -> list[tuple[int, int, int, int]] | None:
+        """The runs in start order the tables are made of (file, first row, end row, first start),
+        from each row group's (GROUPS, per file: where a run begins in it and its start, None past
+        MAX_RUNS; its first and last start); None where there are more than MAX_RUNS, or their
+        readers would decode more than RUN_DECODES times the rows."""
+        runs, decoded = [], 0
+        for f, file_groups in enumerate(groups):
+            starts, last, cuts = self._ahead[f].group_start, None, []  # (cuts: a run's first row, its start)
+            for g, (breaks, ends) in enumerate(file_groups):
+                if breaks is None:
+                    return None
+                if ends and (last is None or ends[0] < last):  # (the file's first row, or a group's going back in time)
+                    cuts.append((int(starts[g]), ends[0]))
+                cuts += [(int(starts[g]) + row, start) for row, start in breaks if row]
+                last = ends[1] if ends else last
+            for (first, start), (end, _) in zip(cuts, [*cuts[1:], (self._ahead[f].rows, None)]):
+                runs.append((f, first, end, start))
+                lo, hi = np.searchsorted(starts, first, "right") - 1, np.searchsorted(starts, end, "left")
+                decoded += int(starts[hi] - starts[lo])
+        rows = sum(ahead.rows for ahead in self._ahead)
+        return runs if len(runs) <= MAX_RUNS and decoded <= RUN_DECODES * rows else None
 
     def thread_names(self, keys: np.ndarray) -> dict:
         """The names of the threads KEYS ((pid << 32) | tid) at their first row in the tables, where
@@ -267,8 +323,9 @@ class ParquetGil:
         if self._edges is not None:
             yield from self._by_time(columns, read, text)
             return
-        if len(self.files) > 1:
-            yield from self._side_by_side(columns, read, text)
+        if self._runs is not None or len(self.files) > 1:
+            yield from self._side_by_side(columns, read, text,
+                                          self._runs or [(f, 0, a.rows, None) for f, a in enumerate(self._ahead)])
             return
         ahead, batches, read_rows = self._ahead[0], self._blocks(0, read, read_dictionary=text), 0
         while read_rows < ahead.rows:
@@ -281,39 +338,45 @@ class ParquetGil:
             yield GilBlock(rows, int(ahead.earliest_from(read_rows)), read_rows,
                            copy=pa.Table.from_batches([batch]) if self.copy_schema else None)
 
-    def _next_batch(self, batches, f: int, read_rows: int) -> pa.RecordBatch:
+    def _next_batch(self, batches, f: int, read_rows: int, end: int | None = None) -> pa.RecordBatch:
         """The next of file F's BATCHES, READ_ROWS read so far: an error where the file ends before
-        its footer's rows (it changed since the first pass)."""
+        its footer's rows (END: those of the run read; it changed since the first pass)."""
         batch = next(batches, None)
         if batch is None:
-            raise TandemError(f"{self.paths[f]}: ends at row {read_rows:,} of {self._ahead[f].rows:,} (changed while read?)")
+            end = self._ahead[f].rows if end is None else end
+            raise TandemError(f"{self.paths[f]}: ends at row {read_rows:,} of {end:,} (changed while read?)")
         return batch
 
-    def _side_by_side(self, columns: list[str], read, text: list[str]):
-        """The pushes of several tables. Each read is about BLOCK_ROWS over the number of tables,
-        from the table whose rows not read yet start earliest, and is a run (sorted by start if it
-        was not); the runs' rows that start before the watermark (the earliest start of any row
-        not read yet) are final, and once half a block of them are (or the tables end) they are
-        pushed merged in start order (merged_before), the others wait. So the core appends rows
-        in order and holds about a block, however many tables (EventsGil does so with the
-        processes' files). A run's carried_key says where its rows were read: their code and
-        copied columns are taken by it (`tables`: each read's, by its first key)."""
-        n = len(self.files)
-        blocks = [self._blocks(f, read, read_dictionary=text, batch_rows=max(BLOCK_ROWS // n, MIN_FILE_BLOCK))
-                  for f in range(n)]
-        read_rows, left = [0] * n, [f for f in range(n) if self._ahead[f].rows]
+    def _side_by_side(self, columns: list[str], read, text: list[str], parts: list[tuple[int, int, int, int | None]]):
+        """The pushes of several tables, or of a table's runs in start order (PARTS: file, first
+        row, end row of each, and a run's first start). Each read is about BLOCK_ROWS over the
+        number of parts, from the part whose rows not read yet start earliest, and is a run
+        (sorted by start if it was not); the runs' rows that start before the watermark (the
+        earliest start of any row not read yet) are final, and once half a block of them are (or
+        the parts end) they are pushed merged in start order (merged_before), the others wait. So
+        the core appends rows in order and holds about a block, however many parts (EventsGil
+        does so with the processes' files). A run's carried_key says where its rows were read:
+        their code and copied columns are taken by it (`tables`: each read's, by its first key)."""
+        n = len(parts)
+        aheads = [self._ahead[f] if start is None else SortedRun(end, start) for f, _, end, start in parts]
+        batch_rows = max(BLOCK_ROWS // n, MIN_FILE_BLOCK)
+        blocks = [self._run_blocks(f, first, end, read, text, batch_rows) for f, first, end, _ in parts]
+        read_rows = [first for _, first, _, _ in parts]
+        left = [k for k, (_, first, end, _) in enumerate(parts) if end > first]
         waiting: list[GilRows] = []
         tables: dict[int, pa.Table] = {}
         keys = rows_so_far = 0
         while left or waiting:
             watermark = END
             if left:
-                f = min(left, key=lambda f: self._ahead[f].earliest_from(read_rows[f]))
-                batch = self._next_batch(blocks[f], f, read_rows[f])
-                rows = gil_rows_from_arrow(batch.select(columns), str(self.paths[f]), read_rows[f])
-                read_rows[f] += batch.num_rows
-                if read_rows[f] >= self._ahead[f].rows:
-                    left.remove(f)
+                k = min(left, key=lambda k: aheads[k].earliest_from(read_rows[k]))
+                f = parts[k][0]
+                batch = self._next_batch(blocks[k], f, read_rows[k], parts[k][2])
+                rows = gil_rows_from_arrow(batch.select(columns), str(self.paths[f]), read_rows[k])
+                aheads[k].read(rows.start_ns)
+                read_rows[k] += batch.num_rows
+                if read_rows[k] >= parts[k][2]:
+                    left.remove(k)
                 table = pa.Table.from_batches([batch]) if self.copy_schema else rows.carried
                 arrays = [rows.pid, rows.tid, rows.state, rows.start_ns, rows.end_ns]
                 if rows.start_ns.size > 1 and (np.diff(rows.start_ns) < 0).any():
@@ -324,7 +387,7 @@ class ParquetGil:
                     tables[keys] = table
                 waiting.append(GilRows(*arrays, None, np.arange(keys, keys + len(rows), dtype=np.int64)))
                 keys += len(rows)
-                watermark = min((self._ahead[k].earliest_from(read_rows[k]) for k in left), default=END)
+                watermark = min((aheads[j].earliest_from(read_rows[j]) for j in left), default=END)
                 if left and sum(int(np.searchsorted(r.start_ns, watermark, "left")) for r in waiting) < BLOCK_ROWS // 2:
                     continue
             arrays, waiting = merged_before(waiting, watermark)
@@ -472,6 +535,24 @@ class RowsAhead:
             return END
         g = int(np.searchsorted(self.group_start, row, "right")) - 1
         return int(self.later[self.chunk_base[g] + (row - self.group_start[g]) // self.chunk])
+
+    def read(self, start: np.ndarray) -> None:
+        """Nothing: the first pass's chunks bound what is left (SortedRun learns from the rows read)."""
+
+
+class SortedRun:
+    """Where the rows not read yet of a run in start order (rows FIRST..END-1 of a table whose
+    first start is known) start at the earliest: at the last start read."""
+
+    def __init__(self, end: int, first_start: int):
+        self.end, self.last = end, first_start
+
+    def earliest_from(self, row: int) -> int:
+        return END if row >= self.end else self.last
+
+    def read(self, start: np.ndarray) -> None:
+        if start.size:
+            self.last = int(start[-1])
 
 
 def _chunk_bounds(chunk_min: np.ndarray, chunk_max: np.ndarray, start: np.ndarray, offset: int, chunk: int) -> None:
