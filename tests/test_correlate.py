@@ -897,6 +897,22 @@ def test_text_numbers_give_back_each_pieces_text_whatever_its_dictionary(seed):
         assert back.column(name).to_pylist() == [given[i] for i in order], name
 
 
+def _threads_at_once(rng, tids, rows_each: int, functions: int) -> pd.DataFrame:
+    """A gil table of threads TIDS of one process over the same time, ROWS_EACH rows each in
+    start order (thread by thread), their code one of FUNCTIONS functions."""
+    rows = []
+    for tid in tids:
+        t = int(rng.integers(0, 50))
+        for _ in range(rows_each):
+            t += int(rng.integers(1, 40))
+            length = int(rng.integers(0, 30))
+            rows.append((9, tid, str(rng.choice(["released", "waiting"])), t, t + length))
+            t += length
+    gil = gil_frame(rows)
+    gil["function"] = pd.array([f"f{i % functions}" for i in range(len(gil))], dtype="string")
+    return gil
+
+
 @pytest.mark.parametrize("tables", [1, 2])
 def test_a_parquet_table_sorted_by_thread_is_pushed_by_time_in_bounded_memory(tmp_path, monkeypatch, tables):
     """A gil table in thread order (each thread's rows, then the next thread's: a table a tool
@@ -912,16 +928,7 @@ def test_a_parquet_table_sorted_by_thread_is_pushed_by_time_in_bounded_memory(tm
     from engine.store import read_table, write_table
 
     rng = np.random.default_rng(11)
-    rows = []
-    for tid in range(20, 32):  # twelve threads over the same time, their rows in start order
-        t = int(rng.integers(0, 50))
-        for _ in range(60):
-            t += int(rng.integers(1, 40))
-            length = int(rng.integers(0, 30))
-            rows.append((9, tid, str(rng.choice(["released", "waiting"])), t, t + length))
-            t += length
-    gil = gil_frame(rows)
-    gil["function"] = pd.array([f"f{i % 5}" for i in range(len(gil))], dtype="string")
+    gil = _threads_at_once(rng, range(20, 32), 60, functions=5)  # twelve threads over the same time
     starts = rng.integers(0, 2_000, 40)
     pauses = pauses_frame([(int(s), int(s) + int(rng.integers(0, 60))) for s in starts])
     by_thread = gil.sort_values(["pid", "tid", "start_ns"], kind="stable", ignore_index=True)
@@ -972,16 +979,7 @@ def test_a_parquet_table_of_a_few_runs_in_start_order_is_read_a_run_at_a_time(tm
     from engine.ingest import gil_stream
 
     rng = np.random.default_rng(5)
-    rows = []
-    for tid in range(40, 46):  # six threads over the same time, 400 rows each
-        t = int(rng.integers(0, 50))
-        for _ in range(400):
-            t += int(rng.integers(1, 40))
-            length = int(rng.integers(0, 30))
-            rows.append((9, tid, str(rng.choice(["released", "waiting"])), t, t + length))
-            t += length
-    gil = gil_frame(rows)
-    gil["function"] = pd.array([f"f{i % 7}" for i in range(len(gil))], dtype="string")
+    gil = _threads_at_once(rng, range(40, 46), 400, functions=7)  # six threads over the same time
     by_thread = gil.sort_values(["pid", "tid", "start_ns"], kind="stable", ignore_index=True)
     paths = []
     for k in range(tables):
