@@ -850,6 +850,19 @@ def _streamed_equals_correlate(out, files, gil, seed: int):
     return expected
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_stable_order_is_numpys_stable_argsort(seed):
+    """kernels.stable_order against np.argsort(kind="stable"): times with ties, a few values
+    (bucket numbers), already sorted, negative, and spans too wide to pack (the stable sort)."""
+    from engine.correlate.kernels import stable_order
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 5000))
+    for keys in (rng.integers(0, max(n // 3, 1), n), rng.integers(0, 10**12, n), np.sort(rng.integers(-50, 50, n)),
+                 rng.integers(-(1 << 62), 1 << 62, n), rng.integers(0, 512, n).astype(np.int16)):
+        assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable"))
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_carried_key_numbers_equal_values_alike_in_the_order_they_first_come(seed):
     """carried_key against the rows' value tuples numbered by first appearance (pandas), over
