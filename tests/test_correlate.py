@@ -852,9 +852,9 @@ def _streamed_equals_correlate(out, files, gil, seed: int):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_stable_order_is_numpys_stable_argsort(seed):
-    """kernels.stable_order against np.argsort(kind="stable"): times with ties, a few values
+    """join.kernels.stable_order against np.argsort(kind="stable"): times with ties, a few values
     (bucket numbers), already sorted, negative, and spans too wide to pack (the stable sort)."""
-    from engine.correlate.kernels import stable_order
+    from engine.join.kernels import stable_order
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 5000))

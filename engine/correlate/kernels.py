@@ -15,28 +15,6 @@ NONE = -(1 << 62)  # "no time": no run, no free segment
 END = 1 << 62
 
 
-def stable_order(keys: np.ndarray) -> np.ndarray:
-    """np.argsort(KEYS, kind="stable") of integer keys, sooner: where each key's distance from
-    the least, times their number, fits in 63 bits, the keys with their positions packed in are
-    sorted as values (numpy's quicksort, SIMD where the CPU has it: a sixth of the stable sort's
-    time on a million random times, all distinct, so the order is the stable one) and the
-    positions read back; else the stable sort."""
-    keys = np.asarray(keys)
-    n = keys.size
-    if n < 2:
-        return np.arange(n)
-    lo = int(keys.min())
-    if (int(keys.max()) - lo + 1) * n >= 1 << 63:
-        return np.argsort(keys, kind="stable")
-    packed = keys.astype(np.int64)  # (a copy, worked on in place)
-    packed -= lo
-    packed *= n
-    packed += np.arange(n, dtype=np.int64)
-    packed.sort()
-    packed %= n
-    return packed
-
-
 @njit(cache=True, nogil=True)
 def merge_rows(o_start, o_end, o_tidx, o_state, o_carried, o_came, start, end, tidx, state, carried, came):
     """The retained GIL rows (o_*) and a batch of new ones, both sorted by start, merged into

@@ -31,6 +31,7 @@ from engine.correlate.schema import GIL_CARRIED_COLUMNS, GIL_COLUMNS, GIL_STATES
 from engine.correlate.tables import check_gil
 from engine.errors import TandemError
 from engine.ingest.gil import PROBE_CLOCK, EventsIntervals
+from engine.join.kernels import stable_order
 from engine.store import TableCopy, TableWriter, is_text, not_parquet, read_metadata
 
 
@@ -380,7 +381,7 @@ class ParquetGil:
                 table = pa.Table.from_batches([batch]) if self.copy_schema else rows.carried
                 arrays = [rows.pid, rows.tid, rows.state, rows.start_ns, rows.end_ns]
                 if rows.start_ns.size > 1 and (np.diff(rows.start_ns) < 0).any():
-                    order = kernels.stable_order(rows.start_ns)
+                    order = stable_order(rows.start_ns)
                     arrays = [a[order] for a in arrays]
                     table = table.take(pa.array(order)) if table is not None else None
                 if table is not None:
@@ -427,7 +428,7 @@ class ParquetGil:
                 with pa.OSFile(str(paths[b])) as source:
                     table = pa.ipc.open_file(source).read_all().combine_chunks()
                 paths[b].unlink()
-                order = kernels.stable_order(table.column("start_ns").to_numpy())
+                order = stable_order(table.column("start_ns").to_numpy())
                 table = numbered.text(table.take(pa.array(order)))
                 rows = gil_rows_from_arrow(table.select(columns).to_batches()[0], self.source, rows_so_far)
                 rows_so_far += table.num_rows
@@ -440,7 +441,7 @@ class ParquetGil:
         piece = piece.cast(pa.schema([pa.field(c.name, c.type.value_type) if pa.types.is_dictionary(c.type) else c
                                       for c in piece.schema]))  # (a dictionary a batch: not in one file)
         bucket = np.searchsorted(self._edges, _int64(piece, "start_ns", str(self.paths[f])), "right")
-        piece = piece.take(pa.array(kernels.stable_order(bucket)))
+        piece = piece.take(pa.array(stable_order(bucket)))
         first = 0
         for b, n in enumerate(np.bincount(bucket, minlength=len(paths)).tolist()):
             if n:
