@@ -613,15 +613,17 @@ def test_processes_running_at_once_are_pushed_merged_in_start_order(tmp_path):
                                   check_dtype=False)
 
 
-@pytest.mark.parametrize("by_thread", [False, True])
+@pytest.mark.parametrize("by_thread", [None, "buckets", "runs"])
 def test_parquet_tables_beside_events_files_stream_merged_in_time(tmp_path, monkeypatch, by_thread):
     """`tandem analyze --gil p0.events --gil p1.events --gil p2.parquet`: three processes at once,
     one of them given as a Parquet table without code or thread names (in time order, or grouped
-    by thread: pushed through time buckets). The two kinds stream side by side (MergedGil), in
-    small blocks: every table equals the in-memory analysis of the whole tables, and the copied
-    gil.parquet holds every row."""
+    by thread: in one row group, pushed through time buckets; in small ones, read a run at a
+    time). The two kinds stream side by side (MergedGil), in small blocks: every table equals the
+    in-memory analysis of the whole tables, and the copied gil.parquet holds every row."""
     import subprocess
     import sys
+
+    import pyarrow.parquet as pq
 
     from engine.ingest import gil_stream
     from engine.ingest.gil_merged import MergedGil
@@ -634,8 +636,10 @@ def test_parquet_tables_beside_events_files_stream_merged_in_time(tmp_path, monk
     table, _ = gil_from(paths=files[2:])
     if by_thread:
         table = table.sort_values(["tid", "start_ns"], kind="stable", ignore_index=True)
-    write_table(table.drop(columns=["thread_name", "function", "file", "line"], errors="ignore"),
-                tmp_path / "p2.parquet", {"source": "p2"})
+    table = table.drop(columns=["thread_name", "function", "file", "line"], errors="ignore")
+    write_table(table, tmp_path / "p2.parquet", {"source": "p2"})
+    if by_thread == "runs":  # (the same rows in row groups of a tenth of them)
+        pq.write_table(pq.read_table(tmp_path / "p2.parquet"), tmp_path / "p2.parquet", row_group_size=len(table) // 10)
     given = [*files[:2], tmp_path / "p2.parquet"]
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 256)
     monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 128)
@@ -643,7 +647,9 @@ def test_parquet_tables_beside_events_files_stream_merged_in_time(tmp_path, monk
     assert isinstance(source, MergedGil)
     if by_thread:
         source.first_pass()
-        assert source.sources[1]._edges is not None  # (the table's rows go through time buckets)
+        table_source = source.sources[1]
+        assert (table_source._edges is not None) == (by_thread == "buckets") and (table_source._runs is not None) == (
+            by_thread == "runs")
     gil, _ = gil_from(paths=given)
     rng = np.random.default_rng(3)
     starts = np.sort(rng.integers(int(gil.start_ns.min()), int(gil.end_ns.max()), 200))
