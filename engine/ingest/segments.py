@@ -28,7 +28,7 @@ from engine.ring.layout import (
     parse_header,
     records_offset_of,
 )
-from engine.ring.reader import EventsBlocks, _check_complete, _EventsCheck, _opaque, first_seq
+from engine.ring.reader import EventsBlocks, _check_complete, _EventsCheck, _opaque, first_seq, time_span
 from engine.session import PACKED_SUFFIX, Segment, gil_segments
 
 PACKED_MAGIC = b"TNDMPACK"
@@ -239,12 +239,6 @@ def _prefix(records: np.ndarray, rows: int, raw_size: int) -> bytes:
     return (PACKED_MAGIC + PACKED_VERSION.to_bytes(4, "little") + GIL_RECORD_DTYPE.itemsize.to_bytes(4, "little")
             + rows.to_bytes(8, "little") + raw_size.to_bytes(8, "little")
             + first_ns.to_bytes(8, "little") + last_ns.to_bytes(8, "little"))
-
-
-def time_span(records: np.ndarray) -> tuple[int, int]:
-    """(earliest, latest) mono_ns of RECORDS' events, LOST markers left out; (0, 0) for none."""
-    times = records["mono_ns"][records["seq"] != 0]
-    return (int(times.min()), int(times.max())) if times.size else (0, 0)
 
 
 def packed_span(path: Path) -> tuple[int, int]:

@@ -114,6 +114,12 @@ WHOLE_FILE = 1 << 62  # (EventsBlocks' block_records: one block)
 SPAN_RECORDS = 256  # (the first and the last records EventsBlocks.span reads: a drain pass's batches of a few lanes)
 
 
+def time_span(records: np.ndarray) -> tuple[int, int]:
+    """(earliest, latest) mono_ns of RECORDS' events, LOST markers left out; (0, 0) for none."""
+    times = records["mono_ns"][records["seq"] != 0]
+    return (int(times.min()), int(times.max())) if times.size else (0, 0)
+
+
 def read_events(path: str | os.PathLike) -> EventsFile:
     """Read a drained events file (whole records only: a file cut by SIGKILL is fine): its
     blocks (EventsBlocks) as one."""
@@ -193,19 +199,17 @@ class EventsBlocks:
         count = (self.size - header.records_offset) // header.record_size
         if not self.closed or not count or "mono_ns" not in header.record_dtype.names:
             return None
-        times = []
+        spans = []
         fd, _ = _open_checked(self.path, "events")
         try:
             for first in (0, max(count - SPAN_RECORDS, 0)):
                 raw = bytearray(min(count, SPAN_RECORDS) * header.record_size)
                 _read_exactly(fd, memoryview(raw), header.records_offset + first * header.record_size, self.path)
-                records = np.frombuffer(raw, header.record_dtype)
-                times.append(records["mono_ns"][records["seq"] != 0])
+                spans.append(time_span(np.frombuffer(raw, header.record_dtype)))
         finally:
             os.close(fd)
-        if not (times[0].size and times[1].size) or times[0].min() > times[1].max():
-            return None
-        return int(times[0].min()), int(times[1].max())
+        (start, _), (_, end) = spans
+        return (start, end) if 0 < start <= end else None
 
     def __iter__(self):
         """Blocks of records (LOST markers out). Use each block before asking for the next one
