@@ -450,7 +450,10 @@ def test_deleted_session_directory_mid_run(service, tmp_path):
                                           *service_argv(service, marker, 2, code=4, jvm=False)),
                               env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: any(session.glob("py-*/probe.json")), 30, "the probe's start")
-    subprocess.run(["rm", "-rf", str(session)], check=True)
+    # rm -rf races a probe that creates a file in the directory it is emptying ("Directory not
+    # empty"); a user repeats it, so the test does.
+    wait_for(lambda: subprocess.run(["rm", "-rf", str(session)], capture_output=True).returncode == 0,
+             10, "the session directory's removal")
     _, err = tandem.communicate(timeout=60)
     no_traceback(err)
     assert tandem.returncode == 4 and marker.exists(), err
