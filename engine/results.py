@@ -22,7 +22,7 @@ from engine.correlate.schema import NULLABLE_INT_COLUMNS, RESULT_TABLES, empty_f
 from engine.correlate.tables import check_gil
 from engine.errors import TandemError
 from engine.facts import AnalysisFacts
-from engine.ingest.gil_stream import EventsGil
+from engine.ingest.gil_events import EventsGil
 from engine.ingest.inputs import gil_from
 from engine.store import not_parquet, read_metadata, read_table
 

@@ -256,7 +256,7 @@ def test_tandem_analyze_keeping_the_pause_columns_it_reads_finds_the_causes_of_t
     from engine.analysis import correlate, load_results
     from engine.analysis import stream
     from engine.analysis.stream import analyze_streamed
-    from engine.ingest.gil_stream import ParquetGil
+    from engine.ingest.gil_parquet import ParquetGil
     from engine.session import MEMORY_THREAD_NAME
     from engine.store import write_table
 

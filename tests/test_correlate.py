@@ -185,7 +185,7 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
 
     from engine.analysis import correlate, load_results
     from engine.analysis import stream
-    from engine.ingest import gil_stream
+    from engine.ingest import gil_parquet, gil_stream
     from engine.store import read_table, write_table
 
     pauses, gil = adversarial_tables(seed) if seed % 2 else random_scenario(seed)
@@ -211,14 +211,14 @@ def test_a_streamed_analysis_writes_what_correlate_returns(tmp_path, monkeypatch
     monkeypatch.setattr(stream.PausesAside, "batch_rows", 1 + seed)  # (the pauses set aside read back in batches)
     old_mask = os.umask(0o027)
     try:
-        streamed = stream.analyze_streamed(tmp_path / "out", pauses, gil_stream.ParquetGil(tmp_path / "g.parquet"), slack_ns=5)
+        streamed = stream.analyze_streamed(tmp_path / "out", pauses, gil_parquet.ParquetGil(tmp_path / "g.parquet"), slack_ns=5)
     finally:
         os.umask(old_mask)
     expected = correlate(pauses, read_table(tmp_path / "g.parquet"), slack_ns=5, gil_source=str(tmp_path / "g.parquet"))
     assert not (tmp_path / "out" / "gil.parquet").exists()  # not copied: the header names it
     assert all(p.suffix == ".parquet" for p in (tmp_path / "out").iterdir())  # (pause_impact's rows on their way: gone)
     if seed == 3:  # unless asked: then it is the table as given
-        stream.analyze_streamed(tmp_path / "copied", pauses, gil_stream.ParquetGil(tmp_path / "g.parquet", copy=True), slack_ns=5)
+        stream.analyze_streamed(tmp_path / "copied", pauses, gil_parquet.ParquetGil(tmp_path / "g.parquet", copy=True), slack_ns=5)
         pd.testing.assert_frame_equal(read_table(tmp_path / "copied" / "gil.parquet"), read_table(tmp_path / "g.parquet"))
     assert streamed.header.pop("gil_table") == [str(tmp_path / "g.parquet")]
     assert streamed.header == expected.header
@@ -273,7 +273,7 @@ def test_several_parquet_gil_tables_stream_as_their_concatenation(tmp_path, monk
     in its order, the next block from the table whose blocks to come start earliest): every table
     equals the in-memory analysis of their concatenation, the header too, and the copy of the
     GIL side holds every table's rows."""
-    from engine.ingest import gil_stream
+    from engine.ingest import gil_parquet, gil_stream
     from engine.ingest.inputs import streamable_gil
     from engine.store import write_table
 
@@ -289,7 +289,7 @@ def test_several_parquet_gil_tables_stream_as_their_concatenation(tmp_path, monk
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", block_rows)
     monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 1)  # (each table read a few rows at a time)
     source = streamable_gil(None, paths, copy=seed == 3)
-    assert isinstance(source, gil_stream.ParquetGil)
+    assert isinstance(source, gil_parquet.ParquetGil)
     _streamed_equals_whole(tmp_path / "out", pauses, paths, source, slack_ns=5)
 
 
@@ -299,7 +299,7 @@ def test_parquet_gil_tables_of_other_columns_stream_as_their_concatenation(tmp_p
     one with thread names and 32-bit ids, one with neither. They stream as one table of every
     column (nulls where a table has none), and every result equals the in-memory analysis of
     their concatenation; the copy of the GIL side holds every row with the columns' union."""
-    from engine.ingest import gil_stream
+    from engine.ingest import gil_parquet, gil_stream
     from engine.ingest.inputs import streamable_gil
     from engine.store import write_table
 
@@ -323,26 +323,26 @@ def test_parquet_gil_tables_of_other_columns_stream_as_their_concatenation(tmp_p
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 8)
     monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 1)  # (each table read a few rows at a time)
     source = streamable_gil(None, paths, copy=seed in (0, 3))  # (copied: every column read; else the pushed ones)
-    assert isinstance(source, gil_stream.ParquetGil)
+    assert isinstance(source, gil_parquet.ParquetGil)
     _streamed_equals_whole(tmp_path / "out", pauses, paths, source, slack_ns=5)
 
 
 def test_parquet_gil_tables_whose_column_types_cannot_be_one_are_refused_by_name(tmp_path):
-    from engine.ingest import gil_stream
+    from engine.ingest import gil_parquet
     from engine.store import write_table
 
     gil = gil_frame([(1, 10, "released", 0, 5), (1, 10, "waiting", 6, 9)])
     write_table(gil.assign(line=pd.array([1, 2], dtype="Int64")), tmp_path / "a.parquet", {})
     write_table(gil.assign(line=pd.array(["x", "y"], dtype="string")), tmp_path / "b.parquet", {})
     with pytest.raises(TandemError, match=r"b\.parquet: its columns cannot be read with those of .*a\.parquet"):
-        gil_stream.ParquetGil([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+        gil_parquet.ParquetGil([tmp_path / "a.parquet", tmp_path / "b.parquet"])
 
 
 def test_several_parquet_gil_tables_are_pushed_side_by_side_in_time(tmp_path, monkeypatch):
     """Three tables of the same hour (three processes): read a third of a block at a time, from
     the table whose rows to come start earliest, and pushed merged: each push in start order and
     before its watermark, so the core appends and holds no row the watermark has not passed."""
-    from engine.ingest import gil_stream
+    from engine.ingest import gil_parquet, gil_stream
     from engine.store import write_table
 
     paths = []
@@ -352,7 +352,7 @@ def test_several_parquet_gil_tables_are_pushed_side_by_side_in_time(tmp_path, mo
         write_table(gil_frame([(k + 1, 10 + k, "released", s, s + 500) for s in starts.tolist()]), paths[-1], {})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 16)
     monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 1)
-    source = gil_stream.ParquetGil(paths)
+    source = gil_parquet.ParquetGil(paths)
     source.first_pass()
     pushed, waiting = [], []
     for block in source.pushes():
@@ -369,7 +369,7 @@ def test_a_parquet_tables_first_pass_over_row_groups_side_by_side_equals_one_pas
     start itself after a block's last row."""
     import pyarrow as pa
 
-    from engine.ingest import gil_stream
+    from engine.ingest import gil_parquet, gil_stream
     from engine.store import TableWriter
 
     _, gil = random_scenario(5)
@@ -380,7 +380,7 @@ def test_a_parquet_tables_first_pass_over_row_groups_side_by_side_equals_one_pas
     writer = TableWriter(tmp_path / "g.parquet", table.schema)
     for at in range(0, table.num_rows, 5):  # (row groups of 5 rows: blocks of 2, 2, 1)
         writer.write(table.slice(at, 5))
-    source = gil_stream.ParquetGil(writer.close({"table": "gil"}))
+    source = gil_parquet.ParquetGil(writer.close({"table": "gil"}))
     assert source.files[0].metadata.num_row_groups > 3
     lifetimes = source.first_pass().sort_values(["pid", "tid"], ignore_index=True)
     whole = gil_stream.thread_lifetimes(gil).sort_values(["pid", "tid"], ignore_index=True)
@@ -401,7 +401,7 @@ def test_parquet_blocks_cut_unlike_the_first_passes_keep_every_row_and_result(tm
     the in-memory analysis of the tables' concatenation."""
     from engine.analysis import correlate
     from engine.analysis import stream
-    from engine.ingest import gil_stream
+    from engine.ingest import gil_parquet, gil_stream
     from engine.ingest.inputs import gil_from
     from engine.store import read_table, write_table
 
@@ -413,7 +413,7 @@ def test_parquet_blocks_cut_unlike_the_first_passes_keep_every_row_and_result(tm
         write_table(gil[gil["tid"].to_numpy() % 2 == k].reset_index(drop=True), paths[-1], {"source": f"part {k}"})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", first_rows)
     monkeypatch.setattr(gil_stream, "MIN_FILE_BLOCK", 1)  # (each table read a few rows at a time)
-    source = gil_stream.ParquetGil(paths)
+    source = gil_parquet.ParquetGil(paths)
     first_pass = source.first_pass
 
     def then_other_cuts():
@@ -514,7 +514,7 @@ def test_a_streamed_session_equals_the_whole_table_analysis(tmp_path):
 
     from engine.analysis import correlate, load_results
     from engine.analysis.stream import analyze_streamed
-    from engine.ingest.gil_stream import EventsGil
+    from engine.ingest.gil_events import EventsGil
     from engine.ingest.inputs import gil_from
     from engine.store import read_table
 
@@ -808,7 +808,7 @@ def test_a_session_of_many_short_lived_processes_holds_those_running_not_every_o
     import subprocess
     import sys
 
-    from engine.ingest.gil_stream import EventsGil, most_at_once
+    from engine.ingest.gil_events import EventsGil, most_at_once
     from engine.ingest.inputs import gil_from
     from engine.ring import read_events
 
@@ -838,7 +838,7 @@ def _streamed_equals_correlate(out, files, gil, seed: int):
     (random pauses): every table equal (gil_free as rows). Returns correlate's results."""
     from engine.analysis import correlate
     from engine.analysis.stream import analyze_streamed
-    from engine.ingest.gil_stream import EventsGil
+    from engine.ingest.gil_events import EventsGil
     from engine.store import read_table
 
     rng = np.random.default_rng(seed)
@@ -896,7 +896,7 @@ def test_text_numbers_give_back_each_pieces_text_whatever_its_dictionary(seed):
     pieces read with dictionaries of their own (values in another order, a null entry, a null
     index, an entry no row uses), numbered, then concatenated and taken in another order, come
     back with each row's text; a column it does not number is left as it is."""
-    from engine.ingest.gil_stream import TextNumbers
+    from engine.ingest.gil_parquet import TextNumbers
 
     rng = np.random.default_rng(seed)
     words = ["released", "waiting", "main", "worker-1", None]
@@ -942,7 +942,7 @@ def test_a_parquet_table_sorted_by_thread_is_pushed_by_time_in_bounded_memory(tm
     the same rows are pushed as they stand. Copied, gil.parquet holds every row."""
     from engine.analysis import correlate
     from engine.analysis import stream
-    from engine.ingest import gil_stream
+    from engine.ingest import gil_parquet, gil_stream
     from engine.ingest.inputs import gil_from
     from engine.store import read_table, write_table
 
@@ -956,7 +956,7 @@ def test_a_parquet_table_sorted_by_thread_is_pushed_by_time_in_bounded_memory(tm
         paths.append(tmp_path / f"g{k}.parquet")
         write_table(by_thread[by_thread["tid"].to_numpy() % tables == k].reset_index(drop=True), paths[-1], {})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 64)
-    source = gil_stream.ParquetGil(paths, copy=True)
+    source = gil_parquet.ParquetGil(paths, copy=True)
     source.first_pass()
     assert source._edges is not None and source._edges.size >= 5
     pushed, waiting = [], []
@@ -965,7 +965,7 @@ def test_a_parquet_table_sorted_by_thread_is_pushed_by_time_in_bounded_memory(tm
         waiting.append(sum(int((s >= block.watermark_ns).sum()) for s in pushed))
     assert sum(s.size for s in pushed) == len(gil) and max(waiting) <= 2 * 64
 
-    streamed = stream.analyze_streamed(tmp_path / "out", pauses, gil_stream.ParquetGil(paths, copy=True), slack_ns=5)
+    streamed = stream.analyze_streamed(tmp_path / "out", pauses, gil_parquet.ParquetGil(paths, copy=True), slack_ns=5)
     assert all(p.suffix == ".parquet" for p in (tmp_path / "out").iterdir())  # (the buckets, gone with the staging)
     whole, names = gil_from(paths=paths)
     expected = correlate(pauses, whole, slack_ns=5, gil_source=names)
@@ -980,7 +980,7 @@ def test_a_parquet_table_sorted_by_thread_is_pushed_by_time_in_bounded_memory(tm
 
     in_time = tmp_path / "in-time.parquet"
     write_table(gil.sort_values("start_ns", kind="stable", ignore_index=True), in_time, {})
-    source = gil_stream.ParquetGil(in_time)
+    source = gil_parquet.ParquetGil(in_time)
     source.first_pass()
     assert source._edges is None
 
@@ -995,7 +995,7 @@ def test_a_parquet_table_of_a_few_runs_in_start_order_is_read_a_run_at_a_time(tm
     runs' readers would decode each row group several times (runs smaller than the groups)."""
     import pyarrow.parquet as pq
 
-    from engine.ingest import gil_stream
+    from engine.ingest import gil_parquet, gil_stream
 
     rng = np.random.default_rng(5)
     gil = _threads_at_once(rng, range(40, 46), 400, functions=7)  # six threads over the same time
@@ -1006,7 +1006,7 @@ def test_a_parquet_table_of_a_few_runs_in_start_order_is_read_a_run_at_a_time(tm
         part = by_thread[by_thread["tid"].to_numpy() % tables == k].reset_index(drop=True)
         pq.write_table(pa.Table.from_pandas(part, preserve_index=False), paths[-1], row_group_size=150)
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 64)
-    source = gil_stream.ParquetGil(paths)
+    source = gil_parquet.ParquetGil(paths)
     source.first_pass()
     assert source._edges is None
     assert [(f, first, end) for f, first, end, _ in source._runs] == [
@@ -1018,10 +1018,10 @@ def test_a_parquet_table_of_a_few_runs_in_start_order_is_read_a_run_at_a_time(tm
     assert sum(s.size for s in pushed) == len(gil) and max(waiting) <= 2 * 64
     starts = rng.integers(0, 20_000, 60)
     pauses = pauses_frame([(int(s), int(s) + int(rng.integers(0, 60))) for s in starts])
-    _streamed_equals_whole(tmp_path / "out", pauses, paths, gil_stream.ParquetGil(paths, copy=tables == 1), slack_ns=5)
+    _streamed_equals_whole(tmp_path / "out", pauses, paths, gil_parquet.ParquetGil(paths, copy=tables == 1), slack_ns=5)
 
-    monkeypatch.setattr(gil_stream, "MAX_RUNS", 6 // tables - 1)
-    source = gil_stream.ParquetGil(paths)
+    monkeypatch.setattr(gil_parquet, "MAX_RUNS", 6 // tables - 1)
+    source = gil_parquet.ParquetGil(paths)
     source.first_pass()
     assert source._runs is None and source._edges is not None
 
@@ -1034,7 +1034,7 @@ def test_a_parquet_table_of_small_row_groups_is_pushed_in_blocks_of_many_groups(
 
     from engine.analysis import correlate
     from engine.analysis import stream
-    from engine.ingest import gil_stream
+    from engine.ingest import gil_parquet, gil_stream
     from engine.store import TableWriter, read_table
 
     pauses, gil = random_scenario(8)
@@ -1046,11 +1046,11 @@ def test_a_parquet_table_of_small_row_groups_is_pushed_in_blocks_of_many_groups(
         writer.write(table.slice(at, 3))
     path = writer.close({"table": "gil"})
     monkeypatch.setattr(gil_stream, "BLOCK_ROWS", 16)
-    source = gil_stream.ParquetGil(path)
+    source = gil_parquet.ParquetGil(path)
     source.first_pass()
     sizes = [len(block.rows) for block in source.pushes()]
     assert sum(sizes) == len(gil) and all(n >= 16 for n in sizes[:-1]) and len(sizes) == -(-len(gil) // 18)
-    stream.analyze_streamed(tmp_path / "out", pauses, gil_stream.ParquetGil(path), slack_ns=5)
+    stream.analyze_streamed(tmp_path / "out", pauses, gil_parquet.ParquetGil(path), slack_ns=5)
     expected = correlate(pauses, read_table(path), slack_ns=5)
     for name in ("overlaps", "pause_impact", "gil_free"):
         back, table = read_table(tmp_path / "out" / f"{name}.parquet"), getattr(expected, name)

@@ -6,8 +6,8 @@ runs it on the live sources' polls). `tandem analyze`, the fleet's workers and t
     ParquetGil | EventsGil (files, block by block) -> ParquetSink -> OUT/*.parquet as rows become final
     FrameGil (a table in memory, one block)          -> MemorySink  -> the result tables as DataFrames
 
-The GIL side is a stream of blocks (engine/ingest/gil_stream.py: a Parquet gil table or the
-probe's events files): a first pass learns each block's watermark and each thread's lifetime;
+The GIL side is a stream of blocks (engine/ingest/gil_stream.py: a Parquet gil table, the
+probe's events files, each format a module): a first pass learns each block's watermark and each thread's lifetime;
 the second pushes the blocks, read and paired by a thread of its own up to READ_AHEAD_BYTES
 ahead of the core (`read_ahead`). The pauses table (a few rows per second of recording) is
 written to OUT/pauses.parquet as the drive starts; the columns the analysis reads are set aside
@@ -41,7 +41,8 @@ from engine.correlate.core import carried_key
 from engine.correlate.drive import Step, run_core
 from engine.correlate.schema import PAUSE_COLUMNS, PAUSE_FACT_COLUMNS, RESULT_TABLES, SCHEMAS, core_columns, to_pandas
 from engine.correlate.stops import jvm_threads, stop_ids
-from engine.ingest.gil_stream import ParquetGil, rows_frame
+from engine.ingest.gil_parquet import ParquetGil
+from engine.ingest.gil_stream import GilSource, rows_frame
 from engine.report.summary import print_summary
 from engine.store import TableWriter, WriterThread, is_text, publish, staging_directory, write_table
 
@@ -453,9 +454,9 @@ class Driven:
     out: object
 
 
-def drive(pauses: pd.DataFrame, gil, sink, *, slack_ns: int = 0, offset_ns: int | None = None,
+def drive(pauses: pd.DataFrame, gil: GilSource, sink, *, slack_ns: int = 0, offset_ns: int | None = None,
           pauses_source: str | None = None, progress=None) -> Driven:
-    """Correlate a pauses table with a GIL source (FrameGil, ParquetGil or EventsGil, engine/ingest/
+    """Correlate a pauses table with a GIL source (FrameGil, ParquetGil or EventsGil: engine/ingest/
     gil_stream.py) block by block, the rows given to SINK (ParquetSink, MemorySink) as they become
     final; causes and the summary's code hits are fed on the way. PAUSES: the table, or a function
     handing it over once the GIL side's first pass is done (the drive then holds the only

@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from engine.correlate import END
 from engine.correlate.schema import GIL_CARRIED_COLUMNS
-from engine.ingest.gil_stream import GilBlock, conformed, gil_parts_attrs, union_schema
+from engine.ingest.gil_parquet import conformed, gil_parts_attrs, union_schema
+from engine.ingest.gil_stream import GilBlock
 
 
 class MergedGil:

@@ -17,8 +17,9 @@ from engine.clock.facts import MONOTONIC, NOT_RECORDED, clock_parts
 from engine.correlate.schema import empty_frame
 from engine.errors import TandemError
 from engine.ingest.gil import _events_files, read_gil
+from engine.ingest.gil_events import EventsGil
 from engine.ingest.gil_merged import MergedGil
-from engine.ingest.gil_stream import EventsGil, ParquetGil, gil_parts_attrs
+from engine.ingest.gil_parquet import ParquetGil, gil_parts_attrs
 from engine.ingest.jfr import read_pauses
 from engine.session import Session
 from engine.store import read_table
