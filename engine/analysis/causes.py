@@ -71,8 +71,8 @@ CAUSE_INPUT_COLUMNS = (*REQUESTER_COLUMNS, "system_gc_frames", "asked_by_tandem"
 SYSTEM_GC = "System.gc()"
 STATE_NAMES = np.array(GIL_STATES, object)  # (by a GilRows state code)
 # A Python thread calling System.gc() through a JPype method releases the GIL for the call and
-# the stop of the world begins tens of microseconds to a millisecond later (measured on the
-# demo: 31 us - 0.92 ms); JDK 17 names no requester for that call either. A release this
+# the stop of the world begins tens of microseconds to a millisecond later; JDK 17 names no
+# requester for that call either. A release this
 # close before a candidate's stop, lasting through the pause, makes the inference stand down.
 CALL_WINDOW_NS = 20_000_000
 # A thread holding the GIL at a pause's start is placed at the code of its next release when that

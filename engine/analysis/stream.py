@@ -49,8 +49,8 @@ from engine.store import TableWriter, WriterThread, is_text, publish, staging_di
 
 # Bytes of blocks read and paired ahead of the core: one block of a million rows (36 MB plain,
 # ~57 MB carrying code, ~71 MB with its copy for gil.parquet) while the core takes the one before.
-# Two cost 80 MiB more at the peak and save ~2% of the time (docs/join.md); with them the peak grew
-# from a 10-minute session to a long one, whose reader gets ahead.
+# A second block ahead saves little time and makes a long session's peak grow past a short
+# one's, as its reader gets further ahead (docs/join.md).
 READ_AHEAD_BYTES = 64 << 20
 # OUT's file of pause_impact rows waiting for their causes (ParquetSink.pause_impact)
 IMPACT_ROWS = ".pause_impact-rows"

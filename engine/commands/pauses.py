@@ -21,8 +21,8 @@ def pauses(
 
     err_console = Console(stderr=True)
     # A one-shot process: up to a few hundred MB, a JIT that compiles the jdk.jfr parser
-    # quickly (C1 only) beats one that compiles it well (measured: first pass over 93 MB
-    # 1.1-1.6 s vs 1.7-2.8 s); beyond that, C2's faster code pays back its compile time.
+    # quickly (C1 only) beats one that compiles it well; beyond that, C2's faster code pays
+    # back its compile time.
     total_bytes = sum(p.stat().st_size for p in recordings if p.is_file())
     jvm_options = ("-XX:TieredStopAtLevel=1",) if total_bytes < _C1_ONLY_BELOW_BYTES else ()
     table = read_pauses(recordings, progress=err_console, jvm_options=jvm_options)  # warnings: see main()

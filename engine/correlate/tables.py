@@ -56,7 +56,7 @@ def check_pauses(df: pd.DataFrame, source: str = "pauses table") -> pd.DataFrame
     out["duration_ns"] = out["end_ns"] - out["start_ns"]
     _check_interval_order(out, source)
     # (a row repeated whole repeats its pause_id: only rows of a repeated id are compared whole,
-    # hashing every column of a long session's table held ~180 MB for nothing)
+    # not every column of a long session's table hashed)
     shared_id = out["pause_id"].duplicated(keep=False).to_numpy(bool)
     if shared_id.any():
         duplicate = out[shared_id].duplicated()

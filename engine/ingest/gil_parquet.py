@@ -76,7 +76,7 @@ class ParquetGil:
     def _blocks(self, f: int, columns=None, read_dictionary=("state",), batch_rows=None):
         """File F's batches of up to BATCH_ROWS (BLOCK_ROWS) rows, row group by row group, each group from a
         reader of its own: one ParquetFile's iter_batches keeps about a third of every batch it
-        made until the file is closed (1.4 GB over 98 M rows), and it ends a batch at a row
+        made until the file is closed (memory growing with the table), and it ends a batch at a row
         group's end when a column is read as a dictionary (state) but not otherwise, so the first
         pass (times only) and the pushes would cut the file into different blocks."""
         for group in range(self.files[f].metadata.num_row_groups):

@@ -37,12 +37,11 @@ M_ARENA_MAX, M_MMAP_THRESHOLD = -8, -3   # glibc's mallopt parameters (malloc.h)
 def bound_allocator() -> None:
     """Keep glibc's heap from growing over a long run; call before other threads start.
 
-    Measured (150 s of `tandem live` on a busy producer, mallinfo2 every 10 s): the bytes in
-    use stayed flat (~50 MiB) while the arenas grew 90 -> 112 MiB with free space inside
-    them. Freed numpy/pandas buffers raise glibc's dynamic mmap threshold, after which
-    buffers of hundreds of KiB come from the arenas and fragment them; each thread also gets
-    an arena of its own. A fixed threshold (128 KiB: larger buffers are mmapped and given
-    back whole when freed) and two arenas kept the arenas at 56-61 MiB in the same run."""
+    With the bytes in use flat, the arenas grow with free space inside them: freed numpy and
+    pandas buffers raise glibc's dynamic mmap threshold, after which buffers of hundreds of
+    KiB come from the arenas and fragment them, and each thread gets an arena of its own. A
+    fixed threshold (128 KiB: larger buffers are mmapped and given back whole when freed) and
+    two arenas keep them flat."""
     mallopt = _glibc_function("mallopt")
     if mallopt:
         mallopt(M_MMAP_THRESHOLD, 128 * 1024)
@@ -56,10 +55,9 @@ def arrow_on_system_pool() -> None:
     """pyarrow's default pool becomes the system allocator (glibc, bounded above).
 
     pandas' "string" columns live in Arrow buffers, so every frame of the loop, the writer,
-    the finalization and the repository reads allocates there, from four threads. With the
-    wheels' default pool (mimalloc) its 1 GiB region held 26-57 MiB resident and wandered by
-    10-20 MiB within a minute while pyarrow counted 1-3 MiB allocated (NMT, smaps and
-    mallinfo2 every 10 s over 5-minute soaks). pyarrow reads the variable once, when it
+    the finalization and the repository reads allocates there, from four threads. The wheels'
+    default pool (mimalloc) holds tens of MiB resident for the few MiB pyarrow has allocated,
+    and wanders by as much within a minute. pyarrow reads the variable once, when it
     loads, and `pyarrow.set_memory_pool` moves only the Python-level default (pandas' string
     arrays still came from mimalloc): hence before the import. The variable is restored at
     once, so the command `tandem live` runs does not inherit it; a user's own choice wins."""

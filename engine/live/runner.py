@@ -275,8 +275,8 @@ class LiveRun:
         gc.collect()
         gc.freeze()
         # What the loop makes and keeps (the GIL archive, the kept pauses, pandas' caches) still
-        # makes each full collection cost 60-160 ms with the GIL held; at Python's default one
-        # ran every ~2 s, and the pause_impact rows due meanwhile waited (their p99 tail).
+        # makes each full collection cost tens of ms with the GIL held; at Python's default one
+        # runs every few seconds, and the pause_impact rows due meanwhile wait (their p99 tail).
         young, middle, _ = gc.get_threshold()
         gc.set_threshold(young, middle, FULL_GC_EVERY)
         self.memory.start()

@@ -244,9 +244,9 @@ static PyObject *start_locked(const char *ring_path, const char *events_path, co
     python_version(version, sizeof version);
     /* Deep lanes rather than many: up to 16 lanes (15 private) of >= 65536 slots each. A
      * thread doing GIL round trips in a loop stamps ~10 M events/s: 65536 slots give the
-     * drain thread ~3 ms from the half-full wake-up to a full lane (16384-slot lanes, the
-     * ring's automatic split of the old 8 MiB default, dropped 2-7% of such a loop's events
-     * on a loaded 2-core machine). Fewer slots than 2 x 65536 in all: 2 lanes. */
+     * drain thread ~3 ms from the half-full wake-up to a full lane, which a loaded machine
+     * needs (shallower lanes drop such a loop's events). Fewer slots than 2 x 65536 in all:
+     * 2 lanes. */
     uint32_t lanes = capacity / PROBE_LANE_SLOTS;
     if (lanes > PROBE_MAX_LANES) lanes = PROBE_MAX_LANES;
     if (lanes < 2) lanes = capacity >= 4 ? 2 : 1;

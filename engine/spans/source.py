@@ -6,8 +6,8 @@ mapping (field names in lowerCamelCase, the proto names accepted too; 64-bit int
 or numbers; enums as names or numbers) except that trace and span ids are hex text.
 
 Read with the standard json module and a walk of the few fields used here, not with the
-protocol's generated classes and protobuf's JSON parser: that parser is pure Python and
-took 170 us a span (a minute of a service at 100 k spans a minute: 17 s). tests/test_spans.py
+protocol's generated classes and protobuf's JSON parser: that parser is pure Python, far
+too slow for a busy service's minute of spans. tests/test_spans.py
 holds this reader to the protocol's own classes (opentelemetry-proto and protobuf's
 json_format) on the same files.
 
