@@ -52,7 +52,7 @@ def _random_events(rng, threads=4, per_thread=300):
 
 
 class _Builder:
-    """What GilSource does with each poll's records: Pairing, the intervals as a gil frame."""
+    """What GilRingSource does with each poll's records: Pairing, the intervals as a gil frame."""
 
     def __init__(self, pid: int):
         self.pid, self.pairing = pid, Pairing()
@@ -393,7 +393,7 @@ def test_a_killed_producer_is_reported_and_the_rest_continues(tmp_path):
 def test_a_gap_in_the_stream_starts_new_pairs():
     builder = _Builder(1)
     builder.push([10], [5], [GIL_DROP])
-    builder.pairing.forget()  # what GilSource does when the tailer missed records
+    builder.pairing.forget()  # what GilRingSource does when the tailer missed records
     assert builder.push([90, 95], [5, 5], [GIL_TAKE_REQUEST, GIL_TAKE_ACQUIRED])[["state", "start_ns", "end_ns"]].astype(
         {"state": str}).values.tolist() == [["waiting", 90, 95]]
 

@@ -1,6 +1,6 @@
 """What `tandem live` reads: the processes of a session as they appear and exit.
 
-- `GilSource`: one `py-<pid>/gil.ring`, followed with `RingTailer` (exact missed/dropped).
+- `GilRingSource`: one `py-<pid>/gil.ring`, followed with `RingTailer` (exact missed/dropped).
 - `PauseRingSource`: `jvm-<pid>/pauses.ring` (the agent's `live=true` output; record type
   JVM pause of docs/ring.md). `RingWithRepositorySource`, what `SessionWatcher` uses when a
   ring exists: the ring for latency, reconciled with the repository (docs/live.md).
@@ -57,7 +57,7 @@ def system_gc_calls(jvm_pid: int = 0, start_ns=(), end_ns=(), tid=(), frames=())
     })
 
 
-class GilSource:
+class GilRingSource:
     kind = "python"
 
     def __init__(self, directory: Path):
@@ -694,7 +694,7 @@ class SessionWatcher:
 
     def __init__(self, session: Path):
         self.session = Path(session)
-        self.gil: dict[Path, GilSource] = {}
+        self.gil: dict[Path, GilRingSource] = {}
         self.jvm: dict[Path, _PauseSource] = {}
         self.events: list[str] = []  # human-readable discoveries and exits, for the view
         self.scanned_ns: int | None = None  # when the last scan began (the watermark's bound for processes not found yet)
@@ -703,7 +703,7 @@ class SessionWatcher:
         self.scanned_ns = time.monotonic_ns()
         for directory in sorted(self.session.glob(PYTHON_DIRS)):
             if directory.is_dir() and directory not in self.gil:
-                self.gil[directory] = GilSource(directory)
+                self.gil[directory] = GilRingSource(directory)
                 self.events.append(f"{directory.name}: Python process found")
         for directory in sorted(self.session.glob(JVM_DIRS)):
             if not directory.is_dir() or directory in self.jvm:
