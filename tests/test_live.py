@@ -204,7 +204,7 @@ def _on_live_alignment(offline: pd.DataFrame, live: pd.DataFrame) -> pd.DataFram
 def _on_ring_alignment(offline: pd.DataFrame, live: pd.DataFrame) -> pd.DataFrame:
     """OFFLINE with each pause's times replaced by those of the live pause it matches (same
     kind, start and end within RingWithRepositorySource.MATCH_NS); unmatched pauses unchanged."""
-    from engine.live.sources import RingWithRepositorySource
+    from engine.live.ring_and_repository import RingWithRepositorySource
 
     tol = RingWithRepositorySource.MATCH_NS
     out = offline.copy()
@@ -277,7 +277,7 @@ def test_live_command_equals_offline_analysis(tmp_path):
     else:
         # The pause ring: live times are the agent's alignment (its own ClockSync pair), not
         # the offline reader's; the two differ by tens of ns. Each offline pause is the live
-        # pause of its kind within the source's match tolerance (engine/live/sources.py).
+        # pause of its kind within the source's match tolerance (engine/live/ring_and_repository.py).
         rebased = _on_ring_alignment(offline.pauses, live_pauses)
     try:
         _assert_same_pauses_and_pairs(live_pauses, live_overlaps, rebased, offline.overlaps, offline.gil)
@@ -450,7 +450,8 @@ class _PauseRingWriter:
 
 
 def test_pause_ring_source_reads_pauses_names_and_close(tmp_path):
-    from engine.live.sources import PauseRingSource, SessionWatcher
+    from engine.live.pause_ring import PauseRingSource
+    from engine.live.sources import SessionWatcher
 
     jvm_dir = tmp_path / f"jvm-{os.getpid()}"
     jvm_dir.mkdir()
@@ -508,7 +509,7 @@ def test_a_safepoint_split_across_two_chunks_comes_while_the_jvm_runs(tmp_path):
     rows the core keeps for a late pause): every safepoint offline reads that ended 8 s before
     the JVM closed was delivered before it closed, each exactly once."""
     from engine.analysis import analyze_session
-    from engine.live.sources import RepositorySource
+    from engine.live.repository import RepositorySource
 
     session = tmp_path / "session"
     proc = subprocess.Popen([*TANDEM, "record", "--max-age", "30s", "-o", str(session), "--", sys.executable, "-m",
@@ -553,7 +554,7 @@ def test_a_chunk_removed_as_it_is_read_is_read_again_later(tmp_path, removed_aft
     import shutil
 
     from conftest import SHARED_RECORDINGS
-    from engine.live.sources import RepositorySource
+    from engine.live.repository import RepositorySource
 
     jvm = tmp_path / f"jvm-{os.getpid()}"  # (a live process: the JVM is still running)
     (jvm / ".chunks").mkdir(parents=True)
@@ -568,7 +569,8 @@ def test_ring_and_repository_are_reconciled_once_on_ring_times(tmp_path):
     """A pause both sources have is delivered once, with the ring's times; a pause only the
     repository has (start-up) is delivered, moved onto the ring's alignment; a repository VM
     operation inside a delivered safepoint is dropped (offline folds it into the safepoint)."""
-    from engine.live.sources import RingWithRepositorySource, SessionWatcher
+    from engine.live.ring_and_repository import RingWithRepositorySource
+    from engine.live.sources import SessionWatcher
 
     jvm_dir = tmp_path / f"jvm-{os.getpid()}"
     jvm_dir.mkdir()
@@ -780,7 +782,7 @@ def _assert_live_equals_offline(session: Path, out: Path) -> dict:
     pd.testing.assert_frame_equal(got[counts], offline_impact[counts], check_dtype=False)
     # The ns columns: live and offline pause times differ by the two alignments (tens to
     # hundreds of ns, within MATCH_NS a pause edge; see docs/live.md, "Weak points").
-    from engine.live.sources import RingWithRepositorySource
+    from engine.live.ring_and_repository import RingWithRepositorySource
 
     tol = 2 * RingWithRepositorySource.MATCH_NS * (1 + offline_impact["threads_released"] + offline_impact["threads_waiting"])
     for column in ("released_ns", "waiting_ns", "overlap_ns"):
@@ -903,7 +905,7 @@ def _soak(tmp_path: Path) -> None:
 def test_delivered_spans_added_in_batches_match_as_added_at_once():
     """The ring source's record of delivered pauses (sorted runs merged as they grow): one add
     equals many adds, and the runs stay few."""
-    from engine.live.sources import _Spans
+    from engine.live.ring_and_repository import _Spans
 
     rng = np.random.default_rng(3)
     starts = np.sort(rng.integers(0, 10**9, 5_000)) + rng.integers(-50_000, 50_000, 5_000)  # nearly in order

@@ -2,9 +2,12 @@
 
 The correlation is the core's (engine/correlate), as for `tandem analyze`; this package has
 its inputs and outputs, one module each:
-- sources: the processes of a session as they appear and exit; a GIL ring per Python
-  process (its events paired into intervals as offline, engine.ingest.gil.Pairing), a
-  pause ring or the JFR repository per JVM (chosen automatically);
+- sources: the processes of a session as they appear and exit, each a source of one of
+  these kinds: gil_ring, a Python process's GIL ring (its events paired into intervals as
+  offline, engine.ingest.gil.Pairing); per JVM (chosen automatically) ring_and_repository,
+  its pause ring (pause_ring) reconciled with its JFR repository (repository), or the
+  repository alone; jvm_source, what a JVM's share;
+- causes: who caused each pause, as the pauses become due;
 - watermark: how far the GIL streams are complete;
 - lifetimes: which threads and processes still exist (/proc), for the core;
 - writer: rolling Parquet parts, each file atomic;

@@ -28,7 +28,8 @@ from engine.analysis.causes import warm_up as warm_up_causes
 from engine.live.causes import LiveCauses
 from engine.live.lifetimes import ProcLifetimes
 from engine.live.memory import release_free_memory
-from engine.live.sources import RepositorySource, SessionWatcher
+from engine.live.repository import RepositorySource
+from engine.live.sources import SessionWatcher
 from engine.live.writer import RollingWriter
 from engine.memory.follow import MemoryFollower
 from engine.session import SESSION_JSON, process_alive, read_json
