@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from engine.correlate.schema import NULLABLE_INT_COLUMNS, RESULT_TABLES, empty_frame
+from engine.correlate.schema import RESULT_TABLES, empty_frame
 from engine.correlate.tables import check_gil
 from engine.errors import TandemError
 from engine.facts import AnalysisFacts
@@ -128,20 +128,11 @@ class Results:
         named = self.named_gil() if table == "gil" and not self.stored("gil") else []
         if named:
             return check_gil(gil_from(paths=named)[0], ", ".join(map(str, named)))[0]
-        frames = [_nullable_ints(read_table(p)) for p in self.stored(table)]
+        frames = [read_table(p) for p in self.stored(table)]
         rows = [f for f in frames if len(f)]
         if len(rows) > 1:
             return pd.concat(rows, ignore_index=True)
         return (rows or frames)[0] if frames else _empty(table)
-
-
-def _nullable_ints(frame: pd.DataFrame) -> pd.DataFrame:
-    """FRAME's integers that may be missing (a line number) as Int64, whichever writer wrote it
-    (pandas' metadata says so; a table written block by block has none, and reads as float)."""
-    for column in NULLABLE_INT_COLUMNS:
-        if column in frame.columns and pd.api.types.is_float_dtype(frame[column].dtype):
-            frame[column] = frame[column].astype("Int64")
-    return frame
 
 
 def _empty(table: str) -> pd.DataFrame:

@@ -590,3 +590,36 @@ def test_results_given_again_as_input_keep_their_clock_and_losses_and_give_the_s
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"the results of `tandem analyze`, not a session (analyze them again with --pauses {tmp_path / 'first'}" \
         in done.stderr.replace("\n", "")
+
+
+def test_the_notebooks_tables_and_the_same_results_read_back_have_one_dtype_per_column(tmp_path):
+    """Text as pandas "string" and a line number with nulls as Int64 (docs/results.md), whether
+    the tables come from `analyze` in memory, from results read back (`load_results`), or from a
+    gil table written block by block (no pandas metadata; large_string text, as tandem's own
+    copies of the probe's intervals are)."""
+    import pyarrow as pa
+
+    from engine.analysis import load_results
+    from engine.store import TableWriter
+
+    pauses = pauses_frame([(100, 200), (400, 450)], os_thread_ids=[11, None])
+    write_table(pauses, tmp_path / "pauses.parquet")
+    gil = pa.table({"pid": pa.array([1, 1, 1], pa.int64()), "tid": pa.array([11, 11, 12], pa.int64()),
+                    "state": pa.array(["released", "waiting", "released"], pa.large_string()),
+                    "start_ns": pa.array([50, 150, 120], pa.int64()), "end_ns": pa.array([150, 300, 420], pa.int64()),
+                    "function": pa.array(["f", None, "h"], pa.large_string()),
+                    "file": pa.array(["a.py", None, "c.py"], pa.large_string()),
+                    "line": pa.array([3, None, 7], pa.int64())})
+    writer = TableWriter(tmp_path / "gil.parquet", gil.schema)
+    writer.write(gil)
+    writer.close({"table": "gil"})
+    ours = analyze(tmp_path / "pauses.parquet", tmp_path / "gil.parquet")
+    assert str(ours.gil["line"].dtype) == "Int64" and ours.gil["line"].isna().sum() == 1
+    ours.write(tmp_path / "out")
+    back = load_results(tmp_path / "out")
+    for name, table in ours.tables().items():
+        read = getattr(back, "summary_table" if name == "summary" else name)
+        assert table.dtypes.astype(str).to_dict() == read.dtypes.astype(str).to_dict(), name
+        for column in table.columns:
+            assert str(table[column].dtype) not in ("str", "object"), (name, column)  # (lists aside: none here)
+    assert len(ours.overlaps) and str(ours.overlaps["function"].dtype) == "string" and str(ours.overlaps["line"].dtype) == "Int64"

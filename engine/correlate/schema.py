@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from engine.store import pandas_string_type
+
 # A time after everything: the watermark of a finished stream, the end of an interval still open.
 END = 1 << 62
 
@@ -66,16 +68,10 @@ COLUMNS = {name: tuple(schema.names) for name, schema in SCHEMAS.items()}
 
 # pandas dtypes of the in-memory tables (engine.analysis.Analysis): nullable ints where a value
 # may be missing, pandas strings for text (dictionary-encoded text too).
-def _pandas_type(arrow_type: pa.DataType):
-    if arrow_type == pa.string() or (pa.types.is_dictionary(arrow_type) and arrow_type.value_type == pa.string()):
-        return pd.StringDtype()
-    return None
-
-
 def to_pandas(table: pa.Table, name: str | None = None) -> pd.DataFrame:
     """An Arrow result table as the DataFrame `engine.analysis` hands out (strings, plain or
     dictionary-encoded, as pandas strings; integers that may be missing as Int64)."""
-    frame = table.to_pandas(types_mapper=_pandas_type)
+    frame = table.to_pandas(types_mapper=pandas_string_type)
     for column in NULLABLE_INT_COLUMNS:
         if column in frame.columns:
             frame[column] = frame[column].astype("Int64")

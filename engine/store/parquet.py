@@ -377,6 +377,16 @@ def read_metadata(path: str | Path) -> dict:
     return json.loads(raw) if raw else {}
 
 
+def pandas_string_type(arrow_type):
+    """pandas' "string" dtype for Arrow text (string or large_string, dictionary-encoded or not:
+    pandas 3 would make its `str` of some); None (pandas' own choice) for any other type."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    return pd.StringDtype() if is_text(arrow_type) else None
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """Reads a table written by `write_table` or `TableWriter`; its metadata becomes `df.attrs`."""
     import pyarrow as pa
@@ -390,7 +400,10 @@ def read_table(path: str | Path) -> pd.DataFrame:
     schema_metadata = table.schema.metadata or {}
     raw = schema_metadata.get(METADATA_KEY)
     # Written without pandas' own metadata (TableWriter): strings come back as pandas strings.
-    df = table.to_pandas() if b"pandas" in schema_metadata else table.to_pandas(types_mapper={pa.string(): pd.StringDtype()}.get)
+    df = table.to_pandas() if b"pandas" in schema_metadata else table.to_pandas(types_mapper=pandas_string_type)
+    for field, column in zip(table.schema, table.columns):  # (an integer column with nulls: Int64, not float)
+        if pa.types.is_integer(field.type) and column.null_count and pd.api.types.is_float_dtype(df[field.name].dtype):
+            df[field.name] = df[field.name].astype("Int64")
     df.attrs = json.loads(raw) if raw else read_metadata(path)
     return df
 
