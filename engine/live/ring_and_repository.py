@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engine.live.jvm_source import JvmSource
 from engine.live.pause_ring import PauseRingSource
 from engine.live.repository import RepositorySource
 from engine.session import REPOSITORY
@@ -248,6 +247,6 @@ class RingWithRepositorySource(PauseRingSource):
         return new
 
     def status(self) -> dict:
-        out = JvmSource.status(self)
+        out = super().status()
         out.update(ring_rows=self.ring_rows, repository_rows=self.repository_rows, matched=self.matched_rows)
         return out
