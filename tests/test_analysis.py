@@ -7,7 +7,7 @@ force, straight from the definitions in docs/results.md, sharing no code with th
 from __future__ import annotations
 
 import json
-
+import shutil
 import subprocess
 import sys
 import time
@@ -584,6 +584,15 @@ def test_results_given_again_as_input_keep_their_clock_and_losses_and_give_the_s
     for name in ("overlaps", "pause_impact", "gil_free", "stops", "summary"):
         pd.testing.assert_frame_equal(read_table(tmp_path / "again" / f"{name}.parquet"),
                                       read_table(tmp_path / "first" / f"{name}.parquet"), obj=name)
+    # the recording given with --pauses (here under a name that does not end in .jfr) is read as with --jfr
+    shutil.copyfile(recording, tmp_path / "recording.data")
+    as_table = analyze_cli(tmp_path / "as_table", "--pauses", str(tmp_path / "recording.data"),
+                           "--gil", str(tmp_path / "g.parquet"), "--offset", str(offset))
+    assert as_table["pauses"] == first["pauses"] and as_table["clock"]["pauses"]["domain"] == "wall"
+    for name in ("pauses", "overlaps", "pause_impact", "gil_free", "stops", "summary"):
+        # (but for the file each pause came from, named as given)
+        pd.testing.assert_frame_equal(read_table(tmp_path / "as_table" / f"{name}.parquet").drop(columns="source", errors="ignore"),
+                                      read_table(tmp_path / "first" / f"{name}.parquet").drop(columns="source", errors="ignore"), obj=name)
     # the results directory given where a session belongs: said so, in one line, with what to give instead
     done = subprocess.run([sys.executable, "-m", "engine", "analyze", str(tmp_path / "first"), "-o", str(tmp_path / "x")],
                           capture_output=True, text=True, timeout=300)

@@ -42,9 +42,13 @@ def test_not_parquet_is_one_line_error(tmp_path):
 
 
 def test_a_jfr_recording_given_as_a_parquet_table_is_named_so(tmp_path):
-    # (the error a user given `--pauses recording.jfr` sees: what the file is, and where it goes)
+    # (the error for a JFR recording where only a Parquet table is read: what the file is, and where it goes)
     with pytest.raises(TandemError, match=r"jdk21\.jfr: not a Parquet table but a JFR recording .*--jfr"):
         read_table(SHARED_RECORDINGS / "jdk21.jfr")
+    # ... and given where GIL events belong (`--gil recording.jfr`)
+    from engine.ingest.gil import read_gil
+    with pytest.raises(TandemError, match=r"jdk21\.jfr: a JFR recording, the JVM side, not GIL events \(give it with --jfr\)"):
+        read_gil(SHARED_RECORDINGS / "jdk21.jfr")
 
 
 def test_table_writer_text_as_dictionary_reads_back_as_the_same_text(tmp_path):

@@ -106,8 +106,7 @@ def analyze(pauses, gil=None, *, slack_ns: int = 0, offset_ns: int | None = None
         return analyze_session(pauses, slack_ns=slack_ns, offset_ns=offset_ns)
     pauses_source = gil_source = None
     if not isinstance(pauses, pd.DataFrame):
-        path = Path(pauses)
-        pauses, pauses_source = pauses_from(jfr=[path]) if path.suffix == ".jfr" else pauses_from(tables=[path])
+        pauses, pauses_source = pauses_from(tables=[Path(pauses)])
     if not isinstance(gil, pd.DataFrame):
         gil, gil_source = gil_from(paths=[Path(gil)])
     return correlate(pauses, gil, slack_ns=slack_ns, offset_ns=offset_ns, pauses_source=pauses_source, gil_source=gil_source)

@@ -29,7 +29,8 @@ def analyze(
                                            "ROOT/<table>/host=<host>/date=<day>/<session-id>.parquet (docs/fleet.md)."),
     jfr: List[Path] = typer.Option([], "--jfr", help="JFR recording(s) of the JVM side (repeatable)."),
     gil: List[Path] = typer.Option([], "--gil", help="GIL probe file(s) or Parquet GIL tables (repeatable)."),
-    pauses: List[Path] = typer.Option([], "--pauses", help="Parquet table(s) of JVM pauses (docs/results.md)."),
+    pauses: List[Path] = typer.Option([], "--pauses", help="Parquet table(s) of JVM pauses (docs/results.md); a JFR "
+                                      "recording given here is read as with --jfr."),
     slack: str = typer.Option("0", "--slack", help="Also report near misses within this duration, e.g. 50ms."),
     offset: Optional[int] = typer.Option(None, "--offset", help="ns added to pause times to put them on the GIL clock; "
                                                         "overrides the same-clock check."),

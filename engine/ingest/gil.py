@@ -33,6 +33,7 @@ from engine.correlate.kernels import DenseNumbers
 from engine.correlate.schema import END, GIL_STATES
 from engine.errors import TandemError
 from engine.ingest.codes import NO_FRAME, UNKNOWN, read_code_table, resolve
+from engine.ingest.jfr_input import looks_like_jfr
 from engine.ingest.segments import SegmentedBlocks, events_blocks
 from engine.ring.layout import GIL_DROP, GIL_RECORD_DTYPE, GIL_SAMPLE_FREE, GIL_SAMPLE_HELD, GIL_TAKE_ACQUIRED, GIL_TAKE_REQUEST
 from engine.ring.reader import WHOLE_FILE, read_ring
@@ -106,6 +107,8 @@ def events_to_intervals(mono_ns: np.ndarray, tid: np.ndarray, kind: np.ndarray, 
 
 def _events_files(path: Path) -> list[Path]:
     """The events files of a file, a py-<pid> directory or a session directory."""
+    if path.is_file() and looks_like_jfr(path):
+        raise TandemError(f"{path}: a JFR recording, the JVM side, not GIL events (give it with --jfr)")
     if path.is_file() or gil_segments(path):  # (a recording in segments: FILE.000000, ... beside FILE)
         return [path]
     if has_gil_events(path):

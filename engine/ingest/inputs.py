@@ -21,6 +21,7 @@ from engine.ingest.gil_events import EventsGil
 from engine.ingest.gil_merged import MergedGil
 from engine.ingest.gil_parquet import ParquetGil, gil_parts_attrs
 from engine.ingest.jfr import read_pauses
+from engine.ingest.jfr_input import looks_like_jfr
 from engine.session import Session
 from engine.store import read_table
 
@@ -35,8 +36,12 @@ def read_input_table(path: str | os.PathLike) -> pd.DataFrame:
 
 
 def pauses_from(session: Path | None = None, jfr: Iterable[Path] = (), tables: Iterable[Path] = ()) -> tuple[pd.DataFrame, str]:
-    """The pauses table of a session's JVMs, of JFR recordings, or of Parquet tables."""
-    recordings, names = list(jfr), [str(p) for p in jfr]
+    """The pauses table of a session's JVMs, of JFR recordings, or of Parquet tables (a JFR
+    recording given as a table is read as one)."""
+    tables = list(tables)
+    recordings = list(jfr) + [Path(p) for p in tables if looks_like_jfr(Path(p))]
+    tables = [p for p in tables if not looks_like_jfr(Path(p))]
+    names = [str(p) for p in recordings]
     if session is not None:
         for source in Session.open(session).jvms:
             recordings.extend(source.recordings)

@@ -19,7 +19,8 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from engine.clock.packed import is_zstd, zstandard_module, zstd_decompressor
+from engine.clock.chunks import MAGIC as JFR_MAGIC
+from engine.clock.packed import ZSTD_MAGIC, is_zstd, zstandard_module, zstd_decompressor
 from engine.errors import TandemError, TandemWarning
 from engine.session import PACKED_CHUNKS
 
@@ -34,6 +35,18 @@ def is_gzip(path: Path) -> bool:
             return f.read(2) == GZIP_MAGIC
     except OSError:
         return False  # the chunk scan says what is wrong with it
+
+
+def looks_like_jfr(path: Path) -> bool:
+    """Whether PATH starts as a JFR recording does, plain or compressed as JFR files are (gzip,
+    Zstandard): what `--pauses` or the notebook's `analyze(PATH, ...)` were given, read as a
+    recording rather than refused as a Parquet table."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False  # (read as a table: its reader names what is wrong with the path)
+    return head == JFR_MAGIC or head.startswith(GZIP_MAGIC) or head == ZSTD_MAGIC
 
 
 def unzstd(path: Path, dest: Path) -> None:
