@@ -49,6 +49,11 @@ def test_a_jfr_recording_given_as_a_parquet_table_is_named_so(tmp_path):
     from engine.ingest.gil import read_gil
     with pytest.raises(TandemError, match=r"jdk21\.jfr: a JFR recording, the JVM side, not GIL events \(give it with --jfr\)"):
         read_gil(SHARED_RECORDINGS / "jdk21.jfr")
+    # a damaged recording given as a table (`--pauses empty.jfr`) gets the JFR reader's word, not Parquet's
+    from engine.ingest.inputs import pauses_from
+    (tmp_path / "empty.jfr").write_bytes(b"")
+    with pytest.raises(TandemError, match=r"empty\.jfr: empty file"):
+        pauses_from(tables=[tmp_path / "empty.jfr"])
 
 
 def test_table_writer_text_as_dictionary_reads_back_as_the_same_text(tmp_path):

@@ -40,7 +40,10 @@ def is_gzip(path: Path) -> bool:
 def looks_like_jfr(path: Path) -> bool:
     """Whether PATH starts as a JFR recording does, plain or compressed as JFR files are (gzip,
     Zstandard): what `--pauses` or the notebook's `analyze(PATH, ...)` were given, read as a
-    recording rather than refused as a Parquet table."""
+    recording rather than refused as a Parquet table. A name ending in .jfr (.jfr.gz, .jfr.zst)
+    is one too, so that a damaged recording gets the JFR reader's word on what is wrong."""
+    if path.name.endswith((".jfr", ".jfr.gz", ".jfr.zst")):
+        return True
     try:
         with open(path, "rb") as f:
             head = f.read(4)
