@@ -3,10 +3,12 @@
 Side by side in one run:
 - emit: per event, clock_gettime + cached tid + tandem_ring_emit_gil (ours) vs a bare
   clock_gettime(CLOCK_MONOTONIC) loop (anchor), both in C in the same threads
-  (engine/probe/ring_selftest.c). The ring's own cost is the difference; the issue's bar is
-  40 ns per event with a ~22 ns clock, so the difference must stay <= 18 ns. Measured for
-  format v2's private lanes (ours) and, in the same run, for every thread on the shared
-  lane (lanes=1: the CAS claim of format v1), 1 and 2 threads emitting at once.
+  (tests/native/ring_selftest.c, compiled with ring.c and the probe's flags by
+  tests/native/build.py, as for the tests: not in the shipped probe). The ring's own cost
+  is the difference; the issue's bar is 40 ns per event with a ~22 ns clock, so the
+  difference must stay <= 18 ns. Measured for format v2's private lanes (ours) and, in the
+  same run, for every thread on the shared lane (lanes=1: the CAS claim of format v1), 1
+  and 2 threads emitting at once.
 - decode: an events file through engine.ring.read_events (validated, markers removed) vs
   np.fromfile of the same bytes; a full live ring through RingTailer.poll (seqlock-checked)
   vs a plain numpy copy of the same mapped records. Bar: >= 50 M events/s.
@@ -48,7 +50,7 @@ def _best_cpu_seconds(fn, rounds: int) -> float:
     return best
 
 
-def _emit_rows(console, probe, workdir: Path) -> list[Row]:
+def _emit_rows(console, ring_selftest, workdir: Path) -> list[Row]:
     rows = []
     for threads in (1, 2):
         # Rounds alternate v2 private lanes and the v1-style shared lane, so both see the
@@ -58,7 +60,7 @@ def _emit_rows(console, probe, workdir: Path) -> list[Row]:
             for kind, lanes, capacity in (("lanes", EMIT_LANES, EMIT_CAPACITY), ("shared", 1, EMIT_CAPACITY // EMIT_LANES)):
                 clock, stamp, dropped_rounds = figures[kind]
                 ring = workdir / f"emit-{threads}-{kind}-{i}.ring"
-                r = probe._ring_bench(str(ring), threads, EMIT_EVENTS_PER_THREAD, capacity, 500, lanes)
+                r = ring_selftest._ring_bench(str(ring), threads, EMIT_EVENTS_PER_THREAD, capacity, 500, lanes)
                 ring.unlink()
                 if r["dropped"]:
                     # A drop skips the write: such a round (drain thread starved by a busy
@@ -92,12 +94,12 @@ def _emit_rows(console, probe, workdir: Path) -> list[Row]:
     return rows
 
 
-def _decode_rows(console, probe, workdir: Path) -> list[Row]:
+def _decode_rows(console, ring_selftest, workdir: Path) -> list[Row]:
     ring, events = workdir / "decode.ring", workdir / "decode.events"
     capacity = 1 << 20
     # Paced so the drain keeps up: a lossless file, the common case (two threads: two
     # lanes, interleaved in the file batch by batch).
-    probe._ring_stress(str(ring), str(events), 2, DECODE_EVENTS // 2, capacity, 1000, 1000, 50, 4)
+    ring_selftest._ring_stress(str(ring), str(events), 2, DECODE_EVENTS // 2, capacity, 1000, 1000, 50, 4)
     got = read_events(events)
     n_events = len(got.records)
     size = events.stat().st_size
@@ -127,8 +129,9 @@ def _decode_rows(console, probe, workdir: Path) -> list[Row]:
 
 
 def main(console) -> list[Row]:
-    from engine.probe import _probe as probe
+    from tests.native.build import load  # (`python -m bench` from the repo root: tests/ is importable)
 
+    ring_selftest = load()
     with tempfile.TemporaryDirectory(prefix="tandem-bench-ring-") as d:
         workdir = Path(d)
-        return _emit_rows(console, probe, workdir) + _decode_rows(console, probe, workdir)
+        return _emit_rows(console, ring_selftest, workdir) + _decode_rows(console, ring_selftest, workdir)

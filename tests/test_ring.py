@@ -1,7 +1,8 @@
 """The shared-memory ring (issue 4, "The ring"): real pthreads producing through ring.c,
 real processes tailing and SIGKILLed, read back with engine.ring.
 
-Producers are the self-test entry points of the probe extension (engine/probe/ring_selftest.c):
+Producers are the ring's self-test entry points (tests/native/ring_selftest.c, a test-only
+extension built by tests/native/build.py):
 thread t emits, for i = 0, 1, 2, ...: tid = t, mono_ns = (t << 40) | i, kind = 1 + i % 5,
 so every record proves on its own that it is not torn and where it belongs.
 
@@ -28,8 +29,12 @@ from conftest import python_params, tsc_usable
 from engine.errors import TandemError
 from engine.ring import GIL_RECORD_DTYPE, LOST_MARKER, RingTailer, by_time, current_boot_id, read_events, read_ring
 from engine.ring.layout import lane_offset
+from native import build as native_build
 
-probe = pytest.importorskip("engine.probe._probe", reason="native probe not built (make build)")
+try:
+    ring_selftest = native_build.load()
+except native_build.Unavailable as err:
+    pytest.skip(f"ring self-test module not built: {err}", allow_module_level=True)
 
 LOW_40_BITS = np.uint64((1 << 40) - 1)
 
@@ -74,12 +79,12 @@ def producer_process(ring: Path, events: Path | None, threads: int, events_per_t
     """A separate Python process producing into a new ring through ring.c."""
     code = textwrap.dedent(
         f"""
-        from engine.probe import _probe
-        _probe._ring_stress({str(ring)!r}, {str(events) if events else None!r}, {threads}, {events_per_thread},
-                            {capacity}, {drain_period_us}, {burst}, {pause_us}, lanes={lanes})
+        import _ring_selftest
+        _ring_selftest._ring_stress({str(ring)!r}, {str(events) if events else None!r}, {threads}, {events_per_thread},
+                                    {capacity}, {drain_period_us}, {burst}, {pause_us}, lanes={lanes})
         """
     )
-    return subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, env=native_build.environment())
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 20.0) -> None:
@@ -94,7 +99,7 @@ def test_events_file_round_trip(tmp_path):
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
     # Paced (500 events, then 200 us asleep) into 4 lanes of 256K slots drained every ms:
     # no lane can fill even if the busy 2-core machine starves the drain thread for 100 ms.
-    result = probe._ring_stress(str(ring), str(events), 2, 100_000, 1 << 20, 1000, 500, 200, lanes=4)
+    result = ring_selftest._ring_stress(str(ring), str(events), 2, 100_000, 1 << 20, 1000, 500, 200, lanes=4)
     got = read_events(events)
     assert got.closed and got.trailing_bytes == 0
     assert got.lost == 0 and len(got.records) == result["produced"] == 200_000
@@ -135,7 +140,7 @@ def test_overflow_fast_producer_slow_drain_counts_every_event(tmp_path, lanes):
     events file and the ring. lanes=1: both threads share lane 0 (CAS claims);
     lanes=4: each has a private lane."""
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
-    result = probe._ring_stress(str(ring), str(events), 2, 300_000, 64 * lanes, 20_000, lanes=lanes)
+    result = ring_selftest._ring_stress(str(ring), str(events), 2, 300_000, 64 * lanes, 20_000, lanes=lanes)
     got = read_events(events)
     assert got.lost > 0, "the ring never overflowed: the test proves nothing"
     assert len(got.records) + got.lost == result["produced"] == 600_000
@@ -170,7 +175,7 @@ def test_events_file_read_block_by_block_equals_read_whole(tmp_path):
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
     # (enough events that the drain keeps several checked chunks of 1 MiB however much a loaded
     # machine makes it lose: it kept 22% of 400 k under CI's load)
-    probe._ring_stress(str(ring), str(events), 2, 600_000, 1024, 20_000, burst=3000, pause_us=2000, lanes=1)
+    ring_selftest._ring_stress(str(ring), str(events), 2, 600_000, 1024, 20_000, burst=3000, pause_us=2000, lanes=1)
     got = read_events(events)
     assert got.lost > 0 and len(got.records) > 3 * 32_768
     for mapped, block_records in ((True, 5_000), (True, 100_000), (False, 5_000), (False, 100_000)):
@@ -185,14 +190,14 @@ def test_ring_without_consumer_keeps_first_capacity_events(tmp_path):
     """No drain: one shared lane keeps the first 1024 events of all threads; with private
     lanes each thread keeps the first 256 of its own, and the rest are counted per lane."""
     ring = tmp_path / "gil.ring"
-    probe._ring_stress(str(ring), None, 3, 10_000, 1024, 0, lanes=1)
+    ring_selftest._ring_stress(str(ring), None, 3, 10_000, 1024, 0, lanes=1)
     header, records, missed = read_ring(ring)
     assert (header.head, header.dropped, missed) == (1024, 30_000 - 1024, 0)
     assert len(records) == 1024 and header.closed
     check_records(records, threads=3)
 
     ring = tmp_path / "lanes.ring"
-    probe._ring_stress(str(ring), None, 3, 10_000, 1024, 0, lanes=4)
+    ring_selftest._ring_stress(str(ring), None, 3, 10_000, 1024, 0, lanes=4)
     header, records, missed = read_ring(ring)
     # Each lane used fills to its 256 slots and counts the rest. (A thread that ends before
     # the next one starts gives its full lane back: the next one may take it and drop all.)
@@ -283,25 +288,25 @@ def test_sigkill_leaves_events_file_readable_up_to_last_drain(tmp_path):
 
 def test_create_refuses_existing_files_and_bad_capacity(tmp_path):
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
-    probe._ring_stress(str(ring), str(events), 1, 10, 16, 1000)
+    ring_selftest._ring_stress(str(ring), str(events), 1, 10, 16, 1000)
     with pytest.raises(OSError, match="gil.ring: cannot create: File exists"):
-        probe._ring_stress(str(ring), None, 1, 10, 16, 1000)
+        ring_selftest._ring_stress(str(ring), None, 1, 10, 16, 1000)
     with pytest.raises(OSError, match="gil.events: cannot create: File exists"):
-        probe._ring_stress(str(tmp_path / "other.ring"), str(events), 1, 10, 16, 1000)
+        ring_selftest._ring_stress(str(tmp_path / "other.ring"), str(events), 1, 10, 16, 1000)
     with pytest.raises(OSError, match="capacity 1000 is not a power of two"):
-        probe._ring_stress(str(tmp_path / "third.ring"), None, 1, 10, 1000, 1000)
+        ring_selftest._ring_stress(str(tmp_path / "third.ring"), None, 1, 10, 1000, 1000)
     with pytest.raises(OSError, match="3 lanes: not a power of two"):
-        probe._ring_stress(str(tmp_path / "third.ring"), None, 1, 10, 1024, 1000, lanes=3)
+        ring_selftest._ring_stress(str(tmp_path / "third.ring"), None, 1, 10, 1024, 1000, lanes=3)
     with pytest.raises(OSError, match="128 lanes"):
-        probe._ring_stress(str(tmp_path / "third.ring"), None, 1, 10, 1024, 1000, lanes=128)
+        ring_selftest._ring_stress(str(tmp_path / "third.ring"), None, 1, 10, 1024, 1000, lanes=128)
     with pytest.raises(OSError, match="16 lanes: .* >= 2 slots per lane of 16"):
-        probe._ring_stress(str(tmp_path / "third.ring"), None, 1, 10, 16, 1000, lanes=16)
+        ring_selftest._ring_stress(str(tmp_path / "third.ring"), None, 1, 10, 16, 1000, lanes=16)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gil.events", "gil.ring", "other.ring"]
 
 
 def test_reader_refuses_files_others_can_write_and_wrong_kinds(tmp_path):
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
-    probe._ring_stress(str(ring), str(events), 1, 10, 16, 1000)
+    ring_selftest._ring_stress(str(ring), str(events), 1, 10, 16, 1000)
     with pytest.raises(TandemError, match="gil.events: is a tandem events file, expected a ring file"):
         RingTailer(events)
     with pytest.raises(TandemError, match="gil.ring: is a tandem ring file, expected a events file"):
@@ -315,7 +320,7 @@ def test_reader_refuses_files_others_can_write_and_wrong_kinds(tmp_path):
 
 def test_other_boot_is_detectable(tmp_path):
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
-    probe._ring_stress(str(ring), str(events), 1, 10, 16, 1000)
+    ring_selftest._ring_stress(str(ring), str(events), 1, 10, 16, 1000)
     data = bytearray(events.read_bytes())
     data[64:100] = b"00000000-0000-4000-8000-000000000000"
     events.write_bytes(bytes(data))
@@ -329,7 +334,7 @@ def test_tailer_refuses_a_head_that_goes_backwards(tmp_path):
     import mmap
 
     ring = tmp_path / "gil.ring"
-    probe._ring_stress(str(ring), None, 1, 100, 64, 0)
+    ring_selftest._ring_stress(str(ring), None, 1, 100, 64, 0)
     with open(ring, "r+b") as f, mmap.mmap(f.fileno(), 0) as writable:
         with pytest.raises(TandemError, match="ring lane 0 head went from 64 to 3"):
             with RingTailer(ring) as tail:
@@ -349,11 +354,11 @@ def test_drain_write_error_keeps_whole_batches_and_counts_the_rest(tmp_path):
         import resource, signal
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # get EFBIG from write(2), not a signal
         resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
-        from engine.probe import _probe
-        _probe._ring_stress({str(ring)!r}, {str(events)!r}, 2, 20_000, 1024, 1000, 100, 100, lanes=4)
+        import _ring_selftest
+        _ring_selftest._ring_stress({str(ring)!r}, {str(events)!r}, 2, 20_000, 1024, 1000, 100, 100, lanes=4)
         """
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=native_build.environment())
     got = read_events(events)
     assert got.closed and got.trailing_bytes == 0
     assert got.header.drain_lost > 0 and events.stat().st_size <= limit
@@ -366,14 +371,13 @@ def test_drain_write_error_keeps_whole_batches_and_counts_the_rest(tmp_path):
 
 @pytest.mark.parametrize("python", python_params())
 def test_ring_in_each_cpython(tmp_path, python):
-    """The ring built into the probe for CPython 3.11, 3.12 and 3.13, producing in that
-    interpreter; read back here."""
-    from engine.probe.build import describe_interpreter, probe_env
+    """The ring (ring.c, built with the probe's flags) for CPython 3.11, 3.12 and 3.13,
+    producing in that interpreter; read back here."""
+    from engine.probe.build import describe_interpreter
 
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
-    code = f"from engine.probe import _probe; _probe._ring_stress({str(ring)!r}, {str(events)!r}, 2, 50_000, 4096, 1000, 100, 50, lanes=4)"
-    # (cwd elsewhere: with -c the current directory comes first on sys.path, before the build)
-    subprocess.run([str(python), "-c", code], check=True, timeout=300, env=probe_env(python), cwd=tmp_path)
+    code = f"import _ring_selftest; _ring_selftest._ring_stress({str(ring)!r}, {str(events)!r}, 2, 50_000, 4096, 1000, 100, 50, lanes=4)"
+    subprocess.run([str(python), "-c", code], check=True, timeout=300, env=native_build.environment(python), cwd=tmp_path)
     got = read_events(events)
     assert got.header.runtime_version == describe_interpreter(python)["version"]
     assert got.closed and len(got.records) + got.lost == 100_000
@@ -388,7 +392,7 @@ def test_more_threads_than_lanes_share_lane_zero(tmp_path):
     with no gap (read_events checks), and the counts add up per lane."""
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
     threads, per_thread = 12, 20_000
-    result = probe._ring_stress(str(ring), str(events), threads, per_thread, 1 << 20, 1000, 200, 100, lanes=4)
+    result = ring_selftest._ring_stress(str(ring), str(events), threads, per_thread, 1 << 20, 1000, 200, 100, lanes=4)
     got = read_events(events)
     assert got.closed and got.lost == 0 and len(got.records) == result["produced"] == threads * per_thread
     check_records(got.records, threads=threads, events_per_thread=per_thread)
@@ -412,7 +416,7 @@ def test_lanes_of_exited_threads_are_reused(tmp_path):
     taken again), so lane 0 stays empty, and a lane's threads' records never interleave."""
     ring, events = tmp_path / "gil.ring", tmp_path / "gil.events"
     threads, waves, per_thread = 3, 3, 5_000
-    probe._ring_stress(str(ring), str(events), threads, per_thread, 1 << 16, 1000, 500, 100, lanes=4, waves=waves)
+    ring_selftest._ring_stress(str(ring), str(events), threads, per_thread, 1 << 16, 1000, 500, 100, lanes=4, waves=waves)
     got = read_events(events)
     assert got.closed and got.lost == 0 and len(got.records) == threads * waves * per_thread
     check_records(got.records, threads=threads * waves, events_per_thread=per_thread)
@@ -447,7 +451,7 @@ def test_tsc_time_is_converted_to_clock_monotonic(tmp_path, capsys):
     ring, events = tmp_path / "tsc.ring", tmp_path / "tsc.events"
     n = 100_000
     result: dict = {}
-    producer = threading.Thread(target=lambda: result.update(probe._tsc_selftest(str(ring), str(events), n, 500, 100, 100)))
+    producer = threading.Thread(target=lambda: result.update(ring_selftest._tsc_selftest(str(ring), str(events), n, 500, 100, 100)))
     producer.start()
     deadline = time.monotonic() + 20
     while not ring.exists() and producer.is_alive() and time.monotonic() < deadline:

@@ -30,8 +30,12 @@ from engine.ring.layout import (
     lane_offset,
     records_offset_for,
 )
+from native import build as native_build
 
-probe = pytest.importorskip("engine.probe._probe", reason="native probe not built (make build)")
+try:
+    ring_selftest = native_build.load()
+except native_build.Unavailable as err:
+    pytest.skip(f"ring self-test module not built: {err}", allow_module_level=True)
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -41,7 +45,7 @@ def samples(tmp_path_factory) -> dict[str, bytes]:
     """A real events file with LOST markers and a real ring, both closed: 4 lanes of 64
     slots, two producer threads."""
     d = tmp_path_factory.mktemp("ring-fuzz")
-    probe._ring_stress(str(d / "gil.ring"), str(d / "gil.events"), 2, 20_000, 256, 5000, lanes=4)
+    ring_selftest._ring_stress(str(d / "gil.ring"), str(d / "gil.events"), 2, 20_000, 256, 5000, lanes=4)
     events = (d / "gil.events").read_bytes()
     ring = (d / "gil.ring").read_bytes()
     assert read_events(d / "gil.events").lost > 0  # markers present, so they get fuzzed too
@@ -277,7 +281,7 @@ def tsc_ring(tmp_path_factory) -> bytes:
     """A closed TSC-time ring (clock_id 2) with its calibration table, or a skip."""
     d = tmp_path_factory.mktemp("ring-fuzz-tsc")
     try:
-        probe._tsc_selftest(str(d / "tsc.ring"), str(d / "tsc.events"), 3000, 500, 100, 200)
+        ring_selftest._tsc_selftest(str(d / "tsc.ring"), str(d / "tsc.events"), 3000, 500, 100, 200)
     except OSError as e:
         pytest.skip(str(e))
     return (d / "tsc.ring").read_bytes()

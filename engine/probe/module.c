@@ -7,7 +7,7 @@
  *   stop() -> dict                          uninstall, wait for in-flight stamps, close
  *   status() -> dict                        backend, counters, what the backend can miss
  *   backends() -> dict                      name -> what it can miss
- * plus test entry points (_insn_length, _find_function) and the ring's self-test methods.
+ * plus test entry points (_insn_length, _find_function) and benchmark ones (_hooks_only, _bench_stamp).
  * One probe per process; the Python wrapper (engine/probe/__init__.py) is the public API.
  */
 #define PY_SSIZE_T_CLEAN
@@ -22,13 +22,9 @@
 #include "hooks.h"
 #include "patch.h"
 #include "ring.h"
-#include "ring_selftest.h"
 #include "sampling.h"
 #include "symbols.h"
 #include "tsc.h"
-
-/* The ring engineer's self-test methods, when ring_selftest.c is part of the build. */
-#pragma weak tandem_ring_selftest_methods
 
 static const char *const MISSES_PRECISE =
     "nothing: every release (voluntary, forced switch, thread exit) and every take is stamped";
@@ -495,7 +491,6 @@ PyMODINIT_FUNC PyInit__probe(void) {
     if (m == NULL) return NULL;
     ProbeError = PyErr_NewException("engine.probe._probe.ProbeError", PyExc_RuntimeError, NULL);
     if (ProbeError == NULL || PyModule_AddObjectRef(m, "ProbeError", ProbeError) != 0) goto fail;
-    if (tandem_ring_selftest_methods && PyModule_AddFunctions(m, tandem_ring_selftest_methods) != 0) goto fail;
 #ifdef Py_GIL_DISABLED
     if (PyModule_AddIntConstant(m, "FREE_THREADED", 1) != 0) goto fail;
 #else

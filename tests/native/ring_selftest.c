@@ -1,5 +1,11 @@
 /* Test and benchmark entry points of the ring: real pthreads producing into a real ring,
- * callable from Python as `_probe._ring_stress(...)` and `_probe._ring_bench(...)`.
+ * callable from Python as `_ring_selftest._ring_stress(...)`, `_ring_selftest._ring_bench(...)`
+ * and `_ring_selftest._tsc_selftest(...)`.
+ *
+ * Not part of the engine: a CPython extension of its own, `_ring_selftest`, compiled from this
+ * file with engine/probe/ring.c and tsc.c (the ring exactly as the probe builds it, same
+ * flags) by tests/native/build.py, on demand, for the tests and bench/bench_ring.py. The
+ * extension users install (engine.probe._probe) does not contain it.
  *
  * Stress records carry a self-check instead of real GIL data, so a reader can prove that
  * no record is torn and that each thread's records arrive in order:
@@ -8,7 +14,8 @@
  *     kind    = 1 + i % 5
  */
 #define _GNU_SOURCE
-#include "ring_selftest.h"
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 
 #include <pthread.h>
 #include <stdint.h>
@@ -261,7 +268,7 @@ static PyObject *tsc_selftest(PyObject *self, PyObject *args, PyObject *kwargs) 
     return out;
 }
 
-PyMethodDef tandem_ring_selftest_methods[] = {
+static PyMethodDef ring_selftest_methods[] = {
     {"_tsc_selftest", (PyCFunction)(void (*)(void))tsc_selftest, METH_VARARGS | METH_KEYWORDS,
      "_tsc_selftest(ring_path, events_path, events, drain_period_us=1000, burst=100, pause_us=100)\n"
      "Test only: stamp EVENTS records with the raw TSC into a new TSC-time ring, each TSC read\n"
@@ -280,3 +287,10 @@ PyMethodDef tandem_ring_selftest_methods[] = {
      "(CAS claim, the format-v1 protocol), for comparison."},
     {NULL, NULL, 0, NULL},
 };
+
+static struct PyModuleDef ring_selftest_module = {
+    PyModuleDef_HEAD_INIT, "_ring_selftest",
+    "The ring's test and benchmark entry points (tests/native/ring_selftest.c); not shipped.", -1,
+    ring_selftest_methods};
+
+PyMODINIT_FUNC PyInit__ring_selftest(void) { return PyModule_Create(&ring_selftest_module); }
