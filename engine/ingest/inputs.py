@@ -38,9 +38,9 @@ def read_input_table(path: str | os.PathLike) -> pd.DataFrame:
 def pauses_from(session: Path | None = None, jfr: Iterable[Path] = (), tables: Iterable[Path] = ()) -> tuple[pd.DataFrame, str]:
     """The pauses table of a session's JVMs, of JFR recordings, or of Parquet tables (a JFR
     recording given as a table is read as one)."""
-    tables = list(tables)
-    recordings = list(jfr) + [Path(p) for p in tables if looks_like_jfr(Path(p))]
-    tables = [p for p in tables if not looks_like_jfr(Path(p))]
+    recordings, parquet = list(jfr), []
+    for table in map(Path, tables):  # (each file's first bytes read once)
+        (recordings if looks_like_jfr(table) else parquet).append(table)
     names = [str(p) for p in recordings]
     if session is not None:
         for source in Session.open(session).jvms:
@@ -50,7 +50,7 @@ def pauses_from(session: Path | None = None, jfr: Iterable[Path] = (), tables: I
     if recordings:
         frames.append(read_pauses(recordings))
         frame_names.append(", ".join(names))
-    for table in tables:
+    for table in parquet:
         frames.append(read_input_table(table))
         names.append(str(table))
         frame_names.append(str(table))
